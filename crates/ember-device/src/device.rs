@@ -20,9 +20,12 @@ use crate::error::DeviceError;
 /// assert_eq!(d.to_string(), "cuda:1");
 /// assert!("tpu".parse::<Device>().is_err());
 /// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
 pub enum Device {
-    /// The host CPU.
+    /// The host CPU (the default).
+    #[default]
     Cpu,
     /// The CUDA device with this ordinal.
     Cuda(usize),
@@ -85,12 +88,6 @@ pub fn try_all_gpus() -> Vec<Device> {
     }
 }
 
-impl Default for Device {
-    fn default() -> Self {
-        Device::Cpu
-    }
-}
-
 impl fmt::Display for Device {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -148,7 +145,10 @@ mod tests {
             "cuda:x", "tpu", "cuda:-1", "cuda:", "CUDA", "cuda:1:2", "", "cpu:0", "cuda: 1",
         ] {
             let err = bad.parse::<Device>().unwrap_err().to_string();
-            assert!(err.contains("cpu") && err.contains("cuda:N"), "{bad}: {err}");
+            assert!(
+                err.contains("cpu") && err.contains("cuda:N"),
+                "{bad}: {err}"
+            );
             assert!(err.contains(&format!("{bad:?}")), "{bad}: {err}");
         }
     }

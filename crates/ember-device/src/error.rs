@@ -8,7 +8,9 @@ use thiserror::Error;
 pub enum DeviceError {
     // --- parsing -------------------------------------------------------------------------
     /// A device string that is not `cpu`, `cuda` or `cuda:N`.
-    #[error("invalid device string {found:?}: expected \"cpu\", \"cuda\" or \"cuda:N\" with N a non-negative integer")]
+    #[error(
+        "invalid device string {found:?}: expected \"cpu\", \"cuda\" or \"cuda:N\" with N a non-negative integer"
+    )]
     Parse {
         /// The string that was given.
         found: String,

@@ -1,0 +1,769 @@
+//! The allocator's state and the algorithm over it: blocks, pools, `malloc` as a cascade,
+//! `free` with merging, stream events, releasing cached segments. Every function here runs
+//! with the allocator's lock held (it takes `&mut State`); see Note [Locking] in
+//! `allocator.rs`. The policy is written down in [`crate::policy`].
+
+use std::collections::BTreeMap;
+
+use ember_device::Device;
+use ember_device::driver::{EventHandle, StreamHandle};
+
+use crate::error::{FractionLimit, MemoryError, RawAllocError};
+use crate::policy::{PoolKind, allocation_size, pool_for, round_size, should_split};
+use crate::raw::RawAllocator;
+use crate::snapshot::{
+    BlockSnapshot, BlockState, History, HistoryAction, MemorySnapshot, SegmentSnapshot,
+};
+use crate::stats::{DeviceStats, StatType};
+
+/// "No block": the end of a segment's block list.
+pub(crate) const NIL: u32 = u32::MAX;
+
+/// A free-pool key: blocks are ordered by stream, then size, then address, so the first key
+/// at or after `(stream, size, 0)` is the best fit on that stream.
+type PoolKey = (u64, usize, u64);
+
+/// A contiguous piece of a segment. Blocks of one segment form a doubly linked list in
+/// address order (`prev`/`next`, slab indices).
+#[derive(Debug)]
+struct Block {
+    addr: u64,
+    size: usize,
+    /// Bytes the caller asked for while allocated; 0 when free.
+    requested: usize,
+    stream: StreamHandle,
+    pool: PoolKind,
+    allocated: bool,
+    prev: u32,
+    next: u32,
+    /// Outstanding stream events (plus one per wait for a full synchronisation).
+    event_count: u32,
+    /// Streams other than `stream` that used the block (`record_stream`).
+    stream_uses: Vec<StreamHandle>,
+    /// Whether this slab slot holds a block.
+    live: bool,
+}
+
+impl Block {
+    fn key(&self) -> PoolKey {
+        (self.stream.0, self.size, self.addr)
+    }
+    fn is_split(&self) -> bool {
+        self.prev != NIL || self.next != NIL
+    }
+}
+
+/// Everything behind the allocator's lock.
+#[derive(Debug)]
+pub(crate) struct State {
+    device: Device,
+    /// Slab of blocks; freed slots are reused through `free_slots` (no allocation in the
+    /// steady state).
+    blocks: Vec<Block>,
+    free_slots: Vec<u32>,
+    small: BTreeMap<PoolKey, u32>,
+    large: BTreeMap<PoolKey, u32>,
+    pub(crate) stats: DeviceStats,
+    /// Events recorded for freed blocks used on other streams, with their block.
+    pending: Vec<(EventHandle, u32)>,
+    /// Freed blocks whose event could not be recorded; they wait for a full synchronisation.
+    awaiting_sync: Vec<u32>,
+    /// The fraction set with `set_memory_fraction`, and the cap it implies where the total
+    /// is known.
+    pub(crate) fraction: Option<f64>,
+    pub(crate) limit: Option<FractionLimit>,
+    pub(crate) history: History,
+}
+
+impl State {
+    pub(crate) fn new(device: Device) -> Self {
+        State {
+            device,
+            blocks: Vec::new(),
+            free_slots: Vec::new(),
+            small: BTreeMap::new(),
+            large: BTreeMap::new(),
+            stats: DeviceStats::default(),
+            pending: Vec::new(),
+            awaiting_sync: Vec::new(),
+            fraction: None,
+            limit: None,
+            history: History::default(),
+        }
+    }
+
+    // --- slab and pools ------------------------------------------------------------------
+
+    fn new_block(&mut self, block: Block) -> u32 {
+        match self.free_slots.pop() {
+            Some(i) => {
+                self.blocks[i as usize] = block;
+                i
+            }
+            None => {
+                self.blocks.push(block);
+                (self.blocks.len() - 1) as u32
+            }
+        }
+    }
+
+    fn drop_block(&mut self, i: u32) {
+        let b = &mut self.blocks[i as usize];
+        b.live = false;
+        b.prev = NIL;
+        b.next = NIL;
+        self.free_slots.push(i);
+    }
+
+    fn pool_mut(&mut self, pool: PoolKind) -> &mut BTreeMap<PoolKey, u32> {
+        match pool {
+            PoolKind::Small => &mut self.small,
+            PoolKind::Large => &mut self.large,
+        }
+    }
+
+    fn pool_insert(&mut self, i: u32) {
+        let b = &self.blocks[i as usize];
+        let (key, pool) = (b.key(), b.pool);
+        self.pool_mut(pool).insert(key, i);
+    }
+
+    fn pool_remove(&mut self, i: u32) {
+        let b = &self.blocks[i as usize];
+        let (key, pool) = (b.key(), b.pool);
+        self.pool_mut(pool).remove(&key);
+    }
+
+    /// The block's address, size and stream (for the public layer).
+    pub(crate) fn block_info(&self, i: u32) -> (u64, usize, StreamHandle) {
+        let b = &self.blocks[i as usize];
+        (b.addr, b.size, b.stream)
+    }
+
+    // --- malloc --------------------------------------------------------------------------
+
+    /// Allocate `orig_size` (> 0) bytes on `stream`: reuse → new segment → free cached
+    /// segments of this pool and retry → free all cached segments and retry → out of memory.
+    pub(crate) fn malloc(
+        &mut self,
+        raw: &dyn RawAllocator,
+        orig_size: usize,
+        stream: StreamHandle,
+    ) -> Result<u32, MemoryError> {
+        if !self.pending.is_empty() {
+            self.process_events(raw);
+        }
+        let size = round_size(orig_size);
+        let pool = pool_for(size);
+        let block = match self.get_free_block(pool, stream, size) {
+            Some(i) => i,
+            None => self.alloc_block_or_retry(raw, pool, stream, size)?,
+        };
+        Ok(self.alloc_found_block(block, size, orig_size))
+    }
+
+    /// Take the best-fitting free block of `pool` on `stream` out of the pool.
+    fn get_free_block(&mut self, pool: PoolKind, stream: StreamHandle, size: usize) -> Option<u32> {
+        let map = self.pool_mut(pool);
+        let (&key, &i) = map.range((stream.0, size, 0)..).next()?;
+        if key.0 != stream.0 {
+            return None;
+        }
+        map.remove(&key);
+        Some(i)
+    }
+
+    /// The slow path: a new segment, with the two release-and-retry steps.
+    #[cold]
+    fn alloc_block_or_retry(
+        &mut self,
+        raw: &dyn RawAllocator,
+        pool: PoolKind,
+        stream: StreamHandle,
+        size: usize,
+    ) -> Result<u32, MemoryError> {
+        let alloc_size = allocation_size(size);
+        if let Some(i) = self.alloc_block(raw, pool, stream, alloc_size, false)? {
+            return Ok(i);
+        }
+        if self.release_available_cached_blocks(raw, pool, stream, alloc_size)?
+            && let Some(i) = self.alloc_block(raw, pool, stream, alloc_size, true)?
+        {
+            return Ok(i);
+        }
+        self.release_cached_blocks(raw)?;
+        if let Some(i) = self.alloc_block(raw, pool, stream, alloc_size, true)? {
+            return Ok(i);
+        }
+        Err(self.out_of_memory(raw, alloc_size, stream))
+    }
+
+    /// Take a new segment of `alloc_size` bytes from the raw allocator, unless the memory
+    /// fraction forbids it. `Ok(None)`: out of memory.
+    fn alloc_block(
+        &mut self,
+        raw: &dyn RawAllocator,
+        pool: PoolKind,
+        stream: StreamHandle,
+        alloc_size: usize,
+        is_retry: bool,
+    ) -> Result<Option<u32>, MemoryError> {
+        if is_retry {
+            self.stats.num_alloc_retries += 1;
+        }
+        let reserved = self.stats.reserved_bytes[StatType::Aggregate].current as u64;
+        if let Some(limit) = self.limit
+            && reserved.saturating_add(alloc_size as u64) > limit.bytes
+        {
+            return Ok(None);
+        }
+        let addr = match raw.allocate(alloc_size) {
+            Ok(addr) => addr,
+            Err(RawAllocError::OutOfMemory) => return Ok(None),
+            Err(RawAllocError::Other(message)) => {
+                return Err(MemoryError::Raw {
+                    device: self.device,
+                    op: "allocate",
+                    bytes: alloc_size as u64,
+                    message,
+                });
+            }
+        };
+        let i = self.new_block(Block {
+            addr,
+            size: alloc_size,
+            requested: 0,
+            stream,
+            pool,
+            allocated: false,
+            prev: NIL,
+            next: NIL,
+            event_count: 0,
+            stream_uses: Vec::new(),
+            live: true,
+        });
+        self.stats.segment.increase(pool, 1);
+        self.stats.reserved_bytes.increase(pool, alloc_size as i64);
+        self.stats.num_device_alloc += 1;
+        self.history
+            .record(HistoryAction::SegmentAlloc, addr, alloc_size as u64, stream);
+        Ok(Some(i))
+    }
+
+    /// Hand out block `i` (out of its pool) for a request of `size` rounded bytes, splitting
+    /// off the remainder when the policy says so.
+    fn alloc_found_block(&mut self, i: u32, size: usize, orig_size: usize) -> u32 {
+        let b = &self.blocks[i as usize];
+        let (pool, block_size, already_split) = (b.pool, b.size, b.is_split());
+        if should_split(pool, block_size, size) {
+            let (addr, stream, next) = (b.addr, b.stream, b.next);
+            let remaining = block_size - size;
+            let r = self.new_block(Block {
+                addr: addr + size as u64,
+                size: remaining,
+                requested: 0,
+                stream,
+                pool,
+                allocated: false,
+                prev: i,
+                next,
+                event_count: 0,
+                stream_uses: Vec::new(),
+                live: true,
+            });
+            if next != NIL {
+                self.blocks[next as usize].prev = r;
+            }
+            let b = &mut self.blocks[i as usize];
+            b.next = r;
+            b.size = size;
+            self.pool_insert(r);
+            if already_split {
+                // An inactive split block shrinks by `size`.
+                self.stats.inactive_split_bytes.decrease(pool, size as i64);
+            } else {
+                // A new inactive split block appears.
+                self.stats
+                    .inactive_split_bytes
+                    .increase(pool, remaining as i64);
+                self.stats.inactive_split.increase(pool, 1);
+            }
+        } else if already_split {
+            // An inactive split block becomes active.
+            self.stats
+                .inactive_split_bytes
+                .decrease(pool, block_size as i64);
+            self.stats.inactive_split.decrease(pool, 1);
+        }
+        let b = &mut self.blocks[i as usize];
+        b.allocated = true;
+        b.requested = orig_size;
+        let (addr, size, stream) = (b.addr, b.size as i64, b.stream);
+        let s = &mut self.stats;
+        s.allocation.increase(pool, 1);
+        s.allocated_bytes.increase(pool, size);
+        s.active.increase(pool, 1);
+        s.active_bytes.increase(pool, size);
+        s.requested_bytes.increase(pool, orig_size as i64);
+        self.history
+            .record(HistoryAction::Alloc, addr, orig_size as u64, stream);
+        i
+    }
+
+    /// Count and describe an out-of-memory failure.
+    fn out_of_memory(
+        &mut self,
+        raw: &dyn RawAllocator,
+        alloc_size: usize,
+        stream: StreamHandle,
+    ) -> MemoryError {
+        self.stats.num_ooms += 1;
+        self.history
+            .record(HistoryAction::Oom, 0, alloc_size as u64, stream);
+        let info = raw.mem_info();
+        let allocated = self.stats.allocated_bytes[StatType::Aggregate]
+            .current
+            .max(0) as u64;
+        let reserved = self.stats.reserved_bytes[StatType::Aggregate]
+            .current
+            .max(0) as u64;
+        MemoryError::OutOfMemory {
+            device: self.device,
+            requested: alloc_size as u64,
+            total: info.map(|(_, total)| total),
+            free: info.map(|(free, _)| free),
+            allocated,
+            reserved_unallocated: reserved.saturating_sub(allocated),
+            fraction_limit: self.limit,
+        }
+    }
+
+    // --- free ----------------------------------------------------------------------------
+
+    /// The caller dropped block `i`. It goes back to its pool now, or once the events of
+    /// the streams recorded on it have completed.
+    pub(crate) fn free(&mut self, raw: &dyn RawAllocator, i: u32) {
+        let b = &mut self.blocks[i as usize];
+        b.allocated = false;
+        let (pool, size, addr, requested, stream) =
+            (b.pool, b.size as i64, b.addr, b.requested, b.stream);
+        self.stats.allocation.decrease(pool, 1);
+        self.stats.allocated_bytes.decrease(pool, size);
+        self.history
+            .record(HistoryAction::FreeRequested, addr, requested as u64, stream);
+        if self.blocks[i as usize].stream_uses.is_empty() {
+            self.free_block(i);
+        } else {
+            self.insert_events(raw, i);
+        }
+    }
+
+    /// Record an event on every stream that used block `i`; free it if none is outstanding.
+    #[cold]
+    fn insert_events(&mut self, raw: &dyn RawAllocator, i: u32) {
+        let streams = std::mem::take(&mut self.blocks[i as usize].stream_uses);
+        for stream in streams {
+            match raw.record_event(stream) {
+                Ok(Some(event)) => {
+                    self.pending.push((event, i));
+                    self.blocks[i as usize].event_count += 1;
+                }
+                Ok(None) => {}
+                Err(_) => {
+                    // No event, so no way to know when that stream is done with the block:
+                    // it waits for a full synchronisation (empty_cache or the last retry).
+                    self.awaiting_sync.push(i);
+                    self.blocks[i as usize].event_count += 1;
+                }
+            }
+        }
+        if self.blocks[i as usize].event_count == 0 {
+            self.free_block(i);
+        }
+    }
+
+    /// Return a block with no outstanding events to its pool, merging free neighbours.
+    fn free_block(&mut self, i: u32) {
+        let b = &mut self.blocks[i as usize];
+        let (pool, size, requested, addr, stream) = (b.pool, b.size, b.requested, b.addr, b.stream);
+        b.requested = 0;
+        let (prev, next) = (b.prev, b.next);
+        self.history
+            .record(HistoryAction::FreeCompleted, addr, requested as u64, stream);
+        let mut net_blocks: i64 = 0;
+        let mut net_bytes: i64 = 0;
+        for candidate in [prev, next] {
+            let subsumed = self.try_merge_blocks(i, candidate);
+            if subsumed > 0 {
+                net_blocks -= 1;
+                net_bytes -= subsumed as i64;
+            }
+        }
+        self.pool_insert(i);
+        let b = &self.blocks[i as usize];
+        if b.is_split() {
+            net_blocks += 1;
+            net_bytes += b.size as i64;
+        }
+        let s = &mut self.stats;
+        if net_blocks > 0 {
+            s.inactive_split.increase(pool, net_blocks);
+        } else if net_blocks < 0 {
+            s.inactive_split.decrease(pool, -net_blocks);
+        }
+        if net_bytes > 0 {
+            s.inactive_split_bytes.increase(pool, net_bytes);
+        } else if net_bytes < 0 {
+            s.inactive_split_bytes.decrease(pool, -net_bytes);
+        }
+        s.active.decrease(pool, 1);
+        s.active_bytes.decrease(pool, size as i64);
+        s.requested_bytes.decrease(pool, requested as i64);
+    }
+
+    /// Merge free neighbour `src` into `dst`; the subsumed bytes, or 0 if `src` is not free.
+    fn try_merge_blocks(&mut self, dst: u32, src: u32) -> usize {
+        if src == NIL {
+            return 0;
+        }
+        let s = &self.blocks[src as usize];
+        if s.allocated || s.event_count > 0 || !s.stream_uses.is_empty() {
+            return 0;
+        }
+        self.pool_remove(src);
+        let s = &self.blocks[src as usize];
+        let (s_addr, s_size, s_prev, s_next) = (s.addr, s.size, s.prev, s.next);
+        let d = &mut self.blocks[dst as usize];
+        if d.prev == src {
+            d.addr = s_addr;
+            d.prev = s_prev;
+            if s_prev != NIL {
+                self.blocks[s_prev as usize].next = dst;
+            }
+        } else {
+            d.next = s_next;
+            if s_next != NIL {
+                self.blocks[s_next as usize].prev = dst;
+            }
+        }
+        self.blocks[dst as usize].size += s_size;
+        self.drop_block(src);
+        s_size
+    }
+
+    /// `record_stream`: block `i` was used on `stream`.
+    pub(crate) fn record_stream(&mut self, i: u32, stream: StreamHandle) {
+        let b = &mut self.blocks[i as usize];
+        if b.allocated && stream != b.stream && !b.stream_uses.contains(&stream) {
+            b.stream_uses.push(stream);
+        }
+    }
+
+    // --- stream events -------------------------------------------------------------------
+
+    /// Poll pending events; blocks whose events have all completed go back to their pools.
+    #[cold]
+    fn process_events(&mut self, raw: &dyn RawAllocator) {
+        let mut k = 0;
+        while k < self.pending.len() {
+            let (event, i) = self.pending[k];
+            match raw.event_done(event) {
+                Ok(false) => {
+                    k += 1;
+                    continue;
+                }
+                Ok(true) => {
+                    self.pending.swap_remove(k);
+                    self.complete_event(i);
+                }
+                Err(_) => {
+                    // The event cannot tell us; fall back to a full synchronisation.
+                    self.pending.swap_remove(k);
+                    self.awaiting_sync.push(i);
+                }
+            }
+            // Releasing a finished event can only leak the handle if it fails.
+            let _ = raw.release_event(event);
+        }
+    }
+
+    fn complete_event(&mut self, i: u32) {
+        let b = &mut self.blocks[i as usize];
+        b.event_count -= 1;
+        if b.event_count == 0 {
+            self.free_block(i);
+        }
+    }
+
+    /// Wait for every pending event (and a full synchronisation where one is awaited) and
+    /// free the blocks. On error the unfinished waits stay pending.
+    fn synchronize_and_free_events(&mut self, raw: &dyn RawAllocator) -> Result<(), MemoryError> {
+        self.stats.num_sync_all_streams += 1;
+        let mut first_err = None;
+        for (event, i) in std::mem::take(&mut self.pending) {
+            match raw.synchronize_event(event) {
+                Ok(()) => {
+                    let _ = raw.release_event(event);
+                    self.complete_event(i);
+                }
+                Err(e) => {
+                    self.pending.push((event, i));
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        if !self.awaiting_sync.is_empty() {
+            match raw.synchronize() {
+                Ok(()) => {
+                    for i in std::mem::take(&mut self.awaiting_sync) {
+                        self.complete_event(i);
+                    }
+                }
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        match first_err {
+            None => Ok(()),
+            Some(e) => Err(self.raw_error("synchronize", 0, e)),
+        }
+    }
+
+    fn raw_error(&self, op: &'static str, bytes: u64, e: RawAllocError) -> MemoryError {
+        MemoryError::Raw {
+            device: self.device,
+            op,
+            bytes,
+            message: e.to_string(),
+        }
+    }
+
+    // --- releasing cached segments --------------------------------------------------------
+
+    /// Return a free, unsplit block (a whole cached segment) to the raw allocator.
+    fn release_block(&mut self, raw: &dyn RawAllocator, i: u32) -> Result<(), MemoryError> {
+        let b = &self.blocks[i as usize];
+        let (addr, size, pool, stream) = (b.addr, b.size, b.pool, b.stream);
+        // SAFETY: `addr`/`size` describe a whole segment from `raw.allocate(size)` (an unsplit
+        // block spans its segment), it is free and out of every pool after this call, so
+        // nothing refers to it any more.
+        if let Err(e) = unsafe { raw.deallocate(addr, size) } {
+            return Err(self.raw_error("deallocate", size as u64, e));
+        }
+        self.pool_remove(i);
+        self.drop_block(i);
+        self.stats.segment.decrease(pool, 1);
+        self.stats.reserved_bytes.decrease(pool, size as i64);
+        self.stats.num_device_free += 1;
+        self.history
+            .record(HistoryAction::SegmentFree, addr, size as u64, stream);
+        Ok(())
+    }
+
+    /// Free cached segments of `pool` on `stream` to make room for `alloc_size` bytes: the
+    /// smallest one that is large enough, else the largest ones until enough is freed.
+    /// `false` when the cached segments together are too small (nothing is freed then).
+    fn release_available_cached_blocks(
+        &mut self,
+        raw: &dyn RawAllocator,
+        pool: PoolKind,
+        stream: StreamHandle,
+        alloc_size: usize,
+    ) -> Result<bool, MemoryError> {
+        let map = match pool {
+            PoolKind::Small => &self.small,
+            PoolKind::Large => &self.large,
+        };
+        let on_stream = map.range((stream.0, 0, 0)..=(stream.0, usize::MAX, u64::MAX));
+        let unsplit = |&(_, &i): &(&PoolKey, &u32)| !self.blocks[i as usize].is_split();
+        let fits = on_stream
+            .clone()
+            .filter(unsplit)
+            .find(|(k, _)| k.1 >= alloc_size)
+            .map(|(_, &i)| i);
+        let victims: Vec<u32> = match fits {
+            Some(i) => vec![i],
+            None => {
+                let mut total = 0;
+                let mut chosen = Vec::new();
+                for (k, &i) in on_stream.rev().filter(unsplit) {
+                    if total >= alloc_size {
+                        break;
+                    }
+                    total += k.1;
+                    chosen.push(i);
+                }
+                if total < alloc_size {
+                    return Ok(false);
+                }
+                chosen
+            }
+        };
+        for i in victims {
+            self.release_block(raw, i)?;
+        }
+        Ok(true)
+    }
+
+    /// Wait for pending events, then free every cached unsplit segment of both pools.
+    pub(crate) fn release_cached_blocks(
+        &mut self,
+        raw: &dyn RawAllocator,
+    ) -> Result<(), MemoryError> {
+        self.synchronize_and_free_events(raw)?;
+        let victims: Vec<u32> = self
+            .small
+            .values()
+            .chain(self.large.values())
+            .copied()
+            .filter(|&i| !self.blocks[i as usize].is_split())
+            .collect();
+        for i in victims {
+            self.release_block(raw, i)?;
+        }
+        Ok(())
+    }
+
+    // --- introspection -------------------------------------------------------------------
+
+    /// Every segment with its blocks, in address order.
+    pub(crate) fn snapshot(&self) -> MemorySnapshot {
+        let mut heads: Vec<u32> = (0..self.blocks.len() as u32)
+            .filter(|&i| {
+                let b = &self.blocks[i as usize];
+                b.live && b.prev == NIL
+            })
+            .collect();
+        heads.sort_by_key(|&i| self.blocks[i as usize].addr);
+        let segments = heads
+            .into_iter()
+            .map(|head| {
+                let h = &self.blocks[head as usize];
+                let mut seg = SegmentSnapshot {
+                    address: h.addr,
+                    total_size: 0,
+                    allocated_size: 0,
+                    active_size: 0,
+                    requested_size: 0,
+                    stream: h.stream,
+                    segment_type: h.pool,
+                    blocks: Vec::new(),
+                };
+                let mut i = head;
+                while i != NIL {
+                    let b = &self.blocks[i as usize];
+                    let state = if b.allocated {
+                        BlockState::ActiveAllocated
+                    } else if b.event_count > 0 {
+                        BlockState::ActivePendingFree
+                    } else {
+                        BlockState::Inactive
+                    };
+                    let size = b.size as u64;
+                    seg.total_size += size;
+                    if state == BlockState::ActiveAllocated {
+                        seg.allocated_size += size;
+                    }
+                    if state != BlockState::Inactive {
+                        seg.active_size += size;
+                        seg.requested_size += b.requested as u64;
+                    }
+                    seg.blocks.push(BlockSnapshot {
+                        address: b.addr,
+                        size,
+                        requested_size: b.requested as u64,
+                        state,
+                    });
+                    i = b.next;
+                }
+                seg
+            })
+            .collect();
+        MemorySnapshot {
+            device: self.device,
+            segments,
+        }
+    }
+
+    /// Check the structural invariants against the statistics; a description of the first
+    /// violation found. For tests.
+    pub(crate) fn check_invariants(&self) -> Result<(), String> {
+        let snap = self.snapshot();
+        let mut reserved = [0i64; 2];
+        let mut segments = [0i64; 2];
+        let mut allocated = [0i64; 2];
+        let mut active = [0i64; 2];
+        let mut inactive_split = [0i64; 2];
+        let mut inactive_split_bytes = [0i64; 2];
+        for seg in &snap.segments {
+            let p = seg.segment_type as usize;
+            segments[p] += 1;
+            reserved[p] += seg.total_size as i64;
+            let mut end = seg.address;
+            for (k, b) in seg.blocks.iter().enumerate() {
+                if b.address != end {
+                    return Err(format!(
+                        "segment {:#x}: gap or overlap at {:#x}",
+                        seg.address, b.address
+                    ));
+                }
+                end += b.size;
+                if b.state == BlockState::ActiveAllocated {
+                    allocated[p] += b.size as i64;
+                }
+                if b.state != BlockState::Inactive {
+                    active[p] += b.size as i64;
+                }
+                if b.state == BlockState::Inactive && seg.blocks.len() > 1 {
+                    inactive_split[p] += 1;
+                    inactive_split_bytes[p] += b.size as i64;
+                }
+                if k > 0
+                    && b.state == BlockState::Inactive
+                    && seg.blocks[k - 1].state == BlockState::Inactive
+                {
+                    return Err(format!(
+                        "segment {:#x}: unmerged free neighbours",
+                        seg.address
+                    ));
+                }
+            }
+        }
+        let pooled = self.small.len() + self.large.len();
+        let inactive: usize = snap
+            .segments
+            .iter()
+            .flat_map(|s| &s.blocks)
+            .filter(|b| b.state == BlockState::Inactive)
+            .count();
+        if pooled != inactive {
+            return Err(format!(
+                "{pooled} blocks in pools but {inactive} inactive blocks"
+            ));
+        }
+        let s = &self.stats;
+        let checks = [
+            ("reserved_bytes", &s.reserved_bytes, reserved),
+            ("segment", &s.segment, segments),
+            ("allocated_bytes", &s.allocated_bytes, allocated),
+            ("active_bytes", &s.active_bytes, active),
+            ("inactive_split", &s.inactive_split, inactive_split),
+            (
+                "inactive_split_bytes",
+                &s.inactive_split_bytes,
+                inactive_split_bytes,
+            ),
+        ];
+        for (name, stat, expect) in checks {
+            let got = [
+                stat[StatType::SmallPool].current,
+                stat[StatType::LargePool].current,
+            ];
+            if got != expect || stat[StatType::Aggregate].current != expect[0] + expect[1] {
+                return Err(format!("{name}: stats say {got:?}, blocks say {expect:?}"));
+            }
+        }
+        Ok(())
+    }
+}

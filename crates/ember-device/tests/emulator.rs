@@ -1,0 +1,495 @@
+#![allow(clippy::unwrap_used)]
+//! The emulator through the `Driver` trait, on private `Emulator` instances.
+
+use std::ffi::{c_int, c_void};
+use std::time::Duration;
+
+use ember_device::DeviceError;
+use ember_device::driver::emulator::{
+    ADDRESS_TAG, Emulator, EmulatorConfig, KernelLaunch, register_kernel,
+};
+use ember_device::driver::{
+    DevicePtr, Driver, DriverKind, GemmDesc, GemmType, LaunchConfig, StreamHandle,
+};
+
+const S0: StreamHandle = StreamHandle::DEFAULT;
+
+fn emu(n: usize) -> Emulator {
+    Emulator::new(EmulatorConfig::devices(n)).unwrap()
+}
+
+#[test]
+fn malloc_copy_round_trip_and_memset() {
+    let e = emu(1);
+    let p = e.malloc(0, 1000).unwrap();
+    assert_eq!(p.0 & 0xFFF0_0000_0000_0000, ADDRESS_TAG);
+    let data: Vec<u8> = (0..1000u32).map(|i| (i * 7) as u8).collect();
+    e.memcpy_htod(p, &data, S0).unwrap();
+    let mut back = vec![0u8; 1000];
+    e.memcpy_dtoh(&mut back, p, S0).unwrap();
+    assert_eq!(back, data);
+
+    e.memset_d8_async(p.offset(10), 0xAB, 20, S0).unwrap();
+    e.memcpy_dtoh(&mut back, p, S0).unwrap();
+    assert!(back[10..30].iter().all(|&b| b == 0xAB));
+    assert_eq!(back[9], data[9]);
+    assert_eq!(back[30], data[30]);
+
+    // Interior pointers translate; the translation helpers see the same bytes.
+    let seen = e.with_host_slice(p.offset(10), 3, |s| s.to_vec()).unwrap();
+    assert_eq!(seen, [0xAB; 3]);
+    e.with_host_slice_mut(p, 1, |s| s[0] = 42).unwrap();
+    e.memcpy_dtoh(&mut back[..1], p, S0).unwrap();
+    assert_eq!(back[0], 42);
+    let host = e.with_translator(|t| t.translate(p, 1000).is_ok());
+    assert!(host);
+
+    e.free(0, p).unwrap();
+    assert_eq!(e.live_allocations(0).unwrap(), 0);
+    let err = e.memcpy_dtoh(&mut back, p, S0).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            DeviceError::Driver {
+                call: "cuMemcpyDtoH",
+                ..
+            }
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn async_copies_from_pinned_memory() {
+    let e = emu(1);
+    let pinned = e.malloc_host(256).unwrap();
+    assert_eq!(pinned as usize % 64, 0);
+    let d = e.malloc(0, 256).unwrap();
+    let s = e.stream_create(0).unwrap();
+    // SAFETY: `pinned` is valid for 256 bytes and only used here.
+    unsafe {
+        std::slice::from_raw_parts_mut(pinned, 256).fill(7);
+        e.memcpy_htod_async(d, pinned, 256, s).unwrap();
+        std::slice::from_raw_parts_mut(pinned, 256).fill(0);
+        e.memcpy_dtoh_async(pinned, d, 256, s).unwrap();
+    }
+    e.stream_synchronize(s).unwrap();
+    // SAFETY: as above; the stream is synchronised.
+    let back = unsafe { std::slice::from_raw_parts(pinned, 256) };
+    assert!(back.iter().all(|&b| b == 7));
+    // SAFETY: allocated above with 256 bytes, no longer used.
+    unsafe {
+        assert!(e.free_host(pinned, 100).is_err());
+        e.free_host(pinned, 256).unwrap();
+        assert!(e.free_host(pinned, 256).is_err());
+    }
+}
+
+#[test]
+fn dtod_across_two_devices() {
+    let e = emu(2);
+    let a = e.malloc(0, 64).unwrap();
+    let b = e.malloc(1, 64).unwrap();
+    assert_ne!(a.0 >> 44, b.0 >> 44);
+    e.memcpy_htod(a, &[5u8; 64], S0).unwrap();
+    let s1 = e.stream_create(1).unwrap();
+    e.memcpy_dtod_async(b, a, 64, s1).unwrap();
+    let mut out = [0u8; 64];
+    e.memcpy_dtoh(&mut out, b, S0).unwrap();
+    assert_eq!(out, [5u8; 64]);
+    // Stream/device mismatch for single-device operations.
+    let err = e.memset_d8_async(a, 0, 64, s1).unwrap_err().to_string();
+    assert!(err.contains("cuda:0") && err.contains("cuda:1"), "{err}");
+    // Freeing on the wrong device names the owner.
+    let err = e.free(1, a).unwrap_err().to_string();
+    assert!(err.contains("cuda:0"), "{err}");
+}
+
+#[test]
+fn oom_at_total_memory_and_mem_get_info_balances() {
+    let e = Emulator::new(EmulatorConfig::devices(1).with_total_memory(1 << 20)).unwrap();
+    assert_eq!(e.mem_get_info(0).unwrap(), (1 << 20, 1 << 20));
+    let a = e.malloc(0, 600 << 10).unwrap();
+    assert_eq!(
+        e.mem_get_info(0).unwrap(),
+        ((1 << 20) - (600 << 10), 1 << 20)
+    );
+    let err = e.malloc(0, 500 << 10).unwrap_err();
+    assert_eq!(
+        err,
+        DeviceError::OutOfMemory {
+            device: 0,
+            bytes: 500 << 10
+        }
+    );
+    let b = e.malloc(0, 400 << 10).unwrap();
+    assert_eq!(e.mem_get_info(0).unwrap().0, (1 << 20) - (1000 << 10));
+    e.free(0, a).unwrap();
+    e.free(0, b).unwrap();
+    assert_eq!(e.mem_get_info(0).unwrap(), (1 << 20, 1 << 20));
+    assert!(e.malloc(0, 0).is_err());
+    assert!(matches!(
+        e.malloc(3, 8),
+        Err(DeviceError::InvalidIndex { index: 3, count: 1 })
+    ));
+}
+
+#[test]
+fn invalid_handles_are_errors() {
+    let e = emu(2);
+    let bogus = StreamHandle(999);
+    let kind_of = |r: Result<(), DeviceError>| match r {
+        Err(DeviceError::InvalidHandle { kind, .. }) => kind,
+        other => panic!("expected InvalidHandle, got {other:?}"),
+    };
+    assert_eq!(kind_of(e.stream_synchronize(bogus)), "stream");
+    let s = e.stream_create(0).unwrap();
+    e.stream_destroy(s).unwrap();
+    assert_eq!(kind_of(e.stream_destroy(s)), "stream");
+    assert_eq!(kind_of(e.stream_query(s).map(|_| ())), "stream");
+    let ev = e.event_create(0, true).unwrap();
+    e.event_destroy(ev).unwrap();
+    assert_eq!(kind_of(e.event_record(ev, S0)), "event");
+    assert_eq!(kind_of(e.event_synchronize(ev)), "event");
+    // The default stream is valid everywhere and cannot be destroyed.
+    e.stream_synchronize(S0).unwrap();
+    assert!(e.stream_query(S0).unwrap());
+    assert_eq!(kind_of(e.stream_destroy(S0)), "stream");
+    // An event recorded on another device's stream.
+    let ev0 = e.event_create(0, false).unwrap();
+    let s1 = e.stream_create(1).unwrap();
+    assert!(e.event_record(ev0, s1).is_err());
+    // Modules: unknown kernel names say where kernels come from.
+    let m = e.module_load(0, b"").unwrap();
+    let err = e
+        .module_function(m, "no_such_kernel")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("no_such_kernel") && err.contains("kernels/"),
+        "{err}"
+    );
+}
+
+#[test]
+fn events_time_a_sleep() {
+    let e = emu(1);
+    let s = e.stream_create(0).unwrap();
+    let (start, end) = (
+        e.event_create(0, true).unwrap(),
+        e.event_create(0, true).unwrap(),
+    );
+    let untimed = e.event_create(0, false).unwrap();
+    let err = e.event_elapsed_ms(start, end).unwrap_err().to_string();
+    assert!(
+        err.contains("CUDA_ERROR_INVALID_HANDLE") && err.contains("not been recorded"),
+        "{err}"
+    );
+    e.event_record(start, s).unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    e.event_record(end, s).unwrap();
+    e.event_record(untimed, s).unwrap();
+    assert!(e.event_query(end).unwrap());
+    e.event_synchronize(end).unwrap();
+    let ms = e.event_elapsed_ms(start, end).unwrap();
+    assert!(ms >= 20.0, "{ms}");
+    let err = e.event_elapsed_ms(start, untimed).unwrap_err().to_string();
+    assert!(err.contains("timing disabled"), "{err}");
+    e.stream_wait_event(s, end).unwrap();
+}
+
+#[test]
+fn properties_say_emulated() {
+    let e = Emulator::new(EmulatorConfig::devices(2).with_compute_capability(8, 0)).unwrap();
+    assert_eq!(e.kind(), DriverKind::Emulated);
+    assert_eq!(e.device_count(), 2);
+    let p = e.properties(1).unwrap();
+    assert!(p.emulated && p.name.contains("Emulated") && p.name.contains("sm_80"));
+    assert_eq!((p.major, p.minor, p.multi_processor_count), (8, 0, 132));
+    assert_eq!(p.l2_cache_size, 50 << 20);
+    assert!(e.properties(2).is_err());
+}
+
+/// `fill(u32* out, u32 n, u32 value)`: one thread per element.
+unsafe extern "C" fn fill_u32(launch: *const KernelLaunch) -> c_int {
+    // SAFETY: the emulator passes a valid launch; the test passes three parameters of the
+    // types read here.
+    unsafe {
+        let l = &*launch;
+        if l.num_params != 3 {
+            return 1;
+        }
+        let params = std::slice::from_raw_parts(l.params, 3);
+        let addr = *(params[0] as *const u64);
+        let n = *(params[1] as *const u32);
+        let value = *(params[2] as *const u32);
+        let out = (l.translate)(l.translate_ctx, addr) as *mut u32;
+        if out.is_null() {
+            return 2;
+        }
+        let threads = l.grid[0] * l.block[0];
+        for t in 0..threads.min(n) {
+            out.add(t as usize).write_unaligned(value);
+        }
+        0
+    }
+}
+
+#[test]
+fn registered_kernel_launches() {
+    register_kernel("ember_test_fill_u32", fill_u32);
+    let e = emu(1);
+    let m = e.module_load(0, b"ignored").unwrap();
+    let f = e.module_function(m, "ember_test_fill_u32").unwrap();
+    let d = e.malloc(0, 64 * 4).unwrap();
+    let (mut addr, mut n, mut value) = (d.0, 64u32, 0xDEAD_BEEFu32);
+    let mut params: Vec<*mut c_void> = vec![
+        (&mut addr as *mut u64).cast(),
+        (&mut n as *mut u32).cast(),
+        (&mut value as *mut u32).cast(),
+    ];
+    let config = LaunchConfig {
+        grid: (2, 1, 1),
+        block: (32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: params match fill_u32's parameters; `d` holds 64 u32s.
+    unsafe { e.launch_kernel(f, config, S0, &mut params).unwrap() };
+    let mut out = vec![0u8; 256];
+    e.memcpy_dtoh(&mut out, d, S0).unwrap();
+    assert!(
+        out.chunks(4)
+            .all(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) == 0xDEAD_BEEF)
+    );
+    // Bad geometry and a failing kernel are errors.
+    let big = LaunchConfig {
+        block: (1025, 1, 1),
+        ..config
+    };
+    // SAFETY: as above (not launched: rejected).
+    assert!(unsafe { e.launch_kernel(f, big, S0, &mut params) }.is_err());
+    // SAFETY: params[0] points at `addr`, a live u64.
+    unsafe { params[0].cast::<u64>().write(0x1000) };
+    // SAFETY: the kernel translates the bogus address to null and returns an error code.
+    let err = unsafe { e.launch_kernel(f, config, S0, &mut params) }
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("CUDA_ERROR_LAUNCH_FAILED"), "{err}");
+}
+
+/// Reference: C = alpha * op(A) op(B) + beta * C on f64 column-major data.
+#[allow(clippy::too_many_arguments)]
+fn reference(d: &GemmDesc, a: &[f64], b: &[f64], c: &mut [f64]) {
+    for bi in 0..d.batch {
+        for j in 0..d.n {
+            for i in 0..d.m {
+                let mut s = 0.0;
+                for p in 0..d.k {
+                    let av = if d.trans_a {
+                        a[bi * d.stride_a + p + i * d.lda]
+                    } else {
+                        a[bi * d.stride_a + i + p * d.lda]
+                    };
+                    let bv = if d.trans_b {
+                        b[bi * d.stride_b + j + p * d.ldb]
+                    } else {
+                        b[bi * d.stride_b + p + j * d.ldb]
+                    };
+                    s += av * bv;
+                }
+                let ci = bi * d.stride_c + i + j * d.ldc;
+                c[ci] = d.alpha * s + d.beta * c[ci];
+            }
+        }
+    }
+}
+
+fn to_bytes(dtype: GemmType, v: &[f64]) -> Vec<u8> {
+    v.iter()
+        .flat_map(|&x| match dtype {
+            GemmType::F32 => (x as f32).to_le_bytes().to_vec(),
+            GemmType::F64 => x.to_le_bytes().to_vec(),
+            GemmType::F16 => half::f16::from_f64(x).to_le_bytes().to_vec(),
+            GemmType::Bf16 => half::bf16::from_f64(x).to_le_bytes().to_vec(),
+        })
+        .collect()
+}
+
+fn from_bytes(dtype: GemmType, v: &[u8]) -> Vec<f64> {
+    match dtype {
+        GemmType::F32 => v
+            .chunks(4)
+            .map(|c| f64::from(f32::from_le_bytes(c.try_into().unwrap())))
+            .collect(),
+        GemmType::F64 => v
+            .chunks(8)
+            .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
+            .collect(),
+        GemmType::F16 => v
+            .chunks(2)
+            .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f64())
+            .collect(),
+        GemmType::Bf16 => v
+            .chunks(2)
+            .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f64())
+            .collect(),
+    }
+}
+
+#[test]
+fn gemm_matches_reference_for_every_layout_and_dtype() {
+    let e = emu(1);
+    // Small integers: exact in every dtype, so results compare exactly.
+    let val = |i: usize| ((i * 37 + 11) % 7) as f64 - 3.0;
+    for dtype in [GemmType::F32, GemmType::F64, GemmType::F16, GemmType::Bf16] {
+        for (trans_a, trans_b) in [(false, false), (true, false), (false, true), (true, true)] {
+            let (m, n, k, batch) = (3, 4, 5, 2);
+            let lda = if trans_a { k } else { m } + 1;
+            let ldb = if trans_b { n } else { k } + 2;
+            let ldc = m + 1;
+            let (cols_a, cols_b) = (if trans_a { m } else { k }, if trans_b { k } else { n });
+            let (stride_a, stride_b, stride_c) = (lda * cols_a + 3, ldb * cols_b, ldc * n + 1);
+            let a: Vec<f64> = (0..stride_a * batch).map(val).collect();
+            let b: Vec<f64> = (0..stride_b * batch).map(|i| val(i + 3)).collect();
+            let mut c: Vec<f64> = (0..stride_c * batch).map(|i| val(i + 5)).collect();
+            let es = match dtype {
+                GemmType::F64 => 8,
+                GemmType::F32 => 4,
+                _ => 2,
+            };
+            let (pa, pb, pc) = (
+                e.malloc(0, a.len() * es).unwrap(),
+                e.malloc(0, b.len() * es).unwrap(),
+                e.malloc(0, c.len() * es).unwrap(),
+            );
+            e.memcpy_htod(pa, &to_bytes(dtype, &a), S0).unwrap();
+            e.memcpy_htod(pb, &to_bytes(dtype, &b), S0).unwrap();
+            e.memcpy_htod(pc, &to_bytes(dtype, &c), S0).unwrap();
+            let desc = GemmDesc {
+                trans_a,
+                trans_b,
+                m,
+                n,
+                k,
+                alpha: 2.0,
+                beta: -1.0,
+                a: pa,
+                lda,
+                stride_a,
+                b: pb,
+                ldb,
+                stride_b,
+                c: pc,
+                ldc,
+                stride_c,
+                batch,
+                dtype,
+                allow_tf32: false,
+            };
+            e.gemm(0, S0, &desc).unwrap();
+            reference(&desc, &a, &b, &mut c);
+            let mut out = vec![0u8; c.len() * es];
+            e.memcpy_dtoh(&mut out, pc, S0).unwrap();
+            let got = from_bytes(dtype, &out);
+            // f16/bf16 round large values; compare relative to magnitude.
+            for (g, r) in got.iter().zip(&c) {
+                let tol = if es == 2 { r.abs() / 64.0 } else { 0.0 };
+                assert!(
+                    (g - r).abs() <= tol,
+                    "{dtype:?} {trans_a} {trans_b}: {g} vs {r}"
+                );
+            }
+            // Past-the-end: a leading dimension that overruns A is an error, not UB.
+            let bad = GemmDesc {
+                lda: lda * 10,
+                ..desc
+            };
+            assert!(e.gemm(0, S0, &bad).is_err());
+            for p in [pa, pb, pc] {
+                e.free(0, p).unwrap();
+            }
+        }
+    }
+}
+
+#[test]
+fn gemm_beta_zero_ignores_nan_in_c() {
+    let e = emu(1);
+    let pa = e.malloc(0, 4).unwrap();
+    let pc = e.malloc(0, 4).unwrap();
+    e.memcpy_htod(pa, &3.0f32.to_le_bytes(), S0).unwrap();
+    e.memcpy_htod(pc, &f32::NAN.to_le_bytes(), S0).unwrap();
+    let desc = GemmDesc {
+        trans_a: false,
+        trans_b: false,
+        m: 1,
+        n: 1,
+        k: 1,
+        alpha: 1.0,
+        beta: 0.0,
+        a: pa,
+        lda: 1,
+        stride_a: 0,
+        b: pa,
+        ldb: 1,
+        stride_b: 0,
+        c: pc,
+        ldc: 1,
+        stride_c: 0,
+        batch: 1,
+        dtype: GemmType::F32,
+        allow_tf32: true,
+    };
+    e.gemm(0, S0, &desc).unwrap();
+    let mut out = [0u8; 4];
+    e.memcpy_dtoh(&mut out, pc, S0).unwrap();
+    assert_eq!(f32::from_le_bytes(out), 9.0);
+    let other = DevicePtr(0x1234);
+    assert!(e.gemm(0, S0, &GemmDesc { a: other, ..desc }).is_err());
+}
+
+proptest::proptest! {
+    #[test]
+    fn random_copies_are_bounds_checked(
+        size in 1usize..4096,
+        offset in 0u64..5000,
+        len in 0usize..5000,
+        value in proptest::prelude::any::<u8>(),
+    ) {
+        let e = emu(1);
+        let p = e.malloc(0, size).unwrap();
+        let in_bounds = offset as usize + len <= size;
+        let dst = p.offset(offset);
+        let data = vec![value; len];
+        let mut buf = vec![0u8; len];
+        let results = [
+            e.memcpy_dtod_async(dst, p, len, S0).is_ok(),
+            e.memcpy_htod(dst, &data, S0).is_ok(),
+            e.memcpy_dtoh(&mut buf, dst, S0).is_ok(),
+            e.memset_d8_async(dst, value, len, S0).is_ok(),
+            e.with_host_slice(dst, len, |s| s.len()).is_ok(),
+        ];
+        for ok in results {
+            proptest::prop_assert_eq!(ok, in_bounds, "size {} offset {} len {}", size, offset, len);
+        }
+        if in_bounds {
+            e.memcpy_dtoh(&mut buf, dst, S0).unwrap();
+            proptest::prop_assert!(buf.iter().all(|&b| b == value));
+        }
+    }
+}
+
+#[test]
+fn tagged_pointers_are_non_canonical() {
+    // Never dereferenced: only the bit pattern is checked (see Note [Tagged device addresses]).
+    let e = emu(2);
+    for device in 0..2 {
+        let p = e.malloc(device, 8).unwrap().0;
+        let top17 = p >> 47;
+        assert!(
+            top17 != 0 && top17 != (1 << 17) - 1,
+            "{p:#x} is canonical on x86-64"
+        );
+        e.free(device, DevicePtr(p)).unwrap();
+    }
+}

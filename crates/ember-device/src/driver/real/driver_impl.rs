@@ -103,10 +103,8 @@ impl Driver for RealDriver {
         self.bind(0)?;
         let mut ptr: *mut c_void = std::ptr::null_mut();
         // SAFETY: the out-pointer is a valid local; a context is current.
-        match unsafe { sys::cuMemAllocHost_v2(&mut ptr, bytes.max(1)) } {
-            sys::CUresult::CUDA_SUCCESS => Ok(ptr.cast()),
-            status => check("cuMemAllocHost", status).map(|()| ptr.cast()),
-        }
+        let status = unsafe { sys::cuMemAllocHost_v2(&mut ptr, bytes.max(1)) };
+        check("cuMemAllocHost", status).map(|()| ptr.cast())
     }
 
     unsafe fn free_host(&self, ptr: *mut u8, _bytes: usize) -> Result<()> {

@@ -30,6 +30,7 @@ use crate::raw::RawAllocator;
 use crate::snapshot::{HistoryEntry, MemorySnapshot, history_to_json};
 use crate::state::{NIL, State};
 use crate::stats::{DeviceStats, MemoryStats, StatType, summary_table};
+use crate::tracing;
 
 /// The address of every zero-byte allocation: non-null, aligned to [`HOST_ALIGNMENT`], and
 /// never to be dereferenced (like `NonNull::dangling` for a 64-byte alignment).
@@ -113,12 +114,15 @@ impl CachingAllocator {
                 stream,
             });
         }
-        let (block, addr) = {
+        let (block, addr, totals) = {
             let mut state = self.lock();
             let block = state.malloc(self.raw.as_ref(), bytes, stream)?;
-            (block, state.block_info(block).0)
+            let totals = tracing::active().then(|| state.totals());
+            (block, state.block_info(block).0, totals)
         };
-        crate::tracing::alloc(self.device, addr, bytes);
+        if let Some(totals) = totals {
+            tracing::emit("memory.alloc", self.device, addr, bytes, totals);
+        }
         Ok(Allocation {
             allocator: Arc::clone(self),
             addr,
@@ -129,8 +133,14 @@ impl CachingAllocator {
     }
 
     fn free(&self, block: u32, addr: u64, len: usize) {
-        self.lock().free(self.raw.as_ref(), block);
-        crate::tracing::free(self.device, addr, len);
+        let totals = {
+            let mut state = self.lock();
+            state.free(self.raw.as_ref(), block);
+            tracing::active().then(|| state.totals())
+        };
+        if let Some(totals) = totals {
+            tracing::emit("memory.free", self.device, addr, len, totals);
+        }
     }
 
     /// Return every cached, unsplit segment to the raw allocator, after waiting for pending

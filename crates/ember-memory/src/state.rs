@@ -134,6 +134,14 @@ impl State {
         self.pool_mut(pool).remove(&key);
     }
 
+    /// `(allocated_bytes, reserved_bytes)` now, over both pools.
+    pub(crate) fn totals(&self) -> (i64, i64) {
+        (
+            self.stats.allocated_bytes[StatType::Aggregate].current,
+            self.stats.reserved_bytes[StatType::Aggregate].current,
+        )
+    }
+
     /// The block's address, size and stream (for the public layer).
     pub(crate) fn block_info(&self, i: u32) -> (u64, usize, StreamHandle) {
         let b = &self.blocks[i as usize];
@@ -694,6 +702,9 @@ impl State {
         let mut segments = [0i64; 2];
         let mut allocated = [0i64; 2];
         let mut active = [0i64; 2];
+        let mut active_count = [0i64; 2];
+        let mut allocation_count = [0i64; 2];
+        let mut requested = [0i64; 2];
         let mut inactive_split = [0i64; 2];
         let mut inactive_split_bytes = [0i64; 2];
         for seg in &snap.segments {
@@ -711,9 +722,12 @@ impl State {
                 end += b.size;
                 if b.state == BlockState::ActiveAllocated {
                     allocated[p] += b.size as i64;
+                    allocation_count[p] += 1;
                 }
                 if b.state != BlockState::Inactive {
                     active[p] += b.size as i64;
+                    active_count[p] += 1;
+                    requested[p] += b.requested_size as i64;
                 }
                 if b.state == BlockState::Inactive && seg.blocks.len() > 1 {
                     inactive_split[p] += 1;
@@ -748,6 +762,9 @@ impl State {
             ("segment", &s.segment, segments),
             ("allocated_bytes", &s.allocated_bytes, allocated),
             ("active_bytes", &s.active_bytes, active),
+            ("active", &s.active, active_count),
+            ("allocation", &s.allocation, allocation_count),
+            ("requested_bytes", &s.requested_bytes, requested),
             ("inactive_split", &s.inactive_split, inactive_split),
             (
                 "inactive_split_bytes",

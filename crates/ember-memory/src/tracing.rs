@@ -1,16 +1,32 @@
 //! Allocation and free events for `ember_device::trace` subscribers (the profiler's memory
-//! timeline). Called after the allocator's lock is released; see Note [Locking].
+//! timeline): point events named `memory.alloc` and `memory.free` whose metadata is a JSON
+//! object `{"device", "addr", "bytes", "total_allocated", "total_reserved"}` (totals after
+//! the event). Emitted after the allocator's lock is released (see Note [Locking]); free of
+//! cost beyond one relaxed atomic load while nobody subscribes.
 
 use ember_device::Device;
+use ember_device::trace;
 
-/// An allocation of `bytes` at `addr` on `device` was handed out.
+/// Whether anybody listens (so that totals are worth reading under the lock).
 #[inline]
-pub(crate) fn alloc(device: Device, addr: u64, bytes: usize) {
-    let _ = (device, addr, bytes);
+pub(crate) fn active() -> bool {
+    trace::is_active()
 }
 
-/// An allocation of `bytes` at `addr` on `device` was freed.
+/// Emit `name` (`memory.alloc` or `memory.free`) for `bytes` at `addr`.
 #[inline]
-pub(crate) fn free(device: Device, addr: u64, bytes: usize) {
-    let _ = (device, addr, bytes);
+pub(crate) fn emit(
+    name: &'static str,
+    device: Device,
+    addr: u64,
+    bytes: usize,
+    totals: (i64, i64),
+) {
+    trace::instant(name, || {
+        format!(
+            "{{\"device\":\"{device}\",\"addr\":{addr},\"bytes\":{bytes},\
+             \"total_allocated\":{},\"total_reserved\":{}}}",
+            totals.0, totals.1
+        )
+    });
 }

@@ -1,7 +1,7 @@
 //! [`CachingAllocator`] (one per device, over any [`RawAllocator`]) and the RAII
 //! [`Allocation`] it hands out.
 //!
-//! # Note [Locking]
+//! # Note \[Locking\]
 //!
 //! All of an allocator's state (blocks, pools, statistics, pending events, history) lives in
 //! one `Mutex`. Every public method takes it once and calls into `state.rs`, which works on
@@ -19,7 +19,7 @@
 //! and `Drop` must never panic.
 
 use std::fmt;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use ember_device::Device;
 use ember_device::driver::StreamHandle;
@@ -37,7 +37,7 @@ use crate::tracing;
 pub const ZERO_SIZE_ADDR: u64 = HOST_ALIGNMENT as u64;
 
 /// PyTorch's caching allocator over one device's [`RawAllocator`]. See [`crate::policy`] for
-/// the policy and Note [Locking] above for the locking rule.
+/// the policy and Note \[Locking\] above for the locking rule.
 ///
 /// ```
 /// use std::sync::Arc;
@@ -54,6 +54,9 @@ pub struct CachingAllocator {
     raw: Arc<dyn RawAllocator>,
     device: Device,
     state: Mutex<State>,
+    /// Set for allocators that live as long as the process (the registry's): a leaked
+    /// handle to this allocator, so that allocations need not count references.
+    immortal: OnceLock<&'static Arc<CachingAllocator>>,
 }
 
 impl fmt::Debug for CachingAllocator {
@@ -73,7 +76,26 @@ impl CachingAllocator {
             raw,
             device,
             state: Mutex::new(State::new(device)),
+            immortal: OnceLock::new(),
         })
+    }
+
+    /// Keep this allocator alive for the rest of the process, so that its allocations hold
+    /// a `'static` reference instead of counting references (two atomic operations fewer per
+    /// allocate/free pair). For the registry's allocators, which live that long anyway.
+    pub(crate) fn make_immortal(self: &Arc<Self>) {
+        let _ = self
+            .immortal
+            .get_or_init(|| Box::leak(Box::new(Arc::clone(self))));
+    }
+
+    /// How an allocation refers back to this allocator.
+    #[inline]
+    fn owner(self: &Arc<Self>) -> Owner {
+        match self.immortal.get() {
+            Some(&a) => Owner::Immortal(a),
+            None => Owner::Shared(Arc::clone(self)),
+        }
     }
 
     /// The device whose memory this allocator hands out.
@@ -107,7 +129,7 @@ impl CachingAllocator {
     ) -> Result<Allocation, MemoryError> {
         if bytes == 0 {
             return Ok(Allocation {
-                allocator: Arc::clone(self),
+                allocator: self.owner(),
                 addr: ZERO_SIZE_ADDR,
                 len: 0,
                 block: NIL,
@@ -124,7 +146,7 @@ impl CachingAllocator {
             tracing::emit("memory.alloc", self.device, addr, bytes, totals);
         }
         Ok(Allocation {
-            allocator: Arc::clone(self),
+            allocator: self.owner(),
             addr,
             len: bytes,
             block,
@@ -239,11 +261,29 @@ impl CachingAllocator {
     }
 }
 
+/// An allocation's reference to its allocator.
+enum Owner {
+    /// A counted reference.
+    Shared(Arc<CachingAllocator>),
+    /// The allocator lives for the rest of the process.
+    Immortal(&'static Arc<CachingAllocator>),
+}
+
+impl Owner {
+    #[inline]
+    fn get(&self) -> &Arc<CachingAllocator> {
+        match self {
+            Owner::Shared(a) => a,
+            Owner::Immortal(a) => a,
+        }
+    }
+}
+
 /// Memory from a [`CachingAllocator`]; dropping it gives the block back (never panics).
 ///
 /// `len()` is the requested size; the block behind it may be larger (rounded to 512 bytes).
 pub struct Allocation {
-    allocator: Arc<CachingAllocator>,
+    allocator: Owner,
     addr: u64,
     len: usize,
     /// Slab index of the block, or [`NIL`] for a zero-byte allocation.
@@ -254,7 +294,7 @@ pub struct Allocation {
 impl fmt::Debug for Allocation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Allocation")
-            .field("device", &self.allocator.device)
+            .field("device", &self.allocator.get().device)
             .field("addr", &format_args!("{:#x}", self.addr))
             .field("len", &self.len)
             .field("stream", &self.stream)
@@ -281,7 +321,7 @@ impl Allocation {
 
     /// The device the memory is on.
     pub fn device(&self) -> Device {
-        self.allocator.device
+        self.allocator.get().device
     }
 
     /// The address as a pointer. Valid for reads and writes of `len()` bytes for host
@@ -299,14 +339,17 @@ impl Allocation {
 
     /// The allocator this memory came from.
     pub fn allocator(&self) -> &Arc<CachingAllocator> {
-        &self.allocator
+        self.allocator.get()
     }
 
     /// PyTorch's `record_stream`: the memory is also used by work on `stream`, so when it is
     /// freed it is not reused until the work enqueued on `stream` by then has completed.
     pub fn record_stream(&self, stream: StreamHandle) {
         if self.block != NIL {
-            self.allocator.lock().record_stream(self.block, stream);
+            self.allocator
+                .get()
+                .lock()
+                .record_stream(self.block, stream);
         }
     }
 }
@@ -314,7 +357,7 @@ impl Allocation {
 impl Drop for Allocation {
     fn drop(&mut self) {
         if self.block != NIL {
-            self.allocator.free(self.block, self.addr, self.len);
+            self.allocator.get().free(self.block, self.addr, self.len);
         }
     }
 }

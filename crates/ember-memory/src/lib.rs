@@ -18,7 +18,7 @@
 //! ```
 //!
 //! - [`policy`]: the caching policy as a list, its size constants and pure functions.
-//! - [`CachingAllocator`] and its RAII [`Allocation`]; Note [Locking] in `allocator.rs`.
+//! - [`CachingAllocator`] and its RAII [`Allocation`]; Note \[Locking\] in `allocator.rs`.
 //! - [`RawAllocator`] and [`HostAllocator`], [`PinnedHostAllocator`], [`CudaRawAllocator`].
 //! - Statistics: [`Stat`], [`StatType`], [`DeviceStats`], [`MemoryStats`], [`format_size`].
 //! - [`MemorySnapshot`] and the history ([`HistoryEntry`]).

@@ -22,7 +22,7 @@ use crate::policy::HOST_ALIGNMENT;
 
 /// A source of segments for one device. Implementations must be thread-safe and must
 /// never call back into a [`crate::CachingAllocator`] (the caching allocator calls them with
-/// its lock held; see Note [Locking] in the allocator).
+/// its lock held; see Note \[Locking\] in the allocator).
 pub trait RawAllocator: Send + Sync + Debug {
     /// The device whose memory this allocator hands out.
     fn device(&self) -> Device;

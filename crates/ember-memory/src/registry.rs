@@ -19,6 +19,12 @@ static CPU: OnceLock<Arc<CachingAllocator>> = OnceLock::new();
 static PINNED: OnceLock<Arc<CachingAllocator>> = OnceLock::new();
 static CUDA: RwLock<Vec<Option<Arc<CachingAllocator>>>> = RwLock::new(Vec::new());
 
+/// The registry's allocators live as long as the process.
+fn immortal(a: Arc<CachingAllocator>) -> Arc<CachingAllocator> {
+    a.make_immortal();
+    a
+}
+
 /// The caching allocator of `device`, created on first use. `cuda:N` fails when CUDA is
 /// unavailable (the error says why) or `N` is out of range (the error names the index and
 /// the count).
@@ -46,13 +52,16 @@ fn cuda_allocator(index: usize) -> Result<Arc<CachingAllocator>, MemoryError> {
     if table.len() <= index {
         table.resize(index + 1, None);
     }
-    let entry = table[index].get_or_insert_with(|| CachingAllocator::new(Arc::new(raw)));
+    let entry = table[index].get_or_insert_with(|| immortal(CachingAllocator::new(Arc::new(raw))));
     Ok(Arc::clone(entry))
 }
 
 /// The caching allocator of pinned host memory (page-locked when the CUDA driver is real).
 pub fn pinned_allocator() -> Arc<CachingAllocator> {
-    Arc::clone(PINNED.get_or_init(|| CachingAllocator::new(Arc::new(PinnedHostAllocator::new()))))
+    Arc::clone(
+        PINNED
+            .get_or_init(|| immortal(CachingAllocator::new(Arc::new(PinnedHostAllocator::new())))),
+    )
 }
 
 /// Bytes in live allocations on `device` (`torch.cuda.memory_allocated`).

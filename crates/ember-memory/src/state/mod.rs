@@ -1,6 +1,6 @@
 //! The allocator's state and the algorithm over it: blocks, pools, `malloc` as a cascade,
 //! `free` with merging, stream events, releasing cached segments. Every function here runs
-//! with the allocator's lock held (it takes `&mut State`); see Note [Locking] in
+//! with the allocator's lock held (it takes `&mut State`); see Note \[Locking\] in
 //! `allocator.rs`. The policy is written down in [`crate::policy`].
 
 mod introspect;

@@ -247,3 +247,16 @@ proptest! {
         prop_assert_eq!(alloc.memory_reserved(), 0);
     }
 }
+
+#[test]
+fn allocations_and_allocators_are_send_and_sync() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<ember_memory::Allocation>();
+    assert_send_sync::<CachingAllocator>();
+    // An allocation may be dropped on another thread than the one that made it.
+    let a = ember_memory::allocator(Device::Cpu)
+        .unwrap()
+        .allocate(100)
+        .unwrap();
+    std::thread::spawn(move || drop(a)).join().unwrap();
+}

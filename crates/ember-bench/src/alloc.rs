@@ -1,0 +1,144 @@
+//! Allocate-and-free pairs: the caching allocator against the system allocator (the host's
+//! `malloc` on the CPU, the driver's `cuMemAlloc`/`cuMemFree` on a CUDA device).
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::Arc;
+
+use ember_device::Device;
+use ember_device::cuda;
+use ember_device::driver::emulator::EmulatorConfig;
+
+use crate::harness::{Options, Record, ns_per_iter};
+
+const SIZES: [(usize, &str); 6] = [
+    (512, "512b"),
+    (64 << 10, "64kib"),
+    (1 << 20, "1mib"),
+    (4 << 20, "4mib"),
+    (16 << 20, "16mib"),
+    (64 << 20, "64mib"),
+];
+
+const ROUNDS: usize = 7;
+
+fn iters_for(size: usize) -> usize {
+    if size >= 16 << 20 { 2_000 } else { 20_000 }
+}
+
+pub fn run(opts: &Options, out: &mut Vec<Record>) -> Result<(), String> {
+    if opts.cpu() {
+        run_cpu(opts, out)?;
+    }
+    if opts.cuda() {
+        run_cuda(opts, out)?;
+    }
+    Ok(())
+}
+
+fn run_cpu(opts: &Options, out: &mut Vec<Record>) -> Result<(), String> {
+    let caching = ember_memory::allocator(Device::Cpu).map_err(|e| e.to_string())?;
+    for (size, tag) in SIZES {
+        let cname = format!("alloc_free_caching_{tag}");
+        let sname = format!("alloc_free_system_{tag}");
+        if !opts.wants(&cname) && !opts.wants(&sname) {
+            continue;
+        }
+        let iters = iters_for(size);
+        let mut failed = None;
+        let c = ns_per_iter(ROUNDS, iters, || match caching.allocate(size) {
+            Ok(a) => drop(std::hint::black_box(a)),
+            Err(e) => failed = Some(e.to_string()),
+        });
+        if let Some(e) = failed {
+            return Err(format!("{cname}: {e}"));
+        }
+        let layout = Layout::from_size_align(size, 64).map_err(|e| e.to_string())?;
+        let s = ns_per_iter(ROUNDS, iters, || {
+            // SAFETY: `layout` has a non-zero size; the pointer is freed with the same layout
+            // right away (a null return is passed to `dealloc` never: checked).
+            unsafe {
+                let p = System.alloc(layout);
+                if !p.is_null() {
+                    System.dealloc(std::hint::black_box(p), layout);
+                }
+            }
+        });
+        push_pair(out, "cpu", false, &cname, c, &sname, s);
+    }
+    Ok(())
+}
+
+fn run_cuda(opts: &Options, out: &mut Vec<Record>) -> Result<(), String> {
+    // A real GPU (or an emulator asked for by EMBER_CUDA_EMULATOR) is used as it is; otherwise
+    // this benchmark asks for the emulator explicitly and says so in its records.
+    if !cuda::is_available() {
+        cuda::use_emulator(EmulatorConfig::devices(2)).map_err(|e| e.to_string())?;
+    }
+    let emulated = cuda::is_emulated();
+    let driver = cuda::driver().map_err(|e| e.to_string())?;
+    let device = Device::Cuda(0);
+    let caching = ember_memory::allocator(device).map_err(|e| e.to_string())?;
+    for (size, tag) in SIZES {
+        let cname = format!("alloc_free_caching_{tag}");
+        let sname = format!("alloc_free_system_{tag}");
+        if !opts.wants(&cname) && !opts.wants(&sname) {
+            continue;
+        }
+        let iters = iters_for(size);
+        let mut failed = None;
+        let c = ns_per_iter(ROUNDS, iters, || match caching.allocate(size) {
+            Ok(a) => drop(std::hint::black_box(a)),
+            Err(e) => failed = Some(e.to_string()),
+        });
+        let drv = Arc::clone(&driver);
+        let s = ns_per_iter(ROUNDS, iters, || match drv.malloc(0, size) {
+            Ok(p) => {
+                if let Err(e) = drv.free(0, p) {
+                    failed = Some(e.to_string());
+                }
+            }
+            Err(e) => failed = Some(e.to_string()),
+        });
+        if let Some(e) = failed {
+            return Err(format!("{cname}/{sname}: {e}"));
+        }
+        push_pair(out, &device.to_string(), emulated, &cname, c, &sname, s);
+    }
+    Ok(())
+}
+
+fn push_pair(
+    out: &mut Vec<Record>,
+    device: &str,
+    emulated: bool,
+    cname: &str,
+    caching_ns: f64,
+    sname: &str,
+    system_ns: f64,
+) {
+    let mut extra = serde_json::Map::new();
+    if emulated {
+        extra.insert("emulated".into(), true.into());
+    }
+    let mut cextra = extra.clone();
+    cextra.insert(
+        "speedup_vs_system".into(),
+        serde_json::Value::from(system_ns / caching_ns),
+    );
+    out.push(Record {
+        name: cname.to_string(),
+        device: device.to_string(),
+        threads: 1,
+        value: caching_ns,
+        unit: "ns",
+        extra: cextra,
+    });
+    out.push(Record {
+        name: sname.to_string(),
+        device: device.to_string(),
+        threads: 1,
+        value: system_ns,
+        unit: "ns",
+        extra,
+    });
+}

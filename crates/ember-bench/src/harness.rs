@@ -1,0 +1,128 @@
+//! Options, timing and reporting shared by every benchmark case.
+
+use std::time::Instant;
+
+use serde::Serialize;
+
+/// Which devices to run on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceSel {
+    Cpu,
+    Cuda,
+    All,
+}
+
+/// Command-line options.
+#[derive(Debug)]
+pub struct Options {
+    pub json: bool,
+    pub filter: Option<String>,
+    pub devices: DeviceSel,
+}
+
+impl Options {
+    pub fn parse(mut args: impl Iterator<Item = String>) -> Result<Options, String> {
+        let mut opts = Options {
+            json: false,
+            filter: None,
+            devices: DeviceSel::All,
+        };
+        while let Some(a) = args.next() {
+            match a.as_str() {
+                "--json" => opts.json = true,
+                "--filter" => {
+                    opts.filter = Some(args.next().ok_or("--filter needs a value")?);
+                }
+                "--device" => {
+                    let v = args.next().ok_or("--device needs a value")?;
+                    opts.devices = match v.as_str() {
+                        "cpu" => DeviceSel::Cpu,
+                        "cuda" => DeviceSel::Cuda,
+                        "all" => DeviceSel::All,
+                        other => {
+                            return Err(format!(
+                                "--device: expected cpu, cuda or all, found {other:?}"
+                            ));
+                        }
+                    };
+                }
+                other => {
+                    return Err(format!(
+                        "unknown argument {other:?}; expected --json, --filter S, --device cpu|cuda|all"
+                    ));
+                }
+            }
+        }
+        Ok(opts)
+    }
+
+    /// Whether a case of this name is selected by `--filter`.
+    pub fn wants(&self, name: &str) -> bool {
+        self.filter.as_deref().is_none_or(|f| name.contains(f))
+    }
+
+    pub fn cpu(&self) -> bool {
+        matches!(self.devices, DeviceSel::Cpu | DeviceSel::All)
+    }
+
+    pub fn cuda(&self) -> bool {
+        matches!(self.devices, DeviceSel::Cuda | DeviceSel::All)
+    }
+}
+
+/// One measurement.
+#[derive(Clone, Debug, Serialize)]
+pub struct Record {
+    pub name: String,
+    pub device: String,
+    pub threads: usize,
+    pub value: f64,
+    pub unit: &'static str,
+    #[serde(flatten)]
+    pub extra: serde_json::Map<String, serde_json::Value>,
+}
+
+/// Median of several rounds of `iters` calls of `f`, in nanoseconds per call.
+pub fn ns_per_iter(rounds: usize, iters: usize, mut f: impl FnMut()) -> f64 {
+    // Warm up: steady state is what we measure (caches filled, pages touched).
+    for _ in 0..iters.min(64) {
+        f();
+    }
+    let mut samples: Vec<f64> = (0..rounds)
+        .map(|_| {
+            let t = Instant::now();
+            for _ in 0..iters {
+                f();
+            }
+            t.elapsed().as_nanos() as f64 / iters as f64
+        })
+        .collect();
+    samples.sort_by(f64::total_cmp);
+    samples[samples.len() / 2]
+}
+
+/// Print the records: one JSON array with `--json`, else an aligned table.
+pub fn report(opts: &Options, records: &[Record]) {
+    if opts.json {
+        match serde_json::to_string_pretty(records) {
+            Ok(s) => println!("{s}"),
+            Err(e) => eprintln!("ember-bench: cannot serialise records: {e}"),
+        }
+        return;
+    }
+    println!(
+        "{:<36} {:<10} {:>7} {:>14}  unit",
+        "name", "device", "threads", "value"
+    );
+    for r in records {
+        let extra = if r.extra.is_empty() {
+            String::new()
+        } else {
+            format!("  {}", serde_json::Value::Object(r.extra.clone()))
+        };
+        println!(
+            "{:<36} {:<10} {:>7} {:>14.2}  {}{}",
+            r.name, r.device, r.threads, r.value, r.unit, extra
+        );
+    }
+}

@@ -1,0 +1,30 @@
+//! Ember's benchmark program. Run it through `cargo xtask bench [--json] [--filter S]
+//! [--device cpu|cuda|all]`.
+//!
+//! Every case produces a [`Record`]: `name`, `device`, `threads`, `value`, `unit`, plus
+//! optional extras. Speed targets are ratios checked here and in the side-by-side script,
+//! never timed assertions in tests.
+
+mod alloc;
+mod harness;
+
+use std::process::ExitCode;
+
+use harness::{Options, Record};
+
+fn main() -> ExitCode {
+    let opts = match Options::parse(std::env::args().skip(1)) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("ember-bench: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let mut records: Vec<Record> = Vec::new();
+    if let Err(e) = alloc::run(&opts, &mut records) {
+        eprintln!("ember-bench: {e}");
+        return ExitCode::FAILURE;
+    }
+    harness::report(&opts, &records);
+    ExitCode::SUCCESS
+}

@@ -1,0 +1,75 @@
+//! Ember's tasks, run as `cargo xtask <task>` (the alias lives in `.cargo/config.toml`).
+//!
+//! - `test`: what CI runs — `cargo fmt --check`, `cargo clippy --all-targets -D warnings`, and
+//!   the whole test suite twice: once as a machine without CUDA sees it, once with two emulated
+//!   CUDA devices (`EMBER_CUDA_EMULATOR=2`).
+//! - `bench`: builds the benchmark program in release mode and runs it; `--json` prints one
+//!   JSON array of records, `--filter S` selects cases whose name contains `S`.
+
+mod bench;
+mod test;
+
+use std::path::PathBuf;
+use std::process::{Command, ExitCode};
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let (task, rest) = match args.split_first() {
+        Some((t, r)) => (t.as_str(), r),
+        None => {
+            eprintln!("{}", usage());
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = match task {
+        "test" => test::run(rest),
+        "bench" => bench::run(rest),
+        "-h" | "--help" | "help" => {
+            println!("{}", usage());
+            Ok(())
+        }
+        other => Err(format!("unknown task {other:?}\n{}", usage())),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn usage() -> &'static str {
+    "usage: cargo xtask <task>\n\
+     tasks:\n  \
+       test                      fmt check, clippy -D warnings, all tests (without CUDA and on the emulator)\n  \
+       bench [--json] [--filter S] [--device cpu|cuda|all]\n                            \
+       benchmarks (release build); JSON records with name, device, threads, value, unit"
+}
+
+/// The workspace root (the parent of this crate's manifest directory).
+fn root() -> PathBuf {
+    let here = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    here.parent().map(PathBuf::from).unwrap_or(here)
+}
+
+/// `cargo`, as the one running this task.
+fn cargo() -> Command {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.current_dir(root());
+    cmd
+}
+
+/// Run a command, echoing it, failing with its name if it fails.
+fn run_step(label: &str, cmd: &mut Command) -> Result<(), String> {
+    eprintln!("==> {label}");
+    let status = cmd
+        .status()
+        .map_err(|e| format!("{label}: could not start: {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("{label}: failed ({status})"))
+    }
+}

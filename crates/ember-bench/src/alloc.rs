@@ -6,7 +6,6 @@ use std::sync::Arc;
 
 use ember_device::Device;
 use ember_device::cuda;
-use ember_device::driver::emulator::EmulatorConfig;
 
 use crate::harness::{Options, Record, ns_per_iter};
 
@@ -69,11 +68,6 @@ fn run_cpu(opts: &Options, out: &mut Vec<Record>) -> Result<(), String> {
 }
 
 fn run_cuda(opts: &Options, out: &mut Vec<Record>) -> Result<(), String> {
-    // A real GPU (or an emulator asked for by EMBER_CUDA_EMULATOR) is used as it is; otherwise
-    // this benchmark asks for the emulator explicitly and says so in its records.
-    if !cuda::is_available() {
-        cuda::use_emulator(EmulatorConfig::devices(2)).map_err(|e| e.to_string())?;
-    }
     let emulated = cuda::is_emulated();
     let driver = cuda::driver().map_err(|e| e.to_string())?;
     let device = Device::Cuda(0);

@@ -70,6 +70,19 @@ impl Options {
     }
 }
 
+/// Decide, before any other CUDA call, what `cuda:N` means for this run: a real GPU when the
+/// driver finds one, the emulator when `EMBER_CUDA_EMULATOR` asks for it, and otherwise the
+/// emulator asked for explicitly here (records then carry `"emulated": true`).
+pub fn choose_cuda_driver() -> Result<(), String> {
+    use ember_device::driver::emulator::{ENV_EMULATOR, EmulatorConfig};
+    use ember_device::driver::real::RealDriver;
+    let asked = std::env::var(ENV_EMULATOR).is_ok_and(|v| !v.is_empty() && v != "0");
+    if asked || RealDriver::probe().is_ok() {
+        return Ok(());
+    }
+    ember_device::cuda::use_emulator(EmulatorConfig::devices(2)).map_err(|e| e.to_string())
+}
+
 /// One measurement.
 #[derive(Clone, Debug, Serialize)]
 pub struct Record {

@@ -20,11 +20,11 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    if opts.cuda() {
-        if let Err(e) = harness::choose_cuda_driver() {
-            eprintln!("ember-bench: {e}");
-            return ExitCode::FAILURE;
-        }
+    if opts.cuda()
+        && let Err(e) = harness::choose_cuda_driver()
+    {
+        eprintln!("ember-bench: {e}");
+        return ExitCode::FAILURE;
     }
     let mut records: Vec<Record> = Vec::new();
     if let Err(e) = alloc::run(&opts, &mut records) {

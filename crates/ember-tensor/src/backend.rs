@@ -1,0 +1,137 @@
+//! The dispatch point: one method per op family on [`Storage`], each a single `match` on
+//! the backend variant that calls that backend's kernel. See Note [Dispatch].
+
+use crate::cpu;
+use crate::dtype::DType;
+use crate::error::Result;
+use crate::layout::Layout;
+use crate::op::{BinaryOpT, CmpOp, ReduceOp, UnaryOpT};
+use crate::scalar::Scalar;
+use crate::storage::Storage;
+
+// Note [Dispatch]
+// ~~~~~~~~~~~~~~~
+// An op is split in two:
+//   - its front, a `Tensor` method (ops/*.rs): device check (all inputs on one device, else
+//     PyTorch's "Expected all tensors to be on the same device..."), dtype and shape
+//     inference, broadcasting of layouts, casts of the inputs to the compute dtype, and
+//     wrapping the result;
+//   - its kernel, one per backend, reached through the methods below. Each takes storages
+//     with their layouts (inputs already of the compute dtype and broadcast to the output
+//     shape) and returns a fresh contiguous storage, or writes into a `&mut` one.
+// A new backend (CUDA, issue 4) adds a `Storage` variant and one arm per method here, and
+// nothing in the fronts. Mixed-backend arms cannot be reached: the fronts reject tensors
+// on different devices before calling down. Composite ops (mean, var, softmax, ...) are
+// written in the fronts from these primitives and work on every backend for free.
+
+impl Storage {
+    /// A contiguous copy of the layout's elements, converted to `dtype`.
+    pub(crate) fn cast(&self, l: &Layout, dtype: DType) -> Result<Storage> {
+        match self {
+            Storage::Cpu(s) => Ok(Storage::Cpu(cpu::cast(s, l, dtype)?)),
+        }
+    }
+
+    pub(crate) fn unary<O: UnaryOpT>(&self, l: &Layout) -> Result<Storage> {
+        match self {
+            Storage::Cpu(s) => Ok(Storage::Cpu(cpu::elementwise::unary::<O>(s, l)?)),
+        }
+    }
+
+    pub(crate) fn binary<O: BinaryOpT>(
+        &self,
+        la: &Layout,
+        rhs: &Storage,
+        lb: &Layout,
+    ) -> Result<Storage> {
+        match (self, rhs) {
+            (Storage::Cpu(a), Storage::Cpu(b)) => {
+                Ok(Storage::Cpu(cpu::elementwise::binary::<O>(a, la, b, lb)?))
+            }
+        }
+    }
+
+    pub(crate) fn binary_inplace<O: BinaryOpT>(
+        &mut self,
+        ld: &Layout,
+        src: &Storage,
+        ls: &Layout,
+    ) -> Result<()> {
+        match (self, src) {
+            (Storage::Cpu(d), Storage::Cpu(s)) => {
+                cpu::elementwise::binary_inplace::<O>(d, ld, s, ls)
+            }
+        }
+    }
+
+    pub(crate) fn cmp(
+        &self,
+        op: CmpOp,
+        la: &Layout,
+        rhs: &Storage,
+        lb: &Layout,
+    ) -> Result<Storage> {
+        match (self, rhs) {
+            (Storage::Cpu(a), Storage::Cpu(b)) => {
+                Ok(Storage::Cpu(cpu::elementwise::cmp(op, a, la, b, lb)?))
+            }
+        }
+    }
+
+    pub(crate) fn where_cond(
+        &self,
+        lc: &Layout,
+        t: &Storage,
+        lt: &Layout,
+        f: &Storage,
+        lf: &Layout,
+    ) -> Result<Storage> {
+        match (self, t, f) {
+            (Storage::Cpu(c), Storage::Cpu(t), Storage::Cpu(f)) => Ok(Storage::Cpu(
+                cpu::elementwise::where_cond(c, lc, t, lt, f, lf)?,
+            )),
+        }
+    }
+
+    pub(crate) fn clamp(
+        &self,
+        l: &Layout,
+        min: Option<Scalar>,
+        max: Option<Scalar>,
+    ) -> Result<Storage> {
+        match self {
+            Storage::Cpu(s) => Ok(Storage::Cpu(cpu::elementwise::clamp(s, l, min, max)?)),
+        }
+    }
+
+    pub(crate) fn clamp_inplace(
+        &mut self,
+        l: &Layout,
+        min: Option<Scalar>,
+        max: Option<Scalar>,
+    ) -> Result<()> {
+        match self {
+            Storage::Cpu(s) => cpu::elementwise::clamp_inplace(s, l, min, max),
+        }
+    }
+
+    pub(crate) fn fill(&mut self, l: &Layout, value: Scalar) -> Result<()> {
+        match self {
+            Storage::Cpu(s) => cpu::elementwise::fill(s, l, value),
+        }
+    }
+
+    /// `self[ld] = src[ls]`: same dtype and shape.
+    pub(crate) fn copy_from(&mut self, ld: &Layout, src: &Storage, ls: &Layout) -> Result<()> {
+        match (self, src) {
+            (Storage::Cpu(d), Storage::Cpu(s)) => cpu::elementwise::copy(d, ld, s, ls),
+        }
+    }
+
+    /// Reduce `dims` (sorted, unique) of `l`; output shape = the kept dims.
+    pub(crate) fn reduce(&self, op: ReduceOp, l: &Layout, dims: &[usize]) -> Result<Storage> {
+        match self {
+            Storage::Cpu(s) => Ok(Storage::Cpu(cpu::reduce::reduce(op, s, l, dims)?)),
+        }
+    }
+}

@@ -1,0 +1,146 @@
+//! CPU kernels of the elementwise families: unary, binary, comparisons, `where`, clamp,
+//! and their in-place forms.
+
+use crate::cpu::{dispatch, map1, map2, update1, update2};
+use crate::dtype::WithDType;
+use crate::error::Result;
+use crate::layout::Layout;
+use crate::op::{BinaryOpT, CmpOp, Elem, UnaryOpT};
+use crate::scalar::Scalar;
+use crate::storage::CpuStorage;
+use crate::strided::StridedIndex;
+
+pub(crate) fn unary<O: UnaryOpT>(src: &CpuStorage, l: &Layout) -> Result<CpuStorage> {
+    dispatch!(src.dtype(), T => map1::<T, T, _>(src, l, |x| x.unary::<O>()))
+}
+
+pub(crate) fn binary<O: BinaryOpT>(
+    a: &CpuStorage,
+    la: &Layout,
+    b: &CpuStorage,
+    lb: &Layout,
+) -> Result<CpuStorage> {
+    dispatch!(a.dtype(), T => map2::<T, T, _>(a, la, b, lb, |x, y| x.binary::<O>(y)))
+}
+
+pub(crate) fn binary_inplace<O: BinaryOpT>(
+    dst: &mut CpuStorage,
+    ld: &Layout,
+    src: &CpuStorage,
+    ls: &Layout,
+) -> Result<()> {
+    dispatch!(dst.dtype(), T => update2::<T, _>(dst, ld, src, ls, |x, y| x.binary::<O>(y)))
+}
+
+fn cmp_typed<T: WithDType + PartialOrd>(
+    op: CmpOp,
+    a: &CpuStorage,
+    la: &Layout,
+    b: &CpuStorage,
+    lb: &Layout,
+) -> Result<CpuStorage> {
+    match op {
+        CmpOp::Eq => map2::<T, bool, _>(a, la, b, lb, |x, y| x == y),
+        CmpOp::Ne => map2::<T, bool, _>(a, la, b, lb, |x, y| x != y),
+        CmpOp::Lt => map2::<T, bool, _>(a, la, b, lb, |x, y| x < y),
+        CmpOp::Le => map2::<T, bool, _>(a, la, b, lb, |x, y| x <= y),
+        CmpOp::Gt => map2::<T, bool, _>(a, la, b, lb, |x, y| x > y),
+        CmpOp::Ge => map2::<T, bool, _>(a, la, b, lb, |x, y| x >= y),
+    }
+}
+
+pub(crate) fn cmp(
+    op: CmpOp,
+    a: &CpuStorage,
+    la: &Layout,
+    b: &CpuStorage,
+    lb: &Layout,
+) -> Result<CpuStorage> {
+    dispatch!(a.dtype(), T => cmp_typed::<T>(op, a, la, b, lb))
+}
+
+/// `out = cond ? t : f`; `cond` is bool, `t` and `f` share a dtype, all one shape.
+pub(crate) fn where_cond(
+    cond: &CpuStorage,
+    lc: &Layout,
+    t: &CpuStorage,
+    lt: &Layout,
+    f: &CpuStorage,
+    lf: &Layout,
+) -> Result<CpuStorage> {
+    let c = cond.as_slice::<bool>()?;
+    dispatch!(t.dtype(), T => {
+        let (tv, fv) = (t.as_slice::<T>()?, f.as_slice::<T>()?);
+        CpuStorage::from_chunks(lc.numel(), |r| {
+            let len = r.len();
+            StridedIndex::from_position(lc, r.start)
+                .zip(StridedIndex::from_position(lt, r.start))
+                .zip(StridedIndex::from_position(lf, r.start))
+                .take(len)
+                .map(|((i, j), k)| {
+                    let pick = c.get(i).copied().unwrap_or(false);
+                    let src = if pick { tv.get(j) } else { fv.get(k) };
+                    src.copied().unwrap_or(<T as WithDType>::ZERO)
+                })
+        })
+    })
+}
+
+fn clamp_fn<T: WithDType + PartialOrd>(
+    min: Option<Scalar>,
+    max: Option<Scalar>,
+) -> impl Fn(T) -> T + Sync {
+    let lo = min.map(|s| s.to_dtype::<T>());
+    let hi = max.map(|s| s.to_dtype::<T>());
+    move |x: T| {
+        // NaN stays NaN (x != x); as PyTorch, max wins when min > max.
+        #[allow(clippy::eq_op)]
+        let nan = x != x;
+        if nan {
+            return x;
+        }
+        let mut y = x;
+        if let Some(lo) = lo
+            && y < lo
+        {
+            y = lo;
+        }
+        if let Some(hi) = hi
+            && y > hi
+        {
+            y = hi;
+        }
+        y
+    }
+}
+
+/// Clamp into `[min, max]`; the bounds are already in the tensor's dtype category.
+pub(crate) fn clamp(
+    src: &CpuStorage,
+    l: &Layout,
+    min: Option<Scalar>,
+    max: Option<Scalar>,
+) -> Result<CpuStorage> {
+    dispatch!(src.dtype(), T => map1::<T, T, _>(src, l, clamp_fn::<T>(min, max)))
+}
+
+pub(crate) fn clamp_inplace(
+    dst: &mut CpuStorage,
+    l: &Layout,
+    min: Option<Scalar>,
+    max: Option<Scalar>,
+) -> Result<()> {
+    dispatch!(dst.dtype(), T => update1::<T, _>(dst, l, clamp_fn::<T>(min, max)))
+}
+
+pub(crate) fn fill(dst: &mut CpuStorage, l: &Layout, value: Scalar) -> Result<()> {
+    dispatch!(dst.dtype(), T => {
+        let v = value.to_dtype::<T>();
+        update1::<T, _>(dst, l, move |_| v)
+    })
+}
+
+/// `dst = src` elementwise; `src` has `dst`'s dtype and shape.
+pub(crate) fn copy(dst: &mut CpuStorage, ld: &Layout, src: &CpuStorage, ls: &Layout) -> Result<()> {
+    dispatch!(dst.dtype(), T => update2::<T, _>(dst, ld, src, ls, |_, y| y))
+}

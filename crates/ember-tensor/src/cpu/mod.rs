@@ -1,0 +1,248 @@
+//! CPU kernels. Every kernel takes storages with their layouts and returns a fresh
+//! contiguous storage (or writes in place into a `&mut` one). Contiguous inputs take a
+//! plain-slice path the compiler vectorises; others walk [`StridedIndex`]; both split into
+//! parallel chunks above [`PAR_THRESHOLD`](crate::storage::PAR_THRESHOLD) elements.
+
+pub(crate) mod elementwise;
+pub(crate) mod index;
+pub(crate) mod matmul;
+pub(crate) mod reduce;
+
+use rayon::prelude::*;
+
+use crate::dtype::{DType, WithDType};
+use crate::error::{Result, TensorError};
+use crate::layout::Layout;
+use crate::storage::{CpuStorage, PAR_THRESHOLD};
+use crate::strided::StridedIndex;
+
+/// Runs `$body` with `$T` bound to the Rust type of `$dtype`.
+macro_rules! dispatch {
+    ($dtype:expr, $T:ident => $body:expr) => {
+        match $dtype {
+            $crate::dtype::DType::F32 => {
+                type $T = f32;
+                $body
+            }
+            $crate::dtype::DType::F64 => {
+                type $T = f64;
+                $body
+            }
+            $crate::dtype::DType::F16 => {
+                type $T = half::f16;
+                $body
+            }
+            $crate::dtype::DType::Bf16 => {
+                type $T = half::bf16;
+                $body
+            }
+            $crate::dtype::DType::I64 => {
+                type $T = i64;
+                $body
+            }
+            $crate::dtype::DType::I32 => {
+                type $T = i32;
+                $body
+            }
+            $crate::dtype::DType::U8 => {
+                type $T = u8;
+                $body
+            }
+            $crate::dtype::DType::Bool => {
+                type $T = bool;
+                $body
+            }
+        }
+    };
+}
+pub(crate) use dispatch;
+
+fn corrupt(op: &'static str) -> TensorError {
+    TensorError::invalid(op, "layout reaches outside its storage (internal error)")
+}
+
+/// The layout's elements as one slice, if the layout is contiguous.
+pub(crate) fn contiguous_slice<'a, T>(data: &'a [T], l: &Layout) -> Option<&'a [T]> {
+    let (s, e) = l.contiguous_range()?;
+    data.get(s..e)
+}
+
+/// `true` if every element of the layout is the same storage element (a broadcast scalar).
+fn is_constant(l: &Layout) -> bool {
+    l.dims()
+        .iter()
+        .zip(l.strides())
+        .all(|(&d, &s)| d <= 1 || s == 0)
+}
+
+fn check_bounds(data_len: usize, l: &Layout, op: &'static str) -> Result<()> {
+    if l.max_extent() <= data_len || l.numel() == 0 {
+        Ok(())
+    } else {
+        Err(corrupt(op))
+    }
+}
+
+/// `out[i] = f(src[i])` over the layout, into a new contiguous storage.
+pub(crate) fn map1<T, U, F>(src: &CpuStorage, l: &Layout, f: F) -> Result<CpuStorage>
+where
+    T: WithDType,
+    U: WithDType,
+    F: Fn(T) -> U + Sync,
+{
+    let data = src.as_slice::<T>()?;
+    check_bounds(data.len(), l, "map")?;
+    let n = l.numel();
+    if let Some(d) = contiguous_slice(data, l) {
+        CpuStorage::from_chunks(n, |r| d[r].iter().map(|&x| f(x)))
+    } else {
+        CpuStorage::from_chunks(n, |r| {
+            let len = r.len();
+            StridedIndex::from_position(l, r.start)
+                .take(len)
+                .map(|i| f(data.get(i).copied().unwrap_or(T::ZERO)))
+        })
+    }
+}
+
+/// `out[i] = f(a[i], b[i])` for two layouts of one shape, into a new contiguous storage.
+pub(crate) fn map2<T, U, F>(
+    a: &CpuStorage,
+    la: &Layout,
+    b: &CpuStorage,
+    lb: &Layout,
+    f: F,
+) -> Result<CpuStorage>
+where
+    T: WithDType,
+    U: WithDType,
+    F: Fn(T, T) -> U + Sync,
+{
+    let (da, db) = (a.as_slice::<T>()?, b.as_slice::<T>()?);
+    check_bounds(da.len(), la, "map2")?;
+    check_bounds(db.len(), lb, "map2")?;
+    let n = la.numel();
+    if n == 0 {
+        return CpuStorage::from_chunks(0, |_| std::iter::empty::<U>());
+    }
+    match (contiguous_slice(da, la), contiguous_slice(db, lb)) {
+        (Some(x), Some(y)) => {
+            return CpuStorage::from_chunks(n, |r| {
+                x[r.clone()].iter().zip(&y[r]).map(|(&p, &q)| f(p, q))
+            });
+        }
+        (Some(x), None) if is_constant(lb) => {
+            let q = db
+                .get(lb.offset())
+                .copied()
+                .ok_or_else(|| corrupt("map2"))?;
+            return CpuStorage::from_chunks(n, |r| x[r].iter().map(|&p| f(p, q)));
+        }
+        (None, Some(y)) if is_constant(la) => {
+            let p = da
+                .get(la.offset())
+                .copied()
+                .ok_or_else(|| corrupt("map2"))?;
+            return CpuStorage::from_chunks(n, |r| y[r].iter().map(|&q| f(p, q)));
+        }
+        _ => {}
+    }
+    CpuStorage::from_chunks(n, |r| {
+        let len = r.len();
+        StridedIndex::from_position(la, r.start)
+            .zip(StridedIndex::from_position(lb, r.start))
+            .take(len)
+            .map(|(i, j)| {
+                f(
+                    da.get(i).copied().unwrap_or(T::ZERO),
+                    db.get(j).copied().unwrap_or(T::ZERO),
+                )
+            })
+    })
+}
+
+/// `dst[i] = f(dst[i], src[i])` in place, for two layouts of one shape. `dst`'s layout must
+/// not overlap itself (checked by the front).
+pub(crate) fn update2<T, F>(
+    dst: &mut CpuStorage,
+    ld: &Layout,
+    src: &CpuStorage,
+    ls: &Layout,
+    f: F,
+) -> Result<()>
+where
+    T: WithDType,
+    F: Fn(T, T) -> T + Sync,
+{
+    let s = src.as_slice::<T>()?;
+    check_bounds(s.len(), ls, "update")?;
+    let d = dst.as_mut_slice::<T>()?;
+    check_bounds(d.len(), ld, "update")?;
+    if let (Some((a, b)), Some(y)) = (ld.contiguous_range(), contiguous_slice(s, ls)) {
+        let x = d.get_mut(a..b).ok_or_else(|| corrupt("update"))?;
+        if x.len() >= PAR_THRESHOLD {
+            x.par_chunks_mut(PAR_THRESHOLD)
+                .zip(y.par_chunks(PAR_THRESHOLD))
+                .for_each(|(x, y)| x.iter_mut().zip(y).for_each(|(p, &q)| *p = f(*p, q)));
+        } else {
+            x.iter_mut().zip(y).for_each(|(p, &q)| *p = f(*p, q));
+        }
+        return Ok(());
+    }
+    for (i, j) in ld.strided_index().zip(ls.strided_index()) {
+        if let (Some(&q), Some(p)) = (s.get(j), d.get_mut(i)) {
+            *p = f(*p, q);
+        }
+    }
+    Ok(())
+}
+
+/// `dst[i] = f(dst[i])` in place over a non-overlapping layout.
+pub(crate) fn update1<T, F>(dst: &mut CpuStorage, ld: &Layout, f: F) -> Result<()>
+where
+    T: WithDType,
+    F: Fn(T) -> T + Sync,
+{
+    let d = dst.as_mut_slice::<T>()?;
+    check_bounds(d.len(), ld, "update")?;
+    if let Some((a, b)) = ld.contiguous_range() {
+        let x = d.get_mut(a..b).ok_or_else(|| corrupt("update"))?;
+        if x.len() >= PAR_THRESHOLD {
+            x.par_chunks_mut(PAR_THRESHOLD)
+                .for_each(|x| x.iter_mut().for_each(|p| *p = f(*p)));
+        } else {
+            x.iter_mut().for_each(|p| *p = f(*p));
+        }
+        return Ok(());
+    }
+    for i in ld.strided_index() {
+        if let Some(p) = d.get_mut(i) {
+            *p = f(*p);
+        }
+    }
+    Ok(())
+}
+
+/// Converts one element with PyTorch's cast rules (see Note [Float to int casts]).
+#[inline(always)]
+pub(crate) fn cast_elem<T: WithDType, U: WithDType>(x: T) -> U {
+    if U::DTYPE == DType::Bool {
+        // x != 0, NaN -> true
+        U::from_f64(x.to_f64())
+    } else if T::DTYPE.is_float() {
+        U::from_f64(x.to_f64())
+    } else {
+        U::from_i64(x.to_i64())
+    }
+}
+
+/// A contiguous copy of the layout's elements converted to `dtype`.
+pub(crate) fn cast(src: &CpuStorage, l: &Layout, dtype: DType) -> Result<CpuStorage> {
+    dispatch!(src.dtype(), T => dispatch!(dtype, U => {
+        if T::DTYPE == U::DTYPE {
+            map1::<T, T, _>(src, l, |x| x)
+        } else {
+            map1::<T, U, _>(src, l, cast_elem::<T, U>)
+        }
+    }))
+}

@@ -1,0 +1,222 @@
+//! [`TensorError`], the crate's one error type.
+
+use ember_device::Device;
+use ember_memory::MemoryError;
+use thiserror::Error;
+
+use crate::dtype::DType;
+use crate::shape::Shape;
+
+/// Errors of tensor creation, views and ops. Messages follow PyTorch's wording where it
+/// has one, prefixed with the op's name.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum TensorError {
+    // --- shapes --------------------------------------------------------------------------
+    /// Two shapes that do not broadcast together.
+    #[error("{op}: shapes {lhs} and {rhs} cannot be broadcast")]
+    Broadcast {
+        /// The op.
+        op: &'static str,
+        /// Left-hand shape.
+        lhs: Shape,
+        /// Right-hand shape.
+        rhs: Shape,
+    },
+    /// A matrix product whose inner dimensions differ.
+    #[error("{op}: cannot multiply {lhs} by {rhs}")]
+    MatmulShape {
+        /// The op.
+        op: &'static str,
+        /// Left-hand shape.
+        lhs: Shape,
+        /// Right-hand shape.
+        rhs: Shape,
+    },
+    /// A shape whose element count does not match the data or the tensor.
+    #[error("{op}: shape {shape} is invalid for input of size {numel}")]
+    ElementCount {
+        /// The op.
+        op: &'static str,
+        /// The requested shape (as written; may contain `-1` as a dim).
+        shape: String,
+        /// The number of elements available.
+        numel: usize,
+    },
+    /// `view` on a tensor whose strides do not allow it.
+    #[error(
+        "view: view size is not compatible with input tensor's size and stride (at least one dimension spans across two contiguous subspaces); use reshape instead"
+    )]
+    ViewStrides,
+    /// Two or more shapes that disagree where an op needs them equal.
+    #[error("{op}: {msg}")]
+    ShapeMismatch {
+        /// The op.
+        op: &'static str,
+        /// What disagrees, naming the shapes.
+        msg: String,
+    },
+
+    // --- dims and indices ----------------------------------------------------------------
+    /// A dimension index outside `[-rank, rank - 1]`.
+    #[error(
+        "{op}: dimension out of range (expected to be in range of [{min}, {max}], but got {dim})"
+    )]
+    DimOutOfRange {
+        /// The op.
+        op: &'static str,
+        /// The dim as given.
+        dim: isize,
+        /// Lowest valid value (`-rank`, or -1 for a scalar).
+        min: isize,
+        /// Highest valid value (`rank - 1`, or 0 for a scalar).
+        max: isize,
+    },
+    /// The same dim named twice.
+    #[error("{op}: dim {dim} appears multiple times in the list of dims")]
+    DuplicateDim {
+        /// The op.
+        op: &'static str,
+        /// The repeated dim (normalised).
+        dim: usize,
+    },
+    /// An index outside a dimension.
+    #[error("{op}: index {index} is out of bounds for dimension {dim} with size {size}")]
+    IndexOutOfRange {
+        /// The op.
+        op: &'static str,
+        /// The index as given.
+        index: i64,
+        /// The dimension.
+        dim: usize,
+        /// The dimension's size.
+        size: usize,
+    },
+    /// An argument outside what the op accepts (negative step, bad split sizes, ...).
+    #[error("{op}: {msg}")]
+    InvalidArgument {
+        /// The op.
+        op: &'static str,
+        /// What is wrong and what was expected.
+        msg: String,
+    },
+
+    // --- dtypes --------------------------------------------------------------------------
+    /// A tensor of one dtype where another was required.
+    #[error("{op}: expected dtype {expected}, but found {found}")]
+    DTypeMismatch {
+        /// The op.
+        op: &'static str,
+        /// The dtype needed.
+        expected: DType,
+        /// The dtype given.
+        found: DType,
+    },
+    /// An op that has no kernel for this dtype.
+    #[error("{op}: not implemented for {dtype}{}", if hint.is_empty() { String::new() } else { format!("; {hint}") })]
+    UnsupportedDType {
+        /// The op.
+        op: &'static str,
+        /// The dtype given.
+        dtype: DType,
+        /// What to do instead; empty if nothing to add.
+        hint: &'static str,
+    },
+    /// Indices of a non-integer dtype.
+    #[error("{op}: expected indices of dtype torch.int64 or torch.int32, but found {found}")]
+    IndexDType {
+        /// The op.
+        op: &'static str,
+        /// The dtype given.
+        found: DType,
+    },
+    /// An in-place op whose result dtype cannot be stored in the tensor.
+    #[error("{op}: result type {result} can't be cast to the desired output type {output}")]
+    InPlaceDType {
+        /// The op.
+        op: &'static str,
+        /// The dtype the op computes.
+        result: DType,
+        /// The dtype of the written-to tensor.
+        output: DType,
+    },
+    /// `item` on a tensor of other than one element.
+    #[error("item: a Tensor with {numel} elements cannot be converted to Scalar")]
+    NotOneElement {
+        /// Elements in the tensor.
+        numel: usize,
+    },
+
+    // --- in-place writes -----------------------------------------------------------------
+    /// An in-place write into a view where several elements share memory (an expanded dim).
+    #[error(
+        "{op}: unsupported operation: more than one element of the written-to tensor refers to a single memory location; clone() the tensor before performing the operation"
+    )]
+    InPlaceOverlap {
+        /// The op.
+        op: &'static str,
+    },
+
+    // --- devices -------------------------------------------------------------------------
+    /// Tensors of one op on two devices.
+    #[error(
+        "Expected all tensors to be on the same device, but found at least two devices, {first} and {second}!"
+    )]
+    DeviceMismatch {
+        /// The first device seen.
+        first: Device,
+        /// The other device.
+        second: Device,
+    },
+    /// A CUDA tensor was asked for and the CUDA backend does not exist yet.
+    #[error("{op}: tensor on {device}: the CUDA backend is not built yet")]
+    CudaBackendMissing {
+        /// The op.
+        op: &'static str,
+        /// The device asked for.
+        device: Device,
+    },
+    /// CUDA was asked for but is unavailable on this machine.
+    #[error("{op}: cannot use {device}: CUDA is not available: {reason}")]
+    CudaUnavailable {
+        /// The op.
+        op: &'static str,
+        /// The device asked for.
+        device: Device,
+        /// `ember_device::cuda::unavailable_reason()`.
+        reason: String,
+    },
+
+    // --- memory --------------------------------------------------------------------------
+    /// The allocator failed (out of memory, ...).
+    #[error(transparent)]
+    Memory(#[from] MemoryError),
+    /// A size computation overflowed `usize`.
+    #[error("{op}: tensor of shape {shape} is too large (element count overflows)")]
+    TooLarge {
+        /// The op.
+        op: &'static str,
+        /// The shape as written.
+        shape: String,
+    },
+}
+
+/// Result alias of this crate.
+pub type Result<T, E = TensorError> = std::result::Result<T, E>;
+
+impl TensorError {
+    pub(crate) fn invalid(op: &'static str, msg: impl Into<String>) -> Self {
+        TensorError::InvalidArgument {
+            op,
+            msg: msg.into(),
+        }
+    }
+
+    pub(crate) fn unsupported(op: &'static str, dtype: DType) -> Self {
+        TensorError::UnsupportedDType {
+            op,
+            dtype,
+            hint: "",
+        }
+    }
+}

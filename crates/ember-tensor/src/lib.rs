@@ -1,0 +1,46 @@
+//! Ember's tensor core: dtypes, shapes and strides, storage in the caching allocator, and
+//! the eager [`Tensor`] with its ops.
+//!
+//! ```
+//! use ember_tensor::{DType, Device, Tensor};
+//!
+//! let a = Tensor::from_vec(vec![1f32, 2., 3., 4., 5., 6.], [2, 3], &Device::Cpu)?;
+//! let b = a.t()?.contiguous()?;            // a [3, 2] copy
+//! assert_eq!(b.dims(), &[3, 2]);
+//! let c = a.to_dtype(DType::F64)?;
+//! println!("{c}"); // tensor([[1., 2., 3.], [4., 5., 6.]], dtype=torch.float64)
+//! # Ok::<(), ember_tensor::TensorError>(())
+//! ```
+//!
+//! Modules:
+//! - [`dtype`]: [`DType`], [`WithDType`], type promotion ([`promote_types`]).
+//! - [`shape`]: [`Shape`], [`Dim`]/[`Dims`] (negative dims), [`broadcast_shape`].
+//! - [`layout`]: [`Layout`] (shape, strides, offset) and the view transforms;
+//!   [`strided`]: [`StridedIndex`].
+//! - `storage`: [`CpuStorage`] over `ember-memory`, shared between views
+//!   (Note [Storage sharing]); `backend`: the per-op-family dispatch (Note [Dispatch]).
+//! - `tensor`: [`Tensor`] — creation, reading back, `Display`, views; `ops/*`: op fronts;
+//!   `cpu/*`: CPU kernels; `op`: op declarations.
+
+mod backend;
+mod cpu;
+pub mod dtype;
+mod error;
+pub mod layout;
+mod op;
+mod ops;
+mod scalar;
+pub mod shape;
+mod storage;
+pub mod strided;
+mod tensor;
+
+pub use dtype::{ALL_DTYPES, DType, WithDType, promote_types};
+pub use ember_device::Device;
+pub use error::{Result, TensorError};
+pub use layout::Layout;
+pub use scalar::{Operand, Scalar};
+pub use shape::{Dim, Dims, Shape, broadcast_shape};
+pub use storage::CpuStorage;
+pub use strided::StridedIndex;
+pub use tensor::{Options, ShapeSpec, Tensor};

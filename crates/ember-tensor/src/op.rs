@@ -1,0 +1,443 @@
+//! Op declarations: each elementwise op once, as a marker type with its name, its kernel
+//! name and its per-dtype scalar functions (candle's `op.rs` shape). The CPU kernels are
+//! generic over these; a CUDA kernel for op `O` and dtype `d` is the symbol
+//! `{O::KERNEL}_{d.short_name()}`.
+
+use half::{bf16, f16};
+
+use crate::dtype::{DType, WithDType};
+
+/// Which dtypes a unary op takes, and what it does with the others.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum UnaryKind {
+    /// Floating math: integer and bool inputs are first cast to f32 (PyTorch's
+    /// `int_to_float` promotion, e.g. `torch.exp(int_tensor)` is float32).
+    Float,
+    /// Floating activations: other dtypes are an error (as PyTorch's "not implemented for
+    /// 'Long'").
+    FloatOnly,
+    /// Numeric: every dtype but bool keeps its dtype; bool is an error.
+    Numeric,
+    /// Every dtype keeps its dtype.
+    All,
+}
+
+/// An elementwise unary op.
+pub(crate) trait UnaryOpT: Send + Sync + 'static {
+    const NAME: &'static str;
+    /// The CUDA kernel's base name (read by the CUDA backend, issue 4).
+    #[allow(dead_code)]
+    const KERNEL: &'static str;
+    const KIND: UnaryKind;
+    fn f32(x: f32) -> f32;
+    fn f64(x: f64) -> f64;
+    fn i64(x: i64) -> i64 {
+        x
+    }
+    fn i32(x: i32) -> i32 {
+        x
+    }
+    fn u8(x: u8) -> u8 {
+        x
+    }
+    fn bool(x: bool) -> bool {
+        x
+    }
+}
+
+/// An elementwise binary op over two operands of one dtype, giving that dtype.
+pub(crate) trait BinaryOpT: Send + Sync + 'static {
+    const NAME: &'static str;
+    /// The CUDA kernel's base name (read by the CUDA backend, issue 4).
+    #[allow(dead_code)]
+    const KERNEL: &'static str;
+    /// `false` if the op refuses bool inputs (PyTorch's "Subtraction, the `-` operator,
+    /// with two bool tensors is not supported").
+    const BOOL_OK: bool;
+    /// `true` for ops that always compute in floating point (true division): integer and
+    /// bool operands are promoted to f32 first.
+    const FLOAT_ONLY: bool = false;
+    fn f32(a: f32, b: f32) -> f32;
+    fn f64(a: f64, b: f64) -> f64;
+    fn i64(a: i64, b: i64) -> i64;
+    fn i32(a: i32, b: i32) -> i32;
+    fn u8(a: u8, b: u8) -> u8;
+    fn bool(a: bool, b: bool) -> bool {
+        a | b
+    }
+}
+
+/// An element type with the per-dtype dispatch of the op traits (f16/bf16 compute in f32).
+pub(crate) trait Elem: WithDType + PartialOrd {
+    fn unary<O: UnaryOpT>(self) -> Self;
+    fn binary<O: BinaryOpT>(self, rhs: Self) -> Self;
+}
+
+macro_rules! elem_native {
+    ($t:ty, $f:ident) => {
+        impl Elem for $t {
+            #[inline(always)]
+            fn unary<O: UnaryOpT>(self) -> Self {
+                O::$f(self)
+            }
+            #[inline(always)]
+            fn binary<O: BinaryOpT>(self, rhs: Self) -> Self {
+                O::$f(self, rhs)
+            }
+        }
+    };
+}
+elem_native!(f32, f32);
+elem_native!(f64, f64);
+elem_native!(i64, i64);
+elem_native!(i32, i32);
+elem_native!(u8, u8);
+elem_native!(bool, bool);
+
+macro_rules! elem_half {
+    ($t:ty) => {
+        impl Elem for $t {
+            #[inline(always)]
+            fn unary<O: UnaryOpT>(self) -> Self {
+                <$t>::from_f32(O::f32(self.to_f32()))
+            }
+            #[inline(always)]
+            fn binary<O: BinaryOpT>(self, rhs: Self) -> Self {
+                <$t>::from_f32(O::f32(self.to_f32(), rhs.to_f32()))
+            }
+        }
+    };
+}
+elem_half!(f16);
+elem_half!(bf16);
+
+/// Whether unary op `O` accepts `dtype` as is, needs it cast to f32 first, or refuses it.
+pub(crate) fn unary_compute_dtype(kind: UnaryKind, dtype: DType) -> Option<DType> {
+    match kind {
+        UnaryKind::All => Some(dtype),
+        UnaryKind::Numeric => (dtype != DType::Bool).then_some(dtype),
+        UnaryKind::FloatOnly => dtype.is_float().then_some(dtype),
+        UnaryKind::Float => Some(if dtype.is_float() { dtype } else { DType::F32 }),
+    }
+}
+
+macro_rules! unary_op {
+    ($name:ident, $op:literal, $kernel:literal, $kind:ident, $x:ident => $float:expr
+     $(, int: $i:ident => $int:expr)? $(, u8: $u:ident => $uint:expr)? $(, bool: $b:ident => $bexpr:expr)?) => {
+        #[doc = concat!("The `", $op, "` op.")]
+        #[derive(Clone, Copy, Debug)]
+        pub(crate) struct $name;
+        impl UnaryOpT for $name {
+            const NAME: &'static str = $op;
+            const KERNEL: &'static str = $kernel;
+            const KIND: UnaryKind = UnaryKind::$kind;
+            #[inline(always)]
+            fn f32($x: f32) -> f32 {
+                $float
+            }
+            #[inline(always)]
+            fn f64($x: f64) -> f64 {
+                $float
+            }
+            $(
+            #[inline(always)]
+            fn i64($i: i64) -> i64 {
+                $int
+            }
+            #[inline(always)]
+            fn i32($i: i32) -> i32 {
+                $int
+            }
+            )?
+            $(
+            #[inline(always)]
+            fn u8($u: u8) -> u8 {
+                $uint
+            }
+            )?
+            $(
+            #[inline(always)]
+            fn bool($b: bool) -> bool {
+                $bexpr
+            }
+            )?
+        }
+    };
+}
+
+unary_op!(Neg, "neg", "uneg", Numeric, x => -x, int: x => x.wrapping_neg(), u8: x => x.wrapping_neg());
+unary_op!(Abs, "abs", "uabs", Numeric, x => x.abs(), int: x => x.wrapping_abs());
+unary_op!(Sign, "sign", "usign", All,
+    x => if x > 0.0 { 1.0 } else if x < 0.0 { -1.0 } else { 0.0 * x },
+    int: x => x.signum(), u8: x => (x > 0) as u8);
+unary_op!(Relu, "relu", "urelu", Numeric, x => if x < 0.0 { 0.0 } else { x }, int: x => x.max(0));
+unary_op!(Exp, "exp", "uexp", Float, x => x.exp());
+unary_op!(Log, "log", "ulog", Float, x => x.ln());
+unary_op!(Log1p, "log1p", "ulog1p", Float, x => x.ln_1p());
+unary_op!(Sqrt, "sqrt", "usqrt", Float, x => x.sqrt());
+unary_op!(Rsqrt, "rsqrt", "ursqrt", Float, x => 1.0 / x.sqrt());
+unary_op!(Sin, "sin", "usin", Float, x => x.sin());
+unary_op!(Cos, "cos", "ucos", Float, x => x.cos());
+unary_op!(Tanh, "tanh", "utanh", Float, x => x.tanh());
+unary_op!(Sigmoid, "sigmoid", "usigmoid", Float, x => 1.0 / (1.0 + (-x).exp()));
+unary_op!(Reciprocal, "reciprocal", "ureciprocal", Float, x => 1.0 / x);
+unary_op!(Silu, "silu", "usilu", FloatOnly, x => x / (1.0 + (-x).exp()));
+// PyTorch's softplus with beta = 1, threshold = 20.
+unary_op!(Softplus, "softplus", "usoftplus", FloatOnly, x => if x > 20.0 { x } else { x.exp().ln_1p() });
+
+/// `gelu` with the tanh approximation: `x/2 * (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct GeluTanh;
+impl UnaryOpT for GeluTanh {
+    const NAME: &'static str = "gelu";
+    const KERNEL: &'static str = "ugelu_tanh";
+    const KIND: UnaryKind = UnaryKind::FloatOnly;
+    fn f32(x: f32) -> f32 {
+        use std::f32::consts::{FRAC_1_SQRT_2, FRAC_2_SQRT_PI};
+        let k = FRAC_2_SQRT_PI * FRAC_1_SQRT_2; // sqrt(2/pi)
+        0.5 * x * (1.0 + (k * (x + 0.044_715 * x * x * x)).tanh())
+    }
+    fn f64(x: f64) -> f64 {
+        use std::f64::consts::{FRAC_1_SQRT_2, FRAC_2_SQRT_PI};
+        let k = FRAC_2_SQRT_PI * FRAC_1_SQRT_2;
+        0.5 * x * (1.0 + (k * (x + 0.044_715 * x * x * x)).tanh())
+    }
+}
+
+/// `gelu` with the exact (erf) form: `x/2 * (1 + erf(x/sqrt 2))`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct GeluErf;
+impl UnaryOpT for GeluErf {
+    const NAME: &'static str = "gelu";
+    const KERNEL: &'static str = "ugelu_erf";
+    const KIND: UnaryKind = UnaryKind::FloatOnly;
+    fn f32(x: f32) -> f32 {
+        Self::f64(x as f64) as f32
+    }
+    fn f64(x: f64) -> f64 {
+        0.5 * x * (1.0 + erf(x * std::f64::consts::FRAC_1_SQRT_2))
+    }
+}
+
+/// The error function to f64 precision (std has none on stable): for |x| < 3 the series
+/// `erf x = 2/sqrt(pi) e^{-x^2} sum 2^n x^{2n+1} / (2n+1)!!` (positive terms, no
+/// cancellation); beyond, `1 - erfc x` with erfc's continued fraction.
+pub(crate) fn erf(x: f64) -> f64 {
+    if x.is_nan() {
+        return x;
+    }
+    let a = x.abs();
+    let r = if a < 3.0 {
+        let x2 = a * a;
+        let (mut term, mut sum) = (a, a);
+        let mut k = 1.0;
+        while term > sum * 1e-17 {
+            term *= 2.0 * x2 / (2.0 * k + 1.0);
+            sum += term;
+            k += 1.0;
+        }
+        std::f64::consts::FRAC_2_SQRT_PI * (-x2).exp() * sum
+    } else if a > 6.0 {
+        1.0
+    } else {
+        // erfc(a) = e^{-a^2}/sqrt(pi) * 1/(a + (1/2)/(a + 1/(a + (3/2)/(a + 2/(a + ...)))))
+        let mut f = a;
+        for k in (1..60).rev() {
+            f = a + (k as f64 / 2.0) / f;
+        }
+        1.0 - (-a * a).exp() / (std::f64::consts::PI.sqrt() * f)
+    };
+    if x < 0.0 { -r } else { r }
+}
+
+macro_rules! binary_op {
+    ($name:ident, $op:literal, $kernel:literal, bool_ok: $bok:expr, $a:ident, $b:ident => float: $f:expr,
+     int: $int:expr, u8: $u:expr $(, bool: $bexpr:expr)?) => {
+        #[doc = concat!("The `", $op, "` op.")]
+        #[derive(Clone, Copy, Debug)]
+        pub(crate) struct $name;
+        impl BinaryOpT for $name {
+            const NAME: &'static str = $op;
+            const KERNEL: &'static str = $kernel;
+            const BOOL_OK: bool = $bok;
+            #[inline(always)]
+            fn f32($a: f32, $b: f32) -> f32 {
+                $f
+            }
+            #[inline(always)]
+            fn f64($a: f64, $b: f64) -> f64 {
+                $f
+            }
+            #[inline(always)]
+            fn i64($a: i64, $b: i64) -> i64 {
+                $int
+            }
+            #[inline(always)]
+            fn i32($a: i32, $b: i32) -> i32 {
+                $int
+            }
+            #[inline(always)]
+            fn u8($a: u8, $b: u8) -> u8 {
+                $u
+            }
+            $(
+            #[inline(always)]
+            fn bool($a: bool, $b: bool) -> bool {
+                $bexpr
+            }
+            )?
+        }
+    };
+}
+
+binary_op!(Add, "add", "badd", bool_ok: true, a, b => float: a + b,
+    int: a.wrapping_add(b), u8: a.wrapping_add(b), bool: a | b);
+binary_op!(Sub, "sub", "bsub", bool_ok: false, a, b => float: a - b,
+    int: a.wrapping_sub(b), u8: a.wrapping_sub(b));
+binary_op!(Mul, "mul", "bmul", bool_ok: true, a, b => float: a * b,
+    int: a.wrapping_mul(b), u8: a.wrapping_mul(b), bool: a & b);
+binary_op!(Pow, "pow", "bpow", bool_ok: false, a, b => float: a.powf(b),
+    int: int_pow(a as i64, b as i64) as _, u8: int_pow(a as i64, b as i64) as u8);
+binary_op!(Maximum, "maximum", "bmaximum", bool_ok: true, a, b =>
+    float: if a.is_nan() { a } else if b.is_nan() || b > a { b } else { a }, int: a.max(b), u8: a.max(b), bool: a | b);
+binary_op!(Minimum, "minimum", "bminimum", bool_ok: true, a, b =>
+    float: if a.is_nan() { a } else if b.is_nan() || b < a { b } else { a }, int: a.min(b), u8: a.min(b), bool: a & b);
+binary_op!(LogicalAnd, "logical_and", "bland", bool_ok: true, a, b => float: a * b,
+    int: a & b, u8: a & b, bool: a & b);
+binary_op!(LogicalOr, "logical_or", "blor", bool_ok: true, a, b => float: a + b,
+    int: a | b, u8: a | b, bool: a | b);
+binary_op!(LogicalXor, "logical_xor", "blxor", bool_ok: true, a, b => float: a - b,
+    int: a ^ b, u8: a ^ b, bool: a ^ b);
+
+/// True division (`/`): always floating point.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Div;
+impl BinaryOpT for Div {
+    const NAME: &'static str = "div";
+    const KERNEL: &'static str = "bdiv";
+    const BOOL_OK: bool = true;
+    const FLOAT_ONLY: bool = true;
+    fn f32(a: f32, b: f32) -> f32 {
+        a / b
+    }
+    fn f64(a: f64, b: f64) -> f64 {
+        a / b
+    }
+    // Never called: integer operands are promoted to f32 by the front.
+    fn i64(a: i64, b: i64) -> i64 {
+        a.checked_div(b).unwrap_or(0)
+    }
+    fn i32(a: i32, b: i32) -> i32 {
+        a.checked_div(b).unwrap_or(0)
+    }
+    fn u8(a: u8, b: u8) -> u8 {
+        a.checked_div(b).unwrap_or(0)
+    }
+}
+
+/// Integer power as PyTorch's CPU kernel: wrapping; a negative exponent gives 0 unless the
+/// base is 1 or -1.
+fn int_pow(mut base: i64, exp: i64) -> i64 {
+    if exp < 0 {
+        return match base {
+            1 => 1,
+            -1 => {
+                if exp % 2 == 0 {
+                    1
+                } else {
+                    -1
+                }
+            }
+            _ => 0,
+        };
+    }
+    let (mut e, mut acc) = (exp as u64, 1i64);
+    while e > 0 {
+        if e & 1 == 1 {
+            acc = acc.wrapping_mul(base);
+        }
+        base = base.wrapping_mul(base);
+        e >>= 1;
+    }
+    acc
+}
+
+/// Comparison ops, giving bool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum CmpOp {
+    Eq,
+    Ne,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+}
+
+impl CmpOp {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            CmpOp::Eq => "eq",
+            CmpOp::Ne => "ne",
+            CmpOp::Lt => "lt",
+            CmpOp::Le => "le",
+            CmpOp::Gt => "gt",
+            CmpOp::Ge => "ge",
+        }
+    }
+}
+
+/// Reductions that have kernels; the others (mean, var, logsumexp, norm, softmax) are
+/// composed from these and elementwise ops.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ReduceOp {
+    Sum,
+    Prod,
+    Max,
+    Min,
+    ArgMax,
+    ArgMin,
+}
+
+impl ReduceOp {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            ReduceOp::Sum => "sum",
+            ReduceOp::Prod => "prod",
+            ReduceOp::Max => "max",
+            ReduceOp::Min => "min",
+            ReduceOp::ArgMax => "argmax",
+            ReduceOp::ArgMin => "argmin",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn erf_matches_known_values() {
+        let known = [
+            (0.0, 0.0),
+            (0.5, 0.520_499_877_813_046_5),
+            (1.0, 0.842_700_792_949_714_9),
+            (2.0, 0.995_322_265_018_952_7),
+            (3.5, 0.999_999_256_901_627_7),
+            (-1.0, -0.842_700_792_949_714_9),
+        ];
+        for (x, e) in known {
+            assert!((erf(x) - e).abs() < 1e-14, "erf({x}) = {} != {e}", erf(x));
+        }
+        assert!(erf(f64::NAN).is_nan());
+        assert_eq!(erf(f64::INFINITY), 1.0);
+        assert_eq!(erf(f64::NEG_INFINITY), -1.0);
+    }
+
+    #[test]
+    fn int_pow_as_pytorch() {
+        assert_eq!(int_pow(2, 10), 1024);
+        assert_eq!(int_pow(-1, -3), -1);
+        assert_eq!(int_pow(2, -1), 0);
+        assert_eq!(int_pow(3, 64), 3i64.wrapping_pow(64));
+    }
+}

@@ -1,0 +1,264 @@
+//! Elementwise binary ops with NumPy broadcasting and PyTorch's type promotion, their
+//! scalar forms, comparisons, logical ops, `where_`, and the `std::ops` operators.
+//!
+//! Every op takes `impl Into<Operand>`: a `&Tensor` or a Rust number, so `a.add(&b)`,
+//! `a.add(1)`, `a.mul(0.5)` all work; the operators return `Result` so that
+//! `(&a + &b)?` reads as PyTorch's `a + b`.
+
+use std::ops;
+
+use crate::dtype::{DType, Operand as Promo, result_type};
+use crate::error::{Result, TensorError};
+use crate::op::{self, BinaryOpT, CmpOp};
+use crate::scalar::{Operand, Scalar};
+use crate::shape::broadcast_shape;
+use crate::storage::read_many;
+use crate::tensor::{Tensor, same_device};
+
+fn promo(o: &Operand<'_>) -> Promo {
+    match o {
+        Operand::Tensor(t) => Promo::Tensor(t.dtype(), t.rank()),
+        Operand::Scalar(s) => Promo::Scalar(*s),
+    }
+}
+
+/// The operand as a tensor on `device` (a scalar becomes a 0-dim tensor of `dtype`).
+fn operand_tensor(o: Operand<'_>, dtype: DType, device: ember_device::Device) -> Result<Tensor> {
+    match o {
+        Operand::Tensor(t) => Ok(t.clone()),
+        Operand::Scalar(s) => Tensor::scalar_of(s, dtype, device),
+    }
+}
+
+impl Tensor {
+    /// The common front of binary ops: device check, promotion to `dtype`, broadcasting.
+    /// Returns both operands cast, with their layouts broadcast to the output shape.
+    fn prepare2(
+        &self,
+        op: &'static str,
+        rhs: Operand<'_>,
+        dtype: DType,
+    ) -> Result<(Tensor, Tensor, crate::shape::Shape)> {
+        let b = operand_tensor(rhs, dtype, self.device())?;
+        same_device(&[self, &b])?;
+        let shape = broadcast_shape(op, self.shape(), b.shape())?;
+        shape.checked_numel(op)?;
+        let a = self.to_dtype(dtype)?;
+        let b = b.to_dtype(dtype)?;
+        let la = a.layout().broadcast_as(op, &shape)?;
+        let lb = b.layout().broadcast_as(op, &shape)?;
+        Ok((a.view_with(la), b.view_with(lb), shape))
+    }
+
+    fn binary_op<O: BinaryOpT>(&self, rhs: Operand<'_>) -> Result<Tensor> {
+        let mut dtype = result_type(&[Promo::Tensor(self.dtype(), self.rank()), promo(&rhs)]);
+        if O::FLOAT_ONLY && !dtype.is_float() {
+            dtype = DType::F32;
+        }
+        if dtype == DType::Bool && !O::BOOL_OK {
+            return Err(TensorError::UnsupportedDType {
+                op: O::NAME,
+                dtype,
+                hint: "use logical_xor() for bool subtraction, or cast to an integer dtype",
+            });
+        }
+        let (a, b, shape) = self.prepare2(O::NAME, rhs, dtype)?;
+        let s = read_many(&[a.cell(), b.cell()], |s| {
+            s[0].binary::<O>(a.layout(), s[1], b.layout())
+        })?;
+        Ok(Tensor::from_storage(s, shape))
+    }
+
+    /// `self + rhs`.
+    ///
+    /// ```
+    /// use ember_tensor::{DType, Tensor};
+    /// let a = Tensor::arange(0, 3, ())?;          // i64
+    /// let b = Tensor::ones([2, 1], DType::F16)?;
+    /// let c = a.add(&b)?;                          // broadcast to [2, 3], promoted to f16
+    /// assert_eq!((c.dims(), c.dtype()), (&[2usize, 3][..], DType::F16));
+    /// assert_eq!(a.add(0.5)?.dtype(), DType::F32);  // int tensor + float scalar
+    /// # Ok::<(), ember_tensor::TensorError>(())
+    /// ```
+    pub fn add<'a>(&self, rhs: impl Into<Operand<'a>>) -> Result<Tensor> {
+        self.binary_op::<op::Add>(rhs.into())
+    }
+
+    /// `self - rhs`.
+    pub fn sub<'a>(&self, rhs: impl Into<Operand<'a>>) -> Result<Tensor> {
+        self.binary_op::<op::Sub>(rhs.into())
+    }
+
+    /// `self * rhs`.
+    pub fn mul<'a>(&self, rhs: impl Into<Operand<'a>>) -> Result<Tensor> {
+        self.binary_op::<op::Mul>(rhs.into())
+    }
+
+    /// True division `self / rhs`: integer operands give f32, as PyTorch.
+    pub fn div<'a>(&self, rhs: impl Into<Operand<'a>>) -> Result<Tensor> {
+        self.binary_op::<op::Div>(rhs.into())
+    }
+
+    /// `self ** rhs` (integer powers of integers stay integers; negative integer exponents
+    /// give 0 except for bases 1 and -1, as PyTorch's CPU kernel).
+    pub fn pow<'a>(&self, rhs: impl Into<Operand<'a>>) -> Result<Tensor> {
+        self.binary_op::<op::Pow>(rhs.into())
+    }
+
+    /// Elementwise maximum (NaN propagates).
+    pub fn maximum<'a>(&self, rhs: impl Into<Operand<'a>>) -> Result<Tensor> {
+        self.binary_op::<op::Maximum>(rhs.into())
+    }
+
+    /// Elementwise minimum (NaN propagates).
+    pub fn minimum<'a>(&self, rhs: impl Into<Operand<'a>>) -> Result<Tensor> {
+        self.binary_op::<op::Minimum>(rhs.into())
+    }
+
+    fn cmp_op(&self, op: CmpOp, rhs: Operand<'_>) -> Result<Tensor> {
+        let dtype = result_type(&[Promo::Tensor(self.dtype(), self.rank()), promo(&rhs)]);
+        let (a, b, shape) = self.prepare2(op.name(), rhs, dtype)?;
+        let s = read_many(&[a.cell(), b.cell()], |s| {
+            s[0].cmp(op, a.layout(), s[1], b.layout())
+        })?;
+        Ok(Tensor::from_storage(s, shape))
+    }
+
+    /// `self == rhs`, as bool.
+    pub fn eq<'a>(&self, rhs: impl Into<Operand<'a>>) -> Result<Tensor> {
+        self.cmp_op(CmpOp::Eq, rhs.into())
+    }
+
+    /// `self != rhs`, as bool.
+    pub fn ne<'a>(&self, rhs: impl Into<Operand<'a>>) -> Result<Tensor> {
+        self.cmp_op(CmpOp::Ne, rhs.into())
+    }
+
+    /// `self < rhs`, as bool.
+    pub fn lt<'a>(&self, rhs: impl Into<Operand<'a>>) -> Result<Tensor> {
+        self.cmp_op(CmpOp::Lt, rhs.into())
+    }
+
+    /// `self <= rhs`, as bool.
+    pub fn le<'a>(&self, rhs: impl Into<Operand<'a>>) -> Result<Tensor> {
+        self.cmp_op(CmpOp::Le, rhs.into())
+    }
+
+    /// `self > rhs`, as bool.
+    pub fn gt<'a>(&self, rhs: impl Into<Operand<'a>>) -> Result<Tensor> {
+        self.cmp_op(CmpOp::Gt, rhs.into())
+    }
+
+    /// `self >= rhs`, as bool.
+    pub fn ge<'a>(&self, rhs: impl Into<Operand<'a>>) -> Result<Tensor> {
+        self.cmp_op(CmpOp::Ge, rhs.into())
+    }
+
+    fn logical_op<O: BinaryOpT>(&self, rhs: Operand<'_>) -> Result<Tensor> {
+        let rhs = match rhs {
+            Operand::Scalar(s) => Operand::Scalar(Scalar::Bool(s.to_f64() != 0.0)),
+            t => t,
+        };
+        let (a, b, shape) = self.prepare2(O::NAME, rhs, DType::Bool)?;
+        let s = read_many(&[a.cell(), b.cell()], |s| {
+            s[0].binary::<O>(a.layout(), s[1], b.layout())
+        })?;
+        Ok(Tensor::from_storage(s, shape))
+    }
+
+    /// Elementwise `self && rhs` on truthiness (non-zero), as bool.
+    pub fn logical_and<'a>(&self, rhs: impl Into<Operand<'a>>) -> Result<Tensor> {
+        self.logical_op::<op::LogicalAnd>(rhs.into())
+    }
+
+    /// Elementwise `self || rhs` on truthiness, as bool.
+    pub fn logical_or<'a>(&self, rhs: impl Into<Operand<'a>>) -> Result<Tensor> {
+        self.logical_op::<op::LogicalOr>(rhs.into())
+    }
+
+    /// Elementwise `self xor rhs` on truthiness, as bool.
+    pub fn logical_xor<'a>(&self, rhs: impl Into<Operand<'a>>) -> Result<Tensor> {
+        self.logical_op::<op::LogicalXor>(rhs.into())
+    }
+
+    /// Elementwise `!self` on truthiness, as bool.
+    pub fn logical_not(&self) -> Result<Tensor> {
+        self.logical_xor(true)
+    }
+
+    /// `torch.where(cond, on_true, on_false)`: picks from the two operands (broadcast
+    /// together with `cond`, promoted to one dtype). `cond` must be bool.
+    ///
+    /// ```
+    /// use ember_tensor::{Device, Tensor};
+    /// let x = Tensor::new(&[-1f32, 2., -3.], &Device::Cpu)?;
+    /// let r = Tensor::where_(&x.gt(0)?, &x, 0.0)?;
+    /// assert_eq!(r.to_vec::<f32>()?, vec![0., 2., 0.]);
+    /// # Ok::<(), ember_tensor::TensorError>(())
+    /// ```
+    pub fn where_<'a, 'b>(
+        cond: &Tensor,
+        on_true: impl Into<Operand<'a>>,
+        on_false: impl Into<Operand<'b>>,
+    ) -> Result<Tensor> {
+        if cond.dtype() != DType::Bool {
+            return Err(TensorError::DTypeMismatch {
+                op: "where",
+                expected: DType::Bool,
+                found: cond.dtype(),
+            });
+        }
+        let (t, f) = (on_true.into(), on_false.into());
+        let dtype = result_type(&[promo(&t), promo(&f)]);
+        let t = operand_tensor(t, dtype, cond.device())?;
+        let f = operand_tensor(f, dtype, cond.device())?;
+        same_device(&[cond, &t, &f])?;
+        let shape = broadcast_shape("where", cond.shape(), t.shape())?;
+        let shape = broadcast_shape("where", &shape, f.shape())?;
+        shape.checked_numel("where")?;
+        let (t, f) = (t.to_dtype(dtype)?, f.to_dtype(dtype)?);
+        let lc = cond.layout().broadcast_as("where", &shape)?;
+        let lt = t.layout().broadcast_as("where", &shape)?;
+        let lf = f.layout().broadcast_as("where", &shape)?;
+        let s = read_many(&[cond.cell(), t.cell(), f.cell()], |s| {
+            s[0].where_cond(&lc, s[1], &lt, s[2], &lf)
+        })?;
+        Ok(Tensor::from_storage(s, shape))
+    }
+}
+
+macro_rules! std_op {
+    ($trait:ident, $method:ident) => {
+        impl<'a, R: Into<Operand<'a>>> ops::$trait<R> for &Tensor {
+            type Output = Result<Tensor>;
+            fn $method(self, rhs: R) -> Result<Tensor> {
+                Tensor::$method(self, rhs)
+            }
+        }
+        impl<'a, R: Into<Operand<'a>>> ops::$trait<R> for Tensor {
+            type Output = Result<Tensor>;
+            fn $method(self, rhs: R) -> Result<Tensor> {
+                Tensor::$method(&self, rhs)
+            }
+        }
+    };
+}
+
+std_op!(Add, add);
+std_op!(Sub, sub);
+std_op!(Mul, mul);
+std_op!(Div, div);
+
+impl ops::Neg for &Tensor {
+    type Output = Result<Tensor>;
+    fn neg(self) -> Result<Tensor> {
+        Tensor::neg(self)
+    }
+}
+
+impl ops::Neg for Tensor {
+    type Output = Result<Tensor>;
+    fn neg(self) -> Result<Tensor> {
+        Tensor::neg(&self)
+    }
+}

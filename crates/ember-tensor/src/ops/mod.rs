@@ -1,0 +1,7 @@
+//! Op fronts, one file per family. Each front checks devices, infers dtype and shape,
+//! broadcasts and casts the inputs, and calls the storage's kernel (See Note [Dispatch]).
+
+pub(crate) mod binary;
+pub(crate) mod inplace;
+pub(crate) mod reduce;
+pub(crate) mod unary;

@@ -1,0 +1,336 @@
+//! Reductions over all or chosen dims, with `keepdim`: sum, mean, prod, max/min (with
+//! indices), argmax/argmin, amax/amin, var/std with correction, logsumexp, norm, and the
+//! row-wise softmax/log_softmax.
+//!
+//! `sum`/`prod` of integers and bools give i64, as PyTorch; `mean`, `var`, `std`, `norm`,
+//! `softmax` need floating tensors (PyTorch's "could not infer output dtype" is an error
+//! here too); f16/bf16 compute in f32 and round once at the end. Composite reductions are
+//! built from the kernel reductions and elementwise ops, so every backend has them.
+
+use crate::dtype::DType;
+use crate::error::{Result, TensorError};
+use crate::op::ReduceOp;
+use crate::shape::{Dim, Dims};
+use crate::tensor::Tensor;
+
+impl Tensor {
+    /// The sorted reduced dims for `dims` (`None` = all).
+    fn reduce_dims(&self, dims: Option<&dyn Dims>, op: &'static str) -> Result<Vec<usize>> {
+        if self.rank() == 0 {
+            // A scalar accepts dim 0 / -1 and reduces nothing.
+            if let Some(d) = dims {
+                d.indices(0, op)?;
+            }
+            return Ok(Vec::new());
+        }
+        match dims {
+            None => Ok((0..self.rank()).collect()),
+            Some(d) => d.indices(self.rank(), op),
+        }
+    }
+
+    fn reduce_op(&self, op: ReduceOp, dims: &[usize], keepdim: bool) -> Result<Tensor> {
+        let s = self.with_storage(|s, l| s.reduce(op, l, dims))?;
+        let shape: Vec<usize> = self
+            .dims()
+            .iter()
+            .enumerate()
+            .filter_map(|(i, &d)| match (dims.contains(&i), keepdim) {
+                (false, _) => Some(d),
+                (true, true) => Some(1),
+                (true, false) => None,
+            })
+            .collect();
+        Ok(Tensor::from_storage(s, shape))
+    }
+
+    fn reduce_n(&self, dims: &[usize]) -> usize {
+        dims.iter().map(|&d| self.dims()[d]).product()
+    }
+
+    fn float_input(&self, op: &'static str) -> Result<Tensor> {
+        match self.dtype() {
+            DType::F16 | DType::Bf16 => self.to_dtype(DType::F32),
+            d if d.is_float() => Ok(self.clone()),
+            d => Err(TensorError::UnsupportedDType {
+                op,
+                dtype: d,
+                hint: "could not infer output dtype; input dtype must be floating point",
+            }),
+        }
+    }
+
+    /// Sum of all elements (a 0-dim tensor; i64 for integer and bool inputs).
+    pub fn sum_all(&self) -> Result<Tensor> {
+        let d = self.reduce_dims(None, "sum")?;
+        self.reduce_op(ReduceOp::Sum, &d, false)
+    }
+
+    /// Sum over `dims`.
+    ///
+    /// ```
+    /// use ember_tensor::Tensor;
+    /// let t = Tensor::arange(0, 6, ())?.reshape([2, 3])?;
+    /// assert_eq!(t.sum(1, false)?.to_vec::<i64>()?, vec![3, 12]);
+    /// assert_eq!(t.sum([0, 1], true)?.dims(), &[1, 1]);
+    /// # Ok::<(), ember_tensor::TensorError>(())
+    /// ```
+    pub fn sum(&self, dims: impl Dims, keepdim: bool) -> Result<Tensor> {
+        let d = self.reduce_dims(Some(&dims), "sum")?;
+        self.reduce_op(ReduceOp::Sum, &d, keepdim)
+    }
+
+    /// Product of all elements.
+    pub fn prod_all(&self) -> Result<Tensor> {
+        let d = self.reduce_dims(None, "prod")?;
+        self.reduce_op(ReduceOp::Prod, &d, false)
+    }
+
+    /// Product over `dims`.
+    pub fn prod(&self, dims: impl Dims, keepdim: bool) -> Result<Tensor> {
+        let d = self.reduce_dims(Some(&dims), "prod")?;
+        self.reduce_op(ReduceOp::Prod, &d, keepdim)
+    }
+
+    /// Mean of all elements (floating tensors only).
+    pub fn mean_all(&self) -> Result<Tensor> {
+        let d = self.reduce_dims(None, "mean")?;
+        self.mean_impl(&d, false)
+    }
+
+    /// Mean over `dims` (floating tensors only).
+    pub fn mean(&self, dims: impl Dims, keepdim: bool) -> Result<Tensor> {
+        let d = self.reduce_dims(Some(&dims), "mean")?;
+        self.mean_impl(&d, keepdim)
+    }
+
+    fn mean_impl(&self, dims: &[usize], keepdim: bool) -> Result<Tensor> {
+        let x = self.float_input("mean")?;
+        let n = self.reduce_n(dims);
+        x.reduce_op(ReduceOp::Sum, dims, keepdim)?
+            .div(n as f64)?
+            .to_dtype(self.dtype())
+    }
+
+    /// Largest element (NaN if any element is NaN); an error for an empty tensor.
+    pub fn max_all(&self) -> Result<Tensor> {
+        let d = self.reduce_dims(None, "max")?;
+        self.reduce_op(ReduceOp::Max, &d, false)
+    }
+
+    /// Smallest element (NaN if any element is NaN); an error for an empty tensor.
+    pub fn min_all(&self) -> Result<Tensor> {
+        let d = self.reduce_dims(None, "min")?;
+        self.reduce_op(ReduceOp::Min, &d, false)
+    }
+
+    /// Maxima along `dim` and their indices (first occurrence), as `torch.max(x, dim)`.
+    pub fn max_dim(&self, dim: impl Dim, keepdim: bool) -> Result<(Tensor, Tensor)> {
+        let d = self.reduce_dims(Some(&dim), "max")?;
+        Ok((
+            self.reduce_op(ReduceOp::Max, &d, keepdim)?,
+            self.reduce_op(ReduceOp::ArgMax, &d, keepdim)?,
+        ))
+    }
+
+    /// Minima along `dim` and their indices.
+    pub fn min_dim(&self, dim: impl Dim, keepdim: bool) -> Result<(Tensor, Tensor)> {
+        let d = self.reduce_dims(Some(&dim), "min")?;
+        Ok((
+            self.reduce_op(ReduceOp::Min, &d, keepdim)?,
+            self.reduce_op(ReduceOp::ArgMin, &d, keepdim)?,
+        ))
+    }
+
+    /// Maximum over several dims (no indices), `torch.amax`.
+    pub fn amax(&self, dims: impl Dims, keepdim: bool) -> Result<Tensor> {
+        let d = self.reduce_dims(Some(&dims), "amax")?;
+        self.reduce_op(ReduceOp::Max, &d, keepdim)
+    }
+
+    /// Minimum over several dims, `torch.amin`.
+    pub fn amin(&self, dims: impl Dims, keepdim: bool) -> Result<Tensor> {
+        let d = self.reduce_dims(Some(&dims), "amin")?;
+        self.reduce_op(ReduceOp::Min, &d, keepdim)
+    }
+
+    /// Index of the largest element of the flattened tensor.
+    pub fn argmax_all(&self) -> Result<Tensor> {
+        let d = self.reduce_dims(None, "argmax")?;
+        self.reduce_op(ReduceOp::ArgMax, &d, false)
+    }
+
+    /// Indices of the maxima along `dim`.
+    pub fn argmax(&self, dim: impl Dim, keepdim: bool) -> Result<Tensor> {
+        let d = self.reduce_dims(Some(&dim), "argmax")?;
+        self.reduce_op(ReduceOp::ArgMax, &d, keepdim)
+    }
+
+    /// Index of the smallest element of the flattened tensor.
+    pub fn argmin_all(&self) -> Result<Tensor> {
+        let d = self.reduce_dims(None, "argmin")?;
+        self.reduce_op(ReduceOp::ArgMin, &d, false)
+    }
+
+    /// Indices of the minima along `dim`.
+    pub fn argmin(&self, dim: impl Dim, keepdim: bool) -> Result<Tensor> {
+        let d = self.reduce_dims(Some(&dim), "argmin")?;
+        self.reduce_op(ReduceOp::ArgMin, &d, keepdim)
+    }
+
+    fn var_impl(
+        &self,
+        dims: &[usize],
+        correction: f64,
+        keepdim: bool,
+        op: &'static str,
+    ) -> Result<Tensor> {
+        let x = self.float_input(op)?;
+        let n = self.reduce_n(dims) as f64;
+        let mean = x.reduce_op(ReduceOp::Sum, dims, true)?.div(n)?;
+        let d = x.sub(&mean)?;
+        d.mul(&d)?
+            .reduce_op(ReduceOp::Sum, dims, keepdim)?
+            .div((n - correction).max(0.0))
+    }
+
+    /// Variance over `dims` with `correction` (1 = Bessel's, PyTorch's default; 0 = the
+    /// population variance). `n - correction <= 0` gives inf or NaN, as PyTorch.
+    pub fn var(&self, dims: impl Dims, correction: f64, keepdim: bool) -> Result<Tensor> {
+        let d = self.reduce_dims(Some(&dims), "var")?;
+        self.var_impl(&d, correction, keepdim, "var")?
+            .to_dtype(self.dtype())
+    }
+
+    /// Variance of all elements.
+    pub fn var_all(&self, correction: f64) -> Result<Tensor> {
+        let d = self.reduce_dims(None, "var")?;
+        self.var_impl(&d, correction, false, "var")?
+            .to_dtype(self.dtype())
+    }
+
+    /// Standard deviation over `dims` with `correction`.
+    pub fn std(&self, dims: impl Dims, correction: f64, keepdim: bool) -> Result<Tensor> {
+        let d = self.reduce_dims(Some(&dims), "std")?;
+        self.var_impl(&d, correction, keepdim, "std")?
+            .sqrt()?
+            .to_dtype(self.dtype())
+    }
+
+    /// Standard deviation of all elements.
+    pub fn std_all(&self, correction: f64) -> Result<Tensor> {
+        let d = self.reduce_dims(None, "std")?;
+        self.var_impl(&d, correction, false, "std")?
+            .sqrt()?
+            .to_dtype(self.dtype())
+    }
+
+    /// `log(sum(exp(x)))` over `dims`, computed stably (max subtracted first). Integer
+    /// inputs compute in f32.
+    pub fn logsumexp(&self, dims: impl Dims, keepdim: bool) -> Result<Tensor> {
+        let d = self.reduce_dims(Some(&dims), "logsumexp")?;
+        let out_dtype = if self.dtype().is_float() {
+            self.dtype()
+        } else {
+            DType::F32
+        };
+        let x = match self.dtype() {
+            DType::F64 => self.clone(),
+            _ => self.to_dtype(DType::F32)?,
+        };
+        if self.reduce_n(&d) == 0 {
+            return x
+                .reduce_op(ReduceOp::Sum, &d, keepdim)?
+                .log()?
+                .to_dtype(out_dtype);
+        }
+        let m = x.reduce_op(ReduceOp::Max, &d, true)?;
+        // An infinite max would turn x - m into NaN; shift by 0 there instead.
+        let m = Tensor::where_(&m.abs()?.eq(f64::INFINITY)?, 0.0, &m)?;
+        let s = x
+            .sub(&m)?
+            .exp()?
+            .reduce_op(ReduceOp::Sum, &d, keepdim)?
+            .log()?;
+        let m = if keepdim { m } else { m.reshape(s.shape())? };
+        s.add(&m)?.to_dtype(out_dtype)
+    }
+
+    /// The `p`-norm over `dims` (`f64::INFINITY` for the max-abs norm, 0 for the count of
+    /// non-zeros). Floating tensors only.
+    pub fn norm(&self, p: f64, dims: impl Dims, keepdim: bool) -> Result<Tensor> {
+        let d = self.reduce_dims(Some(&dims), "norm")?;
+        self.norm_impl(p, &d, keepdim)
+    }
+
+    /// The `p`-norm of all elements.
+    pub fn norm_all(&self, p: f64) -> Result<Tensor> {
+        let d = self.reduce_dims(None, "norm")?;
+        self.norm_impl(p, &d, false)
+    }
+
+    fn norm_impl(&self, p: f64, dims: &[usize], keepdim: bool) -> Result<Tensor> {
+        let x = self.float_input("norm")?;
+        let a = x.abs()?;
+        let r = if p == 2.0 {
+            a.mul(&a)?.reduce_op(ReduceOp::Sum, dims, keepdim)?.sqrt()?
+        } else if p == 1.0 {
+            a.reduce_op(ReduceOp::Sum, dims, keepdim)?
+        } else if p.is_infinite() {
+            let op = if p > 0.0 {
+                ReduceOp::Max
+            } else {
+                ReduceOp::Min
+            };
+            if self.reduce_n(dims) == 0 {
+                return Err(TensorError::invalid(
+                    "norm",
+                    "expected a non-empty input for the infinity norm",
+                ));
+            }
+            a.reduce_op(op, dims, keepdim)?
+        } else if p == 0.0 {
+            a.ne(0)?
+                .to_dtype(x.dtype())?
+                .reduce_op(ReduceOp::Sum, dims, keepdim)?
+        } else {
+            a.pow(p)?
+                .reduce_op(ReduceOp::Sum, dims, keepdim)?
+                .pow(1.0 / p)?
+        };
+        r.to_dtype(self.dtype())
+    }
+
+    /// Softmax along `dim`: `exp(x - max) / sum(exp(x - max))` (floating tensors only).
+    ///
+    /// ```
+    /// use ember_tensor::{Device, Tensor};
+    /// let x = Tensor::new(&[1000f32, 1000.], &Device::Cpu)?;
+    /// assert_eq!(x.softmax(0)?.to_vec::<f32>()?, vec![0.5, 0.5]);
+    /// # Ok::<(), ember_tensor::TensorError>(())
+    /// ```
+    pub fn softmax(&self, dim: impl Dim) -> Result<Tensor> {
+        let x = self.float_input("softmax")?;
+        let d = x.reduce_dims(Some(&dim), "softmax")?;
+        if x.numel() == 0 {
+            return Ok(self.clone());
+        }
+        let m = x.reduce_op(ReduceOp::Max, &d, true)?;
+        let e = x.sub(&m)?.exp()?;
+        e.div(&e.reduce_op(ReduceOp::Sum, &d, true)?)?
+            .to_dtype(self.dtype())
+    }
+
+    /// `log(softmax(x))` along `dim`, computed as `x - max - log(sum(exp(x - max)))`.
+    pub fn log_softmax(&self, dim: impl Dim) -> Result<Tensor> {
+        let x = self.float_input("log_softmax")?;
+        let d = x.reduce_dims(Some(&dim), "log_softmax")?;
+        if x.numel() == 0 {
+            return Ok(self.clone());
+        }
+        let m = x.reduce_op(ReduceOp::Max, &d, true)?;
+        let shifted = x.sub(&m)?;
+        let lse = shifted.exp()?.reduce_op(ReduceOp::Sum, &d, true)?.log()?;
+        shifted.sub(&lse)?.to_dtype(self.dtype())
+    }
+}

@@ -1,0 +1,212 @@
+//! [`CpuStorage`]: host memory from the caching allocator, viewed as a typed slice.
+//!
+//! The only `unsafe` of the storage layer lives here: turning the allocation's bytes into
+//! `&[T]` / `&mut [T]`, and initialising fresh memory. See Note [CPU storage validity].
+
+use std::mem::MaybeUninit;
+use std::ops::Range;
+use std::sync::{Arc, OnceLock};
+
+use ember_device::Device;
+use ember_memory::{Allocation, CachingAllocator};
+use rayon::prelude::*;
+
+use crate::dtype::{DType, WithDType};
+use crate::error::{Result, TensorError};
+
+// Note [CPU storage validity]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A `CpuStorage` owns an `Allocation` of at least `len * dtype.size_in_bytes()` bytes,
+// 64-byte aligned (more than any dtype needs). Invariant: all `len` elements are
+// initialised and valid for `dtype` (for bool: every byte is 0 or 1). It holds because
+//   - the only constructor, `CpuStorage::from_chunks`, writes every element with a value
+//     of type `T` (`T::DTYPE == dtype`), padding with `T::ZERO` if a producer comes short;
+//   - the only mutable access, `as_mut_slice::<T>`, checks `T::DTYPE == dtype`, so writes
+//     through it are values of the right type.
+// The typed views check the dtype, so a `&[f32]` is never made over i64 data. Aliasing is
+// Rust's usual: `&self` gives shared slices, `&mut self` an exclusive one; the storage
+// cell's `RwLock` (see Note [Storage sharing]) is what hands those out across views.
+
+/// Size above which CPU kernels split work across rayon's pool, in elements.
+pub(crate) const PAR_THRESHOLD: usize = 32 * 1024;
+/// Elements per parallel chunk (at least).
+const PAR_CHUNK: usize = 16 * 1024;
+
+/// Host memory holding `len` elements of one dtype.
+#[derive(Debug)]
+pub struct CpuStorage {
+    // `None` for zero elements: nothing is allocated, as PyTorch does for empty tensors.
+    alloc: Option<Allocation>,
+    dtype: DType,
+    len: usize,
+}
+
+fn cpu_allocator() -> Result<Arc<CachingAllocator>> {
+    static CPU: OnceLock<Arc<CachingAllocator>> = OnceLock::new();
+    if let Some(a) = CPU.get() {
+        return Ok(a.clone());
+    }
+    let a = ember_memory::allocator(Device::Cpu)?;
+    Ok(CPU.get_or_init(|| a).clone())
+}
+
+impl CpuStorage {
+    /// The dtype.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// `true` if there are no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// A new storage of `len` elements of `T`, element `i` produced by the iterator that
+    /// `produce(range)` returns for the chunk `range` containing `i`. Chunks run in
+    /// parallel above [`PAR_THRESHOLD`]. A producer that yields too few values leaves
+    /// zeros; extra values are ignored.
+    pub(crate) fn from_chunks<T, I, F>(len: usize, produce: F) -> Result<CpuStorage>
+    where
+        T: WithDType,
+        I: Iterator<Item = T>,
+        F: Fn(Range<usize>) -> I + Sync,
+    {
+        let dtype = T::DTYPE;
+        if len == 0 {
+            return Ok(CpuStorage {
+                alloc: None,
+                dtype,
+                len,
+            });
+        }
+        let bytes = len
+            .checked_mul(dtype.size_in_bytes())
+            .filter(|&b| b <= isize::MAX as usize)
+            .ok_or_else(|| TensorError::TooLarge {
+                op: "alloc",
+                shape: format!("[{len}]"),
+            })?;
+        let alloc = cpu_allocator()?.allocate(bytes)?;
+        if alloc.len() < bytes || alloc.device() != Device::Cpu {
+            return Err(TensorError::invalid(
+                "alloc",
+                format!(
+                    "allocator returned {} bytes on {}; {bytes} on cpu were asked for",
+                    alloc.len(),
+                    alloc.device()
+                ),
+            ));
+        }
+        let ptr = alloc.as_ptr().cast::<MaybeUninit<T>>();
+        // SAFETY: `alloc` is a live host allocation of at least `len * size_of::<T>()`
+        // bytes (checked above), aligned to 64 bytes >= align_of::<T>(), and owned solely by
+        // us until it is moved into the returned storage. `MaybeUninit<T>` has no validity
+        // requirement, so viewing fresh bytes as it is sound.
+        let out: &mut [MaybeUninit<T>] = unsafe { std::slice::from_raw_parts_mut(ptr, len) };
+        let fill = |start: usize, dst: &mut [MaybeUninit<T>]| {
+            let mut written = 0;
+            let n = dst.len();
+            for (d, v) in dst.iter_mut().zip(produce(start..start + n)) {
+                d.write(v);
+                written += 1;
+            }
+            for d in &mut dst[written..] {
+                d.write(T::ZERO);
+            }
+        };
+        if len >= PAR_THRESHOLD {
+            let chunk = (len / (4 * rayon::current_num_threads().max(1))).max(PAR_CHUNK);
+            out.par_chunks_mut(chunk)
+                .enumerate()
+                .for_each(|(i, dst)| fill(i * chunk, dst));
+        } else {
+            fill(0, out);
+        }
+        // Every element of `out` is now initialised with a `T` (see Note [CPU storage validity]).
+        Ok(CpuStorage {
+            alloc: Some(alloc),
+            dtype,
+            len,
+        })
+    }
+
+    /// A storage holding a copy of `data`.
+    pub(crate) fn from_slice<T: WithDType>(data: &[T]) -> Result<CpuStorage> {
+        Self::from_chunks(data.len(), |r| data[r].iter().copied())
+    }
+
+    fn check<T: WithDType>(&self) -> Result<()> {
+        if T::DTYPE == self.dtype {
+            Ok(())
+        } else {
+            Err(TensorError::DTypeMismatch {
+                op: "storage access",
+                expected: T::DTYPE,
+                found: self.dtype,
+            })
+        }
+    }
+
+    /// The elements as `&[T]`; an error if `T` is not the storage's dtype.
+    pub(crate) fn as_slice<T: WithDType>(&self) -> Result<&[T]> {
+        self.check::<T>()?;
+        match &self.alloc {
+            None => Ok(&[]),
+            // SAFETY: the allocation holds `len` initialised, valid `T`s (Note [CPU storage
+            // validity]; dtype checked above), is aligned for `T`, and lives as long as
+            // `self`; `&self` excludes mutable access for the returned lifetime.
+            Some(a) => Ok(unsafe { std::slice::from_raw_parts(a.as_ptr().cast::<T>(), self.len) }),
+        }
+    }
+
+    /// The elements as `&mut [T]`; an error if `T` is not the storage's dtype.
+    pub(crate) fn as_mut_slice<T: WithDType>(&mut self) -> Result<&mut [T]> {
+        self.check::<T>()?;
+        match &mut self.alloc {
+            None => Ok(&mut []),
+            // SAFETY: as in `as_slice`; `&mut self` makes this the only access to the
+            // allocation for the returned lifetime, and callers can only write `T`s.
+            Some(a) => {
+                Ok(unsafe { std::slice::from_raw_parts_mut(a.as_ptr().cast::<T>(), self.len) })
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn typed_views_check_dtype_and_round_trip() {
+        let s = CpuStorage::from_slice(&[1.5f32, -2.0, 3.25]).unwrap();
+        assert_eq!(s.as_slice::<f32>().unwrap(), &[1.5, -2.0, 3.25]);
+        assert!(s.as_slice::<i32>().is_err());
+        let mut b = CpuStorage::from_slice(&[true, false]).unwrap();
+        b.as_mut_slice::<bool>().unwrap()[1] = true;
+        assert_eq!(b.as_slice::<bool>().unwrap(), &[true, true]);
+        assert!(b.as_mut_slice::<u8>().is_err());
+    }
+
+    #[test]
+    fn short_producers_pad_with_zero_and_parallel_chunks_cover_everything() {
+        let s = CpuStorage::from_chunks(5, |_| std::iter::once(7i64)).unwrap();
+        assert_eq!(s.as_slice::<i64>().unwrap(), &[7, 0, 0, 0, 0]);
+        let n = PAR_THRESHOLD * 3 + 17;
+        let s = CpuStorage::from_chunks(n, |r| r.map(|i| i as i64)).unwrap();
+        assert!(
+            s.as_slice::<i64>()
+                .unwrap()
+                .iter()
+                .enumerate()
+                .all(|(i, &v)| v == i as i64)
+        );
+        let e = CpuStorage::from_slice::<u8>(&[]).unwrap();
+        assert!(e.is_empty() && e.as_slice::<u8>().unwrap().is_empty());
+    }
+}

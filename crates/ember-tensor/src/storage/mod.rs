@@ -1,0 +1,162 @@
+//! Storage: the memory behind tensors, shared between views.
+//!
+//! [`Storage`] is the one enum with a variant per backend; each op family has one method
+//! here that matches on it — the single dispatch point a new backend extends
+//! (See Note [Dispatch]). [`StorageCell`] is what tensors share.
+
+mod cpu;
+
+pub use cpu::CpuStorage;
+pub(crate) use cpu::PAR_THRESHOLD;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use ember_device::Device;
+
+use crate::dtype::DType;
+
+// Note [Storage sharing]
+// ~~~~~~~~~~~~~~~~~~~~~~
+// Views share one `Arc<StorageCell>`; the cell holds the `Storage` in an `RwLock`.
+//   - Ops that read take the read lock of each distinct input storage for the kernel's
+//     duration; ops that make a new tensor write into a fresh storage that nobody else can
+//     see yet, so they need no lock on it.
+//   - In-place ops (`add_`, `fill_`, `copy_`, ...) take the write lock of their target and
+//     bump the cell's version counter (autograd compares versions to detect that a saved
+//     tensor was modified).
+//   - Deadlock freedom: a thread never holds two guards of one cell (inputs that share a
+//     storage are locked once, `read_many`), and locks of several cells are always taken
+//     in address order. An in-place op whose source shares the target's storage first
+//     copies the source, so it holds the target's write lock alone.
+//   - A poisoned lock (a panic inside a kernel) is recovered: the data is plain numbers,
+//     there is no invariant a partial write can break.
+// So writing through one view is visible in every other, and Rust's aliasing rules hold:
+// nobody reads a storage while a kernel writes it.
+
+/// The memory of one tensor storage on one device.
+#[derive(Debug)]
+pub(crate) enum Storage {
+    /// Host memory.
+    Cpu(CpuStorage),
+    // Cuda(CudaStorage) arrives with the CUDA backend (issue 4).
+}
+
+impl Storage {
+    pub(crate) fn dtype(&self) -> DType {
+        match self {
+            Storage::Cpu(s) => s.dtype(),
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            Storage::Cpu(s) => s.len(),
+        }
+    }
+
+    pub(crate) fn device(&self) -> Device {
+        match self {
+            Storage::Cpu(_) => Device::Cpu,
+        }
+    }
+}
+
+/// A storage shared by views, with its version counter. See Note [Storage sharing].
+#[derive(Debug)]
+pub(crate) struct StorageCell {
+    data: RwLock<Storage>,
+    version: AtomicU64,
+    dtype: DType,
+    device: Device,
+    len: usize,
+}
+
+impl StorageCell {
+    pub(crate) fn new(storage: Storage) -> Arc<StorageCell> {
+        Arc::new(StorageCell {
+            dtype: storage.dtype(),
+            device: storage.device(),
+            len: storage.len(),
+            data: RwLock::new(storage),
+            version: AtomicU64::new(0),
+        })
+    }
+
+    pub(crate) fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    pub(crate) fn device(&self) -> Device {
+        self.device
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Times this storage was written in place.
+    pub(crate) fn version(&self) -> u64 {
+        self.version.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn read(&self) -> RwLockReadGuard<'_, Storage> {
+        self.data.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The write lock; bumps the version counter.
+    pub(crate) fn write(&self) -> RwLockWriteGuard<'_, Storage> {
+        let g = self.data.write().unwrap_or_else(PoisonError::into_inner);
+        self.version.fetch_add(1, Ordering::AcqRel);
+        g
+    }
+
+    fn addr(self: &Arc<Self>) -> usize {
+        Arc::as_ptr(self) as usize
+    }
+}
+
+/// Runs `f` with read access to every cell in `cells` (duplicates locked once, locks taken
+/// in address order). See Note [Storage sharing].
+pub(crate) fn read_many<R>(cells: &[&Arc<StorageCell>], f: impl FnOnce(&[&Storage]) -> R) -> R {
+    let mut order: Vec<usize> = (0..cells.len()).collect();
+    order.sort_by_key(|&i| cells[i].addr());
+    order.dedup_by_key(|i| cells[*i].addr());
+    let guards: Vec<(usize, RwLockReadGuard<'_, Storage>)> = order
+        .iter()
+        .map(|&i| (cells[i].addr(), cells[i].read()))
+        .collect();
+    let refs: Vec<&Storage> = cells
+        .iter()
+        .filter_map(|c| {
+            guards
+                .iter()
+                .find(|(a, _)| *a == c.addr())
+                .map(|(_, g)| &**g)
+        })
+        .collect();
+    f(&refs)
+}
+
+/// Runs `f` with write access to `dst` and read access to `src`, which must be different
+/// cells (callers copy an aliasing source first). Locks in address order.
+pub(crate) fn write_read<R>(
+    dst: &Arc<StorageCell>,
+    src: &Arc<StorageCell>,
+    f: impl FnOnce(&mut Storage, &Storage) -> R,
+) -> R {
+    if dst.addr() < src.addr() {
+        let mut d = dst.write();
+        let s = src.read();
+        f(&mut d, &s)
+    } else {
+        let s = src.read();
+        let mut d = dst.write();
+        f(&mut d, &s)
+    }
+}
+
+/// `true` if both are the same storage.
+pub(crate) fn same(a: &Arc<StorageCell>, b: &Arc<StorageCell>) -> bool {
+    Arc::ptr_eq(a, b)
+}

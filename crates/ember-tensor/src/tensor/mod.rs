@@ -1,0 +1,351 @@
+//! [`Tensor`]: an eager, strided view of shared storage.
+
+mod create;
+mod display;
+mod view;
+
+pub use create::Options;
+pub use view::ShapeSpec;
+
+use std::sync::Arc;
+
+use ember_device::Device;
+
+use crate::dtype::{DType, WithDType};
+use crate::error::{Result, TensorError};
+use crate::layout::Layout;
+use crate::scalar::Scalar;
+use crate::shape::{Dim, Shape};
+use crate::storage::{CpuStorage, Storage, StorageCell};
+
+/// A multi-dimensional array on a device: a dtype, a [`Layout`] (shape, strides, offset)
+/// and a storage shared with its views. Cloning is cheap (a reference count); clones and
+/// views see each other's in-place writes.
+///
+/// ```
+/// use ember_tensor::{Device, Tensor};
+/// let t = Tensor::from_vec(vec![1f32, 2., 3., 4., 5., 6.], [2, 3], &Device::Cpu)?;
+/// assert_eq!(t.dims(), &[2, 3]);
+/// assert_eq!(t.t()?.to_vec2::<f32>()?, vec![vec![1., 4.], vec![2., 5.], vec![3., 6.]]);
+/// # Ok::<(), ember_tensor::TensorError>(())
+/// ```
+#[derive(Clone)]
+pub struct Tensor(Arc<Inner>);
+
+struct Inner {
+    storage: Arc<StorageCell>,
+    layout: Layout,
+}
+
+impl std::fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Tensor[{}; {}, {}, strides={:?}, offset={}]",
+            self.shape(),
+            self.dtype(),
+            self.device(),
+            self.strides(),
+            self.storage_offset()
+        )
+    }
+}
+
+impl Tensor {
+    // --- construction (crate) ------------------------------------------------------------
+
+    /// A tensor owning `storage`, laid out contiguously as `shape`.
+    pub(crate) fn from_storage(storage: Storage, shape: impl Into<Shape>) -> Tensor {
+        Tensor(Arc::new(Inner {
+            storage: StorageCell::new(storage),
+            layout: Layout::contiguous(shape),
+        }))
+    }
+
+    /// A view of this tensor's storage with another layout (callers keep the layout inside
+    /// the storage).
+    pub(crate) fn view_with(&self, layout: Layout) -> Tensor {
+        Tensor(Arc::new(Inner {
+            storage: self.0.storage.clone(),
+            layout,
+        }))
+    }
+
+    pub(crate) fn cell(&self) -> &Arc<StorageCell> {
+        &self.0.storage
+    }
+
+    /// Runs `f` on the storage (read-locked) and the layout.
+    pub(crate) fn with_storage<R>(&self, f: impl FnOnce(&Storage, &Layout) -> R) -> R {
+        let g = self.0.storage.read();
+        f(&g, &self.0.layout)
+    }
+
+    // --- metadata ------------------------------------------------------------------------
+
+    /// The shape.
+    pub fn shape(&self) -> &Shape {
+        self.0.layout.shape()
+    }
+
+    /// The sizes of the dims (`tensor.shape` in PyTorch).
+    pub fn dims(&self) -> &[usize] {
+        self.0.layout.dims()
+    }
+
+    /// The size of one dim (negative counts from the end), PyTorch's `size(dim)`.
+    pub fn size(&self, dim: impl Dim) -> Result<usize> {
+        let d = dim.index(self.rank(), "size")?;
+        Ok(self.dims().get(d).copied().unwrap_or(1))
+    }
+
+    /// Strides in elements.
+    pub fn strides(&self) -> &[usize] {
+        self.0.layout.strides()
+    }
+
+    /// Offset of the first element in the storage, in elements.
+    pub fn storage_offset(&self) -> usize {
+        self.0.layout.offset()
+    }
+
+    /// The layout (shape, strides, offset).
+    pub fn layout(&self) -> &Layout {
+        &self.0.layout
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        self.0.storage.dtype()
+    }
+
+    /// The device.
+    pub fn device(&self) -> Device {
+        self.0.storage.device()
+    }
+
+    /// Number of elements.
+    pub fn numel(&self) -> usize {
+        self.0.layout.numel()
+    }
+
+    /// Number of dims (PyTorch's `dim()`).
+    pub fn rank(&self) -> usize {
+        self.0.layout.rank()
+    }
+
+    /// PyTorch's `is_contiguous()`.
+    pub fn is_contiguous(&self) -> bool {
+        self.0.layout.is_contiguous()
+    }
+
+    /// How many times the storage was written in place (PyTorch's `_version`). Shared by
+    /// all views of one storage.
+    pub fn version(&self) -> u64 {
+        self.0.storage.version()
+    }
+
+    /// `true` if both tensors view the same storage.
+    pub fn shares_storage(&self, other: &Tensor) -> bool {
+        Arc::ptr_eq(&self.0.storage, &other.0.storage)
+    }
+
+    /// Elements in the underlying storage (may exceed `numel` for views).
+    pub fn storage_len(&self) -> usize {
+        self.0.storage.len()
+    }
+
+    // --- reading back --------------------------------------------------------------------
+
+    fn check_dtype<T: WithDType>(&self, op: &'static str) -> Result<()> {
+        if self.dtype() == T::DTYPE {
+            Ok(())
+        } else {
+            Err(TensorError::DTypeMismatch {
+                op,
+                expected: T::DTYPE,
+                found: self.dtype(),
+            })
+        }
+    }
+
+    /// The elements in row-major order. `T` must be the tensor's dtype.
+    pub fn to_vec<T: WithDType>(&self) -> Result<Vec<T>> {
+        self.check_dtype::<T>("to_vec")?;
+        self.host_elements::<T>()
+    }
+
+    fn host_elements<T: WithDType>(&self) -> Result<Vec<T>> {
+        self.with_storage(|s, l| match s {
+            Storage::Cpu(c) => {
+                let data = c.as_slice::<T>()?;
+                if let Some(d) = crate::cpu::contiguous_slice(data, l) {
+                    return Ok(d.to_vec());
+                }
+                l.strided_index()
+                    .map(|i| {
+                        data.get(i).copied().ok_or_else(|| {
+                            TensorError::invalid(
+                                "to_vec",
+                                "layout outside storage (internal error)",
+                            )
+                        })
+                    })
+                    .collect()
+            }
+        })
+    }
+
+    /// The rows of a 2-D tensor.
+    pub fn to_vec2<T: WithDType>(&self) -> Result<Vec<Vec<T>>> {
+        self.check_rank("to_vec2", 2)?;
+        let v = self.to_vec::<T>()?;
+        let cols = self.dims()[1];
+        if cols == 0 {
+            return Ok(vec![Vec::new(); self.dims()[0]]);
+        }
+        Ok(v.chunks(cols).map(<[T]>::to_vec).collect())
+    }
+
+    /// The matrices of a 3-D tensor.
+    pub fn to_vec3<T: WithDType>(&self) -> Result<Vec<Vec<Vec<T>>>> {
+        self.check_rank("to_vec3", 3)?;
+        let d = self.dims().to_vec();
+        (0..d[0])
+            .map(|i| self.select(0, i as isize)?.to_vec2::<T>())
+            .collect()
+    }
+
+    pub(crate) fn check_rank(&self, op: &'static str, rank: usize) -> Result<()> {
+        if self.rank() == rank {
+            Ok(())
+        } else {
+            Err(TensorError::ShapeMismatch {
+                op,
+                msg: format!("expected a {rank}-D tensor, but got shape {}", self.shape()),
+            })
+        }
+    }
+
+    /// The value of a one-element tensor. `T` must be the tensor's dtype.
+    pub fn item<T: WithDType>(&self) -> Result<T> {
+        self.check_dtype::<T>("item")?;
+        if self.numel() != 1 {
+            return Err(TensorError::NotOneElement {
+                numel: self.numel(),
+            });
+        }
+        self.host_elements::<T>()?
+            .first()
+            .copied()
+            .ok_or(TensorError::NotOneElement { numel: 0 })
+    }
+
+    /// The value of a one-element tensor of any dtype, as a [`Scalar`].
+    pub fn to_scalar(&self) -> Result<Scalar> {
+        if self.numel() != 1 {
+            return Err(TensorError::NotOneElement {
+                numel: self.numel(),
+            });
+        }
+        Ok(match self.dtype() {
+            DType::Bool => Scalar::Bool(self.item::<bool>()?),
+            d if d.is_int() => Scalar::Int(self.to_dtype(DType::I64)?.item::<i64>()?),
+            _ => Scalar::Float(self.to_dtype(DType::F64)?.item::<f64>()?),
+        })
+    }
+
+    // --- dtype and device ----------------------------------------------------------------
+
+    /// A copy converted to `dtype` (this tensor itself if it already has it), with
+    /// PyTorch's casts: float -> int truncates toward zero, into f16/bf16 rounds to
+    /// nearest even, into bool is `!= 0`. See Note [Float to int casts].
+    pub fn to_dtype(&self, dtype: DType) -> Result<Tensor> {
+        if dtype == self.dtype() {
+            return Ok(self.clone());
+        }
+        let s = self.with_storage(|s, l| s.cast(l, dtype))?;
+        Ok(Tensor::from_storage(s, self.shape()))
+    }
+
+    /// A contiguous tensor with the same values: this tensor if already contiguous.
+    pub fn contiguous(&self) -> Result<Tensor> {
+        if self.is_contiguous() {
+            return Ok(self.clone());
+        }
+        self.copy()
+    }
+
+    /// A contiguous copy with its own storage (PyTorch's `clone()`; Rust's `Clone` shares).
+    pub fn copy(&self) -> Result<Tensor> {
+        let s = self.with_storage(|s, l| s.cast(l, self.dtype()))?;
+        Ok(Tensor::from_storage(s, self.shape()))
+    }
+
+    /// This tensor on `device`: the same tensor (sharing storage) if it is already there.
+    /// CUDA targets are an error until the CUDA backend exists (issue 4), naming why.
+    pub fn to_device(&self, device: &Device) -> Result<Tensor> {
+        if *device == self.device() {
+            return Ok(self.clone());
+        }
+        Err(cuda_error("to", *device))
+    }
+
+    /// `to(device, dtype)`.
+    pub fn to(&self, device: &Device, dtype: DType) -> Result<Tensor> {
+        self.to_device(device)?.to_dtype(dtype)
+    }
+
+    /// This tensor on the CPU.
+    pub fn cpu(&self) -> Result<Tensor> {
+        self.to_device(&Device::Cpu)
+    }
+
+    /// This tensor on `cuda:0` (an error until the CUDA backend exists).
+    pub fn cuda(&self) -> Result<Tensor> {
+        self.to_device(&Device::Cuda(0))
+    }
+}
+
+/// The error for using a CUDA device: CUDA unavailable (with the driver's reason) or the
+/// backend not built yet.
+pub(crate) fn cuda_error(op: &'static str, device: Device) -> TensorError {
+    match ember_device::cuda::unavailable_reason() {
+        Some(reason) => TensorError::CudaUnavailable {
+            op,
+            device,
+            reason: reason.to_string(),
+        },
+        None => TensorError::CudaBackendMissing { op, device },
+    }
+}
+
+/// The one device of `tensors`, or PyTorch's device-mismatch error.
+pub(crate) fn same_device(tensors: &[&Tensor]) -> Result<Device> {
+    let mut it = tensors.iter();
+    let first = it.next().map_or(Device::Cpu, |t| t.device());
+    for t in it {
+        if t.device() != first {
+            return Err(TensorError::DeviceMismatch {
+                first,
+                second: t.device(),
+            });
+        }
+    }
+    Ok(first)
+}
+
+/// A new CPU tensor from host data (the creation path of every backend for now).
+pub(crate) fn host_tensor<T: WithDType>(
+    data: &[T],
+    shape: impl Into<Shape>,
+    device: &Device,
+) -> Result<Tensor> {
+    if device.is_cuda() {
+        return Err(cuda_error("tensor", *device));
+    }
+    Ok(Tensor::from_storage(
+        Storage::Cpu(CpuStorage::from_slice(data)?),
+        shape,
+    ))
+}

@@ -32,7 +32,7 @@ pub fn allocator(device: Device) -> Result<Arc<CachingAllocator>, MemoryError> {
     match device {
         Device::Cpu => {
             Ok(Arc::clone(CPU.get_or_init(|| {
-                CachingAllocator::new(Arc::new(HostAllocator))
+                immortal(CachingAllocator::new(Arc::new(HostAllocator)))
             })))
         }
         Device::Cuda(index) => cuda_allocator(index),

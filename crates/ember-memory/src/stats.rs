@@ -230,6 +230,38 @@ impl DeviceStats {
     }
 }
 
+/// A change of `(inactive_split, inactive_split_bytes)`: a COUNT of blocks and a SUM of bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct SplitWeight(pub(crate) i64, pub(crate) i64);
+
+impl SplitWeight {
+    #[inline]
+    pub(crate) fn plus(self, o: SplitWeight) -> SplitWeight {
+        SplitWeight(self.0 + o.0, self.1 + o.1)
+    }
+    #[inline]
+    pub(crate) fn minus(self, o: SplitWeight) -> SplitWeight {
+        SplitWeight(self.0 - o.0, self.1 - o.1)
+    }
+}
+
+impl DeviceStats {
+    /// Apply a net change of the inactive split statistics of `pool`.
+    #[inline]
+    pub(crate) fn add_inactive_split(&mut self, pool: PoolKind, d: SplitWeight) {
+        if d.0 > 0 {
+            self.inactive_split.increase(pool, d.0);
+        } else if d.0 < 0 {
+            self.inactive_split.decrease(pool, -d.0);
+        }
+        if d.1 > 0 {
+            self.inactive_split_bytes.increase(pool, d.1);
+        } else if d.1 < 0 {
+            self.inactive_split_bytes.decrease(pool, -d.1);
+        }
+    }
+}
+
 /// `torch.cuda.memory_stats()`: flat keys such as `"allocated_bytes.all.current"`,
 /// `"allocation.small_pool.peak"` or `"num_ooms"`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -1,15 +1,25 @@
 //! Reading the state: the snapshot of segments and blocks, and the invariant checker that
 //! compares the block structure with the statistics.
 
+use std::collections::HashSet;
+
 use super::{NIL, State};
+use crate::policy::{PoolKind, pool_for, should_split};
 use crate::snapshot::{BlockSnapshot, BlockState, MemorySnapshot, SegmentSnapshot};
 use crate::stats::StatType;
 
 impl State {
     // --- introspection -------------------------------------------------------------------
 
-    /// Every segment with its blocks, in address order.
-    pub(crate) fn snapshot(&self) -> MemorySnapshot {
+    /// Every segment with its blocks, in address order, after merging the cached blocks
+    /// into the pools (which changes no statistic; see Note \[Exact-size cache\]).
+    pub(crate) fn snapshot(&mut self) -> MemorySnapshot {
+        self.flush_cache(None);
+        self.blocks_snapshot()
+    }
+
+    /// Every segment with its blocks as they are, cached blocks unmerged.
+    fn blocks_snapshot(&self) -> MemorySnapshot {
         let mut heads: Vec<u32> = (0..self.blocks.len() as u32)
             .filter(|&i| {
                 let b = &self.blocks[i as usize];
@@ -70,7 +80,8 @@ impl State {
     /// Check the structural invariants against the statistics; a description of the first
     /// violation found. For tests.
     pub(crate) fn check_invariants(&self) -> Result<(), String> {
-        let snap = self.snapshot();
+        let cached = self.check_cache()?;
+        let snap = self.blocks_snapshot();
         let mut reserved = [0i64; 2];
         let mut segments = [0i64; 2];
         let mut allocated = [0i64; 2];
@@ -85,6 +96,8 @@ impl State {
             segments[p] += 1;
             reserved[p] += seg.total_size as i64;
             let mut end = seg.address;
+            // Free runs count as one block each, as if merged (Note [Exact-size cache]).
+            let (mut runs, mut run_bytes) = (0, 0);
             for (k, b) in seg.blocks.iter().enumerate() {
                 if b.address != end {
                     return Err(format!(
@@ -102,13 +115,18 @@ impl State {
                     active_count[p] += 1;
                     requested[p] += b.requested_size as i64;
                 }
-                if b.state == BlockState::Inactive && seg.blocks.len() > 1 {
-                    inactive_split[p] += 1;
-                    inactive_split_bytes[p] += b.size as i64;
+                if b.state == BlockState::Inactive {
+                    if k == 0 || seg.blocks[k - 1].state != BlockState::Inactive {
+                        runs += 1;
+                    }
+                    run_bytes += b.size as i64;
                 }
+                // Free neighbours are merged unless one waits in the exact-size cache.
                 if k > 0
                     && b.state == BlockState::Inactive
                     && seg.blocks[k - 1].state == BlockState::Inactive
+                    && !cached.contains(&b.address)
+                    && !cached.contains(&seg.blocks[k - 1].address)
                 {
                     return Err(format!(
                         "segment {:#x}: unmerged free neighbours",
@@ -116,8 +134,12 @@ impl State {
                     ));
                 }
             }
+            if run_bytes != seg.total_size as i64 {
+                inactive_split[p] += runs;
+                inactive_split_bytes[p] += run_bytes;
+            }
         }
-        let pooled = self.small.len() + self.large.len();
+        let pooled = self.small.len() + self.large.len() + cached.len();
         let inactive: usize = snap
             .segments
             .iter()
@@ -126,7 +148,7 @@ impl State {
             .count();
         if pooled != inactive {
             return Err(format!(
-                "{pooled} blocks in pools but {inactive} inactive blocks"
+                "{pooled} blocks in pools and cache but {inactive} inactive blocks"
             ));
         }
         let s = &self.stats;
@@ -155,5 +177,49 @@ impl State {
             }
         }
         Ok(())
+    }
+
+    /// Every block in the exact-size cache is live, free, flagged as cached, in no pool, on
+    /// its own stream, and serves its size class without a split (see Note \[Exact-size
+    /// cache\]); every block flagged as cached is in the cache, once. The addresses of the
+    /// cached blocks.
+    fn check_cache(&self) -> Result<HashSet<u64>, String> {
+        let entries = self.cache.entries();
+        if entries.len() != self.cache.len() {
+            return Err(format!(
+                "cache counts {} blocks but lists {}",
+                self.cache.len(),
+                entries.len()
+            ));
+        }
+        let mut addrs = HashSet::new();
+        for (i, stream, size) in entries {
+            let b = &self.blocks[i as usize];
+            let pool = pool_for(size);
+            let in_pool = match b.pool {
+                PoolKind::Small => self.small.contains_key(&b.key()),
+                PoolKind::Large => self.large.contains_key(&b.key()),
+            };
+            if !b.live || b.allocated || !b.cached || b.event_count > 0 || in_pool {
+                return Err(format!("cached block {:#x} is not a free cached block", b.addr));
+            }
+            if b.stream != stream || b.pool != pool || b.size < size {
+                return Err(format!("cached block {:#x} is in the wrong class", b.addr));
+            }
+            if should_split(pool, b.size, size) {
+                return Err(format!("cached block {:#x} would be split", b.addr));
+            }
+            if !addrs.insert(b.addr) {
+                return Err(format!("block {:#x} is cached twice", b.addr));
+            }
+        }
+        let flagged = self.blocks.iter().filter(|b| b.live && b.cached).count();
+        if flagged != addrs.len() {
+            return Err(format!(
+                "{flagged} blocks flagged as cached but {} in the cache",
+                addrs.len()
+            ));
+        }
+        Ok(addrs)
     }
 }

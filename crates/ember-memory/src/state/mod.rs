@@ -3,6 +3,7 @@
 //! with the allocator's lock held (it takes `&mut State`); see Note \[Locking\] in
 //! `allocator.rs`. The policy is written down in [`crate::policy`].
 
+mod cache;
 mod introspect;
 
 use std::collections::BTreeMap;
@@ -14,10 +15,26 @@ use crate::error::{FractionLimit, MemoryError, RawAllocError};
 use crate::policy::{PoolKind, allocation_size, pool_for, round_size, should_split};
 use crate::raw::RawAllocator;
 use crate::snapshot::{History, HistoryAction};
-use crate::stats::{DeviceStats, StatType};
+use crate::stats::{DeviceStats, SplitWeight, StatType};
+use cache::FreeCache;
 
 /// "No block": the end of a segment's block list.
 pub(crate) const NIL: u32 = u32::MAX;
+
+/// Free blocks next to a block being allocated or freed beyond which the cache of its stream
+/// and pool is flushed, so that runs of unmerged free blocks stay short.
+const MAX_RUN_WALK: usize = 16;
+
+/// What a free run of `bytes` (0: no run) adds to `(inactive_split, inactive_split_bytes)`:
+/// nothing when it spans its whole segment (`whole`), else one block of `bytes`.
+#[inline]
+fn run_weight(bytes: usize, whole: bool) -> SplitWeight {
+    if bytes == 0 || whole {
+        SplitWeight(0, 0)
+    } else {
+        SplitWeight(1, bytes as i64)
+    }
+}
 
 /// A free-pool key: blocks are ordered by stream, then size, then address, so the first key
 /// at or after `(stream, size, 0)` is the best fit on that stream.
@@ -42,6 +59,8 @@ struct Block {
     stream_uses: Vec<StreamHandle>,
     /// Whether this slab slot holds a block.
     live: bool,
+    /// Whether the block is free and waits in the exact-size cache (not in a pool).
+    cached: bool,
 }
 
 impl Block {
@@ -50,6 +69,10 @@ impl Block {
     }
     fn is_split(&self) -> bool {
         self.prev != NIL || self.next != NIL
+    }
+    /// Whether the block is free and may be merged with a neighbour being freed.
+    fn is_mergeable(&self) -> bool {
+        !self.allocated && self.event_count == 0 && self.stream_uses.is_empty() && !self.cached
     }
 }
 
@@ -63,6 +86,10 @@ pub(crate) struct State {
     free_slots: Vec<u32>,
     small: BTreeMap<PoolKey, u32>,
     large: BTreeMap<PoolKey, u32>,
+    /// Freed blocks not merged yet, by exact size; see Note \[Exact-size cache\].
+    cache: FreeCache,
+    /// Scratch list for flushing the cache (kept to avoid reallocating).
+    flush_buf: Vec<u32>,
     pub(crate) stats: DeviceStats,
     /// Events recorded for freed blocks used on other streams, with their block.
     pending: Vec<(EventHandle, u32)>,
@@ -83,6 +110,8 @@ impl State {
             free_slots: Vec::new(),
             small: BTreeMap::new(),
             large: BTreeMap::new(),
+            cache: FreeCache::default(),
+            flush_buf: Vec::new(),
             stats: DeviceStats::default(),
             pending: Vec::new(),
             awaiting_sync: Vec::new(),
@@ -150,8 +179,10 @@ impl State {
 
     // --- malloc --------------------------------------------------------------------------
 
-    /// Allocate `orig_size` (> 0) bytes on `stream`: reuse → new segment → free cached
-    /// segments of this pool and retry → free all cached segments and retry → out of memory.
+    /// Allocate `orig_size` (> 0) bytes on `stream`: exact-size cache → best fit → flush
+    /// the cache and best fit again → new segment → free cached segments of this pool and
+    /// retry → free all cached segments and retry → out of memory.
+    #[inline]
     pub(crate) fn malloc(
         &mut self,
         raw: &dyn RawAllocator,
@@ -162,10 +193,31 @@ impl State {
             self.process_events(raw);
         }
         let size = round_size(orig_size);
+        if let Some(i) = self.cache.pop(stream, size) {
+            self.blocks[i as usize].cached = false;
+            return Ok(self.alloc_found_block(i, size, orig_size));
+        }
+        self.malloc_uncached(raw, orig_size, size, stream)
+    }
+
+    /// `malloc` when the exact-size cache has no block of the size.
+    fn malloc_uncached(
+        &mut self,
+        raw: &dyn RawAllocator,
+        orig_size: usize,
+        size: usize,
+        stream: StreamHandle,
+    ) -> Result<u32, MemoryError> {
         let pool = pool_for(size);
         let block = match self.get_free_block(pool, stream, size) {
             Some(i) => i,
-            None => self.alloc_block_or_retry(raw, pool, stream, size)?,
+            None => {
+                self.flush_cache(Some((stream, pool)));
+                match self.get_free_block(pool, stream, size) {
+                    Some(i) => i,
+                    None => self.alloc_block_or_retry(raw, pool, stream, size)?,
+                }
+            }
         };
         Ok(self.alloc_found_block(block, size, orig_size))
     }
@@ -249,6 +301,7 @@ impl State {
             event_count: 0,
             stream_uses: Vec::new(),
             live: true,
+            cached: false,
         });
         self.stats.segment.increase(pool, 1);
         self.stats.reserved_bytes.increase(pool, alloc_size as i64);
@@ -261,8 +314,12 @@ impl State {
     /// Hand out block `i` (out of its pool) for a request of `size` rounded bytes, splitting
     /// off the remainder when the policy says so.
     fn alloc_found_block(&mut self, i: u32, size: usize, orig_size: usize) -> u32 {
+        let (left, left_end, left_n) = self.free_extent(i, false);
+        let (right, right_end, right_n) = self.free_extent(i, true);
         let b = &self.blocks[i as usize];
-        let (pool, block_size, already_split) = (b.pool, b.size, b.is_split());
+        let (pool, block_size) = (b.pool, b.size);
+        let before = run_weight(left + block_size + right, left_end && right_end);
+        let mut remainder = 0;
         if should_split(pool, block_size, size) {
             let (addr, stream, next) = (b.addr, b.stream, b.next);
             let remaining = block_size - size;
@@ -278,6 +335,7 @@ impl State {
                 event_count: 0,
                 stream_uses: Vec::new(),
                 live: true,
+                cached: false,
             });
             if next != NIL {
                 self.blocks[next as usize].prev = r;
@@ -286,23 +344,11 @@ impl State {
             b.next = r;
             b.size = size;
             self.pool_insert(r);
-            if already_split {
-                // An inactive split block shrinks by `size`.
-                self.stats.inactive_split_bytes.decrease(pool, size as i64);
-            } else {
-                // A new inactive split block appears.
-                self.stats
-                    .inactive_split_bytes
-                    .increase(pool, remaining as i64);
-                self.stats.inactive_split.increase(pool, 1);
-            }
-        } else if already_split {
-            // An inactive split block becomes active.
-            self.stats
-                .inactive_split_bytes
-                .decrease(pool, block_size as i64);
-            self.stats.inactive_split.decrease(pool, 1);
+            remainder = remaining;
         }
+        // The free run around the block splits into the runs left and right of it.
+        let after = run_weight(left, false).plus(run_weight(right + remainder, false));
+        self.stats.add_inactive_split(pool, after.minus(before));
         let b = &mut self.blocks[i as usize];
         b.allocated = true;
         b.requested = orig_size;
@@ -315,7 +361,30 @@ impl State {
         s.requested_bytes.increase(pool, orig_size as i64);
         self.history
             .record(HistoryAction::Alloc, addr, orig_size as u64, stream);
+        if left_n + right_n > MAX_RUN_WALK {
+            self.flush_cache(Some((stream, pool)));
+        }
         i
+    }
+
+    /// Bytes of the free blocks next to block `i` going back (`forward` false) or forward,
+    /// whether they reach that end of the segment (also when there are none and `i` is at
+    /// the end), and how many blocks that is.
+    #[inline]
+    fn free_extent(&self, i: u32, forward: bool) -> (usize, bool, usize) {
+        let b = &self.blocks[i as usize];
+        let mut j = if forward { b.next } else { b.prev };
+        let (mut bytes, mut n) = (0, 0);
+        while j != NIL {
+            let b = &self.blocks[j as usize];
+            if b.allocated || b.event_count > 0 {
+                return (bytes, false, n);
+            }
+            bytes += b.size;
+            n += 1;
+            j = if forward { b.next } else { b.prev };
+        }
+        (bytes, true, n)
     }
 
     /// Count and describe an out-of-memory failure.
@@ -390,43 +459,73 @@ impl State {
         }
     }
 
-    /// Return a block with no outstanding events to its pool, merging free neighbours.
+    /// Return a block with no outstanding events to the exact-size cache, or else to its
+    /// pool, merging free neighbours.
+    #[inline]
     fn free_block(&mut self, i: u32) {
+        let (left, left_end, left_n) = self.free_extent(i, false);
+        let (right, right_end, right_n) = self.free_extent(i, true);
         let b = &mut self.blocks[i as usize];
         let (pool, size, requested, addr, stream) = (b.pool, b.size, b.requested, b.addr, b.stream);
         b.requested = 0;
-        let (prev, next) = (b.prev, b.next);
         self.history
             .record(HistoryAction::FreeCompleted, addr, requested as u64, stream);
-        let mut net_blocks: i64 = 0;
-        let mut net_bytes: i64 = 0;
-        for candidate in [prev, next] {
-            let subsumed = self.try_merge_blocks(i, candidate);
-            if subsumed > 0 {
-                net_blocks -= 1;
-                net_bytes -= subsumed as i64;
-            }
-        }
-        self.pool_insert(i);
-        let b = &self.blocks[i as usize];
-        if b.is_split() {
-            net_blocks += 1;
-            net_bytes += b.size as i64;
-        }
+        // The free runs left and right of the block and the block become one run.
+        let before = run_weight(left, false).plus(run_weight(right, false));
+        let after = run_weight(left + size + right, left_end && right_end);
         let s = &mut self.stats;
-        if net_blocks > 0 {
-            s.inactive_split.increase(pool, net_blocks);
-        } else if net_blocks < 0 {
-            s.inactive_split.decrease(pool, -net_blocks);
-        }
-        if net_bytes > 0 {
-            s.inactive_split_bytes.increase(pool, net_bytes);
-        } else if net_bytes < 0 {
-            s.inactive_split_bytes.decrease(pool, -net_bytes);
-        }
+        s.add_inactive_split(pool, after.minus(before));
         s.active.decrease(pool, 1);
         s.active_bytes.decrease(pool, size as i64);
         s.requested_bytes.decrease(pool, requested as i64);
+        let long_run = left_n + right_n > MAX_RUN_WALK;
+        if !long_run && self.cache.push(stream, round_size(requested), i) {
+            self.blocks[i as usize].cached = true;
+        } else {
+            self.merge_and_pool(i);
+            if long_run {
+                self.flush_cache(Some((stream, pool)));
+            }
+        }
+    }
+
+    /// Merge free block `i` (in no pool and not cached) with its mergeable neighbours and
+    /// put it in its pool. The statistics do not change: they count free runs as if merged.
+    fn merge_and_pool(&mut self, i: u32) {
+        // While the cache is flushed, a run of free blocks may be longer than three.
+        loop {
+            let (prev, next) = (self.blocks[i as usize].prev, self.blocks[i as usize].next);
+            if self.try_merge_blocks(i, prev) == 0 && self.try_merge_blocks(i, next) == 0 {
+                break;
+            }
+        }
+        self.pool_insert(i);
+    }
+
+    /// Merge cached blocks into the pools: those of one stream and pool, or all of them.
+    /// See Note \[Exact-size cache\].
+    #[cold]
+    fn flush_cache(&mut self, which: Option<(StreamHandle, PoolKind)>) {
+        if self.cache.len() == 0 {
+            return;
+        }
+        let mut victims = std::mem::take(&mut self.flush_buf);
+        match which {
+            Some((stream, pool)) => self.cache.drain_pool(stream, pool, &mut victims),
+            None => self.cache.drain_all(&mut victims),
+        }
+        for &i in &victims {
+            self.blocks[i as usize].cached = false;
+        }
+        // A block merged into a neighbour flushed before it is gone (`live` is false; no
+        // block is created meanwhile, so its slot is not reused).
+        for &i in &victims {
+            if self.blocks[i as usize].live {
+                self.merge_and_pool(i);
+            }
+        }
+        victims.clear();
+        self.flush_buf = victims;
     }
 
     /// Merge free neighbour `src` into `dst`; the subsumed bytes, or 0 if `src` is not free.
@@ -434,8 +533,7 @@ impl State {
         if src == NIL {
             return 0;
         }
-        let s = &self.blocks[src as usize];
-        if s.allocated || s.event_count > 0 || !s.stream_uses.is_empty() {
+        if !self.blocks[src as usize].is_mergeable() {
             return 0;
         }
         self.pool_remove(src);
@@ -620,6 +718,7 @@ impl State {
         raw: &dyn RawAllocator,
     ) -> Result<(), MemoryError> {
         self.synchronize_and_free_events(raw)?;
+        self.flush_cache(None);
         let victims: Vec<u32> = self
             .small
             .values()

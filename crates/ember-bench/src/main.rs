@@ -7,6 +7,7 @@
 
 mod alloc;
 mod harness;
+mod matmul;
 
 use std::process::ExitCode;
 
@@ -28,6 +29,10 @@ fn main() -> ExitCode {
     }
     let mut records: Vec<Record> = Vec::new();
     if let Err(e) = alloc::run(&opts, &mut records) {
+        eprintln!("ember-bench: {e}");
+        return ExitCode::FAILURE;
+    }
+    if let Err(e) = matmul::run(&opts, &mut records) {
         eprintln!("ember-bench: {e}");
         return ExitCode::FAILURE;
     }

@@ -1,0 +1,167 @@
+//! Which backend runs a product: the preference (`EMBER_CPU_BLAS`), what is present, and a
+//! report for `ember info`.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+use crate::error::GemmError;
+use crate::mkl;
+
+/// A backend that ran (or will run) a product.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Backend {
+    /// The pure-Rust `gemm` crate (AVX-512 kernels with `x86-v4`); always available.
+    Rust,
+    /// Intel MKL, loaded at run time (`libmkl_rt`), sequential layer on rayon's threads.
+    Mkl,
+}
+
+impl Backend {
+    /// Short lowercase name (`rust`, `mkl`), as in `EMBER_CPU_BLAS`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Rust => "rust",
+            Backend::Mkl => "mkl",
+        }
+    }
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What `EMBER_CPU_BLAS` asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Preference {
+    /// `auto` (or unset): MKL where it is present and accepts the product, else Rust.
+    Auto,
+    /// `rust`: the pure-Rust backend only.
+    Rust,
+    /// `mkl`: MKL only; every call fails with [`GemmError::BackendUnavailable`] without it.
+    Mkl,
+}
+
+impl Preference {
+    /// Parses an `EMBER_CPU_BLAS` value (case-insensitive; empty means `auto`).
+    pub fn parse(s: &str) -> Result<Preference, GemmError> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "" | "auto" => Ok(Preference::Auto),
+            "rust" => Ok(Preference::Rust),
+            "mkl" => Ok(Preference::Mkl),
+            _ => Err(GemmError::BadPreference(s.to_string())),
+        }
+    }
+}
+
+static PREFERENCE: OnceLock<Result<Preference, GemmError>> = OnceLock::new();
+
+/// The preference from `EMBER_CPU_BLAS`, read once per process.
+pub fn preference() -> Result<Preference, GemmError> {
+    PREFERENCE
+        .get_or_init(|| Preference::parse(&std::env::var("EMBER_CPU_BLAS").unwrap_or_default()))
+        .clone()
+}
+
+/// The MKL library found, for [`BackendInfo`].
+#[derive(Clone, Debug)]
+pub struct MklInfo {
+    /// Where it was loaded from.
+    pub path: PathBuf,
+    /// Its version string.
+    pub version: String,
+    /// Whether it has `cblas_gemm_bf16bf16f32`.
+    pub bf16: bool,
+    /// Whether it has `cblas_gemm_f16f16f32`.
+    pub f16: bool,
+}
+
+/// What [`backend_info`] reports: the preference, MKL's presence, and the backend an
+/// ordinary dense f32 product uses.
+#[derive(Clone, Debug)]
+pub struct BackendInfo {
+    /// `EMBER_CPU_BLAS`, parsed (or why it did not parse).
+    pub preference: Result<Preference, GemmError>,
+    /// MKL when loaded, else why not.
+    pub mkl: Result<MklInfo, String>,
+    /// The backend an ordinary dense f32 product runs on (`None`: none can, see
+    /// `preference`).
+    pub active: Option<Backend>,
+}
+
+/// Reports which backend is active (loading MKL if it is not yet loaded).
+pub fn backend_info() -> BackendInfo {
+    let preference = preference();
+    let mkl = mkl::get()
+        .map(|m| MklInfo {
+            path: m.path.clone(),
+            version: m.version.clone(),
+            bf16: m.has_bf16(),
+            f16: m.has_f16(),
+        })
+        .map_err(str::to_string);
+    let active = match (&preference, &mkl) {
+        (Err(_), _) | (Ok(Preference::Mkl), Err(_)) => None,
+        (Ok(Preference::Rust), _) | (Ok(Preference::Auto), Err(_)) => Some(Backend::Rust),
+        (Ok(_), Ok(_)) => Some(Backend::Mkl),
+    };
+    BackendInfo {
+        preference,
+        mkl,
+        active,
+    }
+}
+
+/// The backend an ordinary dense f32 product runs on (`None` when `EMBER_CPU_BLAS` asks for
+/// one that is absent, or is not a known name).
+pub fn active_backend() -> Option<Backend> {
+    backend_info().active
+}
+
+impl fmt::Display for BackendInfo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let pref = match &self.preference {
+            Ok(Preference::Auto) => "auto".to_string(),
+            Ok(Preference::Rust) => "rust".to_string(),
+            Ok(Preference::Mkl) => "mkl".to_string(),
+            Err(e) => format!("invalid ({e})"),
+        };
+        match self.active {
+            Some(b) => write!(f, "cpu gemm: {b} (EMBER_CPU_BLAS={pref})")?,
+            None => write!(f, "cpu gemm: none usable (EMBER_CPU_BLAS={pref})")?,
+        }
+        match &self.mkl {
+            Ok(m) => write!(
+                f,
+                "; mkl: {} at {} (bf16: {}, f16: {})",
+                m.version,
+                m.path.display(),
+                if m.bf16 { "yes" } else { "no" },
+                if m.f16 { "yes" } else { "no" }
+            )?,
+            Err(e) => write!(f, "; mkl: absent ({e})")?,
+        }
+        write!(f, "; rust: gemm 0.19 (x86-v4), always available")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_preference() {
+        assert_eq!(Preference::parse("").ok(), Some(Preference::Auto));
+        assert_eq!(Preference::parse("MKL").ok(), Some(Preference::Mkl));
+        assert_eq!(Preference::parse(" rust ").ok(), Some(Preference::Rust));
+        assert!(Preference::parse("openblas").is_err());
+    }
+
+    #[test]
+    fn info_displays() {
+        let s = backend_info().to_string();
+        assert!(s.starts_with("cpu gemm: "), "{s}");
+    }
+}

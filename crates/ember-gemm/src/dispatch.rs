@@ -1,0 +1,340 @@
+//! The public GEMM entry points: check once, pick a backend, stage 16-bit data where a
+//! backend lacks it, run.
+
+use crate::backend::{Backend, Preference, preference};
+use crate::elem::{DType, Element};
+use crate::error::GemmError;
+use crate::layout::{MatMut, MatRef, Problem, check_problem};
+use crate::mkl::{self, Mkl};
+use crate::rust::{self, RustThreads};
+use crate::split::{self, RawGemm};
+
+/// How many threads one product may use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Parallelism {
+    /// The calling thread only.
+    None,
+    /// Up to this many tasks on rayon's current pool; `Rayon(0)` means all of its threads.
+    /// Ember runs no other pool: MKL runs sequentially inside these tasks.
+    Rayon(usize),
+    /// As `Rayon(0)`.
+    #[default]
+    All,
+}
+
+impl Parallelism {
+    fn threads(self) -> usize {
+        match self {
+            Parallelism::None => 1,
+            Parallelism::Rayon(0) | Parallelism::All => rayon::current_num_threads(),
+            Parallelism::Rayon(n) => n,
+        }
+    }
+}
+
+/// `C ← alpha·A·B + beta·C` on the backend `EMBER_CPU_BLAS` selects (auto: MKL where it is
+/// present and takes the operands, else the pure-Rust kernels). Returns the backend used.
+///
+/// Shapes come from the views: A is `m×k`, B `k×n`, C `m×n`; a batch of C's size, with
+/// inputs of batch 1 broadcast. Products accumulate in f32 whatever `T` and `O` are; a
+/// 16-bit C is rounded once at the end. With `beta == 0`, C is written without being read
+/// (NaN there does not propagate).
+///
+/// ```
+/// use ember_gemm::{MatMut, MatRef, Parallelism, gemm};
+/// let a = [1.0f32, 2.0, 3.0, 4.0]; // [[1,2],[3,4]]
+/// let b = [5.0f32, 6.0, 7.0, 8.0];
+/// let mut c = [f32::NAN; 4];
+/// gemm(MatRef::row_major(&a, 2, 2), MatRef::row_major(&b, 2, 2),
+///      MatMut::row_major(&mut c, 2, 2), 1.0, 0.0, Parallelism::None)?;
+/// assert_eq!(c, [19.0, 22.0, 43.0, 50.0]);
+/// # Ok::<(), ember_gemm::GemmError>(())
+/// ```
+pub fn gemm<T: Element, O: Element>(
+    a: MatRef<'_, T>,
+    b: MatRef<'_, T>,
+    c: MatMut<'_, O>,
+    alpha: f32,
+    beta: f32,
+    par: Parallelism,
+) -> Result<Backend, GemmError> {
+    let forced = match preference()? {
+        Preference::Auto => None,
+        Preference::Rust => Some(Backend::Rust),
+        Preference::Mkl => Some(Backend::Mkl),
+    };
+    gemm_impl(forced, a, b, c, alpha, beta, par)
+}
+
+/// As [`gemm`], on the given backend whatever `EMBER_CPU_BLAS` says; fails with
+/// [`GemmError::BackendUnavailable`] when it is absent. Operands MKL cannot take (no unit
+/// stride) run on Rust, and the returned value says so.
+pub fn gemm_with<T: Element, O: Element>(
+    backend: Backend,
+    a: MatRef<'_, T>,
+    b: MatRef<'_, T>,
+    c: MatMut<'_, O>,
+    alpha: f32,
+    beta: f32,
+    par: Parallelism,
+) -> Result<Backend, GemmError> {
+    gemm_impl(Some(backend), a, b, c, alpha, beta, par)
+}
+
+/// [`gemm`] for f32 operands.
+pub fn gemm_f32(
+    a: MatRef<'_, f32>,
+    b: MatRef<'_, f32>,
+    c: MatMut<'_, f32>,
+    alpha: f32,
+    beta: f32,
+    par: Parallelism,
+) -> Result<Backend, GemmError> {
+    gemm(a, b, c, alpha, beta, par)
+}
+
+fn gemm_impl<T: Element, O: Element>(
+    forced: Option<Backend>,
+    a: MatRef<'_, T>,
+    b: MatRef<'_, T>,
+    c: MatMut<'_, O>,
+    alpha: f32,
+    beta: f32,
+    par: Parallelism,
+) -> Result<Backend, GemmError> {
+    let p = check_problem(&a, &b, &c)?;
+    let mkl = match forced {
+        Some(Backend::Rust) => None,
+        Some(Backend::Mkl) => Some(mkl::get().map_err(|reason| GemmError::BackendUnavailable {
+            backend: "mkl",
+            reason: reason.to_string(),
+        })?),
+        None => mkl::get().ok(),
+    };
+    let threads = par.threads().max(1);
+    let label = if mkl.is_some() {
+        Backend::Mkl
+    } else {
+        Backend::Rust
+    };
+    if p.batch == 0 || p.m == 0 || p.n == 0 {
+        return Ok(label);
+    }
+    let MatMut {
+        data,
+        batch,
+        rows,
+        cols,
+        batch_stride,
+        row_stride,
+        col_stride,
+    } = c;
+    if let Some(data) = O::as_f32_mut(data) {
+        let c32 = MatMut {
+            data,
+            batch,
+            rows,
+            cols,
+            batch_stride,
+            row_stride,
+            col_stride,
+        };
+        return Ok(into_f32(mkl, p, a, b, c32, alpha, beta, threads));
+    }
+    // A 16-bit C: accumulate into a dense f32 copy, round once.
+    let at = |bi: usize, i: usize, j: usize| bi * batch_stride + i * row_stride + j * col_stride;
+    let (m, n) = (p.m, p.n);
+    let mut tmp = vec![0f32; p.batch * m * n];
+    if beta != 0.0 {
+        for bi in 0..p.batch {
+            for i in 0..m {
+                for j in 0..n {
+                    tmp[(bi * m + i) * n + j] = data[at(bi, i, j)].to_f32();
+                }
+            }
+        }
+    }
+    let staged = MatMut::row_major(&mut tmp, m, n).batched(p.batch, m * n);
+    let used = into_f32(mkl, p, a, b, staged, alpha, beta, threads);
+    for bi in 0..p.batch {
+        for i in 0..m {
+            for j in 0..n {
+                data[at(bi, i, j)] = O::from_f32(tmp[(bi * m + i) * n + j]);
+            }
+        }
+    }
+    Ok(used)
+}
+
+/// A view of the same shape and strides over other data.
+fn rebind<'b, T, U>(v: &MatRef<'_, T>, data: &'b [U]) -> MatRef<'b, U> {
+    MatRef {
+        data,
+        batch: v.batch,
+        rows: v.rows,
+        cols: v.cols,
+        batch_stride: v.batch_stride,
+        row_stride: v.row_stride,
+        col_stride: v.col_stride,
+    }
+}
+
+/// A dense row-major f32 copy of a (checked) view, keeping a batch of 1 as 1.
+fn dense_f32<T: Element>(v: &MatRef<'_, T>, batch: usize) -> Vec<f32> {
+    let nb = if v.batch == 1 { 1 } else { batch };
+    let mut out = Vec::with_capacity(nb * v.rows * v.cols);
+    for bi in 0..nb {
+        for i in 0..v.rows {
+            let row = bi * v.batch_stride + i * v.row_stride;
+            out.extend((0..v.cols).map(|j| v.data[row + j * v.col_stride].to_f32()));
+        }
+    }
+    out
+}
+
+/// Runs a checked, non-empty problem with an f32 C; returns the backend used.
+#[allow(clippy::too_many_arguments)]
+fn into_f32<T: Element>(
+    mkl: Option<&Mkl>,
+    p: Problem,
+    a: MatRef<'_, T>,
+    b: MatRef<'_, T>,
+    mut c: MatMut<'_, f32>,
+    alpha: f32,
+    beta: f32,
+    threads: usize,
+) -> Backend {
+    if p.k == 0 {
+        scale(&mut c, beta);
+        return if mkl.is_some() {
+            Backend::Mkl
+        } else {
+            Backend::Rust
+        };
+    }
+    if let (Some(a32), Some(b32)) = (T::as_f32(a.data), T::as_f32(b.data)) {
+        return f32_path(
+            mkl,
+            p,
+            rebind(&a, a32),
+            rebind(&b, b32),
+            c,
+            alpha,
+            beta,
+            threads,
+        );
+    }
+    // 16-bit inputs: MKL's own 16-bit product where it has one and takes the layout.
+    if let (Some(m), Some(abits), Some(bbits)) = (mkl, T::as_bits(a.data), T::as_bits(b.data)) {
+        let bf16 = T::DTYPE == DType::Bf16;
+        if (bf16 && m.has_bf16()) || (!bf16 && m.has_f16()) {
+            let (a16, b16) = (rebind(&a, abits), rebind(&b, bbits));
+            if let Some(gs) = mkl_batch(p, &a16, &b16, &mut c, alpha, beta) {
+                let kernel = |g: RawGemm<u16>| {
+                    // SAFETY: `g` is a block of a product built from checked views and
+                    // accepted by `mkl::accepts` (`mkl_batch`); blocks write disjoint C.
+                    unsafe { m.hgemm(g, bf16) };
+                };
+                // SAFETY: `gs` come from checked views with disjoint C per member.
+                unsafe { split::run_batch(&gs, threads, &kernel) };
+                return Backend::Mkl;
+            }
+        }
+    }
+    // Otherwise widen to dense f32 and run the f32 path.
+    let (ad, bd) = (dense_f32(&a, p.batch), dense_f32(&b, p.batch));
+    let a32 = MatRef::row_major(&ad, p.m, p.k).batched(a.batch, p.m * p.k);
+    let b32 = MatRef::row_major(&bd, p.k, p.n).batched(b.batch, p.k * p.n);
+    f32_path(mkl, p, a32, b32, c, alpha, beta, threads)
+}
+
+/// `C ← beta·C`, with `beta == 0` writing zeros without reading.
+fn scale(c: &mut MatMut<'_, f32>, beta: f32) {
+    for bi in 0..c.batch {
+        for i in 0..c.rows {
+            for j in 0..c.cols {
+                let x = &mut c.data[bi * c.batch_stride + i * c.row_stride + j * c.col_stride];
+                *x = if beta == 0.0 { 0.0 } else { beta * *x };
+            }
+        }
+    }
+}
+
+/// The batch as MKL-ready products (C transposed where it is column-major), or `None` when
+/// some operand has no unit stride or a size leaves MKL's `int`.
+fn mkl_batch<T>(
+    p: Problem,
+    a: &MatRef<'_, T>,
+    b: &MatRef<'_, T>,
+    c: &mut MatMut<'_, f32>,
+    alpha: f32,
+    beta: f32,
+) -> Option<Vec<RawGemm<T>>> {
+    (0..p.batch)
+        .map(|i| {
+            let g = RawGemm::from_views(a, b, c, i, alpha, beta);
+            if mkl::accepts(&g) {
+                Some(g)
+            } else if mkl::accepts(&g.transposed()) {
+                Some(g.transposed())
+            } else {
+                None
+            }
+        })
+        .collect()
+}
+
+#[allow(clippy::too_many_arguments)]
+fn f32_path(
+    mkl: Option<&Mkl>,
+    p: Problem,
+    a: MatRef<'_, f32>,
+    b: MatRef<'_, f32>,
+    mut c: MatMut<'_, f32>,
+    alpha: f32,
+    beta: f32,
+    threads: usize,
+) -> Backend {
+    if let Some(m) = mkl
+        && let Some(gs) = mkl_batch(p, &a, &b, &mut c, alpha, beta)
+    {
+        let kernel = |g: RawGemm<f32>| {
+            // SAFETY: `g` is a block of a product built from checked views and accepted by
+            // `mkl::accepts` (`mkl_batch`); blocks write disjoint parts of C.
+            unsafe { m.sgemm(g) };
+        };
+        // SAFETY: `gs` come from checked views with disjoint C per member.
+        unsafe { split::run_batch(&gs, threads, &kernel) };
+        return Backend::Mkl;
+    }
+    let gs: Vec<RawGemm<f32>> = (0..p.batch)
+        .map(|i| RawGemm::from_views(&a, &b, &mut c, i, alpha, beta))
+        .collect();
+    let seq = |g: RawGemm<f32>| {
+        // SAFETY: `g` is a block of a product built from checked views; blocks write
+        // disjoint parts of C.
+        unsafe { rust::sgemm(g, RustThreads::Sequential) };
+    };
+    if rust_split() || gs.len() > 1 {
+        // SAFETY: `gs` come from checked views with disjoint C per member.
+        unsafe { split::run_batch(&gs, threads, &seq) };
+    } else {
+        for g in gs {
+            // SAFETY: built from checked views; this thread is the only writer of C.
+            unsafe { rust::sgemm(g, RustThreads::Internal(threads)) };
+        }
+    }
+    Backend::Rust
+}
+
+/// Whether the Rust backend cuts a product into independent blocks (true) or lets the
+/// `gemm` crate share one product between threads (false). `EMBER_GEMM_RUST_SPLIT=0|1`
+/// overrides the measured default, for benchmarking.
+fn rust_split() -> bool {
+    static SPLIT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *SPLIT.get_or_init(|| match std::env::var("EMBER_GEMM_RUST_SPLIT").as_deref() {
+        Ok("1") => true,
+        Ok("0") => false,
+        _ => false,
+    })
+}

@@ -1,0 +1,48 @@
+//! CPU GEMM kernels, picked by measurement: `C ← alpha·A·B + beta·C` over strided,
+//! batched views of slices, in f32 and in bf16/f16 with f32 accumulation.
+//!
+//! ```
+//! use ember_gemm::{MatMut, MatRef, Parallelism, gemm};
+//! // C (2×2) = Aᵀ·B with A stored 3×2 row-major: transposition is a view.
+//! let a = [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0];
+//! let b = [1.0f32, 0.0, 0.0, 1.0, 1.0, 1.0];
+//! let mut c = [0.0f32; 4];
+//! let used = gemm(MatRef::row_major(&a, 3, 2).t(), MatRef::row_major(&b, 3, 2),
+//!                 MatMut::row_major(&mut c, 2, 2), 1.0, 0.0, Parallelism::All)?;
+//! assert_eq!(c, [6.0, 8.0, 8.0, 10.0]);
+//! println!("ran on {used}; {}", ember_gemm::backend_info());
+//! # Ok::<(), ember_gemm::GemmError>(())
+//! ```
+//!
+//! - [`MatRef`] / [`MatMut`]: a slice with (batch, rows, cols) and a stride per dimension;
+//!   every call checks bounds and that C's elements are distinct, and returns a
+//!   [`GemmError`] (never panics) on bad sizes or strides.
+//! - [`gemm`] (any [`Element`]: `f32`, `half::bf16`, `half::f16` in; the same out),
+//!   [`gemm_f32`], and [`gemm_with`] to force a [`Backend`].
+//! - Backends ([`backend_info`], [`active_backend`] for `ember info`):
+//!   - [`Backend::Rust`]: the `gemm` crate with its AVX-512 kernels; always present.
+//!   - [`Backend::Mkl`]: Intel MKL's `libmkl_rt`, loaded at run time when found (never
+//!     linked), chosen by `EMBER_CPU_BLAS=auto` (the default) wherever it takes the operands
+//!     (one unit stride each). `EMBER_CPU_BLAS=rust|mkl` forces one. See the crate README
+//!     for the measurements behind this choice and `mkl.rs` for the search path.
+//! - Threads: rayon's current pool only ([`Parallelism`]). MKL runs its sequential layer
+//!   inside rayon tasks, so no second pool ever runs; see Note [Independent blocks] in
+//!   `split.rs`.
+
+mod backend;
+mod dispatch;
+mod elem;
+mod error;
+mod layout;
+mod mkl;
+mod rust;
+mod split;
+
+pub use backend::{
+    Backend, BackendInfo, MklInfo, Preference, active_backend, backend_info, preference,
+};
+pub use dispatch::{Parallelism, gemm, gemm_f32, gemm_with};
+pub use elem::{DType, Element};
+pub use error::{GemmError, Operand};
+pub use half::{bf16, f16};
+pub use layout::{MatMut, MatRef};

@@ -1,0 +1,300 @@
+//! Intel MKL, loaded at run time (never linked): `cblas_sgemm`, `cblas_gemm_bf16bf16f32`,
+//! `cblas_gemm_f16f16f32` from `libmkl_rt`.
+//!
+//! See Note [MKL threading]: MKL runs its *sequential* layer; Ember splits a product across
+//! rayon's threads itself, so there is one thread pool in the process, never two.
+//!
+//! Note [MKL threading]
+//! MKL's default threading layer is Intel OpenMP (`libiomp5`), a second pool of spinning
+//! threads beside rayon's; on 2 cores two pools steal each other's time. Before any other
+//! MKL call we select `MKL_THREADING_SEQUENTIAL` with `MKL_Set_Threading_Layer`, and
+//! `crate::split` runs one sequential MKL call per block of C on rayon's threads. Only
+//! `libmkl_rt`, `libmkl_core`, `libmkl_sequential` and the per-CPU kernels (`libmkl_avx512`,
+//! ...) are loaded; `intel-openmp` is not needed.
+//!
+//! Search order for the library (first hit wins):
+//! 1. `EMBER_MKL_PATH`: a file, or a folder holding `libmkl_rt.so.3` / `libmkl_rt.so.2`;
+//! 2. `mkl/lib/` in the folder of the running program or any folder above it (so
+//!    `target/mkl/lib`, where the install command puts it, serves every binary under
+//!    `target/`);
+//! 3. the system's loader path (`LD_LIBRARY_PATH`, `ldconfig`).
+
+use std::ffi::{c_char, c_int};
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use crate::split::RawGemm;
+
+const LIB_NAMES: [&str; 3] = ["libmkl_rt.so.3", "libmkl_rt.so.2", "libmkl_rt.so"];
+
+const CBLAS_ROW_MAJOR: c_int = 101;
+const CBLAS_NO_TRANS: c_int = 111;
+const CBLAS_TRANS: c_int = 112;
+const MKL_THREADING_SEQUENTIAL: c_int = 1;
+
+type SgemmFn = unsafe extern "C" fn(
+    c_int,
+    c_int,
+    c_int,
+    c_int,
+    c_int,
+    c_int,
+    f32,
+    *const f32,
+    c_int,
+    *const f32,
+    c_int,
+    f32,
+    *mut f32,
+    c_int,
+);
+type HgemmFn = unsafe extern "C" fn(
+    c_int,
+    c_int,
+    c_int,
+    c_int,
+    c_int,
+    c_int,
+    f32,
+    *const u16,
+    c_int,
+    *const u16,
+    c_int,
+    f32,
+    *mut f32,
+    c_int,
+);
+
+/// The loaded library and its entry points.
+#[derive(Debug)]
+pub(crate) struct Mkl {
+    /// Keeps the functions below valid.
+    _lib: libloading::Library,
+    pub path: PathBuf,
+    pub version: String,
+    sgemm: SgemmFn,
+    bf16: Option<HgemmFn>,
+    f16: Option<HgemmFn>,
+}
+
+static MKL: OnceLock<Result<Mkl, String>> = OnceLock::new();
+
+/// The library, loaded on first use, or why it is absent.
+pub(crate) fn get() -> Result<&'static Mkl, &'static str> {
+    MKL.get_or_init(load).as_ref().map_err(String::as_str)
+}
+
+fn candidates() -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    if let Some(p) = std::env::var_os("EMBER_MKL_PATH") {
+        let p = PathBuf::from(p);
+        if p.is_dir() {
+            out.extend(LIB_NAMES.iter().map(|n| p.join(n)));
+        } else {
+            out.push(p);
+        }
+    }
+    if let Ok(exe) = std::env::current_exe() {
+        for dir in exe.ancestors().skip(1) {
+            let lib = dir.join("mkl").join("lib");
+            out.extend(
+                LIB_NAMES
+                    .iter()
+                    .map(|n| lib.join(n))
+                    .filter(|p| p.is_file()),
+            );
+        }
+    }
+    out.extend(LIB_NAMES.iter().map(PathBuf::from));
+    out
+}
+
+fn load() -> Result<Mkl, String> {
+    let mut tried = Vec::new();
+    for path in candidates() {
+        if path.components().count() > 1 && !path.is_file() {
+            tried.push(format!("{} (absent)", path.display()));
+            continue;
+        }
+        match open(&path) {
+            Ok(m) => return Ok(m),
+            Err(e) => tried.push(format!("{}: {e}", path.display())),
+        }
+    }
+    Err(format!(
+        "libmkl_rt not found (tried {}); install it with `pip install --no-deps --prefix target/mkl mkl==2026.2.0` or point EMBER_MKL_PATH at it",
+        tried.join("; ")
+    ))
+}
+
+fn open(path: &Path) -> Result<Mkl, String> {
+    // SAFETY: loading MKL runs its initialisers, which only set up MKL's own state; the
+    // library is never unloaded (it lives in a `static`).
+    let lib = unsafe { libloading::Library::new(path) }.map_err(|e| e.to_string())?;
+    // SAFETY: the symbol types are those of `mkl_service.h` / `mkl_cblas.h` (LP64
+    // interface: `MKL_INT` is `int`).
+    unsafe {
+        let set_layer: libloading::Symbol<'_, unsafe extern "C" fn(c_int) -> c_int> = lib
+            .get(b"MKL_Set_Threading_Layer\0")
+            .map_err(|e| e.to_string())?;
+        // See Note [MKL threading]: must come before any computation.
+        set_layer(MKL_THREADING_SEQUENTIAL);
+        let version = match lib
+            .get::<unsafe extern "C" fn(*mut c_char, c_int)>(b"MKL_Get_Version_String\0")
+        {
+            Ok(f) => {
+                let mut buf = [0u8; 256];
+                f(buf.as_mut_ptr().cast(), buf.len() as c_int - 1);
+                let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+                String::from_utf8_lossy(&buf[..end]).trim().to_string()
+            }
+            Err(_) => "unknown version".to_string(),
+        };
+        let sgemm: SgemmFn = *lib.get(b"cblas_sgemm\0").map_err(|e| e.to_string())?;
+        let bf16 = lib
+            .get::<HgemmFn>(b"cblas_gemm_bf16bf16f32\0")
+            .ok()
+            .map(|s| *s);
+        let f16 = lib
+            .get::<HgemmFn>(b"cblas_gemm_f16f16f32\0")
+            .ok()
+            .map(|s| *s);
+        Ok(Mkl {
+            _lib: lib,
+            path: path.to_path_buf(),
+            version,
+            sgemm,
+            bf16,
+            f16,
+        })
+    }
+}
+
+/// How a BLAS call sees one operand: transposed or not, and its leading dimension.
+/// `None` when neither stride is 1 (the caller packs it first) or a size leaves `c_int`.
+pub(crate) fn blas_op(rows: usize, cols: usize, rs: usize, cs: usize) -> Option<(c_int, c_int)> {
+    let fits = |x: usize| c_int::try_from(x).ok();
+    if cs == 1 || cols <= 1 {
+        let ld = if rows <= 1 { cols.max(1) } else { rs };
+        if ld >= cols.max(1) {
+            return Some((CBLAS_NO_TRANS, fits(ld)?));
+        }
+    }
+    if rs == 1 || rows <= 1 {
+        let ld = if cols <= 1 { rows.max(1) } else { cs };
+        if ld >= rows.max(1) {
+            return Some((CBLAS_TRANS, fits(ld)?));
+        }
+    }
+    None
+}
+
+/// Whether MKL can take this product as it is: A and B with a unit stride, C row-major
+/// (the caller transposes a column-major C), every size within `c_int`.
+pub(crate) fn accepts<T>(g: &RawGemm<T>) -> bool {
+    let dims_fit = [g.m, g.n, g.k].iter().all(|&x| c_int::try_from(x).is_ok());
+    dims_fit
+        && blas_op(g.m, g.k, g.a_rs, g.a_cs).is_some()
+        && blas_op(g.k, g.n, g.b_rs, g.b_cs).is_some()
+        && matches!(blas_op(g.m, g.n, g.c_rs, g.c_cs), Some((CBLAS_NO_TRANS, _)))
+}
+
+/// Which 16-bit product MKL offers, if any.
+impl Mkl {
+    pub(crate) fn has_bf16(&self) -> bool {
+        self.bf16.is_some()
+    }
+
+    pub(crate) fn has_f16(&self) -> bool {
+        self.f16.is_some()
+    }
+
+    /// `C = alpha·A·B + beta·C` for f32, one sequential MKL call.
+    ///
+    /// # Safety
+    /// `g` must describe memory valid for its views (built from checked views, see
+    /// `crate::split`), `accepts(&g)` must hold, and no other thread writes C's elements.
+    pub(crate) unsafe fn sgemm(&self, g: RawGemm<f32>) {
+        let (Some((ta, lda)), Some((tb, ldb)), Some((_, ldc))) = (
+            blas_op(g.m, g.k, g.a_rs, g.a_cs),
+            blas_op(g.k, g.n, g.b_rs, g.b_cs),
+            blas_op(g.m, g.n, g.c_rs, g.c_cs),
+        ) else {
+            return;
+        };
+        // SAFETY: the caller's contract; sizes fit `c_int` (`accepts`).
+        unsafe {
+            (self.sgemm)(
+                CBLAS_ROW_MAJOR,
+                ta,
+                tb,
+                g.m as c_int,
+                g.n as c_int,
+                g.k as c_int,
+                g.alpha,
+                g.a,
+                lda,
+                g.b,
+                ldb,
+                g.beta,
+                g.c,
+                ldc,
+            );
+        }
+    }
+
+    /// `C = alpha·A·B + beta·C` for 16-bit inputs (`bf16` when `bf16` is true, else `f16`)
+    /// and f32 C. Returns false (doing nothing) when this MKL lacks the function.
+    ///
+    /// # Safety
+    /// As for [`Mkl::sgemm`].
+    pub(crate) unsafe fn hgemm(&self, g: RawGemm<u16>, bf16: bool) -> bool {
+        let Some(f) = (if bf16 { self.bf16 } else { self.f16 }) else {
+            return false;
+        };
+        let (Some((ta, lda)), Some((tb, ldb)), Some((_, ldc))) = (
+            blas_op(g.m, g.k, g.a_rs, g.a_cs),
+            blas_op(g.k, g.n, g.b_rs, g.b_cs),
+            blas_op(g.m, g.n, g.c_rs, g.c_cs),
+        ) else {
+            return false;
+        };
+        // SAFETY: the caller's contract; sizes fit `c_int` (`accepts`).
+        unsafe {
+            f(
+                CBLAS_ROW_MAJOR,
+                ta,
+                tb,
+                g.m as c_int,
+                g.n as c_int,
+                g.k as c_int,
+                g.alpha,
+                g.a,
+                lda,
+                g.b,
+                ldb,
+                g.beta,
+                g.c,
+                ldc,
+            );
+        }
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blas_op_layouts() {
+        assert_eq!(blas_op(3, 4, 4, 1), Some((CBLAS_NO_TRANS, 4)));
+        assert_eq!(blas_op(3, 4, 1, 3), Some((CBLAS_TRANS, 3)));
+        assert_eq!(blas_op(3, 4, 8, 1), Some((CBLAS_NO_TRANS, 8)));
+        assert_eq!(blas_op(3, 4, 2, 1), None); // rows overlap
+        assert_eq!(blas_op(3, 4, 8, 2), None); // no unit stride
+        assert_eq!(blas_op(1, 4, 0, 1), Some((CBLAS_NO_TRANS, 4)));
+        assert_eq!(blas_op(3, 1, 1, 0), Some((CBLAS_NO_TRANS, 1)));
+        assert_eq!(blas_op(3, 4, 0, 1), None); // broadcast rows: packed first
+    }
+}

@@ -20,7 +20,13 @@
 //!   in the large pool (a smaller remainder stays with the block as slack). Oversize blocks
 //!   (PyTorch's `max_split_size`) are not modelled: every large block may be split.
 //! - On free, a block is merged with its free neighbours in the same segment and goes back to
-//!   its pool.
+//!   its pool — or, first, into an *exact-size cache*: a LIFO list per stream and rounded
+//!   request size (at most 64 blocks a size) whose blocks are handed back, unsplit and
+//!   unmerged, to the next request of that size before best-fit is tried. The cache is
+//!   flushed (its blocks merged into the pools) when best-fit finds nothing, before any new
+//!   segment or retry, in `empty_cache` and snapshots, and when a run of free blocks grows
+//!   long; statistics count a run of free blocks as if merged, so the cache changes none of
+//!   them. See Note \[Exact-size cache\] in `state/cache.rs`.
 //! - Blocks belong to the stream they were allocated on: a block freed on stream `S` is only
 //!   reused by allocations on `S`. [`crate::Allocation::record_stream`] notes other streams
 //!   that used the block; freeing such a block records an event on each of them and keeps the

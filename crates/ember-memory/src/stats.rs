@@ -32,9 +32,7 @@ impl Stat {
     pub fn increase(&mut self, amount: i64) {
         self.current += amount;
         self.allocated += amount;
-        if self.current > self.peak {
-            self.peak = self.current;
-        }
+        self.peak = self.peak.max(self.current);
     }
 
     /// Subtract `amount`.

@@ -12,15 +12,20 @@
 //! the one best-fit chose for that very request, so the policy's split decision for it is
 //! unchanged (`should_split` is false).
 //!
-//! A cached block is *free*: it counts as inactive everywhere (statistics, snapshot), as an
-//! inactive split block when its segment is split, exactly like a pooled block. It is just
-//! not merged with its free neighbours yet, and it is not in a pool's ordered set. The cache
-//! is *flushed* — its blocks merged with their neighbours and inserted into the pools — so
-//! that fragmentation and out-of-memory behaviour stay as without it:
+//! A cached block is *free*: inactive in the statistics, exactly like a pooled block, only
+//! not merged with its free neighbours yet and not in a pool's ordered set. So that no
+//! statistic depends on when merging happens, `inactive_split` and `inactive_split_bytes`
+//! count *runs* of adjacent free blocks as if they were merged (a run that covers its whole
+//! segment is not split); merging changes no statistic. The cache is *flushed* — its blocks
+//! merged with their neighbours and inserted into the pools — so that fragmentation and
+//! out-of-memory behaviour stay as without it:
 //!
 //! - for a request's pool and stream when the cache and best-fit both miss, before best-fit
 //!   is tried again and before any segment is taken from the raw allocator;
-//! - entirely before cached segments are released (`empty_cache`, the retry steps);
+//! - entirely before cached segments are released (`empty_cache`, the retry steps) and
+//!   before a snapshot (which so shows merged blocks, as the statistics count them);
+//! - for a block's stream and pool when an allocation or free walked more than 16 free
+//!   blocks next to it, so that runs of unmerged blocks stay short;
 //! - never partially otherwise: a block that does not fit in the cache (a full size class,
 //!   too many large classes or streams) is merged and pooled at once instead.
 //!

@@ -201,7 +201,10 @@ impl State {
                 PoolKind::Large => self.large.contains_key(&b.key()),
             };
             if !b.live || b.allocated || !b.cached || b.event_count > 0 || in_pool {
-                return Err(format!("cached block {:#x} is not a free cached block", b.addr));
+                return Err(format!(
+                    "cached block {:#x} is not a free cached block",
+                    b.addr
+                ));
             }
             if b.stream != stream || b.pool != pool || b.size < size {
                 return Err(format!("cached block {:#x} is in the wrong class", b.addr));

@@ -1,0 +1,256 @@
+#![allow(clippy::unwrap_used)]
+//! Reductions, softmax, against hand-computed and f64 references.
+
+use ember_tensor::{DType, Device, Tensor};
+
+const CPU: Device = Device::Cpu;
+
+fn m23() -> Tensor {
+    Tensor::from_slice(&[1f32, 5., 3., 4., 2., 6.], [2, 3], &CPU).unwrap()
+}
+
+fn f(t: &Tensor) -> Vec<f32> {
+    t.to_vec::<f32>().unwrap()
+}
+
+#[test]
+fn sum_prod_mean_and_dtypes() {
+    let t = m23();
+    assert_eq!(t.sum_all().unwrap().item::<f32>().unwrap(), 21.);
+    assert_eq!(f(&t.sum(0, false).unwrap()), vec![5., 7., 9.]);
+    assert_eq!(f(&t.sum(-1, false).unwrap()), vec![9., 12.]);
+    assert_eq!(t.sum(1, true).unwrap().dims(), &[2, 1]);
+    assert_eq!(t.sum([0, 1], false).unwrap().rank(), 0);
+    assert_eq!(f(&t.prod(1, false).unwrap()), vec![15., 48.]);
+    assert_eq!(f(&t.mean(0, false).unwrap()), vec![2.5, 3.5, 4.5]);
+    assert_eq!(t.mean_all().unwrap().item::<f32>().unwrap(), 3.5);
+    let i = Tensor::new(&[1i32, 2, 3], &CPU).unwrap();
+    assert_eq!(i.sum_all().unwrap().dtype(), DType::I64);
+    assert_eq!(i.prod_all().unwrap().item::<i64>().unwrap(), 6);
+    assert_eq!(
+        Tensor::new(&[true, true, false], &CPU)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .item::<i64>()
+            .unwrap(),
+        2
+    );
+    let e = i.mean_all().unwrap_err().to_string();
+    assert!(
+        e.starts_with("mean: not implemented for torch.int32"),
+        "{e}"
+    );
+    // half precision sums accumulate in f32 and do not overflow on the way
+    let h = Tensor::full([4], 60000.0, DType::F16).unwrap();
+    assert_eq!(
+        h.mean_all()
+            .unwrap()
+            .to_dtype(DType::F32)
+            .unwrap()
+            .item::<f32>()
+            .unwrap(),
+        60000.
+    );
+    // empty
+    assert_eq!(
+        Tensor::zeros([0, 3], ())
+            .unwrap()
+            .sum(0, false)
+            .unwrap()
+            .to_vec::<f32>()
+            .unwrap(),
+        vec![0.; 3]
+    );
+    assert!(
+        Tensor::zeros([0], ())
+            .unwrap()
+            .mean_all()
+            .unwrap()
+            .item::<f32>()
+            .unwrap()
+            .is_nan()
+    );
+    assert_eq!(
+        Tensor::zeros([0], ())
+            .unwrap()
+            .prod_all()
+            .unwrap()
+            .item::<f32>()
+            .unwrap(),
+        1.
+    );
+    assert!(t.sum(2, false).is_err());
+    assert!(t.sum([0, -2], false).is_err());
+    // scalars reduce over dim 0 / -1
+    let s = Tensor::scalar(4f32, &CPU).unwrap();
+    assert_eq!(s.sum(0, false).unwrap().item::<f32>().unwrap(), 4.);
+    assert_eq!(s.sum(-1, true).unwrap().rank(), 0);
+}
+
+#[test]
+fn max_min_arg() {
+    let t = m23();
+    let (v, i) = t.max_dim(1, false).unwrap();
+    assert_eq!(
+        (f(&v), i.to_vec::<i64>().unwrap()),
+        (vec![5., 6.], vec![1, 2])
+    );
+    let (v, i) = t.min_dim(0, true).unwrap();
+    assert_eq!(v.dims(), &[1, 3]);
+    assert_eq!(
+        (f(&v), i.to_vec::<i64>().unwrap()),
+        (vec![1., 2., 3.], vec![0, 1, 0])
+    );
+    assert_eq!(t.argmax_all().unwrap().item::<i64>().unwrap(), 5);
+    assert_eq!(t.argmin_all().unwrap().item::<i64>().unwrap(), 0);
+    assert_eq!(
+        t.argmax(0, false).unwrap().to_vec::<i64>().unwrap(),
+        vec![1, 0, 1]
+    );
+    assert_eq!(
+        t.argmin(1, false).unwrap().to_vec::<i64>().unwrap(),
+        vec![0, 1]
+    );
+    assert_eq!(f(&t.amax([0, 1], false).unwrap()), vec![6.]);
+    assert_eq!(f(&t.amin(1, false).unwrap()), vec![1., 2.]);
+    // ties: first occurrence; NaN wins
+    let n = Tensor::new(&[1f32, 3., 3., f32::NAN, 7.], &CPU).unwrap();
+    assert_eq!(
+        n.narrow(0, 0, 3)
+            .unwrap()
+            .argmax_all()
+            .unwrap()
+            .item::<i64>()
+            .unwrap(),
+        1
+    );
+    assert!(n.max_all().unwrap().item::<f32>().unwrap().is_nan());
+    assert_eq!(n.argmax_all().unwrap().item::<i64>().unwrap(), 3);
+    assert_eq!(n.argmin_all().unwrap().item::<i64>().unwrap(), 3);
+    let ints = Tensor::new(&[i64::MAX, i64::MAX - 1], &CPU).unwrap();
+    assert_eq!(ints.min_all().unwrap().item::<i64>().unwrap(), i64::MAX - 1);
+    assert!(Tensor::zeros([0], ()).unwrap().max_all().is_err());
+    assert!(
+        Tensor::zeros([2, 0], ())
+            .unwrap()
+            .max_dim(1, false)
+            .is_err()
+    );
+    assert_eq!(
+        Tensor::zeros([2, 0], ())
+            .unwrap()
+            .max_dim(0, false)
+            .unwrap()
+            .0
+            .dims(),
+        &[0]
+    );
+}
+
+#[test]
+fn var_std_with_correction() {
+    let t = m23();
+    // row 0: 1, 5, 3 -> mean 3, squared deviations 4 + 4 + 0 = 8
+    assert_eq!(f(&t.var(1, 1.0, false).unwrap()), vec![4., 4.]);
+    assert_eq!(f(&t.var(1, 0.0, false).unwrap()), vec![8. / 3., 8. / 3.]);
+    assert_eq!(f(&t.std(1, 1.0, true).unwrap()), vec![2., 2.]);
+    let all = t.var_all(1.0).unwrap().item::<f32>().unwrap();
+    assert!((all - 3.5).abs() < 1e-6);
+    assert!((t.std_all(0.0).unwrap().item::<f32>().unwrap() - (35f32 / 12.).sqrt()).abs() < 1e-6);
+    assert!(
+        Tensor::ones([1], ())
+            .unwrap()
+            .var_all(1.0)
+            .unwrap()
+            .item::<f32>()
+            .unwrap()
+            .is_nan()
+    );
+    assert!(Tensor::ones([2], DType::I64).unwrap().var_all(1.0).is_err());
+}
+
+#[test]
+fn logsumexp_and_norm() {
+    let t = Tensor::new(&[1000f32, 1000., f32::NEG_INFINITY], &CPU).unwrap();
+    let l = t.logsumexp(0, false).unwrap().item::<f32>().unwrap();
+    assert!((l - (1000. + 2f32.ln())).abs() < 1e-3, "{l}");
+    let inf = Tensor::new(&[f32::NEG_INFINITY, f32::NEG_INFINITY], &CPU).unwrap();
+    assert_eq!(
+        inf.logsumexp(0, false).unwrap().item::<f32>().unwrap(),
+        f32::NEG_INFINITY
+    );
+    let i = Tensor::new(&[0i64, 0], &CPU).unwrap();
+    let li = i.logsumexp(0, true).unwrap();
+    assert_eq!(li.dtype(), DType::F32);
+    assert!((li.to_vec::<f32>().unwrap()[0] - 2f32.ln()).abs() < 1e-6);
+    let v = Tensor::new(&[3f64, -4.], &CPU).unwrap();
+    assert_eq!(v.norm_all(2.0).unwrap().item::<f64>().unwrap(), 5.);
+    assert_eq!(v.norm_all(1.0).unwrap().item::<f64>().unwrap(), 7.);
+    assert_eq!(
+        v.norm_all(f64::INFINITY).unwrap().item::<f64>().unwrap(),
+        4.
+    );
+    assert_eq!(v.norm_all(0.0).unwrap().item::<f64>().unwrap(), 2.);
+    assert!((v.norm_all(3.0).unwrap().item::<f64>().unwrap() - 91f64.cbrt()).abs() < 1e-12);
+    assert_eq!(m23().norm(2.0, 0, false).unwrap().dims(), &[3]);
+}
+
+#[test]
+fn softmax_is_stable() {
+    let x = Tensor::new(&[1000f32, 1001., 1002.], &CPU).unwrap();
+    let s = f(&x.softmax(0).unwrap());
+    let e: Vec<f64> = [0f64, 1., 2.].iter().map(|v| v.exp()).collect();
+    let z: f64 = e.iter().sum();
+    for (a, b) in s.iter().zip(&e) {
+        assert!((*a as f64 - b / z).abs() < 1e-6);
+    }
+    let ls = f(&x.log_softmax(-1).unwrap());
+    for (a, b) in ls.iter().zip(&e) {
+        assert!((*a as f64 - (b / z).ln()).abs() < 1e-5);
+    }
+    let m = Tensor::arange(0, 6, DType::F64)
+        .unwrap()
+        .reshape([2, 3])
+        .unwrap();
+    let rows = m
+        .softmax(1)
+        .unwrap()
+        .sum(1, false)
+        .unwrap()
+        .to_vec::<f64>()
+        .unwrap();
+    assert!(rows.iter().all(|r| (r - 1.0).abs() < 1e-12));
+    let cols = m.softmax(0).unwrap();
+    assert!(
+        (cols.select(0, 0).unwrap().to_vec::<f64>().unwrap()[0] - 1.0 / (1.0 + 3f64.exp())).abs()
+            < 1e-12
+    );
+    assert!(Tensor::arange(0, 3, ()).unwrap().softmax(0).is_err());
+    let h = x.to_dtype(DType::Bf16).unwrap().softmax(0).unwrap();
+    assert_eq!(h.dtype(), DType::Bf16);
+}
+
+#[test]
+fn large_reductions_split_across_threads() {
+    let n = 1 << 20;
+    let t = Tensor::ones([n], ()).unwrap();
+    assert_eq!(t.sum_all().unwrap().item::<f32>().unwrap(), n as f32);
+    let a = Tensor::arange(0, n as i64, ()).unwrap();
+    assert_eq!(
+        a.sum_all().unwrap().item::<i64>().unwrap(),
+        (n as i64) * (n as i64 - 1) / 2
+    );
+    assert_eq!(a.argmax_all().unwrap().item::<i64>().unwrap(), n as i64 - 1);
+    let m = a.reshape([1024, 1024]).unwrap();
+    let cols = m.sum(0, false).unwrap().to_vec::<i64>().unwrap();
+    assert_eq!(cols[3], (0..1024).map(|r| r * 1024 + 3).sum::<i64>());
+    let rows = m
+        .t()
+        .unwrap()
+        .sum(0, false)
+        .unwrap()
+        .to_vec::<i64>()
+        .unwrap();
+    assert_eq!(rows[2], (0..1024).map(|c| 2 * 1024 + c).sum::<i64>());
+}

@@ -167,14 +167,14 @@ impl CpuStorage {
     /// The elements as `&mut [T]`; an error if `T` is not the storage's dtype.
     pub(crate) fn as_mut_slice<T: WithDType>(&mut self) -> Result<&mut [T]> {
         self.check::<T>()?;
-        match &mut self.alloc {
-            None => Ok(&mut []),
-            // SAFETY: as in `as_slice`; `&mut self` makes this the only access to the
-            // allocation for the returned lifetime, and callers can only write `T`s.
-            Some(a) => {
-                Ok(unsafe { std::slice::from_raw_parts_mut(a.as_ptr().cast::<T>(), self.len) })
-            }
-        }
+        let len = self.len;
+        let Some(a) = &mut self.alloc else {
+            return Ok(&mut []);
+        };
+        let ptr = a.as_ptr().cast::<T>();
+        // SAFETY: as in `as_slice`; `&mut self` makes this the only access to the
+        // allocation for the returned lifetime, and callers can only write `T`s.
+        Ok(unsafe { std::slice::from_raw_parts_mut(ptr, len) })
     }
 }
 

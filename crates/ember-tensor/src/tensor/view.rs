@@ -131,14 +131,16 @@ impl Tensor {
         Ok(self.view_with(self.layout().narrow(d, start, len)?))
     }
 
-    /// Python's `t[..., start:end:step, ...]` on `dim`: `range` may use negative bounds
-    /// (from the end) and is clamped; `step` must be positive.
+    /// Python's `t[..., start:end:step, ...]` on `dim` with a Rust range: `..`, `2..`,
+    /// `..-1`, `-3..`; bounds may be negative (from the end) and are clamped; `step` must be
+    /// positive. For a literal range that ends below its start, like Python's `1:-1`, use
+    /// [`Tensor::slice_with`] (clippy rejects `1..-1` as an empty range).
     ///
     /// ```
     /// use ember_tensor::Tensor;
     /// let t = Tensor::arange(0, 10, ())?;
-    /// assert_eq!(t.slice(0, 1..-1, 3)?.to_vec::<i64>()?, vec![1, 4, 7]);
     /// assert_eq!(t.slice(0, ..3, 1)?.to_vec::<i64>()?, vec![0, 1, 2]);
+    /// assert_eq!(t.slice(0, -3.., 2)?.to_vec::<i64>()?, vec![7, 9]);
     /// # Ok::<(), ember_tensor::TensorError>(())
     /// ```
     pub fn slice(
@@ -147,13 +149,6 @@ impl Tensor {
         range: impl RangeBounds<isize>,
         step: usize,
     ) -> Result<Tensor> {
-        let d = self.dim_index(dim, "slice")?;
-        if self.rank() == 0 {
-            return Err(TensorError::invalid(
-                "slice",
-                "slice() cannot be applied to a 0-dim tensor",
-            ));
-        }
         let start = match range.start_bound() {
             Bound::Included(&s) => Some(s),
             Bound::Excluded(&s) => Some(s.saturating_add(1)),
@@ -165,6 +160,32 @@ impl Tensor {
             Bound::Excluded(&e) => Some(e),
             Bound::Unbounded => None,
         };
+        self.slice_with(dim, start, end, step)
+    }
+
+    /// Python's `t[..., start:end:step, ...]` on `dim` with optional bounds, as Python
+    /// writes them: `slice_with(0, Some(1), Some(-1), 3)` is `t[1:-1:3]`.
+    ///
+    /// ```
+    /// use ember_tensor::Tensor;
+    /// let t = Tensor::arange(0, 10, ())?;
+    /// assert_eq!(t.slice_with(0, Some(1), Some(-1), 3)?.to_vec::<i64>()?, vec![1, 4, 7]);
+    /// # Ok::<(), ember_tensor::TensorError>(())
+    /// ```
+    pub fn slice_with(
+        &self,
+        dim: impl Dim,
+        start: Option<isize>,
+        end: Option<isize>,
+        step: usize,
+    ) -> Result<Tensor> {
+        if self.rank() == 0 {
+            return Err(TensorError::invalid(
+                "slice",
+                "slice() cannot be applied to a 0-dim tensor",
+            ));
+        }
+        let d = self.dim_index(dim, "slice")?;
         Ok(self.view_with(self.layout().slice(d, start, end, step)?))
     }
 

@@ -93,6 +93,9 @@ pub fn gemm_f32(
     gemm(a, b, c, alpha, beta, par)
 }
 
+/// At most this many multiply-adds, `auto` runs f32 products on the Rust backend.
+const AUTO_RUST_MAX_MACS: usize = 128 * 128 * 128;
+
 fn gemm_impl<T: Element, O: Element>(
     forced: Option<Backend>,
     a: MatRef<'_, T>,
@@ -109,6 +112,9 @@ fn gemm_impl<T: Element, O: Element>(
             backend: "mkl",
             reason: reason.to_string(),
         })?),
+        // Auto: MKL, except small f32 products where the Rust kernels measured ahead
+        // (README, `matmul_f32_n128`).
+        None if T::DTYPE == DType::F32 && p.m * p.n * p.k <= AUTO_RUST_MAX_MACS => None,
         None => mkl::get().ok(),
     };
     let threads = par.threads().max(1);
@@ -141,29 +147,59 @@ fn gemm_impl<T: Element, O: Element>(
         };
         return Ok(into_f32(mkl, p, a, b, c32, alpha, beta, threads));
     }
-    // A 16-bit C: accumulate into a dense f32 copy, round once.
-    let at = |bi: usize, i: usize, j: usize| bi * batch_stride + i * row_stride + j * col_stride;
+    // A 16-bit C: accumulate into a dense f32 copy (scratch reused per thread), round once.
     let (m, n) = (p.m, p.n);
-    let mut tmp = vec![0f32; p.batch * m * n];
+    let len = p.batch * m * n;
+    let dense = col_stride == 1 && row_stride == n && (batch == 1 || batch_stride == m * n);
+    let at = |bi: usize, i: usize, j: usize| bi * batch_stride + i * row_stride + j * col_stride;
+    let mut tmp = SCRATCH.with(|s| std::mem::take(&mut *s.borrow_mut()));
+    tmp.clear();
+    tmp.resize(len, 0.0);
     if beta != 0.0 {
-        for bi in 0..p.batch {
-            for i in 0..m {
-                for j in 0..n {
-                    tmp[(bi * m + i) * n + j] = data[at(bi, i, j)].to_f32();
+        if dense {
+            for (t, &x) in tmp.iter_mut().zip(&data[..len]) {
+                *t = x.to_f32();
+            }
+        } else {
+            for bi in 0..p.batch {
+                for i in 0..m {
+                    for j in 0..n {
+                        tmp[(bi * m + i) * n + j] = data[at(bi, i, j)].to_f32();
+                    }
                 }
             }
         }
     }
     let staged = MatMut::row_major(&mut tmp, m, n).batched(p.batch, m * n);
     let used = into_f32(mkl, p, a, b, staged, alpha, beta, threads);
-    for bi in 0..p.batch {
-        for i in 0..m {
-            for j in 0..n {
-                data[at(bi, i, j)] = O::from_f32(tmp[(bi * m + i) * n + j]);
+    if dense {
+        use rayon::prelude::*;
+        let chunk = n.max(1) * 64;
+        data[..len]
+            .par_chunks_mut(chunk)
+            .zip(tmp.par_chunks(chunk))
+            .with_min_len(if threads > 1 { 1 } else { usize::MAX })
+            .for_each(|(d, t)| {
+                for (d, &x) in d.iter_mut().zip(t) {
+                    *d = O::from_f32(x);
+                }
+            });
+    } else {
+        for bi in 0..p.batch {
+            for i in 0..m {
+                for j in 0..n {
+                    data[at(bi, i, j)] = O::from_f32(tmp[(bi * m + i) * n + j]);
+                }
             }
         }
     }
+    SCRATCH.with(|s| *s.borrow_mut() = tmp);
     Ok(used)
+}
+
+thread_local! {
+    /// The f32 staging buffer for 16-bit outputs, kept between calls (no fresh pages).
+    static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// A view of the same shape and strides over other data.
@@ -335,6 +371,7 @@ fn rust_split() -> bool {
     *SPLIT.get_or_init(|| match std::env::var("EMBER_GEMM_RUST_SPLIT").as_deref() {
         Ok("1") => true,
         Ok("0") => false,
-        _ => false,
+        // Measured (README): independent blocks ahead on most shapes, within noise elsewhere.
+        _ => true,
     })
 }

@@ -1,0 +1,292 @@
+#!/usr/bin/env python3
+"""Ember against PyTorch on the same machine, in the same run, side by side.
+
+    python3 bench/torch_side_by_side.py [--filter matmul] [--rounds 3] [--threads 2] [--json]
+                                        [--ember-bin target/release/ember-bench] [--no-install]
+
+Each round takes every selected case in turn and runs it in Ember's benchmark program (`cargo
+xtask bench --json --device cpu --filter NAME`, or the binary given by --ember-bin) and right
+after in a persistent PyTorch process, so both sides see the same noise from a shared host; the table shows per-side medians and the median of
+the per-round ratios (Ember/PyTorch for rates, PyTorch/Ember for times: above 1 means Ember is
+ahead either way).
+
+PyTorch comes from PyPI into a virtualenv at target/bench-venv, created on first use (pinned
+TORCH_VERSION). The CPU-only wheel index (download.pytorch.org/whl/cpu) is tried first; where
+only PyPI is reachable, PyPI's x86_64 wheel is a CUDA build whose CUDA libraries (nvidia-*
+wheels, ~3 GB) must be installed for `import torch` to work, though its CPU kernels (MKL,
+oneDNN) are the same as the CPU build's. Where PyTorch is absent and cannot be installed, only
+Ember's side is printed, with the reason.
+
+To add cases: append a Case to CASES below (same name and unit as Ember's record). `setup`
+builds the inputs and returns (fn, work): the PyTorch side times fn() and reports work/seconds
+for rates (e.g. FLOP → GFLOP/s with scale 1e-9) or seconds*scale for times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV = ROOT / "target" / "bench-venv"
+TORCH_VERSION = "2.15.0"
+CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+# torch's own dependencies, installed next to a --no-deps torch.
+TORCH_DEPS = ["typing-extensions", "numpy", "sympy", "networkx", "jinja2", "fsspec", "filelock"]
+ROUNDS_PER_CASE = 5
+ROUND_S = 0.15
+
+
+@dataclass
+class Case:
+    """One benchmark case as PyTorch runs it; `name` and `unit` match Ember's record."""
+
+    name: str
+    unit: str
+    higher_is_better: bool
+    # Returns (fn, work): a rate is work / seconds * scale, a time is seconds * scale.
+    setup: Callable[[], tuple[Callable[[], object], float]]
+    scale: float = 1.0
+
+
+def _matmul(m: int, k: int, n: int, dtype: str = "float32", trans: str = "") -> Callable:
+    def setup():
+        import torch
+
+        dt = getattr(torch, dtype)
+        a = torch.randn(k, m).t() if trans == "a" else torch.randn(m, k)
+        b = torch.randn(n, k).t() if trans == "b" else torch.randn(k, n)
+        a, b = a.to(dt), b.to(dt)
+        c = torch.empty(m, n, dtype=dt)
+        return (lambda: torch.mm(a, b, out=c)), 2.0 * m * n * k
+
+    return setup
+
+
+CASES: list[Case] = (
+    [Case(f"matmul_f32_n{n}", "GFLOP/s", True, _matmul(n, n, n), 1e-9) for n in (128, 256, 512, 1024, 2048)]
+    + [Case(f"matmul_bf16_n{n}", "GFLOP/s", True, _matmul(n, n, n, "bfloat16"), 1e-9) for n in (1024, 2048)]
+    + [Case("matmul_f16_n1024", "GFLOP/s", True, _matmul(1024, 1024, 1024, "float16"), 1e-9)]
+    + [
+        Case(f"matmul_f32_{m}x{k}x{n}", "GFLOP/s", True, _matmul(m, k, n, trans=t), 1e-9)
+        for (m, k, n, t) in [
+            (64, 1000, 512, "b"),
+            (64, 512, 1000, ""),
+            (1000, 64, 512, "a"),
+            (128, 2000, 1000, "b"),
+            (128, 1000, 2000, ""),
+            (2000, 128, 1000, "a"),
+        ]
+    ]
+)
+
+
+# ---------------------------------------------------------------- the PyTorch side (worker)
+
+
+def torch_case(case: Case, threads: int) -> dict:
+    """Times one case in PyTorch, as Ember's harness does (warm-up, 5 rounds, median)."""
+    import torch
+
+    fn, work = case.setup()
+    fn()
+    t0 = time.perf_counter()
+    fn()
+    once = max(time.perf_counter() - t0, 1e-7)
+    iters = max(1, min(10_000, int(ROUND_S / once)))
+    for _ in range(min(iters, 64)):
+        fn()
+    samples = []
+    for _ in range(ROUNDS_PER_CASE):
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        samples.append((time.perf_counter() - t0) / iters)
+    s = statistics.median(samples)
+    value = work / s * case.scale if case.higher_is_better else s * case.scale
+    return {"name": case.name, "device": "cpu", "threads": threads, "value": value,
+            "unit": case.unit, "torch": torch.__version__}
+
+
+def torch_worker(threads: int) -> None:
+    """Runs in the venv's python: reads case names on stdin, answers one JSON line each."""
+    import torch
+
+    torch.set_num_threads(threads)
+    cases = {c.name: c for c in CASES}
+    print(json.dumps({"ready": torch.__version__}), flush=True)
+    for line in sys.stdin:
+        case = cases.get(line.strip())
+        print(json.dumps(torch_case(case, threads) if case else None), flush=True)
+
+
+# ---------------------------------------------------------------- setup
+
+
+def venv_python() -> Path:
+    return VENV / "bin" / "python"
+
+
+def torch_importable() -> str | None:
+    """None when the venv's torch imports, else why not."""
+    if not venv_python().exists():
+        return f"no virtualenv at {VENV}"
+    r = subprocess.run([str(venv_python()), "-c", "import torch; print(torch.__version__)"],
+                       capture_output=True, text=True)
+    if r.returncode == 0:
+        return None
+    return (r.stderr.strip().splitlines() or ["import torch failed"])[-1]
+
+
+def install_torch(log) -> str | None:
+    """Creates the venv and installs PyTorch; None on success, else why it failed."""
+    if not venv_python().exists():
+        r = subprocess.run([sys.executable, "-m", "venv", str(VENV)], capture_output=True, text=True)
+        if r.returncode != 0:
+            return f"cannot create {VENV}: {r.stderr.strip()}"
+    pip = [str(venv_python()), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    # 1. The CPU-only build from PyTorch's own index, where that index is reachable.
+    log(f"installing torch=={TORCH_VERSION} (CPU build) from {CPU_INDEX} ...")
+    r = subprocess.run(pip + ["--index-url", CPU_INDEX, "--timeout", "15", "--retries", "0",
+                              f"torch=={TORCH_VERSION}"], capture_output=True, text=True)
+    if r.returncode == 0 and torch_importable() is None:
+        return None
+    # 2. PyPI: the wheel with its dependencies (CUDA libraries included, unused here).
+    log(f"CPU index unavailable; installing torch=={TORCH_VERSION} from PyPI (with its CUDA "
+        "libraries, ~4.5 GB, needed to import it) ...")
+    r = subprocess.run(pip + [f"torch=={TORCH_VERSION}"] + TORCH_DEPS, capture_output=True, text=True)
+    if r.returncode != 0:
+        return f"pip install torch=={TORCH_VERSION} failed: {r.stderr.strip()[-500:]}"
+    return torch_importable()
+
+
+# ---------------------------------------------------------------- the Ember side
+
+
+def run_ember(args, name: str) -> list[dict]:
+    """Ember's records for one case (and its `_rust` twin, where it has one)."""
+    env = dict(os.environ, RAYON_NUM_THREADS=str(args.threads))
+    flags = ["--json", "--device", "cpu", "--filter", name]
+    cmd = ([args.ember_bin] if args.ember_bin else ["cargo", "xtask", "bench"]) + flags
+    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"ember-bench failed ({' '.join(cmd)}):\n{r.stderr}")
+    return [x for x in json.loads(r.stdout) if x["name"] in (name, name + "_rust")]
+
+
+class TorchWorker:
+    """A persistent PyTorch process (imports torch once), asked one case at a time."""
+
+    def __init__(self, threads: int):
+        self.p = subprocess.Popen([str(venv_python()), str(Path(__file__).resolve()), "--torch-worker",
+                                   "--threads", str(threads)],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        json.loads(self.p.stdout.readline())
+
+    def run(self, name: str) -> dict | None:
+        self.p.stdin.write(name + "\n")
+        self.p.stdin.flush()
+        return json.loads(self.p.stdout.readline())
+
+    def close(self) -> None:
+        self.p.stdin.close()
+        self.p.wait()
+
+
+# ---------------------------------------------------------------- table
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--filter", default="matmul", help="substring of case names (default: matmul)")
+    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds (default 3)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--json", action="store_true", help="print one JSON array instead of a table")
+    ap.add_argument("--ember-bin", help="run this ember-bench binary instead of `cargo xtask bench`")
+    ap.add_argument("--no-install", action="store_true", help="never create the venv or install torch")
+    ap.add_argument("--torch-worker", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.torch_worker:
+        torch_worker(args.threads)
+        return
+
+    log = (lambda s: print(s, file=sys.stderr)) if args.json else print
+    why = torch_importable()
+    if why is not None and not args.no_install:
+        why = install_torch(log)
+    if why is not None:
+        log(f"PyTorch side skipped: {why}")
+
+    worker = TorchWorker(args.threads) if why is None else None
+    selected = [c for c in CASES if args.filter in c.name]
+    ember_rounds: list[list[dict]] = []
+    torch_rounds: list[list[dict]] = []
+    for i in range(args.rounds):
+        log(f"round {i + 1}/{args.rounds} ({len(selected)} cases, Ember then PyTorch per case) ...")
+        e_rnd, t_rnd = [], []
+        for case in selected:
+            e_rnd += run_ember(args, case.name)
+            if worker is not None:
+                t = worker.run(case.name)
+                if t is not None:
+                    t_rnd.append(t)
+        ember_rounds.append(e_rnd)
+        if worker is not None:
+            torch_rounds.append(t_rnd)
+    if worker is not None:
+        worker.close()
+    if not ember_rounds or not ember_rounds[0]:
+        raise SystemExit(f"no Ember records match --filter {args.filter!r}")
+
+    case_of = {c.name: c for c in CASES}
+    rows = []
+    for rec in ember_rounds[0]:
+        name = rec["name"]
+        e_vals = [r["value"] for rnd in ember_rounds for r in rnd if r["name"] == name]
+        # `*_rust` twins compare with PyTorch's case of the base name.
+        base = name.removesuffix("_rust")
+        t_vals = [r["value"] for rnd in torch_rounds for r in rnd if r["name"] == base]
+        case = case_of.get(base)
+        higher = case.higher_is_better if case else rec["unit"].endswith("/s")
+        ratios = []
+        for e_rnd, t_rnd in zip(ember_rounds, torch_rounds):
+            e = next((r["value"] for r in e_rnd if r["name"] == name), None)
+            t = next((r["value"] for r in t_rnd if r["name"] == base), None)
+            if e and t:
+                ratios.append(e / t if higher else t / e)
+        rows.append({
+            "name": name, "unit": rec["unit"], "threads": rec["threads"],
+            "ember": statistics.median(e_vals),
+            "torch": statistics.median(t_vals) if t_vals else None,
+            "ratio": statistics.median(ratios) if ratios else None,
+            "ratio_min": min(ratios) if ratios else None,
+            "ratio_max": max(ratios) if ratios else None,
+            "rounds": len(e_vals),
+            "backend": rec.get("backend"),
+        })
+
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return
+    print(f"\n{'case':<32} {'unit':<8} {'ember':>10} {'pytorch':>10} {'ratio':>7}  {'(min-max)':<13} backend")
+    for r in rows:
+        t = f"{r['torch']:10.2f}" if r["torch"] is not None else f"{'-':>10}"
+        q = f"{r['ratio']:7.2f}" if r["ratio"] is not None else f"{'-':>7}"
+        span = f"({r['ratio_min']:.2f}-{r['ratio_max']:.2f})" if r["ratio"] is not None else ""
+        print(f"{r['name']:<32} {r['unit']:<8} {r['ember']:10.2f} {t} {q}  {span:<13} {r['backend'] or ''}")
+    print(f"\nratio > 1: Ember ahead (rates: Ember/PyTorch; times: PyTorch/Ember); "
+          f"{args.threads} threads, {args.rounds} alternating rounds, medians.")
+    if why is not None:
+        print(f"PyTorch side skipped: {why}")
+
+
+if __name__ == "__main__":
+    main()

@@ -76,7 +76,8 @@ scalar_from! {
     i32 => Int, i64::from;
     i64 => Int, |x| x;
     u32 => Int, i64::from;
-    usize => Int, |x: usize| x as i64;
+    usize => Int, |x: usize| i64::try_from(x).unwrap_or(i64::MAX);
+    isize => Int, |x: isize| x as i64;
     f32 => Float, f64::from;
     f64 => Float, |x| x;
     f16 => Float, |x: f16| x.to_f64();
@@ -115,4 +116,4 @@ macro_rules! operand_from {
     };
 }
 
-operand_from!(bool, u8, i32, i64, u32, usize, f32, f64, f16, bf16);
+operand_from!(bool, u8, i32, i64, u32, usize, isize, f32, f64, f16, bf16);

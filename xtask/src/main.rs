@@ -5,8 +5,10 @@
 //!   CUDA devices (`EMBER_CUDA_EMULATOR=2`).
 //! - `bench`: builds the benchmark program in release mode and runs it; `--json` prints one
 //!   JSON array of records, `--filter S` selects cases whose name contains `S`.
+//! - `mkl`: installs Intel MKL from PyPI into `target/mkl` (optional; the CPU GEMM then uses it).
 
 mod bench;
+mod mkl;
 mod test;
 
 use std::path::PathBuf;
@@ -24,6 +26,7 @@ fn main() -> ExitCode {
     let result = match task {
         "test" => test::run(rest),
         "bench" => bench::run(rest),
+        "mkl" => mkl::run(rest),
         "-h" | "--help" | "help" => {
             println!("{}", usage());
             Ok(())
@@ -44,7 +47,8 @@ fn usage() -> &'static str {
      tasks:\n  \
        test                      fmt check, clippy -D warnings, all tests (without CUDA and on the emulator)\n  \
        bench [--json] [--filter S] [--device cpu|cuda|all]\n                            \
-       benchmarks (release build); JSON records with name, device, threads, value, unit"
+       benchmarks (release build); JSON records with name, device, threads, value, unit\n  \
+       mkl                       install Intel MKL from PyPI into target/mkl (optional faster CPU GEMM)"
 }
 
 /// The workspace root (the parent of this crate's manifest directory).

@@ -62,6 +62,11 @@ pub struct CpuInfo {
     pub model: Option<String>,
     /// Vector and matrix features detected at run time (`avx2`, `avx512f`, `amx-bf16`, ...).
     pub features: Vec<&'static str>,
+    /// The CPU matrix-multiply backend dense f32 products run on (`"rust"` or `"mkl"`), or
+    /// `None` when `EMBER_CPU_BLAS` asks for one that is absent.
+    pub gemm_backend: Option<String>,
+    /// One line on the GEMM backends: the `EMBER_CPU_BLAS` preference, MKL found or why not.
+    pub gemm: String,
 }
 
 /// Gather the information. Never fails: what cannot be read is reported as absent.
@@ -109,10 +114,13 @@ pub fn collect() -> Info {
 }
 
 fn cpu_info() -> CpuInfo {
+    let gemm = ember_gemm::backend_info();
     CpuInfo {
         cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
         model: cpu_model(),
         features: cpu_features(),
+        gemm_backend: gemm.active.map(|b| b.to_string()),
+        gemm: gemm.to_string(),
     }
 }
 
@@ -224,6 +232,7 @@ impl Info {
             self.cpu.cores
         );
         let _ = writeln!(s, "  features:       {}", self.cpu.features.join(" "));
+        let _ = writeln!(s, "  {}", self.cpu.gemm);
         let _ = writeln!(s);
         let _ = writeln!(s, "Memory (caching allocator):");
         for (dev, stats) in &self.memory {

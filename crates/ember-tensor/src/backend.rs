@@ -134,4 +134,58 @@ impl Storage {
             Storage::Cpu(s) => Ok(Storage::Cpu(cpu::reduce::reduce(op, s, l, dims)?)),
         }
     }
+
+    /// Batched matrix product of `[batch.., m, k]` and `[batch.., k, n]` layouts.
+    pub(crate) fn matmul(&self, la: &Layout, rhs: &Storage, lb: &Layout) -> Result<Storage> {
+        match (self, rhs) {
+            (Storage::Cpu(a), Storage::Cpu(b)) => {
+                Ok(Storage::Cpu(cpu::matmul::matmul(a, la, b, lb)?))
+            }
+        }
+    }
+
+    pub(crate) fn index_select(
+        &self,
+        l: &Layout,
+        dim: usize,
+        idx: &Storage,
+        il: &Layout,
+    ) -> Result<Storage> {
+        match (self, idx) {
+            (Storage::Cpu(s), Storage::Cpu(i)) => {
+                Ok(Storage::Cpu(cpu::index::index_select(s, l, dim, i, il)?))
+            }
+        }
+    }
+
+    pub(crate) fn gather(
+        &self,
+        l: &Layout,
+        dim: usize,
+        idx: &Storage,
+        il: &Layout,
+    ) -> Result<Storage> {
+        match (self, idx) {
+            (Storage::Cpu(s), Storage::Cpu(i)) => {
+                Ok(Storage::Cpu(cpu::index::gather(s, l, dim, i, il)?))
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn scatter_add(
+        &self,
+        l: &Layout,
+        dim: usize,
+        idx: &Storage,
+        il: &Layout,
+        src: &Storage,
+        sl: &Layout,
+    ) -> Result<Storage> {
+        match (self, idx, src) {
+            (Storage::Cpu(d), Storage::Cpu(i), Storage::Cpu(s)) => Ok(Storage::Cpu(
+                cpu::index::scatter_add(d, l, dim, i, il, s, sl)?,
+            )),
+        }
+    }
 }

@@ -1,1 +1,142 @@
-//! CPU kernels of the indexing family (index_select, gather, scatter_add, ...).
+//! CPU kernels of the indexing family: `index_select`, `gather`, `scatter_add`. Indices
+//! are validated here, in the kernel (as a CUDA kernel would flag them), and an
+//! out-of-range index is an error naming it.
+
+use crate::cpu::dispatch;
+use crate::dtype::{DType, WithDType};
+use crate::error::{Result, TensorError};
+use crate::layout::Layout;
+use crate::storage::CpuStorage;
+use crate::strided::StridedIndex;
+
+/// The indices (i64 or i32 storage) in the layout's order, each checked against `size`.
+fn read_indices(
+    op: &'static str,
+    idx: &CpuStorage,
+    il: &Layout,
+    dim: usize,
+    size: usize,
+) -> Result<Vec<usize>> {
+    let raw: Vec<i64> = match idx.dtype() {
+        DType::I64 => {
+            let d = idx.as_slice::<i64>()?;
+            il.strided_index()
+                .map(|i| d.get(i).copied().unwrap_or(-1))
+                .collect()
+        }
+        DType::I32 => {
+            let d = idx.as_slice::<i32>()?;
+            il.strided_index()
+                .map(|i| d.get(i).map_or(-1, |&v| v as i64))
+                .collect()
+        }
+        found => return Err(TensorError::IndexDType { op, found }),
+    };
+    raw.into_iter()
+        .map(|v| {
+            usize::try_from(v)
+                .ok()
+                .filter(|&u| u < size)
+                .ok_or(TensorError::IndexOutOfRange {
+                    op,
+                    index: v,
+                    dim,
+                    size,
+                })
+        })
+        .collect()
+}
+
+/// `src` with `dim` replaced by the rows picked by the 1-D `idx`.
+pub(crate) fn index_select(
+    src: &CpuStorage,
+    l: &Layout,
+    dim: usize,
+    idx: &CpuStorage,
+    il: &Layout,
+) -> Result<CpuStorage> {
+    let size = l.dims()[dim];
+    let picks = read_indices("index_select", idx, il, dim, size)?;
+    let mut dims = l.dims().to_vec();
+    dims[dim] = picks.len();
+    let mut strides = l.strides().to_vec();
+    let sd = strides[dim];
+    strides[dim] = 0;
+    let virt = Layout::new(dims.clone().into(), strides, l.offset());
+    let inner: usize = dims[dim + 1..].iter().product();
+    let n = virt.numel();
+    let picks = &picks;
+    dispatch!(src.dtype(), T => {
+        let data = src.as_slice::<T>()?;
+        CpuStorage::from_chunks(n, |r| {
+            let start = r.start;
+            StridedIndex::from_position(&virt, start)
+                .take(r.len())
+                .enumerate()
+                .map(move |(j, base)| {
+                    let pos = ((start + j) / inner.max(1)) % picks.len().max(1);
+                    let row = picks.get(pos).copied().unwrap_or(0);
+                    data.get(base + row * sd).copied().unwrap_or(<T as WithDType>::ZERO)
+                })
+        })
+    })
+}
+
+/// `out[.., i, ..] = src[.., idx[.., i, ..], ..]` along `dim`; `out` has `idx`'s shape.
+pub(crate) fn gather(
+    src: &CpuStorage,
+    l: &Layout,
+    dim: usize,
+    idx: &CpuStorage,
+    il: &Layout,
+) -> Result<CpuStorage> {
+    let picks = read_indices("gather", idx, il, dim, l.dims()[dim])?;
+    let mut strides = l.strides().to_vec();
+    let sd = strides[dim];
+    strides[dim] = 0;
+    let virt = Layout::new(il.shape().clone(), strides, l.offset());
+    dispatch!(src.dtype(), T => {
+        let data = src.as_slice::<T>()?;
+        let out: Vec<T> = virt
+            .strided_index()
+            .zip(&picks)
+            .map(|(base, &p)| data.get(base + p * sd).copied().unwrap_or(<T as WithDType>::ZERO))
+            .collect();
+        CpuStorage::from_slice(&out)
+    })
+}
+
+/// A contiguous copy of `dst` with `src` values added at `idx` along `dim`
+/// (`out[.., idx[.., i, ..], ..] += src[.., i, ..]`); `src_l` is `src` narrowed to `idx`'s
+/// shape.
+pub(crate) fn scatter_add(
+    dst: &CpuStorage,
+    dl: &Layout,
+    dim: usize,
+    idx: &CpuStorage,
+    il: &Layout,
+    src: &CpuStorage,
+    sl: &Layout,
+) -> Result<CpuStorage> {
+    let picks = read_indices("scatter_add", idx, il, dim, dl.dims()[dim])?;
+    let out_strides = dl.shape().contiguous_strides();
+    let mut vstrides = out_strides.clone();
+    let sd = vstrides[dim];
+    vstrides[dim] = 0;
+    let virt = Layout::new(il.shape().clone(), vstrides, 0);
+    dispatch!(dst.dtype(), T => {
+        let base = crate::cpu::cast(dst, dl, dst.dtype())?;
+        let mut out: Vec<T> = base.as_slice::<T>()?.to_vec();
+        let s = src.as_slice::<T>()?;
+        for ((o, &p), si) in virt.strided_index().zip(&picks).zip(sl.strided_index()) {
+            if let (Some(slot), Some(&v)) = (out.get_mut(o + p * sd), s.get(si)) {
+                *slot = if T::DTYPE.is_float() {
+                    T::from_f64(slot.to_f64() + v.to_f64())
+                } else {
+                    T::from_i64(slot.to_i64().wrapping_add(v.to_i64()))
+                };
+            }
+        }
+        CpuStorage::from_slice(&out)
+    })
+}

@@ -2,6 +2,8 @@
 //! broadcasts and casts the inputs, and calls the storage's kernel (See Note [Dispatch]).
 
 pub(crate) mod binary;
+pub(crate) mod index;
 pub(crate) mod inplace;
+pub(crate) mod matmul;
 pub(crate) mod reduce;
 pub(crate) mod unary;

@@ -1,0 +1,139 @@
+//! Matrix products with PyTorch's `matmul` rules: 1-D · 1-D is a dot product, a 1-D
+//! operand gains (then loses) a dim, and batch dims broadcast.
+
+use crate::dtype::DType;
+use crate::error::{Result, TensorError};
+use crate::scalar::Scalar;
+use crate::shape::{Shape, broadcast_shape};
+use crate::storage::read_many;
+use crate::tensor::{Tensor, same_device};
+
+impl Tensor {
+    /// `torch.matmul`.
+    ///
+    /// ```
+    /// use ember_tensor::{Device, Tensor};
+    /// let a = Tensor::from_vec(vec![1f32, 2., 3., 4., 5., 6.], [2, 3], &Device::Cpu)?;
+    /// let b = Tensor::ones([3], ())?;
+    /// assert_eq!(a.matmul(&b)?.to_vec::<f32>()?, vec![6., 15.]);
+    /// let e = a.matmul(&Tensor::ones([4, 5], ())?).unwrap_err();
+    /// assert_eq!(e.to_string(), "matmul: cannot multiply [2, 3] by [4, 5]");
+    /// # Ok::<(), ember_tensor::TensorError>(())
+    /// ```
+    pub fn matmul(&self, rhs: &Tensor) -> Result<Tensor> {
+        same_device(&[self, rhs])?;
+        let err = || TensorError::MatmulShape {
+            op: "matmul",
+            lhs: self.shape().clone(),
+            rhs: rhs.shape().clone(),
+        };
+        if self.rank() == 0 || rhs.rank() == 0 {
+            return Err(TensorError::invalid(
+                "matmul",
+                format!(
+                    "both arguments need at least 1 dimension, but got {} and {}",
+                    self.shape(),
+                    rhs.shape()
+                ),
+            ));
+        }
+        if self.dtype() != rhs.dtype() {
+            return Err(TensorError::invalid(
+                "matmul",
+                format!(
+                    "expected both operands to have the same dtype, but got {} and {}",
+                    self.dtype(),
+                    rhs.dtype()
+                ),
+            ));
+        }
+        if self.dtype() == DType::Bool {
+            return Err(TensorError::unsupported("matmul", DType::Bool));
+        }
+        let a = if self.rank() == 1 {
+            self.unsqueeze(0)?
+        } else {
+            self.clone()
+        };
+        let b = if rhs.rank() == 1 {
+            rhs.unsqueeze(1)?
+        } else {
+            rhs.clone()
+        };
+        let (ra, rb) = (a.rank(), b.rank());
+        let (m, k) = (a.dims()[ra - 2], a.dims()[ra - 1]);
+        let (k2, n) = (b.dims()[rb - 2], b.dims()[rb - 1]);
+        if k != k2 {
+            return Err(err());
+        }
+        let batch = broadcast_shape(
+            "matmul",
+            &Shape::from(&a.dims()[..ra - 2]),
+            &Shape::from(&b.dims()[..rb - 2]),
+        )
+        .map_err(|_| err())?;
+        let mut da = batch.dims().to_vec();
+        da.extend([m, k]);
+        let mut db = batch.dims().to_vec();
+        db.extend([k, n]);
+        let la = a.layout().broadcast_as("matmul", &da.into())?;
+        let lb = b.layout().broadcast_as("matmul", &db.into())?;
+        let mut out = batch.dims().to_vec();
+        out.extend([m, n]);
+        Shape::from(&out).checked_numel("matmul")?;
+        let s = read_many(&[a.cell(), b.cell()], |s| s[0].matmul(&la, s[1], &lb))?;
+        let mut r = Tensor::from_storage(s, out);
+        if self.rank() == 1 {
+            r = r.squeeze_dim(-2)?;
+        }
+        if rhs.rank() == 1 {
+            r = r.squeeze_dim(-1)?;
+        }
+        Ok(r)
+    }
+
+    /// Batched matrix product of two 3-D tensors with equal batch size.
+    pub fn bmm(&self, rhs: &Tensor) -> Result<Tensor> {
+        if self.rank() != 3 || rhs.rank() != 3 || self.dims()[0] != rhs.dims()[0] {
+            return Err(TensorError::MatmulShape {
+                op: "bmm",
+                lhs: self.shape().clone(),
+                rhs: rhs.shape().clone(),
+            });
+        }
+        self.matmul(rhs)
+    }
+
+    /// Product of two matrices.
+    pub fn mm(&self, rhs: &Tensor) -> Result<Tensor> {
+        if self.rank() != 2 || rhs.rank() != 2 {
+            return Err(TensorError::MatmulShape {
+                op: "mm",
+                lhs: self.shape().clone(),
+                rhs: rhs.shape().clone(),
+            });
+        }
+        self.matmul(rhs)
+    }
+
+    /// `beta * self + alpha * (m1 @ m2)`, as `torch.addmm` (`self` broadcasts to the
+    /// product's shape).
+    pub fn addmm(
+        &self,
+        m1: &Tensor,
+        m2: &Tensor,
+        beta: impl Into<Scalar>,
+        alpha: impl Into<Scalar>,
+    ) -> Result<Tensor> {
+        let p = m1.mm(m2)?;
+        let r = p.mul(alpha.into())?.add(&self.mul(beta.into())?)?;
+        if r.shape() != p.shape() {
+            return Err(TensorError::Broadcast {
+                op: "addmm",
+                lhs: self.shape().clone(),
+                rhs: p.shape().clone(),
+            });
+        }
+        Ok(r)
+    }
+}

@@ -1,0 +1,269 @@
+#![allow(clippy::unwrap_used)]
+//! matmul (PyTorch's rules, against a naive f64 reference) and the indexing ops.
+
+use ember_tensor::{DType, Device, Tensor, TensorError};
+use proptest::prelude::*;
+
+const CPU: Device = Device::Cpu;
+
+fn naive(a: &[f64], b: &[f64], m: usize, k: usize, n: usize) -> Vec<f64> {
+    let mut c = vec![0.0; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            c[i * n + j] = (0..k).map(|p| a[i * k + p] * b[p * n + j]).sum();
+        }
+    }
+    c
+}
+
+fn data(n: usize, seed: usize) -> Vec<f64> {
+    (0..n)
+        .map(|i| ((i * 31 + seed * 7) % 19) as f64 - 9.0)
+        .collect()
+}
+
+#[test]
+fn matmul_shapes_follow_pytorch() {
+    let v = |s: &[usize]| Tensor::ones(s, ()).unwrap();
+    let mm = |a: &[usize], b: &[usize]| v(a).matmul(&v(b)).map(|t| t.dims().to_vec());
+    assert_eq!(mm(&[3], &[3]).unwrap(), Vec::<usize>::new());
+    assert_eq!(mm(&[2, 3], &[3]).unwrap(), vec![2]);
+    assert_eq!(mm(&[3], &[3, 4]).unwrap(), vec![4]);
+    assert_eq!(mm(&[2, 3], &[3, 4]).unwrap(), vec![2, 4]);
+    assert_eq!(mm(&[5, 2, 3], &[3, 4]).unwrap(), vec![5, 2, 4]);
+    assert_eq!(mm(&[3], &[5, 3, 4]).unwrap(), vec![5, 4]);
+    assert_eq!(mm(&[5, 1, 2, 3], &[7, 3, 4]).unwrap(), vec![5, 7, 2, 4]);
+    assert_eq!(mm(&[0, 3], &[3, 4]).unwrap(), vec![0, 4]);
+    assert_eq!(mm(&[2, 0], &[0, 4]).unwrap(), vec![2, 4]);
+    assert_eq!(
+        mm(&[2, 3], &[4, 5]).unwrap_err().to_string(),
+        "matmul: cannot multiply [2, 3] by [4, 5]"
+    );
+    assert!(mm(&[2, 2, 3], &[3, 3, 4]).is_err());
+    assert!(
+        v(&[2, 2])
+            .matmul(&Tensor::ones([2, 2], DType::F64).unwrap())
+            .is_err()
+    );
+    assert!(
+        Tensor::scalar(1f32, &CPU)
+            .unwrap()
+            .matmul(&v(&[1]))
+            .is_err()
+    );
+    assert!(v(&[2, 3]).bmm(&v(&[3, 4])).is_err());
+    assert_eq!(
+        v(&[2, 2, 3]).bmm(&v(&[2, 3, 4])).unwrap().dims(),
+        &[2, 2, 4]
+    );
+    // values: zero-sized inner dim gives zeros
+    assert_eq!(
+        v(&[2, 0])
+            .matmul(&v(&[0, 2]))
+            .unwrap()
+            .to_vec::<f32>()
+            .unwrap(),
+        vec![0.; 4]
+    );
+}
+
+#[test]
+fn matmul_dtypes_and_addmm() {
+    let a = Tensor::arange(0, 6, ()).unwrap().reshape([2, 3]).unwrap();
+    let b = Tensor::arange(0, 6, ()).unwrap().reshape([3, 2]).unwrap();
+    assert_eq!(
+        a.matmul(&b).unwrap().to_vec2::<i64>().unwrap(),
+        vec![vec![10, 13], vec![28, 40]]
+    );
+    let h = a
+        .to_dtype(DType::Bf16)
+        .unwrap()
+        .matmul(&b.to_dtype(DType::Bf16).unwrap())
+        .unwrap();
+    assert_eq!(h.dtype(), DType::Bf16);
+    assert_eq!(
+        h.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap(),
+        vec![10., 13., 28., 40.]
+    );
+    assert!(
+        Tensor::ones([2, 2], DType::Bool)
+            .unwrap()
+            .matmul(&Tensor::ones([2, 2], DType::Bool).unwrap())
+            .is_err()
+    );
+    let bias = Tensor::new(&[1i64, 2], &CPU).unwrap();
+    let r = bias.addmm(&a, &b, 1, 2).unwrap();
+    assert_eq!(r.to_vec::<i64>().unwrap(), vec![21, 28, 57, 82]);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    #[test]
+    fn matmul_matches_naive(m in 0usize..6, k in 0usize..6, n in 0usize..6, batch in 0usize..3, ta in any::<bool>(), tb in any::<bool>(), dt in 0usize..3) {
+        let dtype = [DType::F32, DType::F64, DType::I64][dt];
+        let (av, bv) = (data(batch.max(1) * m * k, 1), data(k * n, 2));
+        // build possibly transposed (non-contiguous) operands with the same values
+        let a = if ta {
+            Tensor::from_slice(&av, [batch.max(1), m, k], &CPU).unwrap().transpose(1, 2).unwrap().contiguous().unwrap().transpose(1, 2).unwrap()
+        } else {
+            Tensor::from_slice(&av, [batch.max(1), m, k], &CPU).unwrap()
+        };
+        let a = if batch == 0 { a.squeeze_dim(0).unwrap() } else { a };
+        let b = Tensor::from_slice(&bv, [k, n], &CPU).unwrap();
+        let b = if tb { b.t().unwrap().contiguous().unwrap().t().unwrap() } else { b };
+        let c = a.to_dtype(dtype).unwrap().matmul(&b.to_dtype(dtype).unwrap()).unwrap();
+        let got = c.to_dtype(DType::F64).unwrap().to_vec::<f64>().unwrap();
+        let mut want = Vec::new();
+        for bi in 0..batch.max(1) {
+            want.extend(naive(&av[bi * m * k..(bi + 1) * m * k], &bv, m, k, n));
+        }
+        prop_assert_eq!(got, want);
+    }
+}
+
+#[test]
+fn large_matmul_runs_in_parallel() {
+    let n = 96;
+    let a = Tensor::arange(0, (n * n) as i64, DType::F64)
+        .unwrap()
+        .reshape([n, n])
+        .unwrap()
+        .div(1000.0)
+        .unwrap();
+    let b = a.t().unwrap();
+    let av = a.to_vec::<f64>().unwrap();
+    let bv = b.contiguous().unwrap().to_vec::<f64>().unwrap();
+    let c = a.matmul(&b).unwrap().to_vec::<f64>().unwrap();
+    let r = naive(&av, &bv, n, n, n);
+    assert!(
+        c.iter()
+            .zip(&r)
+            .all(|(x, y)| (x - y).abs() < 1e-9 * y.abs().max(1.0))
+    );
+}
+
+#[test]
+fn index_select_gather_scatter() {
+    let t = Tensor::arange(0, 12, ()).unwrap().reshape([3, 4]).unwrap();
+    let i = Tensor::new(&[2i32, 0, 2], &CPU).unwrap();
+    assert_eq!(t.index_select(0, &i).unwrap().dims(), &[3, 4]);
+    assert_eq!(
+        t.index_select(1, &i).unwrap().to_vec2::<i64>().unwrap()[1],
+        vec![6, 4, 6]
+    );
+    assert_eq!(
+        t.t()
+            .unwrap()
+            .index_select(-1, &i)
+            .unwrap()
+            .to_vec2::<i64>()
+            .unwrap()[0],
+        vec![8, 0, 8]
+    );
+    let bad = Tensor::new(&[3i64], &CPU).unwrap();
+    assert_eq!(
+        t.index_select(0, &bad).unwrap_err().to_string(),
+        "index_select: index 3 is out of bounds for dimension 0 with size 3"
+    );
+    let f = Tensor::new(&[0f32], &CPU).unwrap();
+    assert_eq!(
+        t.index_select(0, &f).unwrap_err().to_string(),
+        "index_select: expected indices of dtype torch.int64 or torch.int32, but found torch.float32"
+    );
+    assert!(
+        t.index_select(0, &Tensor::new(&[-1i64], &CPU).unwrap())
+            .is_err()
+    );
+    assert_eq!(
+        t.index_select(0, &Tensor::zeros([0], DType::I64).unwrap())
+            .unwrap()
+            .dims(),
+        &[0, 4]
+    );
+
+    let g = Tensor::from_slice(&[0i64, 0, 1, 0], [2, 2], &CPU).unwrap();
+    let m = Tensor::from_slice(&[1f32, 2., 3., 4.], [2, 2], &CPU).unwrap();
+    assert_eq!(
+        m.gather(1, &g).unwrap().to_vec::<f32>().unwrap(),
+        vec![1., 1., 4., 3.]
+    );
+    assert_eq!(
+        m.gather(0, &g).unwrap().to_vec::<f32>().unwrap(),
+        vec![1., 2., 3., 2.]
+    );
+    assert!(m.gather(1, &Tensor::new(&[0i64], &CPU).unwrap()).is_err());
+    assert!(matches!(
+        m.gather(1, &Tensor::from_slice(&[2i64], [1, 1], &CPU).unwrap())
+            .unwrap_err(),
+        TensorError::IndexOutOfRange { index: 2, .. }
+    ));
+
+    let z = Tensor::zeros([3], ()).unwrap();
+    let idx = Tensor::new(&[0i64, 2, 0, 1], &CPU).unwrap();
+    let src = Tensor::new(&[1f32, 2., 3., 4.], &CPU).unwrap();
+    assert_eq!(
+        z.scatter_add(0, &idx, &src)
+            .unwrap()
+            .to_vec::<f32>()
+            .unwrap(),
+        vec![4., 4., 2.]
+    );
+    assert_eq!(z.to_vec::<f32>().unwrap(), vec![0.; 3], "out of place");
+    let zi = Tensor::zeros([2, 2], DType::I64).unwrap();
+    let ix = Tensor::from_slice(&[1i64, 1], [1, 2], &CPU).unwrap();
+    let sv = Tensor::from_slice(&[5i64, 6, 7, 8], [2, 2], &CPU).unwrap();
+    assert_eq!(
+        zi.scatter_add(0, &ix, &sv)
+            .unwrap()
+            .to_vec::<i64>()
+            .unwrap(),
+        vec![0, 0, 5, 6]
+    );
+}
+
+#[test]
+fn masked_fill_one_hot_embedding() {
+    let t = Tensor::arange(0, 4, ()).unwrap();
+    let m = t.gt(1).unwrap();
+    assert_eq!(
+        t.masked_fill(&m, 9.7).unwrap().to_vec::<i64>().unwrap(),
+        vec![0, 1, 9, 9]
+    );
+    assert!(t.masked_fill(&t, 0).is_err());
+    let oh = Tensor::new(&[0i64, 2], &CPU)
+        .unwrap()
+        .one_hot(Some(3))
+        .unwrap();
+    assert_eq!(
+        oh.to_vec2::<i64>().unwrap(),
+        vec![vec![1, 0, 0], vec![0, 0, 1]]
+    );
+    assert_eq!(
+        Tensor::new(&[1i64, 3], &CPU)
+            .unwrap()
+            .one_hot(None)
+            .unwrap()
+            .dims(),
+        &[2, 4]
+    );
+    assert!(
+        Tensor::new(&[3i64], &CPU)
+            .unwrap()
+            .one_hot(Some(3))
+            .is_err()
+    );
+    assert!(Tensor::new(&[-1i64], &CPU).unwrap().one_hot(None).is_err());
+    let w = Tensor::arange(0, 6, DType::F32)
+        .unwrap()
+        .reshape([3, 2])
+        .unwrap();
+    let ids = Tensor::from_slice(&[2i64, 0, 1, 2], [2, 2], &CPU).unwrap();
+    let e = w.embedding(&ids).unwrap();
+    assert_eq!(e.dims(), &[2, 2, 2]);
+    assert_eq!(
+        e.to_vec3::<f32>().unwrap()[0],
+        vec![vec![4., 5.], vec![0., 1.]]
+    );
+    assert!(w.embedding(&Tensor::new(&[3i64], &CPU).unwrap()).is_err());
+}

@@ -2,7 +2,6 @@
 //! `malloc` on the CPU, the driver's `cuMemAlloc`/`cuMemFree` on a CUDA device).
 
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::Arc;
 
 use ember_device::Device;
 use ember_device::cuda;
@@ -35,42 +34,38 @@ pub fn run(opts: &Options, out: &mut Vec<Record>) -> Result<(), String> {
 }
 
 fn run_cpu(opts: &Options, out: &mut Vec<Record>) -> Result<(), String> {
-    let caching = ember_memory::allocator(Device::Cpu).map_err(|e| e.to_string())?;
-    for (size, tag) in SIZES {
-        let cname = format!("alloc_free_caching_{tag}");
-        let sname = format!("alloc_free_system_{tag}");
-        if !opts.wants(&cname) && !opts.wants(&sname) {
-            continue;
-        }
-        let iters = iters_for(size);
-        let mut failed = None;
-        let c = ns_per_iter(ROUNDS, iters, || match caching.allocate(size) {
-            Ok(a) => drop(std::hint::black_box(a)),
-            Err(e) => failed = Some(e.to_string()),
-        });
-        if let Some(e) = failed {
-            return Err(format!("{cname}: {e}"));
-        }
+    run_device(opts, out, Device::Cpu, false, |size| {
         let layout = Layout::from_size_align(size, 64).map_err(|e| e.to_string())?;
-        let s = ns_per_iter(ROUNDS, iters, || {
-            // SAFETY: `layout` has a non-zero size; the pointer is freed with the same layout
-            // right away (a null return is passed to `dealloc` never: checked).
-            unsafe {
-                let p = System.alloc(layout);
-                if !p.is_null() {
-                    System.dealloc(std::hint::black_box(p), layout);
-                }
+        // SAFETY: `layout` has a non-zero size (every benchmarked size is); the pointer is
+        // freed with the same layout right away, and a null return is never passed on.
+        unsafe {
+            let p = System.alloc(layout);
+            if p.is_null() {
+                return Err(format!("system allocator returned null for {size} bytes"));
             }
-        });
-        push_pair(out, "cpu", false, &cname, c, &sname, s);
-    }
-    Ok(())
+            System.dealloc(std::hint::black_box(p), layout);
+        }
+        Ok(())
+    })
 }
 
 fn run_cuda(opts: &Options, out: &mut Vec<Record>) -> Result<(), String> {
-    let emulated = cuda::is_emulated();
     let driver = cuda::driver().map_err(|e| e.to_string())?;
-    let device = Device::Cuda(0);
+    run_device(opts, out, Device::Cuda(0), cuda::is_emulated(), |size| {
+        let p = driver.malloc(0, size).map_err(|e| e.to_string())?;
+        driver.free(0, p).map_err(|e| e.to_string())
+    })
+}
+
+/// Time allocate-and-free pairs through the device's caching allocator and through
+/// `system_pair` (one raw allocate and free of the given size) for every size.
+fn run_device(
+    opts: &Options,
+    out: &mut Vec<Record>,
+    device: Device,
+    emulated: bool,
+    mut system_pair: impl FnMut(usize) -> Result<(), String>,
+) -> Result<(), String> {
     let caching = ember_memory::allocator(device).map_err(|e| e.to_string())?;
     for (size, tag) in SIZES {
         let cname = format!("alloc_free_caching_{tag}");
@@ -84,14 +79,10 @@ fn run_cuda(opts: &Options, out: &mut Vec<Record>) -> Result<(), String> {
             Ok(a) => drop(std::hint::black_box(a)),
             Err(e) => failed = Some(e.to_string()),
         });
-        let drv = Arc::clone(&driver);
-        let s = ns_per_iter(ROUNDS, iters, || match drv.malloc(0, size) {
-            Ok(p) => {
-                if let Err(e) = drv.free(0, p) {
-                    failed = Some(e.to_string());
-                }
+        let s = ns_per_iter(ROUNDS, iters, || {
+            if let Err(e) = system_pair(size) {
+                failed = Some(e);
             }
-            Err(e) => failed = Some(e.to_string()),
         });
         if let Some(e) = failed {
             return Err(format!("{cname}/{sname}: {e}"));

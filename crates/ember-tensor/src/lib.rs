@@ -23,6 +23,7 @@
 //!   `cpu/*`: CPU kernels; `op`: op declarations.
 
 mod backend;
+mod backend_nn;
 mod cpu;
 pub mod dtype;
 mod error;
@@ -39,6 +40,9 @@ pub use dtype::{ALL_DTYPES, DType, WithDType, promote_types};
 pub use ember_device::Device;
 pub use error::{Result, TensorError};
 pub use layout::Layout;
+pub use ops::conv::{Conv2dOptions, Padding, Size2};
+pub use ops::loss::{CrossEntropyOptions, NllLossOptions, Reduction};
+pub use ops::pool::{AvgPool2dOptions, MaxPool2dOptions};
 pub use scalar::{Operand, Scalar};
 pub use shape::{Dim, Dims, Shape, broadcast_shape};
 pub use storage::CpuStorage;

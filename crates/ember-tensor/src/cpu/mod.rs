@@ -3,9 +3,12 @@
 //! plain-slice path the compiler vectorises; others walk [`StridedIndex`]; both split into
 //! parallel chunks above [`PAR_THRESHOLD`](crate::storage::PAR_THRESHOLD) elements.
 
+pub(crate) mod conv;
 pub(crate) mod elementwise;
 pub(crate) mod index;
+pub(crate) mod loss;
 pub(crate) mod matmul;
+pub(crate) mod pool;
 pub(crate) mod reduce;
 
 use rayon::prelude::*;

@@ -2,8 +2,11 @@
 //! broadcasts and casts the inputs, and calls the storage's kernel (See Note [Dispatch]).
 
 pub(crate) mod binary;
+pub(crate) mod conv;
 pub(crate) mod index;
 pub(crate) mod inplace;
+pub(crate) mod loss;
 pub(crate) mod matmul;
+pub(crate) mod pool;
 pub(crate) mod reduce;
 pub(crate) mod unary;

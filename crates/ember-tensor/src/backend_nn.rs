@@ -1,0 +1,129 @@
+//! The dispatch point of the neural-network op family (convolution, pooling, the
+//! negative log-likelihood): the parameter structs every backend's kernel takes, and one
+//! method per op on [`Storage`], each a single `match` on the backend variant. It follows
+//! Note [Dispatch] (in `backend.rs`) exactly; it sits in a file of its own only so that
+//! op families can be edited side by side. A new backend adds one arm per method here.
+//!
+//! The fronts (`ops/conv.rs`, `ops/pool.rs`, `ops/loss.rs`) do every check and compute
+//! every output size before calling down, so kernels can trust these parameters; they
+//! still index through `get` and report a layout outside its storage as an error.
+
+use crate::cpu;
+use crate::error::Result;
+use crate::layout::Layout;
+use crate::storage::Storage;
+
+/// Geometry of one 2-D convolution, as the kernels receive it. Input layout
+/// `[N, C, H, W]`, weight `[O, C/groups, kH, kW]`, output `[N, O, out_h, out_w]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Conv2dParams {
+    /// Stride (h, w), at least 1.
+    pub stride: (usize, usize),
+    /// Zero padding before the first row / column (h, w). Padding after the last one is
+    /// implied by the output size (it differs from this for odd `"same"` padding).
+    pub pad: (usize, usize),
+    /// Dilation (h, w), at least 1.
+    pub dilation: (usize, usize),
+    /// Groups, at least 1, dividing C and O.
+    pub groups: usize,
+    /// Output height and width.
+    pub out: (usize, usize),
+}
+
+/// Which 2-D pooling and its options, as the kernels receive them. Input layout
+/// `[N, C, H, W]`, output `[N, C, out_h, out_w]`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Pool2dParams {
+    /// Kernel size (h, w), at least 1.
+    pub kernel: (usize, usize),
+    /// Stride (h, w), at least 1.
+    pub stride: (usize, usize),
+    /// Implicit padding (h, w), at most half the kernel.
+    pub pad: (usize, usize),
+    /// Dilation (h, w), at least 1 (always 1 for average pooling).
+    pub dilation: (usize, usize),
+    /// Output height and width (ceil mode already applied).
+    pub out: (usize, usize),
+}
+
+/// How average pooling divides each window's sum.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum AvgDivisor {
+    /// By the window's size including padding (clipped at `H + pad`), PyTorch's
+    /// `count_include_pad=True`.
+    IncludePad,
+    /// By the number of input elements in the window.
+    ExcludePad,
+    /// By this constant (`divisor_override`), non-zero.
+    Override(i64),
+}
+
+impl Storage {
+    /// `[N, O, out_h, out_w]` = conv of `x` (`[N, C, H, W]`) with `w`, plus `bias` (`[O]`),
+    /// all of one floating dtype; f16/bf16 compute in f32.
+    pub(crate) fn conv2d(
+        &self,
+        lx: &Layout,
+        w: &Storage,
+        lw: &Layout,
+        bias: Option<(&Storage, &Layout)>,
+        p: &Conv2dParams,
+    ) -> Result<Storage> {
+        match (self, w, bias) {
+            (Storage::Cpu(x), Storage::Cpu(w), None) => {
+                Ok(Storage::Cpu(cpu::conv::conv2d(x, lx, w, lw, None, p)?))
+            }
+            (Storage::Cpu(x), Storage::Cpu(w), Some((Storage::Cpu(b), lb))) => Ok(Storage::Cpu(
+                cpu::conv::conv2d(x, lx, w, lw, Some((b, lb)), p)?,
+            )),
+        }
+    }
+
+    /// Max pooling: the maxima (`[N, C, out_h, out_w]`, the input's dtype) and their
+    /// positions (i64, flat `h * W + w` within each input plane, as PyTorch).
+    pub(crate) fn max_pool2d(&self, l: &Layout, p: &Pool2dParams) -> Result<(Storage, Storage)> {
+        match self {
+            Storage::Cpu(x) => {
+                let (v, i) = cpu::pool::max_pool2d(x, l, p)?;
+                Ok((Storage::Cpu(v), Storage::Cpu(i)))
+            }
+        }
+    }
+
+    /// Average pooling (`[N, C, out_h, out_w]`, the input's dtype).
+    pub(crate) fn avg_pool2d(
+        &self,
+        l: &Layout,
+        p: &Pool2dParams,
+        divisor: AvgDivisor,
+    ) -> Result<Storage> {
+        match self {
+            Storage::Cpu(x) => Ok(Storage::Cpu(cpu::pool::avg_pool2d(x, l, p, divisor)?)),
+        }
+    }
+
+    /// The unreduced negative log-likelihood of log-probabilities `x` (`[N, C, L]`, f32 or
+    /// f64) at class indices `target` (`[N, L]`, i64 or i32): per element `-w[t] * x[t]`
+    /// and the weight `w[t]` used (both 0 where `t == ignore_index`), each `[N, L]` in
+    /// `x`'s dtype. `weight` is `[C]` in `x`'s dtype. A target outside `[0, C)` that is not
+    /// `ignore_index` is an error naming it.
+    pub(crate) fn nll_loss(
+        &self,
+        lx: &Layout,
+        target: &Storage,
+        lt: &Layout,
+        weight: Option<(&Storage, &Layout)>,
+        ignore_index: i64,
+    ) -> Result<(Storage, Storage)> {
+        match (self, target, weight) {
+            (Storage::Cpu(x), Storage::Cpu(t), None) => {
+                let (l, w) = cpu::loss::nll_loss(x, lx, t, lt, None, ignore_index)?;
+                Ok((Storage::Cpu(l), Storage::Cpu(w)))
+            }
+            (Storage::Cpu(x), Storage::Cpu(t), Some((Storage::Cpu(w), lw))) => {
+                let (l, w) = cpu::loss::nll_loss(x, lx, t, lt, Some((w, lw)), ignore_index)?;
+                Ok((Storage::Cpu(l), Storage::Cpu(w)))
+            }
+        }
+    }
+}

@@ -187,6 +187,20 @@ pub enum TensorError {
         reason: String,
     },
 
+    // --- files ---------------------------------------------------------------------------
+    /// Reading or writing a tensor file failed: an I/O error, or a malformed file.
+    #[error("{op} {}: {what}", path.display())]
+    File {
+        /// The operation (`save`, `load`).
+        op: &'static str,
+        /// The file (`<bytes>` for in-memory data).
+        path: std::path::PathBuf,
+        /// What went wrong, with what was expected and found.
+        what: String,
+        /// The kind of the I/O error, for I/O failures.
+        io_kind: Option<std::io::ErrorKind>,
+    },
+
     // --- memory --------------------------------------------------------------------------
     /// The allocator failed (out of memory, ...).
     #[error(transparent)]

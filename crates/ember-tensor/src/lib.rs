@@ -21,15 +21,19 @@
 //!   (Note [Storage sharing]); `backend`: the per-op-family dispatch (Note [Dispatch]).
 //! - `tensor`: [`Tensor`] — creation, reading back, `Display`, views; `ops/*`: op fronts;
 //!   `cpu/*`: CPU kernels; `op`: op declarations.
+//! - [`random`]: the Philox [`random::Generator`], per-device defaults, [`random::manual_seed`]
+//!   (Note [Random streams]); [`io`]: safetensors [`io::save`]/[`io::load`] (Note [Atomic save]).
 
 mod backend;
 mod backend_nn;
 mod cpu;
 pub mod dtype;
 mod error;
+pub mod io;
 pub mod layout;
 mod op;
 mod ops;
+pub mod random;
 mod scalar;
 pub mod shape;
 mod storage;

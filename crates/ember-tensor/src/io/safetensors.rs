@@ -1,0 +1,466 @@
+//! Named tensors in the safetensors format: [`save`] (atomic, See Note [Atomic save]) and
+//! [`load`], with optional string metadata.
+//!
+//! ```
+//! use ember_tensor::{io, Device, Tensor};
+//!
+//! let dir = std::env::temp_dir().join(format!("ember-doc-{}", std::process::id()));
+//! std::fs::create_dir_all(&dir).unwrap();
+//! let path = dir.join("model.safetensors");
+//! let w = Tensor::from_vec(vec![1f32, 2., 3., 4.], [2, 2], &Device::Cpu)?;
+//! let b = Tensor::new(&[7i64], &Device::Cpu)?;
+//! io::save([("w", &w), ("b", &b)], &path)?;
+//! let loaded = io::load(&path, &Device::Cpu)?;
+//! assert_eq!(loaded["w"].to_vec2::<f32>()?, vec![vec![1., 2.], vec![3., 4.]]);
+//! assert_eq!(loaded["b"].to_vec::<i64>()?, vec![7]);
+//! # std::fs::remove_dir_all(&dir).unwrap();
+//! # Ok::<(), ember_tensor::TensorError>(())
+//! ```
+
+use std::borrow::Cow;
+use std::collections::{BTreeMap, HashMap};
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use ember_device::Device;
+use half::{bf16, f16};
+use safetensors::{Dtype, SafeTensors, View};
+
+use crate::dtype::DType;
+use crate::error::{Result, TensorError};
+use crate::storage::{CpuStorage, Storage};
+use crate::tensor::Tensor;
+
+// Note [Atomic save]
+// ~~~~~~~~~~~~~~~~~~
+// A crash (or an error) during `save` must never leave a half-written checkpoint at the
+// target path. So `save`:
+//   1. checks the names (no duplicates, no reserved `__metadata__`) and converts every
+//      tensor to little-endian bytes — all failures that need no file come first;
+//   2. writes the file to a temporary name in the target's directory (same filesystem, so
+//      the rename below is atomic), and fsyncs it, so its contents are on disk;
+//   3. renames it over the target: readers see the old file or the new one, never a mix;
+//   4. fsyncs the directory, so the rename itself survives a crash (Unix).
+// On any failure after 1 the temporary file is removed and the target is untouched.
+
+/// Largest header the loader accepts (the `safetensors` crate's limit), in bytes.
+pub const MAX_HEADER_BYTES: u64 = 100_000_000;
+
+/// Bytes of the little-endian header-length prefix.
+const PREFIX: usize = 8;
+
+/// A tensor's bytes, as the `safetensors` crate writes them.
+struct Bytes {
+    dtype: Dtype,
+    shape: Vec<usize>,
+    data: Vec<u8>,
+}
+
+impl View for &Bytes {
+    fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn data(&self) -> Cow<'_, [u8]> {
+        Cow::Borrowed(&self.data)
+    }
+    fn data_len(&self) -> usize {
+        self.data.len()
+    }
+}
+
+fn st_dtype(d: DType) -> Dtype {
+    match d {
+        DType::F32 => Dtype::F32,
+        DType::F64 => Dtype::F64,
+        DType::F16 => Dtype::F16,
+        DType::Bf16 => Dtype::BF16,
+        DType::I64 => Dtype::I64,
+        DType::I32 => Dtype::I32,
+        DType::U8 => Dtype::U8,
+        DType::Bool => Dtype::BOOL,
+    }
+}
+
+fn ember_dtype(d: &str) -> Option<DType> {
+    Some(match d {
+        "F32" => DType::F32,
+        "F64" => DType::F64,
+        "F16" => DType::F16,
+        "BF16" => DType::Bf16,
+        "I64" => DType::I64,
+        "I32" => DType::I32,
+        "U8" => DType::U8,
+        "BOOL" => DType::Bool,
+        _ => return None,
+    })
+}
+
+/// Little-endian bytes of a tensor's elements in row-major order.
+fn to_bytes(t: &Tensor) -> Result<Vec<u8>> {
+    macro_rules! le {
+        ($t:ty, $f:expr) => {
+            t.to_vec::<$t>()?.into_iter().flat_map($f).collect()
+        };
+    }
+    Ok(match t.dtype() {
+        DType::F32 => le!(f32, f32::to_le_bytes),
+        DType::F64 => le!(f64, f64::to_le_bytes),
+        DType::F16 => le!(f16, |x: f16| x.to_bits().to_le_bytes()),
+        DType::Bf16 => le!(bf16, |x: bf16| x.to_bits().to_le_bytes()),
+        DType::I64 => le!(i64, i64::to_le_bytes),
+        DType::I32 => le!(i32, i32::to_le_bytes),
+        DType::U8 => t.to_vec::<u8>()?,
+        DType::Bool => le!(bool, |b: bool| [u8::from(b)]),
+    })
+}
+
+/// A CPU storage of `dtype` from little-endian bytes (`data.len()` already checked).
+fn from_bytes(dtype: DType, data: &[u8], name: &str, err: &Ctx<'_>) -> Result<CpuStorage> {
+    macro_rules! de {
+        ($n:literal, $f:expr) => {{
+            let (chunks, _) = data.as_chunks::<$n>();
+            CpuStorage::from_chunks(chunks.len(), |r| chunks[r].iter().map(|c| $f(*c)))
+        }};
+    }
+    match dtype {
+        DType::F32 => de!(4, f32::from_le_bytes),
+        DType::F64 => de!(8, f64::from_le_bytes),
+        DType::F16 => de!(2, |c| f16::from_bits(u16::from_le_bytes(c))),
+        DType::Bf16 => de!(2, |c| bf16::from_bits(u16::from_le_bytes(c))),
+        DType::I64 => de!(8, i64::from_le_bytes),
+        DType::I32 => de!(4, i32::from_le_bytes),
+        DType::U8 => CpuStorage::from_slice(data),
+        DType::Bool => {
+            if let Some((i, b)) = data.iter().enumerate().find(|(_, b)| **b > 1) {
+                return Err(err.bad(format!(
+                    "tensor {name:?}: bool element {i} is byte {b}, expected 0 or 1"
+                )));
+            }
+            CpuStorage::from_chunks(data.len(), |r| data[r].iter().map(|&b| b == 1))
+        }
+    }
+}
+
+/// The file (or `<bytes>`) and operation errors are about.
+struct Ctx<'a> {
+    op: &'static str,
+    path: &'a Path,
+}
+
+impl Ctx<'_> {
+    fn bad(&self, what: impl Into<String>) -> TensorError {
+        TensorError::File {
+            op: self.op,
+            path: self.path.to_path_buf(),
+            what: what.into(),
+            io_kind: None,
+        }
+    }
+
+    fn io(&self, doing: &str, e: &std::io::Error) -> TensorError {
+        TensorError::File {
+            op: self.op,
+            path: self.path.to_path_buf(),
+            what: format!("{doing}: {e}"),
+            io_kind: Some(e.kind()),
+        }
+    }
+}
+
+/// Checks names and converts the tensors (step 1 of Note [Atomic save]).
+fn prepare<'t, S: AsRef<str>>(
+    tensors: impl IntoIterator<Item = (S, &'t Tensor)>,
+    ctx: &Ctx<'_>,
+) -> Result<Vec<(String, Bytes)>> {
+    let mut out: Vec<(String, Bytes)> = Vec::new();
+    let mut seen = std::collections::BTreeSet::new();
+    for (name, t) in tensors {
+        let name = name.as_ref().to_string();
+        if name == "__metadata__" {
+            return Err(ctx.bad("the tensor name \"__metadata__\" is reserved for metadata"));
+        }
+        if !seen.insert(name.clone()) {
+            return Err(ctx.bad(format!(
+                "duplicate tensor name {name:?}: expected unique names"
+            )));
+        }
+        let bytes = Bytes {
+            dtype: st_dtype(t.dtype()),
+            shape: t.dims().to_vec(),
+            data: to_bytes(t)?,
+        };
+        out.push((name, bytes));
+    }
+    Ok(out)
+}
+
+fn st_err(ctx: &Ctx<'_>, e: safetensors::SafeTensorError) -> TensorError {
+    match e {
+        safetensors::SafeTensorError::IoError(io) => ctx.io("write", &io),
+        e => ctx.bad(format!("invalid safetensors data: {e}")),
+    }
+}
+
+/// Saves named tensors to `path` in the safetensors format, atomically (See Note [Atomic
+/// save]): on error, a file already at `path` is left as it was. Non-contiguous tensors are
+/// written contiguous; names must be unique.
+pub fn save<'t, S: AsRef<str>>(
+    tensors: impl IntoIterator<Item = (S, &'t Tensor)>,
+    path: impl AsRef<Path>,
+) -> Result<()> {
+    save_with_metadata(tensors, &BTreeMap::new(), path)
+}
+
+/// [`save`] with string metadata (the header's `__metadata__`; omitted when empty).
+pub fn save_with_metadata<'t, S: AsRef<str>>(
+    tensors: impl IntoIterator<Item = (S, &'t Tensor)>,
+    metadata: &BTreeMap<String, String>,
+    path: impl AsRef<Path>,
+) -> Result<()> {
+    let path = path.as_ref();
+    let ctx = Ctx { op: "save", path };
+    let data = prepare(tensors, &ctx)?;
+    let Some(file_name) = path.file_name() else {
+        return Err(ctx.bad("expected a file path, but found no file name"));
+    };
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let tmp = dir.join(temp_name(file_name));
+    let written = write_synced(&data, metadata, &tmp, &ctx)
+        .and_then(|()| fs::rename(&tmp, path).map_err(|e| ctx.io("rename into place", &e)));
+    if let Err(e) = written {
+        // Best effort: the temporary may not exist (the write failed before creating it).
+        let _ = fs::remove_file(&tmp);
+        return Err(e);
+    }
+    sync_dir(&dir).map_err(|e| ctx.io("fsync the directory", &e))
+}
+
+/// `.NAME.tmp-PID-N`: hidden, unique within the process.
+fn temp_name(file_name: &std::ffi::OsStr) -> std::ffi::OsString {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    let mut s = std::ffi::OsString::from(".");
+    s.push(file_name);
+    s.push(format!(
+        ".tmp-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    s
+}
+
+/// Step 2 of Note [Atomic save]: the file at `tmp`, its contents on disk.
+fn write_synced(
+    data: &[(String, Bytes)],
+    metadata: &BTreeMap<String, String>,
+    tmp: &Path,
+    ctx: &Ctx<'_>,
+) -> Result<()> {
+    let meta: Option<HashMap<String, String>> =
+        (!metadata.is_empty()).then(|| metadata.clone().into_iter().collect());
+    let views = data.iter().map(|(n, b)| (n.as_str(), b));
+    safetensors::serialize_to_file(views, meta, tmp).map_err(|e| st_err(ctx, e))?;
+    fs::File::open(tmp)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| ctx.io("fsync the temporary file", &e))
+}
+
+#[cfg(unix)]
+fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    fs::File::open(dir)?.sync_all()
+}
+
+#[cfg(not(unix))]
+fn sync_dir(_dir: &Path) -> std::io::Result<()> {
+    Ok(())
+}
+
+/// The bytes of a safetensors file holding `tensors` (and `metadata`), as [`save`] writes.
+pub fn save_to_bytes<'t, S: AsRef<str>>(
+    tensors: impl IntoIterator<Item = (S, &'t Tensor)>,
+    metadata: &BTreeMap<String, String>,
+) -> Result<Vec<u8>> {
+    let ctx = Ctx {
+        op: "save",
+        path: Path::new("<bytes>"),
+    };
+    let data = prepare(tensors, &ctx)?;
+    let meta: Option<HashMap<String, String>> =
+        (!metadata.is_empty()).then(|| metadata.clone().into_iter().collect());
+    safetensors::serialize(data.iter().map(|(n, b)| (n.as_str(), b)), meta)
+        .map_err(|e| st_err(&ctx, e))
+}
+
+/// Tensors loaded from a file, by name, with the file's metadata.
+pub type Loaded = (BTreeMap<String, Tensor>, BTreeMap<String, String>);
+
+/// Loads every tensor of a safetensors file onto `device`, by name. Malformed files
+/// (truncated, corrupted or oversized headers, sizes beyond the file, unsupported dtypes,
+/// duplicate names) are errors naming the file and the problem.
+pub fn load(path: impl AsRef<Path>, device: &Device) -> Result<BTreeMap<String, Tensor>> {
+    Ok(load_with_metadata(path, device)?.0)
+}
+
+/// [`load`], also returning the file's string metadata (empty if none).
+pub fn load_with_metadata(path: impl AsRef<Path>, device: &Device) -> Result<Loaded> {
+    let path = path.as_ref();
+    let ctx = Ctx { op: "load", path };
+    let bytes = fs::read(path).map_err(|e| ctx.io("read", &e))?;
+    parse(&bytes, device, &ctx)
+}
+
+/// [`load_with_metadata`] from the bytes of a file.
+pub fn load_from_bytes(bytes: &[u8], device: &Device) -> Result<Loaded> {
+    let ctx = Ctx {
+        op: "load",
+        path: Path::new("<bytes>"),
+    };
+    parse(bytes, device, &ctx)
+}
+
+/// One header entry as written in the file, before any checks.
+#[derive(serde::Deserialize)]
+struct RawInfo {
+    dtype: String,
+    shape: Vec<u64>,
+    data_offsets: (u64, u64),
+}
+
+fn parse(bytes: &[u8], device: &Device, ctx: &Ctx<'_>) -> Result<Loaded> {
+    let Some(prefix) = bytes.first_chunk::<PREFIX>() else {
+        return Err(ctx.bad(format!(
+            "file is truncated: expected at least {PREFIX} bytes for the header length, but found {}",
+            bytes.len()
+        )));
+    };
+    let n = u64::from_le_bytes(*prefix);
+    if n > MAX_HEADER_BYTES {
+        return Err(ctx.bad(format!(
+            "header length {n} is over the limit of {MAX_HEADER_BYTES} bytes (corrupted length prefix?)"
+        )));
+    }
+    let avail = (bytes.len() - PREFIX) as u64;
+    if n > avail {
+        return Err(ctx.bad(format!(
+            "header claims {n} bytes, but only {avail} follow the length prefix (truncated file?)"
+        )));
+    }
+    let header = &bytes[PREFIX..PREFIX + n as usize];
+    let data_len = avail - n;
+    let entries = header_entries(header, ctx)?;
+    for (name, info) in &entries {
+        check_entry(name, info, data_len, ctx)?;
+    }
+    // The crate checks the rest (offsets contiguous, data covering the file exactly).
+    let st = SafeTensors::deserialize(bytes).map_err(|e| st_err(ctx, e))?;
+    let metadata = SafeTensors::read_metadata(bytes)
+        .map(|(_, m)| m.metadata().clone().unwrap_or_default())
+        .map_err(|e| st_err(ctx, e))?
+        .into_iter()
+        .collect();
+    let mut out = BTreeMap::new();
+    for (name, info) in &entries {
+        let view = st.tensor(name).map_err(|e| st_err(ctx, e))?;
+        let dtype = ember_dtype(&info.dtype).ok_or_else(|| ctx.bad("internal: dtype"))?;
+        let storage = from_bytes(dtype, view.data(), name, ctx)?;
+        let t = Tensor::from_storage(Storage::Cpu(storage), view.shape().to_vec());
+        out.insert(name.clone(), t.to_device(device)?);
+    }
+    Ok((out, metadata))
+}
+
+/// The header's tensor entries, refusing invalid UTF-8 or JSON and duplicate names.
+fn header_entries(header: &[u8], ctx: &Ctx<'_>) -> Result<Vec<(String, RawInfo)>> {
+    let text = std::str::from_utf8(header)
+        .map_err(|e| ctx.bad(format!("header is not valid UTF-8: {e}")))?;
+    let raw: Vec<(String, serde_json::Value)> = serde_json::from_str::<Entries>(text)
+        .map_err(|e| ctx.bad(format!("header is not a valid JSON object: {e}")))?
+        .0;
+    let mut seen = std::collections::BTreeSet::new();
+    let mut out = Vec::with_capacity(raw.len());
+    for (name, value) in raw {
+        if !seen.insert(name.clone()) {
+            return Err(ctx.bad(format!(
+                "duplicate tensor name {name:?} in the header: expected unique names"
+            )));
+        }
+        if name == "__metadata__" {
+            continue;
+        }
+        let info: RawInfo = serde_json::from_value(value).map_err(|e| {
+            ctx.bad(format!(
+                "tensor {name:?}: expected {{dtype, shape, data_offsets}}, but {e}"
+            ))
+        })?;
+        out.push((name, info));
+    }
+    Ok(out)
+}
+
+/// A JSON object's entries in file order, duplicates kept (serde_json's maps drop them).
+struct Entries(Vec<(String, serde_json::Value)>);
+
+impl<'de> serde::Deserialize<'de> for Entries {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Entries;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut m: A,
+            ) -> std::result::Result<Entries, A::Error> {
+                let mut v = Vec::new();
+                while let Some(e) = m.next_entry::<String, serde_json::Value>()? {
+                    v.push(e);
+                }
+                Ok(Entries(v))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+/// One entry's dtype, byte count and offsets against the data section.
+fn check_entry(name: &str, info: &RawInfo, data_len: u64, ctx: &Ctx<'_>) -> Result<()> {
+    let Some(dtype) = ember_dtype(&info.dtype) else {
+        return Err(ctx.bad(format!(
+            "tensor {name:?}: unsupported dtype {:?}; expected one of F32, F64, F16, BF16, I64, I32, U8, BOOL",
+            info.dtype
+        )));
+    };
+    let shape = format!("{:?}", info.shape);
+    let need = info
+        .shape
+        .iter()
+        .try_fold(dtype.size_in_bytes() as u64, |a, &d| a.checked_mul(d))
+        .filter(|&b| b <= isize::MAX as u64)
+        .ok_or_else(|| {
+            ctx.bad(format!(
+                "tensor {name:?}: shape {shape} of {} is too large (byte count overflows)",
+                info.dtype
+            ))
+        })?;
+    let (s, e) = info.data_offsets;
+    if e < s || e > data_len {
+        return Err(ctx.bad(format!(
+            "tensor {name:?}: data offsets [{s}, {e}] lie outside the {data_len} data bytes of the file (truncated file?)"
+        )));
+    }
+    if e - s != need {
+        return Err(ctx.bad(format!(
+            "tensor {name:?}: shape {shape} of {} needs {need} bytes, but its data offsets [{s}, {e}] span {}",
+            info.dtype,
+            e - s
+        )));
+    }
+    Ok(())
+}

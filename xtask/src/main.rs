@@ -5,9 +5,12 @@
 //!   CUDA devices (`EMBER_CUDA_EMULATOR=2`).
 //! - `bench`: builds the benchmark program in release mode and runs it; `--json` prints one
 //!   JSON array of records, `--filter S` selects cases whose name contains `S`.
+//! - `kernels`: compiles `kernels/*.cu` with nvcc into `target/kernels/ember.fatbin`
+//!   (`--install-nvcc` first installs CUDA 13.0's nvcc from PyPI into `target/nvcc`).
 //! - `mkl`: installs Intel MKL from PyPI into `target/mkl` (optional; the CPU GEMM then uses it).
 
 mod bench;
+mod kernels;
 mod mkl;
 mod test;
 
@@ -26,6 +29,7 @@ fn main() -> ExitCode {
     let result = match task {
         "test" => test::run(rest),
         "bench" => bench::run(rest),
+        "kernels" => kernels::run(rest),
         "mkl" => mkl::run(rest),
         "-h" | "--help" | "help" => {
             println!("{}", usage());
@@ -48,6 +52,8 @@ fn usage() -> &'static str {
        test                      fmt check, clippy -D warnings, all tests (without CUDA and on the emulator)\n  \
        bench [--json] [--filter S] [--device cpu|cuda|all]\n                            \
        benchmarks (release build); JSON records with name, device, threads, value, unit\n  \
+       kernels [--install-nvcc]  nvcc-compile kernels/*.cu into target/kernels/ember.fatbin (SASS sm_75..sm_120\n                            \
+       + compute_90 PTX); fails on PTX ISA != 9.0 or register spills; --install-nvcc: CUDA 13.0 from PyPI\n  \
        mkl                       install Intel MKL from PyPI into target/mkl (optional faster CPU GEMM)"
 }
 

@@ -18,6 +18,8 @@
 //   ember_test_convert_f32(const float* in, f16* h, bf16* b, float* h_back, float* b_back, i64 n)
 //       the 16-bit conversions: round in to f16 and bf16 (nearest even) and widen back.
 //   ember_test_deadlock (emulator only): lane 0 waits at __syncthreads, lanes 1..31 at a shuffle.
+//   ember_test_out_of_bounds(int* out, int n) (emulator only): writes out[n], for the
+//       AddressSanitizer build's test.
 #include "ember.cuh"
 
 using ember::i64;
@@ -100,5 +102,10 @@ extern "C" __global__ void ember_test_deadlock(int* out) {
     out[threadIdx.x] = v;
 }
 EMBER_REGISTER_KERNEL(ember_test_deadlock)
+
+extern "C" __global__ void ember_test_out_of_bounds(int* out, int n) {
+    if (threadIdx.x == 0) out[n] = 1;  // one past the end: AddressSanitizer must report it
+}
+EMBER_REGISTER_KERNEL(ember_test_out_of_bounds)
 
 #endif

@@ -43,13 +43,19 @@ fn main() {
         .flag_if_supported("-Wno-unknown-pragmas")
         .flag_if_supported("-fno-exceptions")
         .link_lib_modifier("+whole-archive");
-    if std::env::var_os("EMBER_KERNELS_ASAN").is_some() {
-        // The sanitizer build (see kernels/README.md): the kernels are instrumented, the Rust
-        // test binary links the runtime with RUSTFLAGS=-Zsanitizer=address or LD_PRELOAD.
+    if std::env::var_os("EMBER_KERNELS_ASAN").is_some_and(|v| v == "1") {
+        // The sanitizer build (kernels/README.md, "Sanitizers"): the kernels and the emulator
+        // runtime are instrumented and linked against GCC's libasan/libubsan; libasan must be
+        // loaded first, so run with LD_PRELOAD=$(g++ -print-file-name=libasan.so).
         build
-            .flag("-fsanitize=address")
+            .flag("-fsanitize=address,undefined")
+            .flag("-fno-sanitize-recover=undefined")
             .flag("-fno-omit-frame-pointer");
+        println!("cargo:rustc-link-lib=dylib=asan");
+        println!("cargo:rustc-link-lib=dylib=ubsan");
+        println!("cargo:rustc-cfg=ember_kernels_asan");
     }
+    println!("cargo::rustc-check-cfg=cfg(ember_kernels_asan)");
     println!("cargo:rerun-if-env-changed=EMBER_KERNELS_ASAN");
     build
         .files(&sources)

@@ -306,7 +306,7 @@ fn the_fatbin_matches_the_emulated_kernels() {
             // fatbin lacks except the deliberately broken test kernels.
             let fat = ember_kernels::fatbin_kernel_names().unwrap();
             let emu = emulated_kernel_names();
-            let emulator_only = ["ember_test_deadlock"];
+            let emulator_only = ["ember_test_deadlock", "ember_test_out_of_bounds"];
             let want: Vec<&str> = emu
                 .iter()
                 .copied()
@@ -328,6 +328,9 @@ fn child_runs_a_broken_kernel() {
     let out = Buf::<i32>::zeros(&d, 0, 64);
     let mut args = KernelArgs::new();
     args.ptr(out.ptr);
+    if name == "ember_test_out_of_bounds" {
+        args.push(64i32);
+    }
     let _ = launch(&d, m, &name, 1, 64, 0, &mut args);
     eprintln!("child: the broken kernel {name} returned");
 }
@@ -365,4 +368,15 @@ fn a_barrier_that_cannot_complete_is_reported_and_aborts() {
         stderr.contains("threads 32..=63 (linear ids): returned"),
         "{stderr}"
     );
+}
+
+/// Under `EMBER_KERNELS_ASAN=1` (kernels/README.md, "Sanitizers"), a kernel writing one past
+/// the end of its buffer is caught, as compute-sanitizer would catch it on a GPU.
+#[cfg(ember_kernels_asan)]
+#[test]
+fn address_sanitizer_catches_a_kernel_writing_out_of_bounds() {
+    let (ok, stderr) = run_child("ember_test_out_of_bounds");
+    assert!(!ok, "the child should abort:\n{stderr}");
+    assert!(stderr.contains("heap-buffer-overflow"), "{stderr}");
+    assert!(stderr.contains("ember_test_out_of_bounds"), "{stderr}");
 }

@@ -69,6 +69,7 @@ struct StridedLayout {
     i64 sizes[MAX_DIMS];
     i64 strides[MAX_DIMS];
 };
+static_assert(sizeof(StridedLayout) == 8 + 16 * MAX_DIMS, "StridedLayout must match ember_kernels::StridedLayout");
 
 // Offset (in elements) of the `linear`-th element of the iteration, row-major. Unrolled over
 // MAX_DIMS so that the parameter arrays are only ever indexed by constants (no local memory).

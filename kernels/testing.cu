@@ -17,6 +17,8 @@
 //       copies the first `words` words of never-written dynamic shared memory to out.
 //   ember_test_convert_f32(const float* in, f16* h, bf16* b, float* h_back, float* b_back, i64 n)
 //       the 16-bit conversions: round in to f16 and bf16 (nearest even) and widen back.
+//   ember_test_atomics(float* f, int* i, f16* h, bf16* b, unsigned* m)
+//       every thread adds 1 to *f, *i, *h, *b and takes the max of its global id into *m.
 //   ember_test_deadlock (emulator only): lane 0 waits at __syncthreads, lanes 1..31 at a shuffle.
 //   ember_test_out_of_bounds(int* out, int n) (emulator only): writes out[n], for the
 //       AddressSanitizer build's test.
@@ -90,6 +92,16 @@ extern "C" __global__ void ember_test_convert_f32(const float* in, ember::f16* h
     }
 }
 EMBER_REGISTER_KERNEL(ember_test_convert_f32)
+
+extern "C" __global__ void ember_test_atomics(float* f, int* i, ember::f16* h, ember::bf16* b, unsigned* m) {
+    const unsigned id = blockIdx.x * blockDim.x + threadIdx.x;
+    atomicAdd(f, 1.0f);
+    atomicAdd(i, 1);
+    atomicAdd(h, ember::from_f32<ember::f16>(1.0f));
+    atomicAdd(b, ember::from_f32<ember::bf16>(1.0f));
+    atomicMax(m, id);
+}
+EMBER_REGISTER_KERNEL(ember_test_atomics)
 
 #if !defined(__CUDACC__)
 extern "C" __global__ void ember_test_deadlock(int* out) {

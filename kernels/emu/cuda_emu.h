@@ -81,6 +81,8 @@ struct EmberKernelLaunch {
 };
 typedef int (*EmberEmulatedKernel)(const EmberKernelLaunch* launch);
 }
+static_assert(sizeof(EmberKernelLaunch) == 64 && offsetof(EmberKernelLaunch, params) == 32,
+              "EmberKernelLaunch must match ember_device's #[repr(C)] KernelLaunch");
 
 namespace ember_emu {
 
@@ -259,6 +261,17 @@ T atomicCAS(T* address, T compare, T value) {
     std::atomic_ref<T>(*address).compare_exchange_strong(compare, value);
     return compare;
 }
+// 16-bit float atomics (CUDA has them from sm_70/sm_80): a compare-and-swap loop on the bits,
+// adding in f32 and rounding once.
+template <typename H, float (*Widen)(H), H (*Narrow)(float)>
+H atomic_add_16(H* address, H value) {
+    std::atomic_ref<uint16_t> bits(address->x);
+    uint16_t old = bits.load();
+    while (true) {
+        H sum = Narrow(Widen(H{old}) + Widen(value));
+        if (bits.compare_exchange_weak(old, sum.x)) return H{old};
+    }
+}
 inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 inline void __threadfence_block() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 
@@ -359,6 +372,12 @@ inline __nv_bfloat16 __double2bfloat16(double d) {
 inline __nv_bfloat16 __float2bfloat16(float f) { return __double2bfloat16(static_cast<double>(f)); }
 inline __nv_bfloat16 __float2bfloat16_rn(float f) { return __float2bfloat16(f); }
 inline float __bfloat162float(__nv_bfloat16 h) { return ember_emu::widen<8, 7>(h.x); }
+inline __half atomicAdd(__half* address, __half value) {
+    return atomic_add_16<__half, __half2float, __float2half_rn>(address, value);
+}
+inline __nv_bfloat16 atomicAdd(__nv_bfloat16* address, __nv_bfloat16 value) {
+    return atomic_add_16<__nv_bfloat16, __bfloat162float, __float2bfloat16_rn>(address, value);
+}
 inline __half __ushort_as_half(unsigned short bits) { return __half{bits}; }
 inline unsigned short __half_as_ushort(__half h) { return h.x; }
 inline __nv_bfloat16 __ushort_as_bfloat16(unsigned short bits) { return __nv_bfloat16{bits}; }

@@ -231,6 +231,42 @@ fn sixteen_bit_conversions_match_the_half_crate() {
 }
 
 #[test]
+fn atomics_on_every_type() {
+    let (d, m) = setup(0);
+    let f = Buf::<f32>::zeros(&d, 0, 1);
+    let i = Buf::<i32>::zeros(&d, 0, 1);
+    let h = Buf::<f16>::zeros(&d, 0, 1);
+    let b = Buf::<bf16>::zeros(&d, 0, 1);
+    let mx = Buf::<u32>::zeros(&d, 0, 1);
+    let mut args = KernelArgs::new();
+    args.ptr(f.ptr).ptr(i.ptr).ptr(h.ptr).ptr(b.ptr).ptr(mx.ptr);
+    // 192 threads: every count is exact even in bf16 (integers up to 256).
+    launch(&d, m, "ember_test_atomics", 2, 96, 0, &mut args).unwrap();
+    assert_eq!(f.to_vec(), vec![192.0]);
+    assert_eq!(i.to_vec(), vec![192]);
+    assert_eq!(h.to_vec(), vec![f16::from_f32(192.0)]);
+    assert_eq!(b.to_vec(), vec![bf16::from_f32(192.0)]);
+    assert_eq!(mx.to_vec(), vec![191]);
+}
+
+#[test]
+fn launch_structs_have_the_c_layout() {
+    // The C++ side static_asserts the same sizes (kernels/ember.cuh, kernels/emu/cuda_emu.h).
+    assert_eq!(
+        std::mem::size_of::<ember_kernels::StridedLayout>(),
+        8 + 16 * ember_kernels::MAX_DIMS
+    );
+    assert_eq!(
+        std::mem::size_of::<ember_device::driver::emulator::KernelLaunch>(),
+        64
+    );
+    assert_eq!(
+        std::mem::offset_of!(ember_device::driver::emulator::KernelLaunch, params),
+        32
+    );
+}
+
+#[test]
 fn launch_errors_are_reported() {
     let (d, m) = setup(0);
     // A freed pointer is not inside a live allocation: the launch fails, nothing is written.

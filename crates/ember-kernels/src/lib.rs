@@ -5,10 +5,12 @@
 //! - the **same sources compiled for the CPU** against `kernels/emu/cuda_emu.h`, linked into
 //!   every build and handed to `ember-device`'s emulator by [`register_emulated`].
 //!
-//! [`load_module`] loads whichever one the driver needs. Kernels are looked up by their
-//! `extern "C"` names (`ember_{op}_{dtype}`, listed in each `.cu` file's header comment) and
-//! launched with [`ember_device::driver::Driver::launch_kernel`]; [`KernelArgs`] builds the
-//! `void**` parameter array and [`StridedLayout`] mirrors the kernels' strided-operand struct.
+//! [`load_module`] loads whichever one the driver needs; [`Module`] wraps it with a cache of
+//! function handles. Kernels are looked up by their `extern "C"` names (`ember_{op}_{dtype}`,
+//! listed in each `.cu` file's header comment) and launched with
+//! [`ember_device::driver::Driver::launch_kernel`] (or [`Module::launch`]); [`KernelArgs`]
+//! builds the `void**` parameter array, [`StridedLayout`] mirrors the kernels'
+//! strided-operand struct and [`launch_config_1d`] gives the elementwise kernels' geometry.
 //!
 //! ```
 //! use ember_device::{cuda, driver::{LaunchConfig, StreamHandle}, driver::emulator::EmulatorConfig};
@@ -30,6 +32,10 @@
 //! driver.free(0, out)?;
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
+
+mod module;
+
+pub use module::{BLOCK_1D, MAX_GRID_1D, Module, launch_config_1d};
 
 use std::ffi::{CStr, c_char, c_int, c_void};
 use std::sync::Once;

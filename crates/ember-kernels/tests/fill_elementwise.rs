@@ -7,7 +7,7 @@
 mod common;
 
 use common::{Buf, Elem, Lcg, launch, setup};
-use ember_kernels::{KernelArgs, StridedLayout};
+use ember_kernels::{KernelArgs, Module, StridedLayout, launch_config_1d};
 use half::{bf16, f16};
 
 /// A float dtype of the kernels: its suffix and conversions through f32/f64.
@@ -345,6 +345,33 @@ fn kernels_run_on_the_second_device() {
     args.ptr(buf.ptr).push(100i64).push(4.0f32);
     launch(&d, m, "ember_fill_f32", 1, 64, 0, &mut args).unwrap();
     assert!(buf.to_vec().iter().all(|&v| v == 4.0));
+}
+
+#[test]
+fn module_caches_functions_and_launches_1d() {
+    let (d, _) = setup(0);
+    let module = Module::load(std::sync::Arc::clone(&d), 0).unwrap();
+    assert_eq!(
+        module.function("ember_fill_f32").unwrap(),
+        module.function("ember_fill_f32").unwrap()
+    );
+    assert!(module.function("ember_nope").is_err());
+    for n in [0usize, 1, 255, 256, 257, 100_000] {
+        let buf = Buf::<f32>::zeros(&d, 0, n);
+        let mut args = KernelArgs::new();
+        args.ptr(buf.ptr).push(n as i64).push(-3.0f32);
+        let config = launch_config_1d(n);
+        assert!(config.grid.0 >= 1 && config.grid.0 <= ember_kernels::MAX_GRID_1D);
+        // SAFETY: ember_fill_f32(float*, i64, float); `buf` holds n floats (one byte if n = 0,
+        // and the kernel writes nothing then).
+        unsafe {
+            module
+                .launch("ember_fill_f32", config, common::S0, &mut args)
+                .unwrap()
+        };
+        assert!(buf.to_vec().iter().all(|&v| v == -3.0), "n = {n}");
+    }
+    assert_eq!(launch_config_1d(1 << 40).grid.0, ember_kernels::MAX_GRID_1D);
 }
 
 #[test]

@@ -1,0 +1,269 @@
+#![allow(clippy::unwrap_used)]
+//! matmul on the ember-gemm path (f32, f16, bf16) and the loop path (f64, integers) against
+//! a naive f64 reference: random shapes with broadcast batch dims, 1-D operands, k = 0 and
+//! empty dims, operands that are contiguous, transposed, strided slices or expanded views.
+
+mod common_nn;
+
+use common_nn::{CPU, rand_vec, values};
+use ember_tensor::{DType, Tensor};
+use proptest::prelude::*;
+
+/// `t` as an operand of the given layout kind holding `vals` (row-major) in `dtype`:
+/// 0 contiguous; 1 every dim reversed in memory (a transposed matrix); 2 a strided slice
+/// (every other element of every dim of a larger, NaN-padded tensor: no unit stride, a
+/// non-zero offset); 3 the first row along dim 0 expanded (stride 0; the values change).
+fn operand(vals: &[f64], shape: &[usize], dtype: DType, kind: u8) -> Tensor {
+    let plain = || {
+        Tensor::from_vec(vals.to_vec(), shape.to_vec(), &CPU)
+            .unwrap()
+            .to_dtype(dtype)
+            .unwrap()
+    };
+    match kind {
+        0 => plain(),
+        1 => {
+            let rev: Vec<usize> = (0..shape.len()).rev().collect();
+            let t = plain().permute(&rev).unwrap().contiguous().unwrap();
+            t.permute(&rev).unwrap()
+        }
+        2 => {
+            let wide: Vec<usize> = shape.iter().map(|&d| 2 * d + 1).collect();
+            let mut data = vec![f64::NAN; wide.iter().product()];
+            for (i, &v) in vals.iter().enumerate() {
+                // Logical index i -> position (1 + 2·idx) in every dim of `wide`.
+                let (mut rest, mut at, mut scale) = (i, 0, 1);
+                for (&d, &w) in shape.iter().zip(&wide).rev() {
+                    at += (1 + 2 * (rest % d)) * scale;
+                    rest /= d;
+                    scale *= w;
+                }
+                data[at] = v;
+            }
+            let mut t = Tensor::from_vec(data, wide, &CPU)
+                .unwrap()
+                .to_dtype(dtype)
+                .unwrap();
+            for d in 0..shape.len() {
+                t = t.slice(d, 1.., 2).unwrap();
+            }
+            assert_eq!(t.dims(), shape);
+            t
+        }
+        _ => {
+            if shape.first().is_none_or(|&d| d == 0) {
+                return plain();
+            }
+            plain().narrow(0, 0, 1).unwrap().expand(shape).unwrap()
+        }
+    }
+}
+
+/// Naive f64 `a @ b` with PyTorch's rules, from row-major values and shapes. Returns the
+/// output shape, the values and, per element, `Σ|a·b|` (the scale of its rounding error).
+fn reference(a: &[f64], sa: &[usize], b: &[f64], sb: &[usize]) -> (Vec<usize>, Vec<f64>, Vec<f64>) {
+    let (a2, b2) = (sa.len() == 1, sb.len() == 1);
+    let sa: Vec<usize> = if a2 { vec![1, sa[0]] } else { sa.to_vec() };
+    let sb: Vec<usize> = if b2 { vec![sb[0], 1] } else { sb.to_vec() };
+    let (ra, rb) = (sa.len(), sb.len());
+    let (m, k, n) = (sa[ra - 2], sa[ra - 1], sb[rb - 1]);
+    let (ba, bb) = (&sa[..ra - 2], &sb[..rb - 2]);
+    let r = ba.len().max(bb.len());
+    let pad = |s: &[usize]| [vec![1; r - s.len()], s.to_vec()].concat();
+    let (ba, bb) = (pad(ba), pad(bb));
+    let batch: Vec<usize> = ba
+        .iter()
+        .zip(&bb)
+        .map(|(&x, &y)| if x == 1 { y } else { x })
+        .collect();
+    let nbatch: usize = batch.iter().product();
+    let (mut out, mut scale) = (Vec::new(), Vec::new());
+    for bi in 0..nbatch {
+        // Output batch index -> each operand's matrix index (size-1 dims broadcast).
+        let (mut rest, mut ia, mut ib, mut sta, mut stb) = (bi, 0, 0, 1, 1);
+        for d in (0..r).rev() {
+            let x = rest % batch[d];
+            rest /= batch[d];
+            ia += if ba[d] == 1 { 0 } else { x * sta };
+            ib += if bb[d] == 1 { 0 } else { x * stb };
+            sta *= ba[d];
+            stb *= bb[d];
+        }
+        let (am, bm) = (&a[ia * m * k..], &b[ib * k * n..]);
+        for i in 0..m {
+            for j in 0..n {
+                let terms = (0..k).map(|p| am[i * k + p] * bm[p * n + j]);
+                out.push(terms.clone().sum());
+                scale.push(terms.map(f64::abs).sum());
+            }
+        }
+    }
+    let mut shape = batch;
+    if !a2 {
+        shape.push(m);
+    }
+    if !b2 {
+        shape.push(n);
+    }
+    (shape, out, scale)
+}
+
+/// Unit roundoff of results stored in `dtype`, and of its accumulator.
+fn eps(dtype: DType) -> (f64, f64) {
+    let (e32, e64) = (f32::EPSILON as f64 / 2.0, f64::EPSILON / 2.0);
+    match dtype {
+        DType::F64 => (e64, e64),
+        DType::F32 => (e32, e32),
+        DType::F16 => (2f64.powi(-11), e32),
+        _ => (2f64.powi(-8), e32),
+    }
+}
+
+/// `a @ b` in `dtype` against the reference on the values the operands hold (already
+/// rounded to `dtype`): within one rounding of the output plus `2(k+2)` accumulator
+/// roundings of `Σ|a·b|`.
+fn check(a: &Tensor, b: &Tensor, dtype: DType, what: &str) {
+    let (av, bv) = (values(a), values(b));
+    let (shape, want, scale) = reference(&av, a.dims(), &bv, b.dims());
+    let c = a.matmul(b).unwrap();
+    assert_eq!(c.dtype(), dtype, "{what}");
+    assert_eq!(c.dims(), &shape[..], "{what}");
+    let got = values(&c);
+    let k = a.dims()[a.rank() - 1] as f64;
+    let (out_eps, acc_eps) = eps(dtype);
+    for (i, ((g, w), s)) in got.iter().zip(&want).zip(&scale).enumerate() {
+        let tol = 2.0 * out_eps * w.abs() + 2.0 * (k + 2.0) * acc_eps * s;
+        assert!(
+            (g - w).abs() <= tol,
+            "{what}: element {i}: got {g}, want {w} (tol {tol:e})"
+        );
+    }
+}
+
+const DTYPES: [DType; 4] = [DType::F32, DType::F16, DType::Bf16, DType::F64];
+
+/// Batch dims of A and B: none, equal, one side only, and broadcasts that fold into one
+/// ember-gemm batch or do not (`[b1, 1] x [b2]`).
+fn batches(case: usize, b1: usize, b2: usize) -> (Vec<usize>, Vec<usize>) {
+    match case {
+        0 => (vec![], vec![]),
+        1 => (vec![b1], vec![b1]),
+        2 => (vec![b1], vec![]),
+        3 => (vec![], vec![b1]),
+        4 => (vec![b1, 1], vec![b2]),
+        5 => (vec![1, b2], vec![b1, 1]),
+        _ => (vec![b1, b2], vec![b1, b2]),
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    #[test]
+    fn matmul_matches_f64_reference(
+        m in 0usize..10, k in 0usize..10, n in 0usize..10,
+        case in 0usize..7, b1 in 0usize..4, b2 in 1usize..4,
+        la in 0u8..4, lb in 0u8..4, vec_a in 0usize..6, vec_b in 0usize..6,
+        dt in 0usize..4, seed in any::<u64>(),
+    ) {
+        let dtype = DTYPES[dt];
+        let (bsa, bsb) = batches(case, b1, b2);
+        // Now and then a 1-D operand (only without batch dims, as PyTorch allows any).
+        let sa = if vec_a == 0 && bsa.is_empty() { vec![k] } else { [bsa, vec![m, k]].concat() };
+        let sb = if vec_b == 0 { vec![k] } else { [bsb, vec![k, n]].concat() };
+        let a = operand(&rand_vec(sa.iter().product(), seed), &sa, dtype, la);
+        let b = operand(&rand_vec(sb.iter().product(), seed ^ 1), &sb, dtype, lb);
+        check(&a, &b, dtype, &format!("{dtype} {sa:?}/{la} @ {sb:?}/{lb}"));
+    }
+}
+
+#[test]
+fn large_and_many_small_products_take_the_parallel_paths() {
+    for dtype in DTYPES {
+        // One product above the parallel threshold, A transposed, B broadcast over 3.
+        let a = operand(&rand_vec(3 * 70 * 90, 1), &[3, 70, 90], dtype, 1);
+        let b = operand(&rand_vec(90 * 80, 2), &[90, 80], dtype, 0);
+        check(&a, &b, dtype, &format!("{dtype} large"));
+        // Many small products in one ember-gemm batch / one task each.
+        let a = operand(&rand_vec(64 * 16 * 16, 3), &[64, 16, 16], dtype, 0);
+        let b = operand(&rand_vec(64 * 16 * 16, 4), &[64, 16, 16], dtype, 2);
+        check(&a, &b, dtype, &format!("{dtype} many small"));
+        // A broadcast that does not fold: 16 calls of 8, one task each.
+        let a = operand(&rand_vec(16 * 16 * 16, 5), &[16, 1, 16, 16], dtype, 0);
+        let b = operand(&rand_vec(8 * 16 * 16, 6), &[8, 16, 16], dtype, 1);
+        check(&a, &b, dtype, &format!("{dtype} unfolded broadcast"));
+    }
+}
+
+#[test]
+fn empty_inner_dims_give_zeros_and_empty_outputs_have_their_shape() {
+    for dtype in DTYPES
+        .into_iter()
+        .chain([DType::I64, DType::I32, DType::U8])
+    {
+        let z = |s: &[usize]| Tensor::ones(s, dtype).unwrap();
+        let c = z(&[2, 3, 0]).matmul(&z(&[0, 4])).unwrap();
+        assert_eq!((c.dims(), c.dtype()), (&[2, 3, 4][..], dtype));
+        assert!(values(&c).iter().all(|&x| x == 0.0), "{dtype}");
+        for (sa, sb, want) in [
+            (vec![0, 3], vec![3, 4], vec![0, 4]),
+            (vec![2, 3], vec![3, 0], vec![2, 0]),
+            (vec![0, 2, 3], vec![3, 4], vec![0, 2, 4]),
+            (vec![2, 0, 2, 3], vec![1, 3, 4], vec![2, 0, 2, 4]),
+        ] {
+            assert_eq!(z(&sa).matmul(&z(&sb)).unwrap().dims(), &want[..], "{dtype}");
+        }
+    }
+}
+
+#[test]
+fn integer_products_wrap_like_their_type() {
+    // Values as i64 (exact), then the integer dtypes, transposed and broadcast.
+    let av: Vec<f64> = (0..2 * 3 * 4).map(|i| ((i * 37) % 23) as f64).collect();
+    let bv: Vec<f64> = (0..4 * 5).map(|i| ((i * 11) % 19) as f64).collect();
+    let (_, want, _) = reference(&av, &[2, 3, 4], &bv, &[4, 5]);
+    for dtype in [DType::I64, DType::I32, DType::U8] {
+        for (la, lb) in [(0, 0), (1, 2), (2, 1)] {
+            let a = operand(&av, &[2, 3, 4], dtype, la);
+            let b = operand(&bv, &[4, 5], dtype, lb);
+            let got = a.matmul(&b).unwrap().to_dtype(DType::I64).unwrap();
+            let got = got.to_vec::<i64>().unwrap();
+            let want: Vec<i64> = want
+                .iter()
+                .map(|&w| {
+                    if dtype == DType::U8 {
+                        w as i64 as u8 as i64
+                    } else {
+                        w as i64
+                    }
+                })
+                .collect();
+            assert_eq!(got, want, "{dtype} layouts {la}/{lb}");
+        }
+    }
+}
+
+#[test]
+fn bad_operands_are_errors() {
+    let f = |s: &[usize], d: DType| Tensor::ones(s, d).unwrap();
+    assert!(
+        f(&[2, 2], DType::Bool)
+            .matmul(&f(&[2, 2], DType::Bool))
+            .is_err()
+    );
+    assert!(
+        f(&[2, 2], DType::F16)
+            .matmul(&f(&[2, 2], DType::Bf16))
+            .is_err()
+    );
+    assert!(
+        f(&[2, 3], DType::F16)
+            .matmul(&f(&[2, 3], DType::F16))
+            .is_err()
+    );
+    assert!(
+        f(&[2, 2, 3], DType::F32)
+            .matmul(&f(&[3, 3, 2], DType::F32))
+            .is_err()
+    );
+}

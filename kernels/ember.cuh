@@ -24,6 +24,9 @@ namespace ember {
 using f16 = __half;
 using bf16 = __nv_bfloat16;
 using i64 = long long;
+using i32 = int;
+using u8 = unsigned char;
+using u64 = unsigned long long;
 
 // ---- dtypes: 16-bit floats are stored as such and computed in f32 ---------------------------
 __device__ __forceinline__ float to_f32(float x) { return x; }
@@ -38,6 +41,27 @@ template <>
 __device__ __forceinline__ f16 from_f32<f16>(float x) { return __float2half_rn(x); }
 template <>
 __device__ __forceinline__ bf16 from_f32<bf16>(float x) { return __float2bfloat16_rn(x); }
+
+// The type an element is computed in: f32 for f16/bf16 (loaded, widened, computed, rounded
+// once on the way out), the element type itself otherwise.
+template <typename T>
+struct Widen {
+    using type = T;
+    __device__ __forceinline__ static T in(T x) { return x; }
+    __device__ __forceinline__ static T out(T x) { return x; }
+};
+template <>
+struct Widen<f16> {
+    using type = float;
+    __device__ __forceinline__ static float in(f16 x) { return to_f32(x); }
+    __device__ __forceinline__ static f16 out(float x) { return from_f32<f16>(x); }
+};
+template <>
+struct Widen<bf16> {
+    using type = float;
+    __device__ __forceinline__ static float in(bf16 x) { return to_f32(x); }
+    __device__ __forceinline__ static bf16 out(float x) { return from_f32<bf16>(x); }
+};
 
 // f64 to T as the CPU backend converts f64 scalars (the `half` crate's from_f64), bit for bit;
 // see Note [f64 to 16-bit rounding] in kernels/README.md. f16: through f32 (two roundings, as
@@ -130,6 +154,31 @@ __device__ __forceinline__ float block_reduce(float v, float* scratch, float ide
 __device__ __forceinline__ float block_sum(float v, float* scratch) { return block_reduce<warp_sum>(v, scratch, 0.0f); }
 __device__ __forceinline__ float block_max(float v, float* scratch) {
     return block_reduce<warp_max>(v, scratch, -INFINITY);
+}
+
+// Generic forms for accumulators other than one float: `Op` provides `using A` (a plain
+// struct or scalar), `static A identity()`, `static A combine(A, A)` (commutative: every lane
+// must end with the same value) and `static A shfl_xor(A, int lane_mask)`. Same rules as
+// block_reduce: every lane of the warp, every thread of the block, blockDim.x a multiple of
+// 32; `scratch` is shared memory for 32 values of A; ends with a barrier.
+template <typename Op>
+__device__ __forceinline__ typename Op::A warp_combine(typename Op::A v) {
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) v = Op::combine(v, Op::shfl_xor(v, offset));
+    return v;
+}
+template <typename Op>
+__device__ __forceinline__ typename Op::A block_combine(typename Op::A v, typename Op::A* scratch) {
+    const int lane = threadIdx.x % 32;
+    const int warp = threadIdx.x / 32;
+    const int warps = blockDim.x / 32;
+    v = warp_combine<Op>(v);
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < warps ? scratch[lane] : Op::identity();
+    v = warp_combine<Op>(v);
+    __syncthreads();
+    return v;
 }
 
 // ---- 16-byte vectors for the contiguous fast paths -------------------------------------------

@@ -6,8 +6,8 @@
 //!   every build and handed to `ember-device`'s emulator by [`register_emulated`].
 //!
 //! [`load_module`] loads whichever one the driver needs; [`Module`] wraps it with a cache of
-//! function handles. Kernels are looked up by their `extern "C"` names (`ember_{op}_{dtype}`,
-//! listed in each `.cu` file's header comment) and launched with
+//! function handles. Kernels are looked up by their `extern "C"` names (`{op}_{dtype}` such as
+//! `badd_f16`, listed in each `.cu` file's header comment) and launched with
 //! [`ember_device::driver::Driver::launch_kernel`] (or [`Module::launch`]); [`KernelArgs`]
 //! builds the `void**` parameter array, [`StridedLayout`] mirrors the kernels'
 //! strided-operand struct and [`launch_config_1d`] gives the elementwise kernels' geometry.

@@ -307,13 +307,55 @@ fn every_kernel_family_is_registered() {
             "{names:?}"
         );
     }
-    for op in ["add", "mul"] {
-        for dtype in ["f32", "f16", "bf16"] {
-            assert!(
-                names.contains(&format!("ember_{op}_{dtype}").as_str()),
-                "{names:?}"
-            );
+    let all = ["f32", "f64", "f16", "bf16", "i64", "i32", "u8", "bool"];
+    let mut want: Vec<String> = Vec::new();
+    for dtype in all {
+        for op in ["badd", "bmul", "bmaximum", "bminimum", "usign", "where"] {
+            want.push(format!("{op}_{dtype}"));
         }
+        for op in ["eq", "ne", "lt", "le", "gt", "ge"] {
+            want.push(format!("cmp_{op}_{dtype}"));
+        }
+        for op in ["sum", "prod", "max", "min", "argmax", "argmin"] {
+            want.push(format!("reduce_{op}_{dtype}"));
+        }
+        for dst in all {
+            want.push(format!("cast_{dtype}_{dst}"));
+        }
+    }
+    for dtype in &all[..7] {
+        for op in ["bsub", "bpow", "uneg", "uabs", "urelu"] {
+            want.push(format!("{op}_{dtype}"));
+        }
+    }
+    for dtype in &all[..4] {
+        for op in [
+            "bdiv",
+            "uexp",
+            "ulog",
+            "ulog1p",
+            "usqrt",
+            "ursqrt",
+            "usin",
+            "ucos",
+            "utanh",
+            "usigmoid",
+            "ureciprocal",
+            "usilu",
+            "usoftplus",
+            "ugelu_tanh",
+            "ugelu_erf",
+            "softmax",
+            "log_softmax",
+        ] {
+            want.push(format!("{op}_{dtype}"));
+        }
+    }
+    for op in ["bland", "blor", "blxor"] {
+        want.push(format!("{op}_bool"));
+    }
+    for name in &want {
+        assert!(names.contains(&name.as_str()), "{name} missing: {names:?}");
     }
     // Every name is registered once.
     let mut dedup = names.clone();

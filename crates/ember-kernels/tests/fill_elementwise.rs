@@ -232,7 +232,7 @@ fn binary_case<T: FloatElem>(op: &str, f: fn(f32, f32) -> f32, case: &Case<'_>, 
         .ptr(da.at(case.a_off))
         .ptr(db.at(case.b_off))
         .ptr(out.at(case.out_off));
-    let name = format!("ember_{op}_{}", T::SUFFIX);
+    let name = format!("b{op}_{}", T::SUFFIX);
     launch(&d, m, &name, 4, 128, 0, &mut args).unwrap();
     let want: Vec<T> = (0..n)
         .map(|i| {

@@ -40,7 +40,7 @@ macro_rules! elem {
         }
     )*};
 }
-elem!(f32, f64, i32, u32, i64, u16, f16, bf16);
+elem!(f32, f64, i32, u32, i64, u16, f16, bf16, u8);
 
 /// A device buffer of `n` elements of `T` on `device`, freed on drop.
 pub struct Buf<T: Elem> {
@@ -137,4 +137,241 @@ impl Lcg {
     pub fn f32(&mut self, scale: f32) -> f32 {
         ((self.next_u64() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
     }
+}
+
+/// A bool element as the kernels store it: one byte, 0 or 1.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct B(pub bool);
+
+impl Elem for B {
+    const SIZE: usize = 1;
+    fn write(self, out: &mut Vec<u8>) {
+        out.push(u8::from(self.0));
+    }
+    fn read(bytes: &[u8]) -> Self {
+        assert!(
+            bytes[0] <= 1,
+            "a bool byte that is neither 0 nor 1: {}",
+            bytes[0]
+        );
+        B(bytes[0] != 0)
+    }
+}
+
+/// The eight dtypes of the kernels, with the CPU backend's conversions (crates/ember-tensor
+/// `WithDType`): `from_f64` truncates toward zero and saturates into integers (NaN -> 0; u8
+/// through i64, wrapping), rounds into f16/bf16 through f32; `from_i64` wraps.
+pub trait Dt: Elem {
+    const SUFFIX: &'static str;
+    const FLOAT: bool;
+    fn to_f64(self) -> f64;
+    fn to_i64(self) -> i64;
+    fn from_f64(v: f64) -> Self;
+    fn from_i64(v: i64) -> Self;
+    /// Relative tolerance of a float result computed in this dtype (0 for exact types).
+    const TOL: f64;
+}
+
+macro_rules! dt_float {
+    ($t:ty, $s:literal, $tol:expr, $to:expr, $from:expr) => {
+        impl Dt for $t {
+            const SUFFIX: &'static str = $s;
+            const FLOAT: bool = true;
+            const TOL: f64 = $tol;
+            fn to_f64(self) -> f64 {
+                $to(self)
+            }
+            fn to_i64(self) -> i64 {
+                self.to_f64() as i64
+            }
+            fn from_f64(v: f64) -> Self {
+                $from(v)
+            }
+            fn from_i64(v: i64) -> Self {
+                // The CPU's from_i64: one rounding into f32/f64, through f32 for the halves.
+                if $s == "f64" {
+                    $from(v as f64)
+                } else {
+                    $from(v as f32 as f64)
+                }
+            }
+        }
+    };
+}
+dt_float!(f32, "f32", 2e-6, |x: f32| x as f64, |v: f64| v as f32);
+dt_float!(f64, "f64", 1e-13, |x: f64| x, |v: f64| v);
+dt_float!(f16, "f16", 2e-3, |x: f16| x.to_f64(), |v: f64| {
+    f16::from_f32(v as f32)
+});
+dt_float!(bf16, "bf16", 1.6e-2, |x: bf16| x.to_f64(), |v: f64| {
+    bf16::from_f32(v as f32)
+});
+
+macro_rules! dt_int {
+    ($t:ty, $s:literal, $from:expr) => {
+        impl Dt for $t {
+            const SUFFIX: &'static str = $s;
+            const FLOAT: bool = false;
+            const TOL: f64 = 0.0;
+            fn to_f64(self) -> f64 {
+                self as f64
+            }
+            fn to_i64(self) -> i64 {
+                self as i64
+            }
+            fn from_f64(v: f64) -> Self {
+                $from(v)
+            }
+            fn from_i64(v: i64) -> Self {
+                v as $t
+            }
+        }
+    };
+}
+dt_int!(i64, "i64", |v: f64| v as i64);
+dt_int!(i32, "i32", |v: f64| v as i32);
+dt_int!(u8, "u8", |v: f64| (v as i64) as u8);
+
+impl Dt for B {
+    const SUFFIX: &'static str = "bool";
+    const FLOAT: bool = false;
+    const TOL: f64 = 0.0;
+    fn to_f64(self) -> f64 {
+        if self.0 { 1.0 } else { 0.0 }
+    }
+    fn to_i64(self) -> i64 {
+        i64::from(self.0)
+    }
+    fn from_f64(v: f64) -> Self {
+        B(v != 0.0)
+    }
+    fn from_i64(v: i64) -> Self {
+        B(v != 0)
+    }
+}
+
+/// Test inputs of dtype `T`: `n` values from `rng` (floats uniform in [-scale, scale), integers
+/// over their whole range for 1-byte types and a mix of small and huge values otherwise),
+/// with `specials` (NaN, ±inf, ±0 for floats; extremes for integers) sprinkled in.
+pub fn values<T: Dt>(rng: &mut Lcg, n: usize, scale: f32, specials: bool) -> Vec<T> {
+    let special_f = [
+        f64::NAN,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        0.0,
+        -0.0,
+        1.0,
+        -1.0,
+    ];
+    let special_i = [
+        i64::MIN,
+        i64::MAX,
+        -1,
+        0,
+        1,
+        i32::MIN as i64,
+        i32::MAX as i64,
+        255,
+    ];
+    (0..n)
+        .map(|i| {
+            if specials && i % 13 == 5 {
+                let k = (i / 13) % 8;
+                if T::FLOAT {
+                    T::from_f64(special_f[k % special_f.len()])
+                } else {
+                    T::from_i64(special_i[k])
+                }
+            } else if T::FLOAT {
+                T::from_f64(rng.f32(scale) as f64)
+            } else if T::SUFFIX == "bool" {
+                T::from_i64((rng.next_u64() >> 63) as i64)
+            } else if T::SIZE <= 1 || i % 3 == 0 {
+                T::from_i64(rng.next_u64() as i64)
+            } else {
+                T::from_i64((rng.next_u64() % 41) as i64 - 20)
+            }
+        })
+        .collect()
+}
+
+/// Row-major strides of `shape`.
+pub fn contiguous_strides(shape: &[usize]) -> Vec<isize> {
+    let mut s = vec![0isize; shape.len()];
+    let mut acc = 1isize;
+    for d in (0..shape.len()).rev() {
+        s[d] = acc;
+        acc *= shape[d] as isize;
+    }
+    s
+}
+
+/// Element offset of linear index `i` of `shape` under `strides`.
+pub fn offset_of(mut i: usize, shape: &[usize], strides: &[isize]) -> usize {
+    let mut off = 0isize;
+    for d in (0..shape.len()).rev() {
+        off += (i % shape[d]) as isize * strides[d];
+        i /= shape[d];
+    }
+    off as usize
+}
+
+/// Elements an operand with `strides` over `shape` spans.
+pub fn span(shape: &[usize], strides: &[isize]) -> usize {
+    shape
+        .iter()
+        .zip(strides)
+        .map(|(&s, &st)| s.saturating_sub(1) * st as usize)
+        .sum::<usize>()
+        + 1
+}
+
+/// One strided operand of an elementwise test: its strides over the iteration shape and the
+/// element it starts at (an offset of 1 makes the pointer misaligned: the scalar path).
+#[derive(Clone, Debug)]
+pub struct View {
+    pub strides: Vec<isize>,
+    pub offset: usize,
+}
+
+/// Iteration shapes with one view per operand (up to three): contiguous aligned (vector path
+/// plus tail), contiguous misaligned, transposed, broadcast (stride 0), rank 8.
+pub fn layouts() -> Vec<(Vec<usize>, [View; 3])> {
+    let v = |s: &[isize], o: usize| View {
+        strides: s.to_vec(),
+        offset: o,
+    };
+    let c1003 = contiguous_strides(&[1003]);
+    let c57 = contiguous_strides(&[5, 7]);
+    let c8 = contiguous_strides(&[2, 1, 3, 2, 1, 2, 3, 2]);
+    vec![
+        (vec![1003], [v(&c1003, 0), v(&c1003, 0), v(&c1003, 0)]),
+        (vec![1003], [v(&c1003, 1), v(&c1003, 0), v(&c1003, 3)]),
+        (vec![5, 7], [v(&[1, 5], 0), v(&[1, 0], 0), v(&c57, 2)]),
+        (vec![5, 7], [v(&c57, 0), v(&[0, 0], 1), v(&[0, 1], 0)]),
+        (
+            vec![2, 1, 3, 2, 1, 2, 3, 2],
+            [v(&c8, 0), v(&[0, 0, 1, 0, 0, 0, 3, 0], 0), v(&c8, 1)],
+        ),
+    ]
+}
+
+/// A device copy of `data` and, for each iteration index, the host element `view` reads.
+pub fn gathered<T: Elem>(data: &[T], shape: &[usize], view: &View) -> Vec<T> {
+    let n: usize = shape.iter().product();
+    (0..n)
+        .map(|i| data[view.offset + offset_of(i, shape, &view.strides)])
+        .collect()
+}
+
+/// `got` against `want` for a float dtype: NaN where NaN, equal infinities, otherwise within
+/// `rel * |want| + abs`.
+pub fn close(got: f64, want: f64, rel: f64, abs: f64) -> bool {
+    if want.is_nan() || got.is_nan() {
+        return want.is_nan() && got.is_nan();
+    }
+    if want.is_infinite() || got.is_infinite() {
+        return got == want;
+    }
+    (got - want).abs() <= rel * want.abs() + abs
 }

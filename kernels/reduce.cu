@@ -19,8 +19,13 @@
 //   then a warp-shuffle block reduction; blockDim.x must be a multiple of 32 (at most 1024).
 // - inner > 1: one thread per output, walking its column sequentially; neighbouring threads
 //   read neighbouring addresses, so the loads coalesce. Any 1-D grid.
-// A full reduction of a large tensor runs on one block (one SM); splitting `size` across
-// blocks with a second pass is not done yet.
+// A full reduction of a large tensor runs on one block (one SM), and [small outer·inner, long
+// size, inner > 1] on few threads; splitting `size` across blocks with a second pass is not
+// done yet. Until then the host can split with these kernels for sum/max/min of f32, f64 and
+// integers: view [outer, size, inner] as [outer·c, size/c, inner] (c dividing size), reduce,
+// then reduce the [outer, c, inner] partials (integers: with reduce_sum_i64). Not for f16/bf16
+// sums (the partials would round to 16 bits; cast to f32 first), prod of floats (same), or
+// the arg forms (the partial indices are local).
 #include "ember.cuh"
 
 namespace ember {

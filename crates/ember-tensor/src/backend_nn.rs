@@ -102,6 +102,13 @@ impl Storage {
         }
     }
 
+    /// Softmax (`log == false`) or log-softmax of `x` (f32 or f64) along `dim`, contiguous.
+    pub(crate) fn softmax(&self, l: &Layout, dim: usize, log: bool) -> Result<Storage> {
+        match self {
+            Storage::Cpu(x) => Ok(Storage::Cpu(cpu::softmax::softmax(x, l, dim, log)?)),
+        }
+    }
+
     /// The unreduced negative log-likelihood of log-probabilities `x` (`[N, C, L]`, f32 or
     /// f64) at class indices `target` (`[N, L]`, i64 or i32): per element `-w[t] * x[t]`
     /// and the weight `w[t]` used (both 0 where `t == ignore_index`), each `[N, L]` in

@@ -297,8 +297,10 @@ with_dtype_float!(
     f16::ZERO,
     f16::ONE,
     |x: f16| x.to_f64(),
-    f16::from_f64,
-    |v: i64| f16::from_f64(v as f64)
+    // Through f32, as PyTorch's `Half(float)` constructor does (and the same on every CPU:
+    // `half`'s own `from_f64` rounds differently with and without F16C).
+    |v: f64| f16::from_f32(v as f32),
+    |v: i64| f16::from_f32(v as f32)
 );
 with_dtype_float!(
     bf16,
@@ -306,8 +308,8 @@ with_dtype_float!(
     bf16::ZERO,
     bf16::ONE,
     |x: bf16| x.to_f64(),
-    bf16::from_f64,
-    |v: i64| bf16::from_f64(v as f64)
+    |v: f64| bf16::from_f32(v as f32),
+    |v: i64| bf16::from_f32(v as f32)
 );
 
 macro_rules! with_dtype_int {
@@ -432,7 +434,17 @@ mod tests {
         assert!(bool::from_f64(f64::NAN));
         assert!(!bool::from_f64(0.0));
         // 1 + 2^-11 is halfway between two f16 values: ties to even (1.0).
-        assert_eq!(f16::from_f64(1.0 + 2f64.powi(-11)), f16::ONE);
-        assert_eq!(bf16::from_f64(1.0 + 2f64.powi(-8)), bf16::ONE);
+        assert_eq!(<f16 as WithDType>::from_f64(1.0 + 2f64.powi(-11)), f16::ONE);
+        assert_eq!(
+            <bf16 as WithDType>::from_f64(1.0 + 2f64.powi(-8)),
+            bf16::ONE
+        );
+        // f64 -> f16 goes through f32 as in PyTorch: 24855.999999999993 -> 24856f32, a tie
+        // between 24848 and 24864 that rounds to even (24864).
+        assert_eq!(
+            <f16 as WithDType>::from_f64(24855.999999999993),
+            f16::from_f32(24864.0)
+        );
+        assert_eq!(<f16 as WithDType>::from_i64(65519), f16::from_f32(65504.0));
     }
 }

@@ -201,6 +201,10 @@ pub enum TensorError {
         io_kind: Option<std::io::ErrorKind>,
     },
 
+    /// A device that does not parse or does not exist (from `ember-device`).
+    #[error(transparent)]
+    Device(#[from] ember_device::DeviceError),
+
     // --- memory --------------------------------------------------------------------------
     /// The allocator failed (out of memory, ...).
     #[error(transparent)]

@@ -6,14 +6,14 @@
 //! re-order the reachable set, except `broadcast_as`, which only adds stride-0 dims).
 
 use crate::error::{Result, TensorError};
-use crate::shape::{Shape, normalize, normalize_in};
+use crate::shape::{Shape, SmallDims, normalize, normalize_in};
 use crate::strided::StridedIndex;
 
 /// How a tensor's elements sit in its storage.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Layout {
     shape: Shape,
-    strides: Vec<usize>,
+    strides: SmallDims,
     offset: usize,
 }
 
@@ -21,7 +21,7 @@ impl Layout {
     /// A row-major layout of `shape` starting at element 0.
     pub fn contiguous(shape: impl Into<Shape>) -> Self {
         let shape = shape.into();
-        let strides = shape.contiguous_strides();
+        let strides = shape.contiguous_strides_inline();
         Layout {
             shape,
             strides,
@@ -31,6 +31,11 @@ impl Layout {
 
     /// A layout from its parts (crate-internal: callers keep the storage-bounds invariant).
     pub(crate) fn new(shape: Shape, strides: Vec<usize>, offset: usize) -> Self {
+        Self::new_inline(shape, SmallDims::from_vec(strides), offset)
+    }
+
+    /// [`Layout::new`] with inline strides (no heap allocation up to rank 6).
+    pub(crate) fn new_inline(shape: Shape, strides: SmallDims, offset: usize) -> Self {
         Layout {
             shape,
             strides,
@@ -137,7 +142,7 @@ impl Layout {
             return Err(err());
         }
         let extra = dst.len() - src.len();
-        let mut strides = vec![0; dst.len()];
+        let mut strides: SmallDims = smallvec::smallvec![0; dst.len()];
         for (i, &d) in dst.iter().enumerate().skip(extra) {
             let (sd, ss) = (src[i - extra], self.strides[i - extra]);
             strides[i] = if sd == d {
@@ -148,7 +153,7 @@ impl Layout {
                 return Err(err());
             };
         }
-        Ok(Layout::new(target.clone(), strides, self.offset))
+        Ok(Layout::new_inline(target.clone(), strides, self.offset))
     }
 
     /// Reorder dims: `perm[i]` is the source dim of output dim `i`.
@@ -181,8 +186,8 @@ impl Layout {
             }
         }
         let dims = perm.iter().map(|&p| self.dims()[p]).collect::<Vec<_>>();
-        let strides = perm.iter().map(|&p| self.strides[p]).collect();
-        Ok(Layout::new(dims.into(), strides, self.offset))
+        let strides: SmallDims = perm.iter().map(|&p| self.strides[p]).collect();
+        Ok(Layout::new_inline(dims.into(), strides, self.offset))
     }
 
     /// Swap two (normalised) dims.
@@ -213,7 +218,11 @@ impl Layout {
         } else {
             self.offset + start * self.strides[dim]
         };
-        Ok(Layout::new(dims.into(), self.strides.clone(), offset))
+        Ok(Layout::new_inline(
+            dims.into(),
+            self.strides.clone(),
+            offset,
+        ))
     }
 
     /// Python-style `start:end:step` on (normalised) `dim`; `start`/`end` may be negative
@@ -249,7 +258,7 @@ impl Layout {
             // The stride of a dim of size <= 1 is never used; keep it small.
             strides[dim] = self.strides[dim];
         }
-        Ok(Layout::new(dims.into(), strides, offset))
+        Ok(Layout::new_inline(dims.into(), strides, offset))
     }
 
     /// Remove (normalised) `dim` by taking index `index` (negative counts from the end).
@@ -276,7 +285,7 @@ impl Layout {
         let offset = self.offset + i * strides[dim];
         dims.remove(dim);
         strides.remove(dim);
-        Ok(Layout::new(dims.into(), strides, offset))
+        Ok(Layout::new_inline(dims.into(), strides, offset))
     }
 
     /// Drop the given (normalised) dims where their size is 1 (others stay, as PyTorch).
@@ -300,7 +309,7 @@ impl Layout {
         let stride = if d < rank { dims[d] * strides[d] } else { 1 };
         dims.insert(d, 1);
         strides.insert(d, stride);
-        Ok(Layout::new(dims.into(), strides, self.offset))
+        Ok(Layout::new_inline(dims.into(), strides, self.offset))
     }
 
     /// PyTorch's `computeStride`: strides that view this layout as `new_shape` without
@@ -312,7 +321,7 @@ impl Layout {
         }
         if self.numel() == 0 {
             return Some(if old == new {
-                old_st.clone()
+                old_st.to_vec()
             } else {
                 new_shape.contiguous_strides()
             });

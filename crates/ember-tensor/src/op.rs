@@ -6,6 +6,7 @@
 use half::{bf16, f16};
 
 use crate::dtype::{DType, WithDType};
+use crate::math::FastExp;
 
 /// Which dtypes a unary op takes, and what it does with the others.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -171,7 +172,7 @@ unary_op!(Sign, "sign", "usign", All,
     x => if x > 0.0 { 1.0 } else if x < 0.0 { -1.0 } else { 0.0 * x },
     int: x => x.signum(), u8: x => (x > 0) as u8);
 unary_op!(Relu, "relu", "urelu", Numeric, x => if x < 0.0 { 0.0 } else { x }, int: x => x.max(0));
-unary_op!(Exp, "exp", "uexp", Float, x => x.exp());
+unary_op!(Exp, "exp", "uexp", Float, x => x.fast_exp());
 unary_op!(Log, "log", "ulog", Float, x => x.ln());
 unary_op!(Log1p, "log1p", "ulog1p", Float, x => x.ln_1p());
 unary_op!(Sqrt, "sqrt", "usqrt", Float, x => x.sqrt());
@@ -179,11 +180,11 @@ unary_op!(Rsqrt, "rsqrt", "ursqrt", Float, x => 1.0 / x.sqrt());
 unary_op!(Sin, "sin", "usin", Float, x => x.sin());
 unary_op!(Cos, "cos", "ucos", Float, x => x.cos());
 unary_op!(Tanh, "tanh", "utanh", Float, x => x.tanh());
-unary_op!(Sigmoid, "sigmoid", "usigmoid", Float, x => 1.0 / (1.0 + (-x).exp()));
+unary_op!(Sigmoid, "sigmoid", "usigmoid", Float, x => 1.0 / (1.0 + (-x).fast_exp()));
 unary_op!(Reciprocal, "reciprocal", "ureciprocal", Float, x => 1.0 / x);
-unary_op!(Silu, "silu", "usilu", FloatOnly, x => x / (1.0 + (-x).exp()));
+unary_op!(Silu, "silu", "usilu", FloatOnly, x => x / (1.0 + (-x).fast_exp()));
 // PyTorch's softplus with beta = 1, threshold = 20.
-unary_op!(Softplus, "softplus", "usoftplus", FloatOnly, x => if x > 20.0 { x } else { x.exp().ln_1p() });
+unary_op!(Softplus, "softplus", "usoftplus", FloatOnly, x => if x > 20.0 { x } else { x.fast_exp().ln_1p() });
 
 /// `gelu` with the tanh approximation: `x/2 * (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`.
 #[derive(Clone, Copy, Debug)]

@@ -17,12 +17,16 @@ use crate::error::{Result, TensorError};
 /// assert_eq!(s.contiguous_strides(), vec![3, 1]);
 /// ```
 #[derive(Clone, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
-pub struct Shape(Vec<usize>);
+pub struct Shape(SmallDims);
+
+/// Sizes or strides, inline up to rank 4 (no heap allocation for the shapes of
+/// almost every tensor: the per-op overhead on small tensors is mostly allocation).
+pub(crate) type SmallDims = smallvec::SmallVec<[usize; 4]>;
 
 impl Shape {
     /// The shape of a scalar (rank 0, one element).
     pub fn scalar() -> Self {
-        Shape(Vec::new())
+        Shape(SmallDims::new())
     }
 
     /// The sizes.
@@ -54,7 +58,12 @@ impl Shape {
 
     /// Row-major (C-contiguous) strides in elements.
     pub fn contiguous_strides(&self) -> Vec<usize> {
-        let mut strides = vec![0; self.rank()];
+        self.contiguous_strides_inline().into_vec()
+    }
+
+    /// [`Shape::contiguous_strides`] without a heap allocation.
+    pub(crate) fn contiguous_strides_inline(&self) -> SmallDims {
+        let mut strides: SmallDims = smallvec::smallvec![0; self.rank()];
         let mut acc = 1usize;
         for (s, &d) in strides.iter_mut().zip(&self.0).rev() {
             *s = acc;
@@ -70,7 +79,7 @@ impl Shape {
     }
 
     pub(crate) fn into_vec(self) -> Vec<usize> {
-        self.0
+        self.0.into_vec()
     }
 }
 
@@ -88,31 +97,31 @@ impl fmt::Debug for Shape {
 
 impl From<Vec<usize>> for Shape {
     fn from(v: Vec<usize>) -> Self {
-        Shape(v)
+        Shape(SmallDims::from_vec(v))
     }
 }
 
 impl From<&[usize]> for Shape {
     fn from(v: &[usize]) -> Self {
-        Shape(v.to_vec())
+        Shape(SmallDims::from_slice(v))
     }
 }
 
 impl From<&Vec<usize>> for Shape {
     fn from(v: &Vec<usize>) -> Self {
-        Shape(v.clone())
+        Shape(SmallDims::from_slice(v))
     }
 }
 
 impl<const N: usize> From<[usize; N]> for Shape {
     fn from(v: [usize; N]) -> Self {
-        Shape(v.to_vec())
+        Shape(SmallDims::from_slice(&v))
     }
 }
 
 impl<const N: usize> From<&[usize; N]> for Shape {
     fn from(v: &[usize; N]) -> Self {
-        Shape(v.to_vec())
+        Shape(SmallDims::from_slice(v))
     }
 }
 
@@ -258,7 +267,7 @@ pub fn broadcast_shape(op: &'static str, lhs: &Shape, rhs: &Shape) -> Result<Sha
             });
         };
     }
-    Ok(Shape(out))
+    Ok(Shape(SmallDims::from_vec(out)))
 }
 
 #[cfg(test)]

@@ -195,7 +195,15 @@ fn devices() {
     let e = t.cuda().unwrap_err().to_string();
     assert!(e.contains("cuda:0"), "{e}");
     assert!(Tensor::zeros([2], Device::Cuda(0)).is_err());
-    assert_eq!(t.to(&CPU, DType::F64).unwrap().dtype(), DType::F64);
+    assert_eq!(t.to((&CPU, DType::F64)).unwrap().dtype(), DType::F64);
+    assert!(t.to("cpu").unwrap().shares_storage(&t));
+    assert!(t.to(DType::F32).unwrap().shares_storage(&t));
+    let e = t.to("cuda:0").unwrap_err().to_string();
+    assert!(e.contains("cuda:0"), "{e}");
+    let e = t.to(("cuda:1", DType::F16)).unwrap_err().to_string();
+    assert!(e.contains("cuda:1"), "{e}");
+    let e = t.to("tpu").unwrap_err().to_string();
+    assert!(e.contains("tpu"), "{e}");
 }
 
 fn show(t: &Tensor) -> String {

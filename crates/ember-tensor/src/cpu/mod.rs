@@ -10,6 +10,8 @@ pub(crate) mod loss;
 pub(crate) mod matmul;
 pub(crate) mod pool;
 pub(crate) mod reduce;
+pub(crate) mod simd;
+pub(crate) mod softmax;
 
 use rayon::prelude::*;
 

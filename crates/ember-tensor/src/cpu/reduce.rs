@@ -58,6 +58,39 @@ impl<T: WithDType> Fold<T> for SumF {
     }
 }
 
+/// Sum of f32: blocks of 1024 elements in 16 f32 lanes (vectorised, at memory speed), the
+/// block totals in f64. PyTorch sums f32 in f32 with a cascade; this is at least as
+/// accurate (each lane adds at most 64 values before going to f64).
+struct SumF32;
+impl Fold<f32> for SumF32 {
+    type Acc = f64;
+    fn init(&self) -> f64 {
+        0.0
+    }
+    fn step(&self, acc: f64, x: f32, _: usize) -> f64 {
+        acc + x as f64
+    }
+    fn merge(&self, a: f64, b: f64) -> f64 {
+        a + b
+    }
+    fn fold_slice(&self, acc: f64, xs: &[f32], _: usize) -> f64 {
+        const LANES: usize = 16;
+        let mut total = acc;
+        for block in xs.chunks(1024) {
+            let mut lanes = [0f32; LANES];
+            let chunks = block.chunks_exact(LANES);
+            let tail: f64 = chunks.remainder().iter().map(|&x| x as f64).sum();
+            for c in chunks {
+                for (l, &x) in lanes.iter_mut().zip(c) {
+                    *l += x;
+                }
+            }
+            total += lanes.iter().map(|&l| l as f64).sum::<f64>() + tail;
+        }
+        total
+    }
+}
+
 /// Sum of integers (and bools) in i64, wrapping.
 struct SumI;
 impl<T: WithDType> Fold<T> for SumI {
@@ -230,6 +263,9 @@ pub(crate) fn reduce(
     let dt = src.dtype();
     let n_red: usize = dims.iter().map(|&d| l.dims()[d]).product();
     match op {
+        ReduceOp::Sum if dt == crate::dtype::DType::F32 => {
+            reduce_with::<f32, _, f32>(src, l, dims, &SumF32, |a| a as f32)
+        }
         ReduceOp::Sum if dt.is_float() => {
             dispatch!(dt, T => reduce_with::<T, _, T>(src, l, dims, &SumF, T::from_f64))
         }

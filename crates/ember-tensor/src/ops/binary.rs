@@ -30,15 +30,21 @@ fn operand_tensor(o: Operand<'_>, dtype: DType, device: ember_device::Device) ->
     }
 }
 
+/// Two operands of a binary op, cast to the compute dtype, with their layouts broadcast to
+/// the output `shape`.
+struct Prepared2 {
+    a: Tensor,
+    la: crate::layout::Layout,
+    b: Tensor,
+    lb: crate::layout::Layout,
+    shape: crate::shape::Shape,
+}
+
 impl Tensor {
     /// The common front of binary ops: device check, promotion to `dtype`, broadcasting.
-    /// Returns both operands cast, with their layouts broadcast to the output shape.
-    fn prepare2(
-        &self,
-        op: &'static str,
-        rhs: Operand<'_>,
-        dtype: DType,
-    ) -> Result<(Tensor, Tensor, crate::shape::Shape)> {
+    /// Returns both operands cast, their layouts broadcast to the output shape, and that
+    /// shape.
+    fn prepare2(&self, op: &'static str, rhs: Operand<'_>, dtype: DType) -> Result<Prepared2> {
         let b = operand_tensor(rhs, dtype, self.device())?;
         same_device(&[self, &b])?;
         let shape = broadcast_shape(op, self.shape(), b.shape())?;
@@ -47,7 +53,13 @@ impl Tensor {
         let b = b.to_dtype(dtype)?;
         let la = a.layout().broadcast_as(op, &shape)?;
         let lb = b.layout().broadcast_as(op, &shape)?;
-        Ok((a.view_with(la), b.view_with(lb), shape))
+        Ok(Prepared2 {
+            a,
+            la,
+            b,
+            lb,
+            shape,
+        })
     }
 
     fn binary_op<O: BinaryOpT>(&self, rhs: Operand<'_>) -> Result<Tensor> {
@@ -62,10 +74,14 @@ impl Tensor {
                 hint: "use logical_xor() for bool subtraction, or cast to an integer dtype",
             });
         }
-        let (a, b, shape) = self.prepare2(O::NAME, rhs, dtype)?;
-        let s = read_many(&[a.cell(), b.cell()], |s| {
-            s[0].binary::<O>(a.layout(), s[1], b.layout())
-        })?;
+        let Prepared2 {
+            a,
+            la,
+            b,
+            lb,
+            shape,
+        } = self.prepare2(O::NAME, rhs, dtype)?;
+        let s = read_many(&[a.cell(), b.cell()], |s| s[0].binary::<O>(&la, s[1], &lb))?;
         Ok(Tensor::from_storage(s, shape))
     }
 
@@ -117,10 +133,14 @@ impl Tensor {
 
     fn cmp_op(&self, op: CmpOp, rhs: Operand<'_>) -> Result<Tensor> {
         let dtype = result_type(&[Promo::Tensor(self.dtype(), self.rank()), promo(&rhs)]);
-        let (a, b, shape) = self.prepare2(op.name(), rhs, dtype)?;
-        let s = read_many(&[a.cell(), b.cell()], |s| {
-            s[0].cmp(op, a.layout(), s[1], b.layout())
-        })?;
+        let Prepared2 {
+            a,
+            la,
+            b,
+            lb,
+            shape,
+        } = self.prepare2(op.name(), rhs, dtype)?;
+        let s = read_many(&[a.cell(), b.cell()], |s| s[0].cmp(op, &la, s[1], &lb))?;
         Ok(Tensor::from_storage(s, shape))
     }
 
@@ -159,10 +179,14 @@ impl Tensor {
             Operand::Scalar(s) => Operand::Scalar(Scalar::Bool(s.to_f64() != 0.0)),
             t => t,
         };
-        let (a, b, shape) = self.prepare2(O::NAME, rhs, DType::Bool)?;
-        let s = read_many(&[a.cell(), b.cell()], |s| {
-            s[0].binary::<O>(a.layout(), s[1], b.layout())
-        })?;
+        let Prepared2 {
+            a,
+            la,
+            b,
+            lb,
+            shape,
+        } = self.prepare2(O::NAME, rhs, DType::Bool)?;
+        let s = read_many(&[a.cell(), b.cell()], |s| s[0].binary::<O>(&la, s[1], &lb))?;
         Ok(Tensor::from_storage(s, shape))
     }
 

@@ -310,27 +310,27 @@ impl Tensor {
     /// # Ok::<(), ember_tensor::TensorError>(())
     /// ```
     pub fn softmax(&self, dim: impl Dim) -> Result<Tensor> {
-        let x = self.float_input("softmax")?;
-        let d = x.reduce_dims(Some(&dim), "softmax")?;
-        if x.numel() == 0 {
-            return Ok(self.clone());
-        }
-        let m = x.reduce_op(ReduceOp::Max, &d, true)?;
-        let e = x.sub(&m)?.exp()?;
-        e.div(&e.reduce_op(ReduceOp::Sum, &d, true)?)?
-            .to_dtype(self.dtype())
+        self.softmax_op(dim, false)
     }
 
     /// `log(softmax(x))` along `dim`, computed as `x - max - log(sum(exp(x - max)))`.
     pub fn log_softmax(&self, dim: impl Dim) -> Result<Tensor> {
-        let x = self.float_input("log_softmax")?;
-        let d = x.reduce_dims(Some(&dim), "log_softmax")?;
+        self.softmax_op(dim, true)
+    }
+
+    /// Both softmaxes: one fused kernel per row (f16/bf16 computed in f32).
+    fn softmax_op(&self, dim: impl Dim, log: bool) -> Result<Tensor> {
+        let op = if log { "log_softmax" } else { "softmax" };
+        let x = self.float_input(op)?;
+        let dim = dim.index(x.rank(), op)?;
         if x.numel() == 0 {
             return Ok(self.clone());
         }
-        let m = x.reduce_op(ReduceOp::Max, &d, true)?;
-        let shifted = x.sub(&m)?;
-        let lse = shifted.exp()?.reduce_op(ReduceOp::Sum, &d, true)?.log()?;
-        shifted.sub(&lse)?.to_dtype(self.dtype())
+        // A 0-dim tensor is a row of one.
+        let x = if x.rank() == 0 { x.reshape([1])? } else { x };
+        let s = x.with_storage(|s, l| s.softmax(l, dim, log))?;
+        Tensor::from_storage(s, x.shape())
+            .reshape(self.shape())?
+            .to_dtype(self.dtype())
     }
 }

@@ -41,13 +41,13 @@ pub struct CpuStorage {
     len: usize,
 }
 
-fn cpu_allocator() -> Result<Arc<CachingAllocator>> {
+fn cpu_allocator() -> Result<&'static Arc<CachingAllocator>> {
     static CPU: OnceLock<Arc<CachingAllocator>> = OnceLock::new();
     if let Some(a) = CPU.get() {
-        return Ok(a.clone());
+        return Ok(a);
     }
     let a = ember_memory::allocator(Device::Cpu)?;
-    Ok(CPU.get_or_init(|| a).clone())
+    Ok(CPU.get_or_init(|| a))
 }
 
 impl CpuStorage {
@@ -71,6 +71,26 @@ impl CpuStorage {
     /// parallel above [`PAR_THRESHOLD`]. A producer that yields too few values leaves
     /// zeros; extra values are ignored.
     pub(crate) fn from_chunks<T, I, F>(len: usize, produce: F) -> Result<CpuStorage>
+    where
+        T: WithDType,
+        I: Iterator<Item = T>,
+        F: Fn(Range<usize>) -> I + Sync,
+    {
+        Self::from_chunks_impl::<false, T, I, F>(len, produce)
+    }
+
+    /// [`CpuStorage::from_chunks`] with each chunk's loop compiled for the CPU's widest
+    /// vector instructions (see `cpu::simd`): for arithmetic-bound producers such as `exp`.
+    pub(crate) fn from_chunks_wide<T, I, F>(len: usize, produce: F) -> Result<CpuStorage>
+    where
+        T: WithDType,
+        I: Iterator<Item = T>,
+        F: Fn(Range<usize>) -> I + Sync,
+    {
+        Self::from_chunks_impl::<true, T, I, F>(len, produce)
+    }
+
+    fn from_chunks_impl<const WIDE: bool, T, I, F>(len: usize, produce: F) -> Result<CpuStorage>
     where
         T: WithDType,
         I: Iterator<Item = T>,
@@ -108,7 +128,7 @@ impl CpuStorage {
         // us until it is moved into the returned storage. `MaybeUninit<T>` has no validity
         // requirement, so viewing fresh bytes as it is sound.
         let out: &mut [MaybeUninit<T>] = unsafe { std::slice::from_raw_parts_mut(ptr, len) };
-        let fill = |start: usize, dst: &mut [MaybeUninit<T>]| {
+        let fill_plain = |start: usize, dst: &mut [MaybeUninit<T>]| {
             let mut written = 0;
             let n = dst.len();
             for (d, v) in dst.iter_mut().zip(produce(start..start + n)) {
@@ -117,6 +137,13 @@ impl CpuStorage {
             }
             for d in &mut dst[written..] {
                 d.write(T::ZERO);
+            }
+        };
+        let fill = |start: usize, dst: &mut [MaybeUninit<T>]| {
+            if WIDE {
+                crate::cpu::simd::widest(|| fill_plain(start, dst));
+            } else {
+                fill_plain(start, dst);
             }
         };
         if len >= PAR_THRESHOLD {

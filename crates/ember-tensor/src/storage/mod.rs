@@ -119,6 +119,25 @@ impl StorageCell {
 /// Runs `f` with read access to every cell in `cells` (duplicates locked once, locks taken
 /// in address order). See Note [Storage sharing].
 pub(crate) fn read_many<R>(cells: &[&Arc<StorageCell>], f: impl FnOnce(&[&Storage]) -> R) -> R {
+    // The one- and two-input cases of every elementwise op, without heap allocation.
+    match cells {
+        [a] => return f(&[&*a.read()]),
+        [a, b] if a.addr() == b.addr() => {
+            let g = a.read();
+            return f(&[&*g, &*g]);
+        }
+        [a, b] => {
+            let (lo, hi) = if a.addr() < b.addr() { (a, b) } else { (b, a) };
+            let (g_lo, g_hi) = (lo.read(), hi.read());
+            let (sa, sb) = if a.addr() < b.addr() {
+                (&*g_lo, &*g_hi)
+            } else {
+                (&*g_hi, &*g_lo)
+            };
+            return f(&[sa, sb]);
+        }
+        _ => {}
+    }
     let mut order: Vec<usize> = (0..cells.len()).collect();
     order.sort_by_key(|&i| cells[i].addr());
     order.dedup_by_key(|i| cells[*i].addr());

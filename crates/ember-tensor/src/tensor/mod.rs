@@ -291,9 +291,29 @@ impl Tensor {
         Err(cuda_error("to", *device))
     }
 
-    /// `to(device, dtype)`.
-    pub fn to(&self, device: &Device, dtype: DType) -> Result<Tensor> {
-        self.to_device(device)?.to_dtype(dtype)
+    /// PyTorch's `tensor.to(...)`: to a device (`Device`, `&Device` or a string such as
+    /// `"cuda:0"`), to a dtype, or both as a pair. Returns this tensor itself (sharing
+    /// storage) when nothing changes.
+    ///
+    /// ```
+    /// use ember_tensor::{DType, Device, Tensor};
+    /// let t = Tensor::ones([2], ())?;
+    /// assert!(t.to("cpu")?.shares_storage(&t));
+    /// assert_eq!(t.to(DType::F16)?.dtype(), DType::F16);
+    /// assert_eq!(t.to((&Device::Cpu, DType::I64))?.to_vec::<i64>()?, vec![1, 1]);
+    /// assert!(t.to("gpu").unwrap_err().to_string().contains("cuda:N"));
+    /// # Ok::<(), ember_tensor::TensorError>(())
+    /// ```
+    pub fn to(&self, target: impl ToTarget) -> Result<Tensor> {
+        let (device, dtype) = target.target()?;
+        let t = match device {
+            Some(d) => self.to_device(&d)?,
+            None => self.clone(),
+        };
+        match dtype {
+            Some(d) => t.to_dtype(d),
+            None => Ok(t),
+        }
     }
 
     /// This tensor on the CPU.
@@ -304,6 +324,39 @@ impl Tensor {
     /// This tensor on `cuda:0` (an error until the CUDA backend exists).
     pub fn cuda(&self) -> Result<Tensor> {
         self.to_device(&Device::Cuda(0))
+    }
+}
+
+/// What [`Tensor::to`] accepts: a device, a device string, a dtype, or a (device, dtype)
+/// pair.
+pub trait ToTarget {
+    /// The device and the dtype asked for (`None`: unchanged).
+    fn target(self) -> Result<(Option<Device>, Option<DType>)>;
+}
+
+impl ToTarget for Device {
+    fn target(self) -> Result<(Option<Device>, Option<DType>)> {
+        Ok((Some(self), None))
+    }
+}
+impl ToTarget for &Device {
+    fn target(self) -> Result<(Option<Device>, Option<DType>)> {
+        Ok((Some(*self), None))
+    }
+}
+impl ToTarget for &str {
+    fn target(self) -> Result<(Option<Device>, Option<DType>)> {
+        Ok((Some(self.parse::<Device>()?), None))
+    }
+}
+impl ToTarget for DType {
+    fn target(self) -> Result<(Option<Device>, Option<DType>)> {
+        Ok((None, Some(self)))
+    }
+}
+impl<D: ToTarget> ToTarget for (D, DType) {
+    fn target(self) -> Result<(Option<Device>, Option<DType>)> {
+        Ok((self.0.target()?.0, Some(self.1)))
     }
 }
 

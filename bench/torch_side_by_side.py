@@ -71,6 +71,42 @@ def _matmul(m: int, k: int, n: int, dtype: str = "float32", trans: str = "") -> 
     return setup
 
 
+N16M = 16 * 1024 * 1024
+
+
+def _elementwise(op: str) -> Callable:
+    """PyTorch's fastest form: into a preallocated `out=` (no page faults on a fresh buffer).
+    The target is Ember's ordinary allocating op against this."""
+
+    def setup():
+        import torch
+
+        a, b, c = torch.randn(N16M), torch.randn(N16M), torch.empty(N16M)
+        fns = {
+            "add": (lambda: torch.add(a, b, out=c), 12.0 * N16M),
+            "relu": (lambda: torch.clamp_min(a, 0.0, out=c), 8.0 * N16M),
+            "exp": (lambda: torch.exp(a, out=c), 8.0 * N16M),
+            "sum": (lambda: torch.sum(a), 4.0 * N16M),
+        }
+        return fns[op]
+
+    return setup
+
+
+def _softmax_ce():
+    import torch
+
+    logits, target = torch.randn(4096, 1000), torch.randint(0, 1000, (4096,))
+    return (lambda: torch.nn.functional.cross_entropy(logits, target)), 1.0
+
+
+def _tiny():
+    import torch
+
+    a, b = torch.randn(4), torch.randn(4)
+    return (lambda: torch.add(a, b)), 1.0
+
+
 CASES: list[Case] = (
     [Case(f"matmul_f32_n{n}", "GFLOP/s", True, _matmul(n, n, n), 1e-9) for n in (128, 256, 512, 1024, 2048)]
     + [Case(f"matmul_bf16_n{n}", "GFLOP/s", True, _matmul(n, n, n, "bfloat16"), 1e-9) for n in (1024, 2048)]
@@ -86,6 +122,9 @@ CASES: list[Case] = (
             (2000, 128, 1000, "a"),
         ]
     ]
+    + [Case(f"{op}_f32_16m", "GB/s", True, _elementwise(op), 1e-9) for op in ("add", "relu", "exp", "sum")]
+    + [Case("softmax_ce_4096x1000", "ms", False, _softmax_ce, 1e3)]
+    + [Case("tiny_op_overhead", "us", False, _tiny, 1e6)]
 )
 
 

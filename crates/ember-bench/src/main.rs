@@ -8,6 +8,7 @@
 mod alloc;
 mod harness;
 mod matmul;
+mod tensor_ops;
 
 use std::process::ExitCode;
 
@@ -33,6 +34,10 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     if let Err(e) = matmul::run(&opts, &mut records) {
+        eprintln!("ember-bench: {e}");
+        return ExitCode::FAILURE;
+    }
+    if let Err(e) = tensor_ops::run(&opts, &mut records) {
         eprintln!("ember-bench: {e}");
         return ExitCode::FAILURE;
     }

@@ -11,6 +11,17 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
+//! - [`Tensor`], [`DType`] and the rest of [`tensor`] — the eager tensor and its ops
+//!   (`ember-tensor`):
+//!
+//! ```
+//! use ember::{DType, Device, Tensor};
+//! let x = Tensor::ones([2, 3], (DType::F32, &Device::Cpu))?;
+//! let y = x.matmul(&x.t()?)?;
+//! assert_eq!(y.to_vec::<f32>()?, vec![3.0, 3.0, 3.0, 3.0]);
+//! # Ok::<(), ember::tensor::TensorError>(())
+//! ```
+//!
 //! - [`Device`], [`try_gpu`], [`try_all_gpus`] — from `ember-device`.
 //! - [`cuda`] — `torch.cuda`'s discovery calls, streams and events; [`driver`] the seam.
 //! - [`memory`] — the caching allocator and its statistics (`ember-memory`).
@@ -20,6 +31,12 @@
 pub mod info;
 
 pub use ember_device::{Device, DeviceError, cuda, driver, trace, try_all_gpus, try_gpu};
+pub use ember_tensor::{DType, Tensor};
+
+/// Tensors: dtypes, shapes, the eager [`Tensor`] and its ops, random numbers, safetensors.
+pub mod tensor {
+    pub use ember_tensor::*;
+}
 
 /// The caching allocator and memory statistics, for every device (the CPU included).
 pub mod memory {

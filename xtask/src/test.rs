@@ -38,6 +38,32 @@ pub fn run(args: &[String]) -> Result<(), String> {
             .env("EMBER_CUDA_EMULATOR", "2")
             .env_remove("EMBER_CUDA_EMULATOR_MEMORY"),
     )?;
+    // The emulated CUDA kernels once more under AddressSanitizer + UBSan: an out-of-bounds
+    // access in a kernel fails here as compute-sanitizer would report it on a GPU. Its own
+    // target directory, so the sanitizer build does not invalidate the ordinary one;
+    // `--tests` because rustdoc crashes with libasan preloaded.
+    let libasan = std::process::Command::new("g++")
+        .arg("-print-file-name=libasan.so")
+        .output()
+        .map_err(|e| format!("cannot run g++ to find libasan: {e}"))?;
+    let libasan = String::from_utf8_lossy(&libasan.stdout).trim().to_string();
+    if !std::path::Path::new(&libasan).is_absolute() {
+        return Err(format!(
+            "g++ does not know libasan.so (it answered {libasan:?}); install the compiler's sanitizer runtime (Debian: libasan8)"
+        ));
+    }
+    let target_dir = std::env::var("CARGO_TARGET_DIR").unwrap_or_else(|_| "target".into());
+    run_step(
+        "cargo test -p ember-kernels (emulated kernels under ASan + UBSan)",
+        cargo()
+            .args(["test", "-p", "ember-kernels", "--tests", "--locked"])
+            .env("EMBER_KERNELS_ASAN", "1")
+            .env("CARGO_TARGET_DIR", format!("{target_dir}/asan"))
+            .env(
+                "CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER",
+                format!("env LD_PRELOAD={libasan} ASAN_OPTIONS=detect_leaks=0"),
+            ),
+    )?;
     eprintln!("==> all checks passed");
     Ok(())
 }

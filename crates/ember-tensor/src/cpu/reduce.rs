@@ -74,21 +74,30 @@ impl Fold<f32> for SumF32 {
         a + b
     }
     fn fold_slice(&self, acc: f64, xs: &[f32], _: usize) -> f64 {
-        const LANES: usize = 16;
-        let mut total = acc;
-        for block in xs.chunks(1024) {
-            let mut lanes = [0f32; LANES];
-            let chunks = block.chunks_exact(LANES);
-            let tail: f64 = chunks.remainder().iter().map(|&x| x as f64).sum();
-            for c in chunks {
-                for (l, &x) in lanes.iter_mut().zip(c) {
-                    *l += x;
-                }
-            }
-            total += lanes.iter().map(|&l| l as f64).sum::<f64>() + tail;
-        }
-        total
+        crate::cpu::simd::widest(
+            #[inline(always)]
+            || sum_f32_blocks(acc, xs),
+        )
     }
+}
+
+/// The body of [`SumF32::fold_slice`], inlined into `simd::widest`'s trampolines.
+#[inline(always)]
+fn sum_f32_blocks(acc: f64, xs: &[f32]) -> f64 {
+    const LANES: usize = 16;
+    let mut total = acc;
+    for block in xs.chunks(1024) {
+        let mut lanes = [0f32; LANES];
+        let chunks = block.chunks_exact(LANES);
+        let tail: f64 = chunks.remainder().iter().map(|&x| x as f64).sum();
+        for c in chunks {
+            for (l, &x) in lanes.iter_mut().zip(c) {
+                *l += x;
+            }
+        }
+        total += lanes.iter().map(|&l| l as f64).sum::<f64>() + tail;
+    }
+    total
 }
 
 /// Sum of integers (and bools) in i64, wrapping.

@@ -97,16 +97,14 @@ fn softmax_t<T: SoftmaxFloat>(
     let mut out = CpuStorage::from_chunks(n, |_| std::iter::empty::<T>())?;
     let y = out.as_mut_slice::<T>()?;
     let block = size * inner;
+    // `#[inline(always)]` on the closure and on `rows`: a large closure called from
+    // `widest`'s three paths is otherwise not inlined into the trampolines and stays SSE2
+    // code (seen with `perf annotate`).
     let run = |xs: &[T], ys: &mut [T]| {
-        super::simd::widest(|| {
-            for (xb, yb) in xs.chunks(block).zip(ys.chunks_mut(block)) {
-                if inner == 1 {
-                    row(xb, yb, log);
-                } else {
-                    block_rows(xb, yb, size, inner, log);
-                }
-            }
-        })
+        super::simd::widest(
+            #[inline(always)]
+            || rows(xs, ys, size, inner, log),
+        );
     };
     if n >= PAR_THRESHOLD && n / block > 1 {
         // Whole blocks per task, at least PAR_THRESHOLD elements each.
@@ -118,6 +116,19 @@ fn softmax_t<T: SoftmaxFloat>(
         run(x, y);
     }
     Ok(out)
+}
+
+/// Every row of `x` (whole `[size, inner]` blocks) into `y`.
+#[inline(always)]
+fn rows<T: SoftmaxFloat>(x: &[T], y: &mut [T], size: usize, inner: usize, log: bool) {
+    let block = size * inner;
+    for (xb, yb) in x.chunks(block).zip(y.chunks_mut(block)) {
+        if inner == 1 {
+            row(xb, yb, log);
+        } else {
+            block_rows(xb, yb, size, inner, log);
+        }
+    }
 }
 
 /// Sum of `exp(x - m)` with 8 independent accumulators (so the loop vectorises).

@@ -130,6 +130,10 @@ impl Layout {
 
     /// Broadcast to `target` (expanded dims get stride 0).
     pub fn broadcast_as(&self, op: &'static str, target: &Shape) -> Result<Layout> {
+        // Same shape: nothing to expand (the common case of elementwise ops).
+        if self.shape == *target {
+            return Ok(self.clone());
+        }
         let err = || TensorError::ShapeMismatch {
             op,
             msg: format!(

@@ -249,6 +249,9 @@ impl<D: Dim> Dims for Vec<D> {
 /// assert_eq!(e.to_string(), "add: shapes [2, 3] and [4] cannot be broadcast");
 /// ```
 pub fn broadcast_shape(op: &'static str, lhs: &Shape, rhs: &Shape) -> Result<Shape> {
+    if lhs == rhs {
+        return Ok(lhs.clone());
+    }
     let (a, b) = (lhs.dims(), rhs.dims());
     let rank = a.len().max(b.len());
     let mut out = vec![0; rank];

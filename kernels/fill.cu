@@ -1,6 +1,6 @@
 // fill and arange: out[i] = value, out[i] = start + i * step. Contiguous outputs only.
 //
-//   ember_fill_{f32,f16,bf16,i64}(T* out, i64 n, T value)
+//   ember_fill_{f32,f64,f16,bf16,i64,i32,u8,bool}(T* out, i64 n, T value)
 //   ember_arange_{f32,f16,bf16}(T* out, i64 n, double start, double step)
 //   ember_arange_i64(i64* out, i64 n, i64 start, i64 step)
 //
@@ -59,7 +59,11 @@ __device__ void arange_int(i64* out, i64 n, i64 start, i64 step) {
 EMBER_FILL(f32, float)
 EMBER_FILL(f16, ember::f16)
 EMBER_FILL(bf16, ember::bf16)
+EMBER_FILL(f64, double)
 EMBER_FILL(i64, ember::i64)
+EMBER_FILL(i32, ember::i32)
+EMBER_FILL(u8, ember::u8)
+EMBER_FILL(bool, bool)
 
 EMBER_ARANGE_FLOAT(f32, float)
 EMBER_ARANGE_FLOAT(f16, ember::f16)

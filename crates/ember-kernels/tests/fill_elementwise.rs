@@ -109,9 +109,25 @@ fn fill_every_dtype() {
     fill_case("f16", f16::from_f32(3.5));
     fill_case("bf16", bf16::from_f32(-7.0));
     fill_case("i64", 0x0123_4567_89AB_CDEFi64);
+    fill_case("f64", -0.1f64);
+    fill_case("i32", -123_456_789i32);
+    fill_case("u8", 0xA5u8);
+    fill_bool();
     // NaN and infinity bit patterns travel unchanged.
     fill_case("f16", f16::from_bits(0x7E01));
     fill_case("bf16", bf16::INFINITY);
+}
+
+/// bool is one byte 0/1; the buffer is read back as u8.
+fn fill_bool() {
+    let (d, m) = setup(0);
+    for (n, value) in [(1003usize, true), (17, false)] {
+        let buf = Buf::<u8>::from_slice(&d, 0, &vec![7u8; n]);
+        let mut args = KernelArgs::new();
+        args.ptr(buf.ptr).push(n as i64).push(value);
+        launch(&d, m, "ember_fill_bool", 3, 128, 0, &mut args).unwrap();
+        assert_eq!(buf.to_vec(), vec![u8::from(value); n], "fill_bool n={n}");
+    }
 }
 
 fn arange_float_case<T: FloatElem>(start: f64, step: f64, n: usize) {

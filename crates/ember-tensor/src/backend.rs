@@ -2,8 +2,10 @@
 //! the backend variant that calls that backend's kernel. See Note [Dispatch].
 
 use crate::cpu;
+use crate::cuda;
 use crate::dtype::DType;
 use crate::error::Result;
+use crate::error::TensorError;
 use crate::layout::Layout;
 use crate::op::{BinaryOpT, CmpOp, ReduceOp, UnaryOpT};
 use crate::scalar::Scalar;
@@ -29,12 +31,14 @@ impl Storage {
     pub(crate) fn cast(&self, l: &Layout, dtype: DType) -> Result<Storage> {
         match self {
             Storage::Cpu(s) => Ok(Storage::Cpu(cpu::cast(s, l, dtype)?)),
+            Storage::Cuda(s) => Ok(Storage::Cuda(cuda::cast(s, l, dtype)?)),
         }
     }
 
     pub(crate) fn unary<O: UnaryOpT>(&self, l: &Layout) -> Result<Storage> {
         match self {
             Storage::Cpu(s) => Ok(Storage::Cpu(cpu::elementwise::unary::<O>(s, l)?)),
+            Storage::Cuda(s) => Ok(Storage::Cuda(cuda::unary::<O>(s, l)?)),
         }
     }
 
@@ -48,6 +52,10 @@ impl Storage {
             (Storage::Cpu(a), Storage::Cpu(b)) => {
                 Ok(Storage::Cpu(cpu::elementwise::binary::<O>(a, la, b, lb)?))
             }
+            (Storage::Cuda(a), Storage::Cuda(b)) => {
+                Ok(Storage::Cuda(cuda::binary::<O>(a, la, b, lb)?))
+            }
+            (a, b) => Err(mixed(a, b)),
         }
     }
 
@@ -61,6 +69,8 @@ impl Storage {
             (Storage::Cpu(d), Storage::Cpu(s)) => {
                 cpu::elementwise::binary_inplace::<O>(d, ld, s, ls)
             }
+            (Storage::Cuda(d), Storage::Cuda(s)) => cuda::binary_inplace::<O>(d, ld, s, ls),
+            (d, s) => Err(mixed(d, s)),
         }
     }
 
@@ -75,6 +85,8 @@ impl Storage {
             (Storage::Cpu(a), Storage::Cpu(b)) => {
                 Ok(Storage::Cpu(cpu::elementwise::cmp(op, a, la, b, lb)?))
             }
+            (Storage::Cuda(a), Storage::Cuda(b)) => Ok(Storage::Cuda(cuda::cmp(op, a, la, b, lb)?)),
+            (a, b) => Err(mixed(a, b)),
         }
     }
 
@@ -90,6 +102,10 @@ impl Storage {
             (Storage::Cpu(c), Storage::Cpu(t), Storage::Cpu(f)) => Ok(Storage::Cpu(
                 cpu::elementwise::where_cond(c, lc, t, lt, f, lf)?,
             )),
+            (Storage::Cuda(c), Storage::Cuda(t), Storage::Cuda(f)) => {
+                Ok(Storage::Cuda(cuda::where_cond((c, lc), (t, lt), (f, lf))?))
+            }
+            (c, t, f) => Err(mixed(c, if c.device() == t.device() { f } else { t })),
         }
     }
 
@@ -101,6 +117,7 @@ impl Storage {
     ) -> Result<Storage> {
         match self {
             Storage::Cpu(s) => Ok(Storage::Cpu(cpu::elementwise::clamp(s, l, min, max)?)),
+            Storage::Cuda(s) => Ok(Storage::Cuda(cuda::clamp(s, l, min, max)?)),
         }
     }
 
@@ -112,12 +129,14 @@ impl Storage {
     ) -> Result<()> {
         match self {
             Storage::Cpu(s) => cpu::elementwise::clamp_inplace(s, l, min, max),
+            Storage::Cuda(s) => cuda::clamp_inplace(s, l, min, max),
         }
     }
 
     pub(crate) fn fill(&mut self, l: &Layout, value: Scalar) -> Result<()> {
         match self {
             Storage::Cpu(s) => cpu::elementwise::fill(s, l, value),
+            Storage::Cuda(s) => cuda::fill(s, l, value),
         }
     }
 
@@ -125,6 +144,8 @@ impl Storage {
     pub(crate) fn copy_from(&mut self, ld: &Layout, src: &Storage, ls: &Layout) -> Result<()> {
         match (self, src) {
             (Storage::Cpu(d), Storage::Cpu(s)) => cpu::elementwise::copy(d, ld, s, ls),
+            (Storage::Cuda(d), Storage::Cuda(s)) => cuda::copy(d, ld, s, ls),
+            (d, s) => Err(mixed(d, s)),
         }
     }
 
@@ -132,6 +153,7 @@ impl Storage {
     pub(crate) fn reduce(&self, op: ReduceOp, l: &Layout, dims: &[usize]) -> Result<Storage> {
         match self {
             Storage::Cpu(s) => Ok(Storage::Cpu(cpu::reduce::reduce(op, s, l, dims)?)),
+            Storage::Cuda(s) => Ok(Storage::Cuda(cuda::reduce(op, s, l, dims)?)),
         }
     }
 
@@ -141,6 +163,8 @@ impl Storage {
             (Storage::Cpu(a), Storage::Cpu(b)) => {
                 Ok(Storage::Cpu(cpu::matmul::matmul(a, la, b, lb)?))
             }
+            (Storage::Cuda(a), Storage::Cuda(b)) => Ok(Storage::Cuda(cuda::matmul(a, la, b, lb)?)),
+            (a, b) => Err(mixed(a, b)),
         }
     }
 
@@ -155,6 +179,7 @@ impl Storage {
             (Storage::Cpu(s), Storage::Cpu(i)) => {
                 Ok(Storage::Cpu(cpu::index::index_select(s, l, dim, i, il)?))
             }
+            (s, i) => Err(not_yet("index_select", s, i)),
         }
     }
 
@@ -169,6 +194,7 @@ impl Storage {
             (Storage::Cpu(s), Storage::Cpu(i)) => {
                 Ok(Storage::Cpu(cpu::index::gather(s, l, dim, i, il)?))
             }
+            (s, i) => Err(not_yet("gather", s, i)),
         }
     }
 
@@ -186,6 +212,30 @@ impl Storage {
             (Storage::Cpu(d), Storage::Cpu(i), Storage::Cpu(s)) => Ok(Storage::Cpu(
                 cpu::index::scatter_add(d, l, dim, i, il, s, sl)?,
             )),
+            (d, i, _) => Err(not_yet("scatter_add", d, i)),
         }
     }
+}
+
+/// Two storages on different devices reached a kernel; the fronts prevent this, so it is an
+/// internal error, reported as the fronts would.
+pub(crate) fn mixed(a: &Storage, b: &Storage) -> TensorError {
+    TensorError::DeviceMismatch {
+        first: a.device(),
+        second: b.device(),
+    }
+}
+
+/// An op whose CUDA kernel is not wired yet (issue 4): a clear error rather than a fallback.
+pub(crate) fn not_yet(op: &'static str, a: &Storage, b: &Storage) -> TensorError {
+    if a.device() != b.device() {
+        return mixed(a, b);
+    }
+    TensorError::invalid(
+        op,
+        format!(
+            "not implemented on {} yet (the CUDA kernel is not wired)",
+            a.device()
+        ),
+    )
 }

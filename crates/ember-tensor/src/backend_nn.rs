@@ -8,7 +8,9 @@
 //! every output size before calling down, so kernels can trust these parameters; they
 //! still index through `get` and report a layout outside its storage as an error.
 
+use crate::backend::not_yet;
 use crate::cpu;
+use crate::cuda;
 use crate::error::Result;
 use crate::layout::Layout;
 use crate::storage::Storage;
@@ -76,6 +78,7 @@ impl Storage {
             (Storage::Cpu(x), Storage::Cpu(w), Some((Storage::Cpu(b), lb))) => Ok(Storage::Cpu(
                 cpu::conv::conv2d(x, lx, w, lw, Some((b, lb)), p)?,
             )),
+            (x, w, _) => Err(not_yet("conv2d", x, w)),
         }
     }
 
@@ -87,6 +90,7 @@ impl Storage {
                 let (v, i) = cpu::pool::max_pool2d(x, l, p)?;
                 Ok((Storage::Cpu(v), Storage::Cpu(i)))
             }
+            x => Err(not_yet("max_pool2d", x, x)),
         }
     }
 
@@ -99,6 +103,7 @@ impl Storage {
     ) -> Result<Storage> {
         match self {
             Storage::Cpu(x) => Ok(Storage::Cpu(cpu::pool::avg_pool2d(x, l, p, divisor)?)),
+            x => Err(not_yet("avg_pool2d", x, x)),
         }
     }
 
@@ -106,6 +111,7 @@ impl Storage {
     pub(crate) fn softmax(&self, l: &Layout, dim: usize, log: bool) -> Result<Storage> {
         match self {
             Storage::Cpu(x) => Ok(Storage::Cpu(cpu::softmax::softmax(x, l, dim, log)?)),
+            Storage::Cuda(x) => Ok(Storage::Cuda(cuda::softmax(x, l, dim, log)?)),
         }
     }
 
@@ -131,6 +137,7 @@ impl Storage {
                 let (l, w) = cpu::loss::nll_loss(x, lx, t, lt, Some((w, lw)), ignore_index)?;
                 Ok((Storage::Cpu(l), Storage::Cpu(w)))
             }
+            (x, t, _) => Err(not_yet("nll_loss", x, t)),
         }
     }
 }

@@ -168,14 +168,6 @@ pub enum TensorError {
         /// The other device.
         second: Device,
     },
-    /// A CUDA tensor was asked for and the CUDA backend does not exist yet.
-    #[error("{op}: tensor on {device}: the CUDA backend is not built yet")]
-    CudaBackendMissing {
-        /// The op.
-        op: &'static str,
-        /// The device asked for.
-        device: Device,
-    },
     /// CUDA was asked for but is unavailable on this machine.
     #[error("{op}: cannot use {device}: CUDA is not available: {reason}")]
     CudaUnavailable {
@@ -209,6 +201,10 @@ pub enum TensorError {
     /// The allocator failed (out of memory, ...).
     #[error(transparent)]
     Memory(#[from] MemoryError),
+    /// A CUDA kernel could not be loaded or launched (including "this build has no CUDA
+    /// kernels: run `cargo xtask kernels`" on a real GPU without the fatbin).
+    #[error(transparent)]
+    Kernels(#[from] ember_kernels::KernelsError),
     /// A size computation overflowed `usize`.
     #[error("{op}: tensor of shape {shape} is too large (element count overflows)")]
     TooLarge {

@@ -254,7 +254,7 @@ where
     })
 }
 
-fn empty_extreme(op: ReduceOp) -> TensorError {
+pub(crate) fn empty_extreme(op: ReduceOp) -> TensorError {
     TensorError::invalid(
         op.name(),
         "expected reduction dim to be specified for input.numel() == 0, or a reduced dim of non-zero size",

@@ -46,7 +46,8 @@ impl Tensor {
         }
     }
 
-    /// Copies `src` (broadcast to this shape, cast to this dtype) into this tensor.
+    /// Copies `src` (broadcast to this shape, cast to this dtype, moved to this device) into
+    /// this tensor.
     ///
     /// ```
     /// use ember_tensor::Tensor;
@@ -57,6 +58,8 @@ impl Tensor {
     /// ```
     pub fn copy_(&self, src: &Tensor) -> Result<&Tensor> {
         self.writable("copy_")?;
+        // The one op that crosses devices, as PyTorch's: the source comes over first.
+        let src = &src.to_device(&self.device())?;
         let s = self.inplace_source("copy_", src, self.dtype())?;
         write_read(self.cell(), s.cell(), |d, sv| {
             d.copy_from(self.layout(), sv, s.layout())

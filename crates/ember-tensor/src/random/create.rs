@@ -14,8 +14,8 @@ use super::{Generator, default_generator};
 use crate::dtype::{DType, WithDType};
 use crate::error::{Result, TensorError};
 use crate::shape::Shape;
-use crate::storage::{CpuStorage, Storage};
-use crate::tensor::{Options, Tensor, cuda_error};
+use crate::storage::CpuStorage;
+use crate::tensor::{Options, Tensor, on_device};
 
 /// The generator an op uses: the one given, or the device's default.
 enum Gen<'a> {
@@ -50,8 +50,8 @@ fn prepare<'a>(
             ),
         ));
     }
-    if device.is_cuda() {
-        return Err(cuda_error(op, device));
+    if let Device::Cuda(i) = device {
+        crate::cuda::ctx(op, i)?;
     }
     let n = shape.checked_numel(op)?;
     let g = match gen_ {
@@ -71,10 +71,14 @@ fn fill<S: Sampler, T: WithDType>(
     conv: impl Fn(S::Out) -> T + Sync,
 ) -> Result<Tensor> {
     let (key, base) = g.reserve(counters::<S>(n));
-    // The only backend for now; CUDA devices were refused in `prepare` (issue 4 adds the
-    // Philox kernel here).
+    // For CUDA devices the samples are drawn here and copied over: the same numbers the
+    // Philox kernels draw for this key and base (Note [Random streams]) until those kernels
+    // are wired in.
     let st = CpuStorage::from_chunks(n, |r| samples(&s, key, base, r).map(&conv))?;
-    Ok(Tensor::from_storage(Storage::Cpu(st), shape))
+    Ok(Tensor::from_storage(
+        on_device("random", st, g.device())?,
+        shape,
+    ))
 }
 
 fn uniform(shape: Shape, o: Options, gen_: Option<&Generator>) -> Result<Tensor> {

@@ -50,6 +50,23 @@ fn cpu_allocator() -> Result<&'static Arc<CachingAllocator>> {
     Ok(CPU.get_or_init(|| a))
 }
 
+/// `len * size` of `dtype`, or [`TensorError::TooLarge`] past `isize::MAX` bytes.
+pub(crate) fn checked_bytes(dtype: DType, len: usize) -> Result<usize> {
+    len.checked_mul(dtype.size_in_bytes())
+        .filter(|&b| b <= isize::MAX as usize)
+        .ok_or_else(|| TensorError::TooLarge {
+            op: "alloc",
+            shape: format!("[{len}]"),
+        })
+}
+
+pub(crate) fn short_allocation(got: usize, want: usize) -> TensorError {
+    TensorError::invalid(
+        "alloc",
+        format!("the allocator returned {got} bytes; {want} were asked for"),
+    )
+}
+
 impl CpuStorage {
     /// The dtype.
     pub fn dtype(&self) -> DType {
@@ -104,23 +121,10 @@ impl CpuStorage {
                 len,
             });
         }
-        let bytes = len
-            .checked_mul(dtype.size_in_bytes())
-            .filter(|&b| b <= isize::MAX as usize)
-            .ok_or_else(|| TensorError::TooLarge {
-                op: "alloc",
-                shape: format!("[{len}]"),
-            })?;
+        let bytes = checked_bytes(dtype, len)?;
         let alloc = cpu_allocator()?.allocate(bytes)?;
-        if alloc.len() < bytes || alloc.device() != Device::Cpu {
-            return Err(TensorError::invalid(
-                "alloc",
-                format!(
-                    "allocator returned {} bytes on {}; {bytes} on cpu were asked for",
-                    alloc.len(),
-                    alloc.device()
-                ),
-            ));
+        if alloc.len() < bytes {
+            return Err(short_allocation(alloc.len(), bytes));
         }
         let ptr = alloc.as_ptr().cast::<MaybeUninit<T>>();
         // SAFETY: `alloc` is a live host allocation of at least `len * size_of::<T>()`
@@ -163,6 +167,68 @@ impl CpuStorage {
     }
 
     /// A storage holding a copy of `data`.
+    /// `len` elements of `dtype`, every byte zero (a valid value of every dtype: 0, 0.0,
+    /// false). For filling from a device copy ([`CpuStorage::write_bytes_with`]).
+    pub(crate) fn zeroed(dtype: DType, len: usize) -> Result<CpuStorage> {
+        if len == 0 {
+            return Ok(CpuStorage {
+                alloc: None,
+                dtype,
+                len,
+            });
+        }
+        let bytes = checked_bytes(dtype, len)?;
+        let alloc = cpu_allocator()?.allocate(bytes)?;
+        if alloc.len() < bytes {
+            return Err(short_allocation(alloc.len(), bytes));
+        }
+        // SAFETY: `alloc` is a live host allocation of at least `bytes` bytes that nothing
+        // else references yet; writing zero bytes into it is always sound.
+        unsafe { std::ptr::write_bytes(alloc.as_ptr(), 0, bytes) };
+        Ok(CpuStorage {
+            alloc: Some(alloc),
+            dtype,
+            len,
+        })
+    }
+
+    /// The elements' bytes (little-endian, as the machine stores them).
+    pub(crate) fn as_bytes(&self) -> &[u8] {
+        match &self.alloc {
+            None => &[],
+            // SAFETY: the allocation holds `len` initialised elements of `dtype`, i.e.
+            // `len * size` initialised bytes (every byte of them is a valid `u8`), and lives
+            // as long as `self`; `&self` excludes mutable access meanwhile.
+            Some(a) => unsafe {
+                std::slice::from_raw_parts(a.as_ptr(), self.len * self.dtype.size_in_bytes())
+            },
+        }
+    }
+
+    /// Lets `write` overwrite the raw bytes (a copy from a device), then restores Note [CPU
+    /// storage validity] for bool (any nonzero byte becomes `true`); every bit pattern is a
+    /// valid value of the other dtypes.
+    pub(crate) fn write_bytes_with(
+        &mut self,
+        write: impl FnOnce(&mut [u8]) -> Result<()>,
+    ) -> Result<()> {
+        let n = self.len * self.dtype.size_in_bytes();
+        let Some(a) = &mut self.alloc else {
+            return Ok(());
+        };
+        // SAFETY: `n` initialised bytes owned by `self`, exclusively borrowed through
+        // `&mut self` for this call; a `u8` view has no validity requirement beyond
+        // initialisation, and bool's is restored below before anyone reads them as bool.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(a.as_ptr(), n) };
+        let result = write(bytes);
+        if self.dtype == DType::Bool {
+            for b in bytes.iter_mut() {
+                *b = u8::from(*b != 0);
+            }
+        }
+        result
+    }
+
     pub(crate) fn from_slice<T: WithDType>(data: &[T]) -> Result<CpuStorage> {
         Self::from_chunks(data.len(), |r| data[r].iter().copied())
     }

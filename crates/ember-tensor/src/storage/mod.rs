@@ -8,12 +8,14 @@ mod cpu;
 
 pub use cpu::CpuStorage;
 pub(crate) use cpu::PAR_THRESHOLD;
+pub(crate) use cpu::{checked_bytes, short_allocation};
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use ember_device::Device;
 
+use crate::cuda::CudaStorage;
 use crate::dtype::DType;
 
 // Note [Storage sharing]
@@ -39,25 +41,29 @@ use crate::dtype::DType;
 pub(crate) enum Storage {
     /// Host memory.
     Cpu(CpuStorage),
-    // Cuda(CudaStorage) arrives with the CUDA backend (issue 4).
+    /// Memory on one CUDA device.
+    Cuda(CudaStorage),
 }
 
 impl Storage {
     pub(crate) fn dtype(&self) -> DType {
         match self {
             Storage::Cpu(s) => s.dtype(),
+            Storage::Cuda(s) => s.dtype(),
         }
     }
 
     pub(crate) fn len(&self) -> usize {
         match self {
             Storage::Cpu(s) => s.len(),
+            Storage::Cuda(s) => s.len(),
         }
     }
 
     pub(crate) fn device(&self) -> Device {
         match self {
             Storage::Cpu(_) => Device::Cpu,
+            Storage::Cuda(s) => Device::Cuda(s.ordinal()),
         }
     }
 }

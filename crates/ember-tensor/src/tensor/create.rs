@@ -8,7 +8,7 @@ use crate::error::{Result, TensorError};
 use crate::scalar::Scalar;
 use crate::shape::Shape;
 use crate::storage::{CpuStorage, Storage};
-use crate::tensor::{Tensor, cuda_error, host_tensor};
+use crate::tensor::{Tensor, host_tensor, on_device};
 
 /// Where and as what to create a tensor: PyTorch's `dtype=` and `device=` keywords.
 ///
@@ -81,14 +81,6 @@ impl From<(DType, &Device)> for Options {
     }
 }
 
-fn check_device(op: &'static str, device: Device) -> Result<()> {
-    if device.is_cuda() {
-        Err(cuda_error(op, device))
-    } else {
-        Ok(())
-    }
-}
-
 /// A new contiguous tensor of `numel` elements of `dtype`, element `i` = `f(i)` (as f64 or
 /// i64 by the dtype's category).
 fn generate(
@@ -98,10 +90,13 @@ fn generate(
     device: Device,
     f: impl Fn(usize) -> Scalar + Sync,
 ) -> Result<Tensor> {
-    check_device(op, device)?;
     let n = shape.checked_numel(op)?;
+    if let Device::Cuda(i) = device {
+        // Validate the device before building anything on the host.
+        crate::cuda::ctx(op, i)?;
+    }
     let s = dispatch!(dtype, T => CpuStorage::from_chunks(n, |r| r.map(|i| f(i).to_dtype::<T>()))?);
-    Ok(Tensor::from_storage(Storage::Cpu(s), shape))
+    Ok(Tensor::from_storage(on_device(op, s, device)?, shape))
 }
 
 impl Tensor {
@@ -164,7 +159,14 @@ impl Tensor {
     ) -> Result<Tensor> {
         let (value, o) = (value.into(), opts.into());
         let dtype = o.dtype.unwrap_or(value.default_dtype());
-        generate("full", shape.into(), dtype, o.device, |_| value)
+        let shape = shape.into();
+        if let Device::Cuda(i) = o.device {
+            // The fill kernel writes the value on the device; nothing crosses from the host.
+            let n = shape.checked_numel("full")?;
+            let s = crate::cuda::full(&crate::cuda::ctx("full", i)?, n, value, dtype)?;
+            return Ok(Tensor::from_storage(Storage::Cuda(s), shape));
+        }
+        generate("full", shape, dtype, o.device, |_| value)
     }
 
     /// Zeros (f32 unless told).

@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use ember_device::Device;
 
+use crate::cuda::CudaStorage;
 use crate::dtype::{DType, WithDType};
 use crate::error::{Result, TensorError};
 use crate::layout::Layout;
@@ -177,22 +178,10 @@ impl Tensor {
 
     fn host_elements<T: WithDType>(&self) -> Result<Vec<T>> {
         self.with_storage(|s, l| match s {
-            Storage::Cpu(c) => {
-                let data = c.as_slice::<T>()?;
-                if let Some(d) = crate::cpu::contiguous_slice(data, l) {
-                    return Ok(d.to_vec());
-                }
-                l.strided_index()
-                    .map(|i| {
-                        data.get(i).copied().ok_or_else(|| {
-                            TensorError::invalid(
-                                "to_vec",
-                                "layout outside storage (internal error)",
-                            )
-                        })
-                    })
-                    .collect()
-            }
+            Storage::Cpu(c) => host_view::<T>(c, l),
+            // The whole storage comes over (views rarely cover a small part of a large
+            // one); then the layout picks the elements as on the CPU.
+            Storage::Cuda(c) => host_view::<T>(&c.download()?, l),
         })
     }
 
@@ -283,12 +272,36 @@ impl Tensor {
     }
 
     /// This tensor on `device`: the same tensor (sharing storage) if it is already there.
-    /// CUDA targets are an error until the CUDA backend exists (issue 4), naming why.
+    /// Otherwise a contiguous copy on `device` (through the driver's copies for CUDA); a
+    /// CUDA device that is unavailable or out of range is an error naming why.
     pub fn to_device(&self, device: &Device) -> Result<Tensor> {
         if *device == self.device() {
             return Ok(self.clone());
         }
-        Err(cuda_error("to", *device))
+        // Only the view's elements travel: a contiguous copy on the source device first
+        // when the view is not the whole storage in order.
+        let whole = self.is_contiguous()
+            && self.storage_offset() == 0
+            && self.numel() == self.storage_len();
+        let src = if whole { self.clone() } else { self.copy()? };
+        let s = src.with_storage(|s, _| -> Result<Storage> {
+            Ok(match (s, *device) {
+                (Storage::Cpu(c), Device::Cuda(i)) => {
+                    Storage::Cuda(CudaStorage::upload(&crate::cuda::ctx("to", i)?, c)?)
+                }
+                (Storage::Cuda(c), Device::Cpu) => Storage::Cpu(c.download()?),
+                (Storage::Cuda(c), Device::Cuda(i)) => {
+                    Storage::Cuda(c.copy_to(&crate::cuda::ctx("to", i)?)?)
+                }
+                // Same device: returned above.
+                (Storage::Cpu(c), Device::Cpu) => Storage::Cpu(crate::cpu::cast(
+                    c,
+                    &Layout::contiguous(self.shape().clone()),
+                    c.dtype(),
+                )?),
+            })
+        })?;
+        Ok(Tensor::from_storage(s, self.shape()))
     }
 
     /// PyTorch's `tensor.to(...)`: to a device (`Device`, `&Device` or a string such as
@@ -321,7 +334,7 @@ impl Tensor {
         self.to_device(&Device::Cpu)
     }
 
-    /// This tensor on `cuda:0` (an error until the CUDA backend exists).
+    /// This tensor on `cuda:0` (an error naming why where CUDA is unavailable).
     pub fn cuda(&self) -> Result<Tensor> {
         self.to_device(&Device::Cuda(0))
     }
@@ -362,14 +375,27 @@ impl<D: ToTarget> ToTarget for (D, DType) {
 
 /// The error for using a CUDA device: CUDA unavailable (with the driver's reason) or the
 /// backend not built yet.
+/// The elements of `l` over a host storage, in row-major order.
+fn host_view<T: WithDType>(c: &CpuStorage, l: &Layout) -> Result<Vec<T>> {
+    let data = c.as_slice::<T>()?;
+    if let Some(d) = crate::cpu::contiguous_slice(data, l) {
+        return Ok(d.to_vec());
+    }
+    l.strided_index()
+        .map(|i| {
+            data.get(i).copied().ok_or_else(|| {
+                TensorError::invalid("to_vec", "layout outside storage (internal error)")
+            })
+        })
+        .collect()
+}
+
 pub(crate) fn cuda_error(op: &'static str, device: Device) -> TensorError {
-    match ember_device::cuda::unavailable_reason() {
-        Some(reason) => TensorError::CudaUnavailable {
-            op,
-            device,
-            reason: reason.to_string(),
-        },
-        None => TensorError::CudaBackendMissing { op, device },
+    TensorError::CudaUnavailable {
+        op,
+        device,
+        reason: ember_device::cuda::unavailable_reason()
+            .map_or_else(|| "no usable driver".to_string(), |r| r.to_string()),
     }
 }
 
@@ -388,17 +414,23 @@ pub(crate) fn same_device(tensors: &[&Tensor]) -> Result<Device> {
     Ok(first)
 }
 
-/// A new CPU tensor from host data (the creation path of every backend for now).
+/// A new tensor on `device` from host data (copied to the device for CUDA).
 pub(crate) fn host_tensor<T: WithDType>(
     data: &[T],
     shape: impl Into<Shape>,
     device: &Device,
 ) -> Result<Tensor> {
-    if device.is_cuda() {
-        return Err(cuda_error("tensor", *device));
+    let s = on_device("tensor", CpuStorage::from_slice(data)?, *device)?;
+    Ok(Tensor::from_storage(s, shape))
+}
+
+/// A host storage as a storage on `device` (uploaded for CUDA).
+pub(crate) fn on_device(op: &'static str, s: CpuStorage, device: Device) -> Result<Storage> {
+    match device {
+        Device::Cpu => Ok(Storage::Cpu(s)),
+        Device::Cuda(i) => Ok(Storage::Cuda(CudaStorage::upload(
+            &crate::cuda::ctx(op, i)?,
+            &s,
+        )?)),
     }
-    Ok(Tensor::from_storage(
-        Storage::Cpu(CpuStorage::from_slice(data)?),
-        shape,
-    ))
 }

@@ -1,0 +1,227 @@
+//! The CUDA backend: [`CudaStorage`] (device memory from the `cuda:N` caching allocator) and
+//! the kernels of `kernels/*.cu` launched on it through the driver seam — the real driver
+//! on a GPU, the CPU emulator in CI. See Note [CUDA backend].
+//!
+//! Every launch here goes to the device's default stream; the copies to and from the host
+//! are ordered on that stream and synchronous, so a result read back is always complete.
+
+mod ops;
+
+pub(crate) use ops::*;
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+use ember_device::Device;
+use ember_device::driver::{DevicePtr, Driver, LaunchConfig, StreamHandle};
+use ember_kernels::{KernelArgs, Module, StridedLayout};
+use ember_memory::{Allocation, CachingAllocator};
+
+use crate::dtype::DType;
+use crate::error::{Result, TensorError};
+use crate::layout::Layout;
+use crate::storage::{CpuStorage, checked_bytes, short_allocation};
+
+// Note [CUDA backend]
+// ~~~~~~~~~~~~~~~~~~~
+// One `Ctx` per device ordinal, made on first use and kept for the process: the driver
+// (`ember_device::cuda::driver()`, real or emulated), Ember's kernels loaded on the device
+// (`ember_kernels::Module`, function handles cached by name) and the device's caching
+// allocator. Each `CudaStorage` holds its `Ctx`, so an op on existing tensors takes the
+// context from its first input without a lookup.
+//
+// Kernels take element pointers and `StridedLayout`s: the host adds each view's storage
+// offset to its base pointer (`CudaStorage::ptr_at`) and passes strides for the iteration
+// shape (`strided`). Outputs are fresh contiguous storages the kernel writes completely, so
+// device memory is never read before it was written; in-place ops compute into a fresh
+// buffer and copy it into the view (`copy_{dtype}`, strided on both sides).
+//
+// The host never dereferences a device address: data crosses only through the driver's
+// copies (`upload`, `download`). Under the emulator, device addresses are tagged, so a
+// stray host dereference would fault rather than silently read memory.
+
+/// What the backend needs on one device.
+pub(crate) struct Ctx {
+    ordinal: usize,
+    driver: Arc<dyn Driver>,
+    module: Module,
+    alloc: Arc<CachingAllocator>,
+}
+
+impl std::fmt::Debug for Ctx {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Ctx(cuda:{})", self.ordinal)
+    }
+}
+
+/// The context of `cuda:{ordinal}`, made on first use. CUDA unavailable is
+/// [`TensorError::CudaUnavailable`] naming `op`; an ordinal past the device count is a
+/// device error naming both.
+pub(crate) fn ctx(op: &'static str, ordinal: usize) -> Result<Arc<Ctx>> {
+    static CTXS: Mutex<Vec<Option<Arc<Ctx>>>> = Mutex::new(Vec::new());
+    let mut table = CTXS.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(Some(c)) = table.get(ordinal) {
+        return Ok(Arc::clone(c));
+    }
+    if !ember_device::cuda::is_available() {
+        return Err(crate::tensor::cuda_error(op, Device::Cuda(ordinal)));
+    }
+    let driver = ember_device::cuda::driver()?;
+    let count = driver.device_count();
+    if ordinal >= count {
+        return Err(ember_device::DeviceError::InvalidIndex {
+            index: ordinal,
+            count,
+        }
+        .into());
+    }
+    let module = Module::load(Arc::clone(&driver), ordinal)?;
+    let alloc = ember_memory::allocator(Device::Cuda(ordinal))?;
+    let c = Arc::new(Ctx {
+        ordinal,
+        driver,
+        module,
+        alloc,
+    });
+    if table.len() <= ordinal {
+        table.resize(ordinal + 1, None);
+    }
+    table[ordinal] = Some(Arc::clone(&c));
+    Ok(c)
+}
+
+impl Ctx {
+    /// Launches kernel `name` on the default stream.
+    ///
+    /// # Safety
+    /// `args` must match the kernel's parameter list (its `.cu` header) in order and type,
+    /// and every pointer among them must be valid for every access the kernel makes with
+    /// these arguments and this geometry.
+    unsafe fn launch(&self, name: &str, config: LaunchConfig, args: &mut KernelArgs) -> Result<()> {
+        // SAFETY: forwarded from this function's contract.
+        unsafe {
+            self.module
+                .launch(name, config, StreamHandle::DEFAULT, args)?
+        };
+        Ok(())
+    }
+}
+
+/// Device memory holding `len` elements of one dtype on one CUDA device.
+#[derive(Debug)]
+pub struct CudaStorage {
+    alloc: Allocation,
+    dtype: DType,
+    len: usize,
+    ctx: Arc<Ctx>,
+}
+
+impl CudaStorage {
+    /// The dtype.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// `true` if there are no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The device ordinal.
+    pub fn ordinal(&self) -> usize {
+        self.ctx.ordinal
+    }
+
+    pub(crate) fn ctx(&self) -> &Arc<Ctx> {
+        &self.ctx
+    }
+
+    /// `len` elements of `dtype` on `ctx`'s device, not initialised: the caller's kernel or
+    /// copy writes every element before the storage is read (Note [CUDA backend]).
+    pub(crate) fn alloc(ctx: &Arc<Ctx>, dtype: DType, len: usize) -> Result<CudaStorage> {
+        let bytes = checked_bytes(dtype, len)?;
+        let alloc = ctx.alloc.allocate(bytes)?;
+        if alloc.len() < bytes {
+            return Err(short_allocation(alloc.len(), bytes));
+        }
+        Ok(CudaStorage {
+            alloc,
+            dtype,
+            len,
+            ctx: Arc::clone(ctx),
+        })
+    }
+
+    /// The device address of element `index` (the start of a view at that offset).
+    pub(crate) fn ptr_at(&self, index: usize) -> DevicePtr {
+        DevicePtr(self.alloc.addr()).offset((index * self.dtype.size_in_bytes()) as u64)
+    }
+
+    /// A copy of a host storage on `ctx`'s device.
+    pub(crate) fn upload(ctx: &Arc<Ctx>, src: &CpuStorage) -> Result<CudaStorage> {
+        let out = CudaStorage::alloc(ctx, src.dtype(), src.len())?;
+        let bytes = src.as_bytes();
+        if !bytes.is_empty() {
+            ctx.driver
+                .memcpy_htod(out.ptr_at(0), bytes, StreamHandle::DEFAULT)?;
+        }
+        Ok(out)
+    }
+
+    /// A host copy of all elements (after the work enqueued on the default stream).
+    pub(crate) fn download(&self) -> Result<CpuStorage> {
+        let mut out = CpuStorage::zeroed(self.dtype, self.len)?;
+        out.write_bytes_with(|bytes| {
+            if !bytes.is_empty() {
+                self.ctx
+                    .driver
+                    .memcpy_dtoh(bytes, self.ptr_at(0), StreamHandle::DEFAULT)?;
+            }
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    /// A copy on another CUDA device (or the same one), contiguous from the whole storage.
+    pub(crate) fn copy_to(&self, ctx: &Arc<Ctx>) -> Result<CudaStorage> {
+        let out = CudaStorage::alloc(ctx, self.dtype, self.len)?;
+        let bytes = self.len * self.dtype.size_in_bytes();
+        if bytes > 0 {
+            self.ctx.driver.memcpy_dtod_async(
+                out.ptr_at(0),
+                self.ptr_at(0),
+                bytes,
+                StreamHandle::DEFAULT,
+            )?;
+            // The destination device's default stream does not order against the source's:
+            // finish the copy before the new storage is used there.
+            self.ctx.driver.synchronize(self.ctx.ordinal)?;
+        }
+        Ok(out)
+    }
+}
+
+/// The kernels' view of `l` as the iteration over its own shape.
+pub(crate) fn strided(op: &'static str, l: &Layout) -> Result<StridedLayout> {
+    let strides: smallvec::SmallVec<[isize; 8]> = l.strides().iter().map(|&s| s as isize).collect();
+    StridedLayout::new(l.dims(), &strides).map_err(|_| too_many_dims(op, l.rank()))
+}
+
+fn too_many_dims(op: &'static str, rank: usize) -> TensorError {
+    TensorError::invalid(
+        op,
+        format!(
+            "the CUDA kernels index at most {} dimensions, but got {rank}",
+            ember_kernels::MAX_DIMS
+        ),
+    )
+}
+
+/// The `{op}_{dtype}` kernel name.
+pub(crate) fn kernel_name(op: &str, dtype: DType) -> String {
+    format!("{op}_{}", dtype.short_name())
+}

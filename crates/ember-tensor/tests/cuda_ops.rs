@@ -1,0 +1,373 @@
+#![allow(clippy::unwrap_used)]
+//! The CUDA backend against the CPU: every op run on `cpu` and on the emulated `cuda:0`
+//! (the real kernels of `kernels/*.cu`, compiled for the CPU) from the same inputs, with
+//! results compared exactly for integers, bools and copies, within dtype tolerance for
+//! floats. Shapes, strides, broadcasting and dtypes come from proptest.
+
+use ember_device::cuda;
+use ember_device::driver::emulator::EmulatorConfig;
+use ember_tensor::{ALL_DTYPES, DType, Device, Result, Scalar, Tensor, TensorError};
+use proptest::prelude::*;
+
+const CPU: Device = Device::Cpu;
+const GPU: Device = Device::Cuda(0);
+
+fn setup() {
+    cuda::use_emulator(EmulatorConfig::devices(2)).unwrap();
+}
+
+/// Relative tolerance of a float dtype's results (kernels and CPU differ in evaluation
+/// order and transcendental implementations).
+fn tol(dtype: DType) -> f64 {
+    match dtype {
+        DType::F16 => 2e-3,
+        DType::Bf16 => 1.6e-2,
+        DType::F32 => 2e-5,
+        _ => 1e-12,
+    }
+}
+
+/// Asserts a CUDA result equals the CPU one: device, dtype and shape, then values.
+fn assert_matches(what: &str, cpu: &Tensor, gpu: &Tensor) {
+    assert_eq!(gpu.device(), GPU, "{what}: device");
+    assert_eq!(cpu.dtype(), gpu.dtype(), "{what}: dtype");
+    assert_eq!(cpu.dims(), gpu.dims(), "{what}: shape");
+    let g = gpu.to_device(&CPU).unwrap();
+    if cpu.dtype().is_float() {
+        let (a, b) = (
+            cpu.to_dtype(DType::F64).unwrap().to_vec::<f64>().unwrap(),
+            g.to_dtype(DType::F64).unwrap().to_vec::<f64>().unwrap(),
+        );
+        let t = tol(cpu.dtype());
+        for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+            let ok = (x.is_nan() && y.is_nan()) || x == y || (x - y).abs() <= t * x.abs().max(1.0);
+            assert!(ok, "{what}: element {i}: cpu {x}, cuda {y}");
+        }
+    } else {
+        let (a, b) = (
+            cpu.to_dtype(DType::I64).unwrap().to_vec::<i64>().unwrap(),
+            g.to_dtype(DType::I64).unwrap().to_vec::<i64>().unwrap(),
+        );
+        assert_eq!(a, b, "{what}");
+    }
+}
+
+/// Runs `f` on the CPU inputs and on copies on `cuda:0`; both succeed and match, or both
+/// fail with the same message.
+fn same(what: &str, inputs: &[&Tensor], f: impl Fn(&[Tensor]) -> Result<Tensor>) {
+    let cpu: Vec<Tensor> = inputs.iter().map(|t| (*t).clone()).collect();
+    let gpu: Vec<Tensor> = inputs.iter().map(|t| t.to_device(&GPU).unwrap()).collect();
+    match (f(&cpu), f(&gpu)) {
+        (Ok(c), Ok(g)) => assert_matches(what, &c, &g),
+        (Err(c), Err(g)) => assert_eq!(c.to_string(), g.to_string(), "{what}: errors"),
+        (c, g) => panic!("{what}: cpu gave {c:?}, cuda gave {g:?}"),
+    }
+}
+
+/// Deterministic values for `dtype`: small integers, or floats in [-3, 3) with a few
+/// specials when `specials`.
+fn values(dtype: DType, n: usize, seed: u64, specials: bool) -> Tensor {
+    let mut state = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    let v: Vec<f64> = (0..n)
+        .map(|i| {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let u = (state >> 11) as f64 / (1u64 << 53) as f64;
+            if specials && i % 7 == 3 {
+                [f64::NAN, f64::INFINITY, -0.0, f64::NEG_INFINITY][(state % 4) as usize]
+            } else if dtype.is_float() {
+                u * 6.0 - 3.0
+            } else {
+                (u * 11.0).floor() - 5.0
+            }
+        })
+        .collect();
+    Tensor::from_slice(&v, [n], &CPU)
+        .unwrap()
+        .to_dtype(dtype)
+        .unwrap()
+}
+
+/// A strided view of `dtype` with shape `dims`: made larger, then sliced and permuted.
+fn view(dtype: DType, dims: &[usize], seed: u64, transposed: bool) -> Tensor {
+    let big: Vec<usize> = dims.iter().map(|&d| d + 1).collect();
+    let n: usize = big.iter().product();
+    let mut t = values(dtype, n, seed, false).reshape(big).unwrap();
+    for (d, &len) in dims.iter().enumerate() {
+        t = t.narrow(d, 1, len).unwrap();
+    }
+    if transposed && dims.len() >= 2 {
+        // The same shape, transposed strides: transpose a transposed copy.
+        let r = dims.len();
+        t = t
+            .transpose(r - 2, r - 1)
+            .unwrap()
+            .contiguous()
+            .unwrap()
+            .transpose(r - 2, r - 1)
+            .unwrap();
+    }
+    t
+}
+
+fn shape() -> impl Strategy<Value = Vec<usize>> {
+    prop::collection::vec(0usize..=4, 0..=3)
+}
+
+fn dtype() -> impl Strategy<Value = DType> {
+    prop::sample::select(ALL_DTYPES.to_vec())
+}
+
+fn float_dtype() -> impl Strategy<Value = DType> {
+    prop::sample::select(vec![DType::F32, DType::F64, DType::F16, DType::Bf16])
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn casts_and_copies_match(dims in shape(), from in dtype(), to in dtype(), seed in 0u64..1000, tr in any::<bool>()) {
+        setup();
+        let x = view(from, &dims, seed, tr);
+        same("cast", &[&x], |t| t[0].to_dtype(to));
+        same("contiguous", &[&x], |t| t[0].contiguous());
+        same("permute+copy", &[&x], |t| {
+            let r = t[0].rank();
+            t[0].permute((0..r).rev().collect::<Vec<_>>())?.copy()
+        });
+    }
+
+    #[test]
+    fn unary_ops_match(dims in shape(), dt in dtype(), seed in 0u64..1000, tr in any::<bool>()) {
+        setup();
+        let x = view(dt, &dims, seed, tr);
+        type Op = fn(&Tensor) -> Result<Tensor>;
+        let ops: [(&str, Op); 19] = [
+            ("neg", Tensor::neg), ("abs", Tensor::abs), ("sign", Tensor::sign),
+            ("exp", Tensor::exp), ("log", Tensor::log), ("log1p", Tensor::log1p),
+            ("sqrt", Tensor::sqrt), ("rsqrt", Tensor::rsqrt), ("sin", Tensor::sin),
+            ("cos", Tensor::cos), ("tanh", Tensor::tanh), ("sigmoid", Tensor::sigmoid),
+            ("reciprocal", Tensor::reciprocal), ("relu", Tensor::relu), ("gelu", Tensor::gelu),
+            ("gelu_tanh", Tensor::gelu_tanh), ("silu", Tensor::silu),
+            ("softplus", Tensor::softplus), ("square", Tensor::square),
+        ];
+        for (name, op) in ops {
+            same(name, &[&x], |t| op(&t[0]));
+        }
+        same("clamp", &[&x], |t| t[0].clamp(Some(Scalar::Int(-1)), Some(Scalar::Float(2.5))));
+        same("clamp_min", &[&x], |t| t[0].clamp_min(0));
+        same("logical_not", &[&x], |t| t[0].logical_not());
+    }
+
+    #[test]
+    fn binary_ops_broadcast_and_promote(
+        da in shape(), keep in prop::collection::vec(any::<bool>(), 3),
+        ta in dtype(), tb in dtype(), seed in 0u64..1000, tr in any::<bool>(),
+    ) {
+        setup();
+        // b broadcasts against a: some dims of a set to 1, and maybe fewer dims.
+        let db: Vec<usize> = da.iter().zip(&keep).map(|(&d, &k)| if k { d } else { 1 }).collect();
+        let db = if keep[0] && !db.is_empty() { db[1..].to_vec() } else { db };
+        let a = view(ta, &da, seed, tr);
+        let b = view(tb, &db, seed + 1, false);
+        type Op = fn(&Tensor, &Tensor) -> Result<Tensor>;
+        let ops: [(&str, Op); 16] = [
+            ("add", |a, b| a.add(b)), ("sub", |a, b| a.sub(b)), ("mul", |a, b| a.mul(b)),
+            ("div", |a, b| a.div(b)), ("pow", |a, b| a.pow(b)), ("maximum", |a, b| a.maximum(b)),
+            ("minimum", |a, b| a.minimum(b)), ("eq", |a, b| a.eq(b)), ("ne", |a, b| a.ne(b)),
+            ("lt", |a, b| a.lt(b)), ("le", |a, b| a.le(b)), ("gt", |a, b| a.gt(b)),
+            ("ge", |a, b| a.ge(b)), ("and", |a, b| a.logical_and(b)),
+            ("or", |a, b| a.logical_or(b)), ("xor", |a, b| a.logical_xor(b)),
+        ];
+        for (name, op) in ops {
+            same(name, &[&a, &b], |t| op(&t[0], &t[1]));
+        }
+        same("add scalar", &[&a], |t| t[0].add(2));
+        same("mul float scalar", &[&a], |t| t[0].mul(0.5));
+        same("where", &[&a, &b], |t| Tensor::where_(&t[0].gt(0)?, &t[0], &t[1]));
+    }
+
+    #[test]
+    fn reductions_match(dims in prop::collection::vec(1usize..=5, 1..=3), dt in dtype(), seed in 0u64..1000,
+                        tr in any::<bool>(), pick in prop::collection::vec(any::<bool>(), 3), keep in any::<bool>()) {
+        setup();
+        let x = view(dt, &dims, seed, tr);
+        let rd: Vec<usize> = (0..dims.len()).filter(|&d| pick[d]).collect();
+        same("sum", &[&x], |t| t[0].sum(rd.clone(), keep));
+        same("sum_all", &[&x], |t| t[0].sum_all());
+        same("prod", &[&x], |t| t[0].prod(rd.clone(), keep));
+        same("amax", &[&x], |t| t[0].amax(rd.clone(), keep));
+        same("amin", &[&x], |t| t[0].amin(rd.clone(), keep));
+        same("argmax", &[&x], |t| t[0].argmax(0, keep));
+        same("argmin", &[&x], |t| t[0].argmin(-1, keep));
+        same("max_dim.values", &[&x], |t| Ok(t[0].max_dim(0, keep)?.0));
+        same("min_dim.indices", &[&x], |t| Ok(t[0].min_dim(-1, keep)?.1));
+        if dt.is_float() {
+            same("mean", &[&x], |t| t[0].mean(rd.clone(), keep));
+            same("var", &[&x], |t| t[0].var(rd.clone(), 1.0, keep));
+            same("std", &[&x], |t| t[0].std(rd.clone(), 0.0, keep));
+            same("logsumexp", &[&x], |t| t[0].logsumexp(rd.clone(), keep));
+            same("softmax", &[&x], |t| t[0].softmax(-1));
+            same("log_softmax", &[&x], |t| t[0].log_softmax(0));
+        }
+    }
+
+    #[test]
+    fn matmul_matches(b in 0usize..=3, m in 0usize..=5, k in 0usize..=5, n in 0usize..=5, dt in float_dtype(),
+                      seed in 0u64..1000, ta in any::<bool>(), tb in any::<bool>(), bcast in any::<bool>()) {
+        setup();
+        let a = view(dt, &[b.max(1), m, k], seed, ta);
+        let bb = if bcast { view(dt, &[k, n], seed + 7, tb) } else { view(dt, &[b.max(1), k, n], seed + 7, tb) };
+        same("matmul", &[&a, &bb], |t| t[0].matmul(&t[1]));
+        let v = view(dt, &[k], seed + 3, false);
+        same("matmul vec", &[&a, &v], |t| t[0].matmul(&t[1]));
+        same("dot", &[&v, &v], |t| t[0].matmul(&t[1]));
+    }
+
+    #[test]
+    fn inplace_ops_write_through_views(dims in prop::collection::vec(1usize..=4, 1..=3), dt in dtype(), seed in 0u64..1000) {
+        setup();
+        let base = view(dt, &dims, seed, false);
+        let src = view(dt, &dims[1..], seed + 5, false);
+        type Op = fn(&Tensor, &Tensor) -> Result<()>;
+        let ops: [(&str, Op); 6] = [
+            ("copy_", |v, s| v.copy_(s).map(|_| ())),
+            ("add_", |v, s| v.add_(s).map(|_| ())),
+            ("mul_", |v, s| v.mul_(s).map(|_| ())),
+            ("fill_", |v, _| v.fill_(3).map(|_| ())),
+            ("zero_", |v, _| v.zero_().map(|_| ())),
+            ("clamp_", |v, _| v.clamp_(Some(Scalar::Int(-1)), Some(Scalar::Int(1))).map(|_| ())),
+        ];
+        for (name, op) in ops {
+            // Write into a transposed view of a copy; compare the whole base afterwards.
+            same(name, &[&base, &src], |t| {
+                let whole = t[0].copy()?;
+                let r = whole.rank();
+                let v = whole.permute((0..r).rev().collect::<Vec<_>>())?
+                    .permute((0..r).rev().collect::<Vec<_>>())?
+                    .narrow(0, 0, 1)?;
+                op(&v, &t[1])?;
+                Ok(whole)
+            });
+        }
+    }
+}
+
+#[test]
+fn to_device_round_trips_and_shares_when_already_there() {
+    setup();
+    let x = view(DType::F32, &[3, 4], 1, true);
+    let g = x.to("cuda:0").unwrap();
+    assert_eq!(g.device(), GPU);
+    assert!(g.is_contiguous());
+    assert_eq!(g.to_vec::<f32>().unwrap(), x.to_vec::<f32>().unwrap());
+    assert!(g.to(GPU).unwrap().shares_storage(&g));
+    // (device, dtype) together
+    let h = x.to((GPU, DType::F16)).unwrap();
+    assert_eq!((h.device(), h.dtype()), (GPU, DType::F16));
+    // views of a device tensor come back as views
+    let col = g.select(1, 2).unwrap();
+    assert_eq!(
+        col.to_vec::<f32>().unwrap(),
+        x.select(1, 2).unwrap().to_vec::<f32>().unwrap()
+    );
+    assert_eq!(
+        g.to_string().replace(", device='cuda:0'", ""),
+        x.to_string(),
+        "Display downloads and shows the device"
+    );
+    assert!(g.to_string().ends_with("device='cuda:0')"), "{g}");
+}
+
+#[test]
+fn creation_on_cuda_matches_cpu() {
+    setup();
+    for dt in ALL_DTYPES {
+        let z = Tensor::zeros([2, 3], (dt, GPU)).unwrap();
+        assert_matches("zeros", &Tensor::zeros([2, 3], dt).unwrap(), &z);
+        let f = Tensor::full([5], 3, (dt, GPU)).unwrap();
+        assert_matches("full", &Tensor::full([5], 3, dt).unwrap(), &f);
+    }
+    let a = Tensor::arange(0, 10, GPU).unwrap();
+    assert_matches("arange", &Tensor::arange(0, 10, ()).unwrap(), &a);
+    let e = Tensor::eye(3, GPU).unwrap();
+    assert_matches("eye", &Tensor::eye(3, ()).unwrap(), &e);
+    let t = Tensor::from_slice(&[1.5f32, 2.5], [2], &GPU).unwrap();
+    assert_eq!(t.to_vec::<f32>().unwrap(), vec![1.5, 2.5]);
+    assert_eq!(
+        Tensor::scalar(7i64, &GPU).unwrap().item::<i64>().unwrap(),
+        7
+    );
+}
+
+#[test]
+fn same_seed_same_numbers_on_cpu_and_cuda() {
+    setup();
+    let g_cpu = ember_tensor::random::Generator::with_seed(42, CPU);
+    let g_gpu = ember_tensor::random::Generator::with_seed(42, GPU);
+    let a = Tensor::rand_with([100], DType::F32, &g_cpu).unwrap();
+    let b = Tensor::rand_with([100], (DType::F32, GPU), &g_gpu).unwrap();
+    assert_eq!(b.device(), GPU);
+    assert_eq!(a.to_vec::<f32>().unwrap(), b.to_vec::<f32>().unwrap());
+}
+
+#[test]
+fn mixed_devices_are_refused_with_pytorchs_wording() {
+    setup();
+    let a = Tensor::ones([2], GPU).unwrap();
+    let b = Tensor::ones([2], ()).unwrap();
+    let e = a.add(&b).unwrap_err();
+    assert!(matches!(e, TensorError::DeviceMismatch { .. }));
+    assert_eq!(
+        e.to_string(),
+        "Expected all tensors to be on the same device, but found at least two devices, cuda:0 and cpu!"
+    );
+    // copy_ across devices is allowed, as in PyTorch.
+    let dst = Tensor::zeros([2], GPU).unwrap();
+    dst.copy_(&b).unwrap();
+    assert_eq!(dst.to_vec::<f32>().unwrap(), vec![1.0, 1.0]);
+    // A device past the count names it.
+    let err = Tensor::ones([1], Device::Cuda(7)).unwrap_err().to_string();
+    assert!(err.contains('7'), "{err}");
+}
+
+#[test]
+fn matmul_precision_switch_and_int_matmul_error() {
+    setup();
+    ember_tensor::set_float32_matmul_precision("high").unwrap();
+    let a = view(DType::F32, &[4, 3], 2, false);
+    same("matmul tf32 allowed", &[&a, &a.t().unwrap()], |t| {
+        t[0].matmul(&t[1])
+    });
+    ember_tensor::set_float32_matmul_precision("highest").unwrap();
+    let i = Tensor::ones([2, 2], (DType::I64, GPU)).unwrap();
+    let e = i.matmul(&i).unwrap_err().to_string();
+    assert!(
+        e.contains("Int64") || e.contains("i64") || e.contains("int64"),
+        "{e}"
+    );
+}
+
+/// The only test on `cuda:1`, so that its allocation counts are not disturbed by the
+/// tests running beside it on `cuda:0`.
+#[test]
+fn memory_is_counted_on_the_device_and_devices_exchange_tensors() {
+    setup();
+    let one = Device::Cuda(1);
+    let before = ember_memory::memory_allocated(one).unwrap();
+    let t = Tensor::zeros([1024], one).unwrap();
+    assert_eq!(ember_memory::memory_allocated(one).unwrap(), before + 4096);
+    drop(t);
+    assert_eq!(ember_memory::memory_allocated(one).unwrap(), before);
+    // cuda:0 -> cuda:1 -> cpu
+    let x = view(DType::F32, &[3, 4], 1, true);
+    let g1 = x.to(GPU).unwrap().to("cuda:1").unwrap();
+    assert_eq!(g1.device(), one);
+    assert_eq!(
+        g1.cpu().unwrap().to_vec::<f32>().unwrap(),
+        x.to_vec::<f32>().unwrap()
+    );
+}

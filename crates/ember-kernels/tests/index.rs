@@ -338,6 +338,9 @@ fn check<T: Dt, I: Dt>(seed: u64) {
     gather_case::<T, I>(&dm, r, &[3, 4, 5], &[3, 2, 9], 2, &[]);
     gather_case::<T, I>(&dm, r, &[13, 11], &[20, 11], 0, &[]);
     gather_case::<T, I>(&dm, r, &[7], &[4], 0, &[]);
+    let rank8 = [2, 1, 3, 2, 1, 2, 3, 2];
+    gather_case::<T, I>(&dm, r, &rank8, &[2, 1, 3, 2, 1, 4, 3, 2], 5, &[]);
+    index_select_case::<T, I>(&dm, r, &rank8, 6, 4, &[]);
     gather_case::<T, I>(&dm, r, &[3, 4], &[0, 4], 0, &[]);
     gather_case::<T, I>(&dm, r, &[3, 4], &[3, 4], 1, &[(9, 4), (5, -2), (11, 100)]);
     // scatter_add: duplicates (index extent > self's dim), src larger than index.
@@ -346,6 +349,15 @@ fn check<T: Dt, I: Dt>(seed: u64) {
     scatter_add_case::<T, I>(&dm, r, &[3, 4, 5], &[3, 2, 9], &[3, 3, 9], 2, &[]);
     scatter_add_case::<T, I>(&dm, r, &[9, 23], &[40, 23], &[40, 23], 0, &[]);
     scatter_add_case::<T, I>(&dm, r, &[5], &[0], &[2], 0, &[]);
+    scatter_add_case::<T, I>(
+        &dm,
+        r,
+        &rank8,
+        &[2, 1, 2, 2, 1, 5, 3, 2],
+        &[2, 1, 3, 2, 1, 5, 3, 2],
+        5,
+        &[],
+    );
     scatter_add_case::<T, I>(&dm, r, &[3, 4], &[3, 4], &[3, 4], 1, &[(7, -1), (3, 4)]);
 }
 

@@ -271,6 +271,34 @@ fn check<T: Dt>(seed: u64) {
             ceil: false,
         },
     ];
+    // Windows of -inf only: the value is -inf and the index the window's first position
+    // (after stepping over the padding).
+    let g = geoms[2];
+    let (n, c, h, w) = g.nchw;
+    let (oh, ow) = g.out();
+    let n_out = n * c * oh * ow;
+    let ninf = vec![T::from_f64(f64::NEG_INFINITY); 5 + n * c * h * w];
+    let x = Buf::from_slice(&d, 0, &ninf);
+    let out = Buf::<T>::zeros(&d, 0, n_out);
+    let idx = Buf::<i64>::zeros(&d, 0, n_out);
+    let mut args = KernelArgs::new();
+    let strides = [(c * h * w) as isize, (h * w) as isize, w as isize, 1];
+    geometry_args(&mut args, &g, n_out, &strides, &x);
+    args.push(g.dil.0 as i64)
+        .push(g.dil.1 as i64)
+        .ptr(out.ptr)
+        .ptr(idx.ptr);
+    common::launch(&d, m, &format!("max_pool2d_{sfx}"), 2, 64, 0, &mut args).unwrap();
+    let want = max_ref(&ninf[5..], &g);
+    assert_eq!(
+        idx.to_vec(),
+        want.iter().map(|v| v.1).collect::<Vec<_>>(),
+        "all -inf: indices"
+    );
+    assert!(
+        out.to_vec().iter().all(|v| v.to_f64() == f64::NEG_INFINITY),
+        "all -inf: values"
+    );
     for g in geoms {
         let (n, c, _, _) = g.nchw;
         let (oh, ow) = g.out();

@@ -18,7 +18,8 @@
 //       idx * src_dim_stride, src_dim_stride = src's stride of dim). idx is 1-D: element p at
 //       idx[p * idx_stride].
 //       out[o] = src[offset(o, src_l) + idx[(o / inner) % count] * src_dim_stride]. Every
-//       index is checked, also when out is empty (as the CPU does).
+//       index is checked, also when out is empty (as the CPU does): launch whenever
+//       count > 0, even with n = 0 (a grid of at least one block).
 //
 //   gather_{T}_{I}(i64 n, i64 size, StridedLayout src_l, i64 src_dim_stride, const T* src,
 //                  StridedLayout idx_l, const I* idx, T* out, i64* err)

@@ -52,8 +52,9 @@
 //       exact and deterministic when no two elements land on the same output position; with
 //       duplicate positions the order of the atomic adds varies, so results can differ from
 //       the CPU's sequential order (and between runs) in the last bits. On a GPU, f32
-//       atomicAdd flushes subnormal inputs and results to zero (PTX atom.add.f32); f64,
-//       f16 and bf16 do not (the emulator never flushes).
+//       atomicAdd may flush subnormal inputs and results to zero (the PTX ISA describes
+//       atom.add.f32 so; not checked on hardware here); f16/bf16 use the .noftz forms and
+//       f64 does not flush; the emulator never flushes.
 //
 // Out-of-range indices (the error slot). A kernel cannot fail, so every index is checked and
 // a bad one (< 0 or >= size; i32 indices are widened first) is reported in `err`, two i64

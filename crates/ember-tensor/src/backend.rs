@@ -179,7 +179,10 @@ impl Storage {
             (Storage::Cpu(s), Storage::Cpu(i)) => {
                 Ok(Storage::Cpu(cpu::index::index_select(s, l, dim, i, il)?))
             }
-            (s, i) => Err(not_yet("index_select", s, i)),
+            (Storage::Cuda(s), Storage::Cuda(i)) => {
+                Ok(Storage::Cuda(cuda::index_select(s, l, dim, i, il)?))
+            }
+            (s, i) => Err(mixed(s, i)),
         }
     }
 
@@ -194,7 +197,10 @@ impl Storage {
             (Storage::Cpu(s), Storage::Cpu(i)) => {
                 Ok(Storage::Cpu(cpu::index::gather(s, l, dim, i, il)?))
             }
-            (s, i) => Err(not_yet("gather", s, i)),
+            (Storage::Cuda(s), Storage::Cuda(i)) => {
+                Ok(Storage::Cuda(cuda::gather(s, l, dim, i, il)?))
+            }
+            (s, i) => Err(mixed(s, i)),
         }
     }
 
@@ -212,7 +218,10 @@ impl Storage {
             (Storage::Cpu(d), Storage::Cpu(i), Storage::Cpu(s)) => Ok(Storage::Cpu(
                 cpu::index::scatter_add(d, l, dim, i, il, s, sl)?,
             )),
-            (d, i, _) => Err(not_yet("scatter_add", d, i)),
+            (Storage::Cuda(d), Storage::Cuda(i), Storage::Cuda(s)) => {
+                Ok(Storage::Cuda(cuda::scatter_add(d, l, dim, i, il, s, sl)?))
+            }
+            (d, i, s) => Err(mixed(d, if d.device() == i.device() { s } else { i })),
         }
     }
 }
@@ -224,18 +233,4 @@ pub(crate) fn mixed(a: &Storage, b: &Storage) -> TensorError {
         first: a.device(),
         second: b.device(),
     }
-}
-
-/// An op whose CUDA kernel is not wired yet (issue 4): a clear error rather than a fallback.
-pub(crate) fn not_yet(op: &'static str, a: &Storage, b: &Storage) -> TensorError {
-    if a.device() != b.device() {
-        return mixed(a, b);
-    }
-    TensorError::invalid(
-        op,
-        format!(
-            "not implemented on {} yet (the CUDA kernel is not wired)",
-            a.device()
-        ),
-    )
 }

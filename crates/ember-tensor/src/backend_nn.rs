@@ -8,7 +8,7 @@
 //! every output size before calling down, so kernels can trust these parameters; they
 //! still index through `get` and report a layout outside its storage as an error.
 
-use crate::backend::not_yet;
+use crate::backend::mixed;
 use crate::cpu;
 use crate::cuda;
 use crate::error::Result;
@@ -78,7 +78,19 @@ impl Storage {
             (Storage::Cpu(x), Storage::Cpu(w), Some((Storage::Cpu(b), lb))) => Ok(Storage::Cpu(
                 cpu::conv::conv2d(x, lx, w, lw, Some((b, lb)), p)?,
             )),
-            (x, w, _) => Err(not_yet("conv2d", x, w)),
+            (Storage::Cuda(x), Storage::Cuda(w), None) => {
+                Ok(Storage::Cuda(cuda::conv2d(x, lx, w, lw, None, p)?))
+            }
+            (Storage::Cuda(x), Storage::Cuda(w), Some((Storage::Cuda(b), lb))) => {
+                Ok(Storage::Cuda(cuda::conv2d(x, lx, w, lw, Some((b, lb)), p)?))
+            }
+            (x, w, b) => Err(mixed(
+                x,
+                match b {
+                    Some((b, _)) if x.device() == w.device() => b,
+                    _ => w,
+                },
+            )),
         }
     }
 
@@ -90,7 +102,10 @@ impl Storage {
                 let (v, i) = cpu::pool::max_pool2d(x, l, p)?;
                 Ok((Storage::Cpu(v), Storage::Cpu(i)))
             }
-            x => Err(not_yet("max_pool2d", x, x)),
+            Storage::Cuda(x) => {
+                let (v, i) = cuda::max_pool2d(x, l, p)?;
+                Ok((Storage::Cuda(v), Storage::Cuda(i)))
+            }
         }
     }
 
@@ -103,7 +118,7 @@ impl Storage {
     ) -> Result<Storage> {
         match self {
             Storage::Cpu(x) => Ok(Storage::Cpu(cpu::pool::avg_pool2d(x, l, p, divisor)?)),
-            x => Err(not_yet("avg_pool2d", x, x)),
+            Storage::Cuda(x) => Ok(Storage::Cuda(cuda::avg_pool2d(x, l, p, divisor)?)),
         }
     }
 
@@ -137,7 +152,21 @@ impl Storage {
                 let (l, w) = cpu::loss::nll_loss(x, lx, t, lt, Some((w, lw)), ignore_index)?;
                 Ok((Storage::Cpu(l), Storage::Cpu(w)))
             }
-            (x, t, _) => Err(not_yet("nll_loss", x, t)),
+            (Storage::Cuda(x), Storage::Cuda(t), None) => {
+                let (l, w) = cuda::nll_loss(x, lx, t, lt, None, ignore_index)?;
+                Ok((Storage::Cuda(l), Storage::Cuda(w)))
+            }
+            (Storage::Cuda(x), Storage::Cuda(t), Some((Storage::Cuda(w), lw))) => {
+                let (l, w) = cuda::nll_loss(x, lx, t, lt, Some((w, lw)), ignore_index)?;
+                Ok((Storage::Cuda(l), Storage::Cuda(w)))
+            }
+            (x, t, w) => Err(mixed(
+                x,
+                match w {
+                    Some((w, _)) if x.device() == t.device() => w,
+                    _ => t,
+                },
+            )),
         }
     }
 }

@@ -371,3 +371,117 @@ fn memory_is_counted_on_the_device_and_devices_exchange_tensors() {
         x.to_vec::<f32>().unwrap()
     );
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+
+    #[test]
+    fn index_ops_match(dims in prop::collection::vec(1usize..=4, 1..=3), dt in dtype(), seed in 0u64..1000,
+                       i32_idx in any::<bool>(), bad in any::<bool>()) {
+        setup();
+        let x = view(dt, &dims, seed, true);
+        let dim = (seed as usize) % dims.len();
+        let size = dims[dim] as i64;
+        // Indices (with a repeat), maybe one out of range: both devices must name it.
+        let mut picks: Vec<i64> = (0..5).map(|i| (i * 7 + seed as i64) % size).collect();
+        if bad {
+            picks[3] = size + 2;
+        }
+        let idx = Tensor::from_slice(&picks, [5], &CPU).unwrap();
+        let idx = if i32_idx { idx.to_dtype(DType::I32).unwrap() } else { idx };
+        same("index_select", &[&x, &idx], |t| t[0].index_select(dim, &t[1]));
+        // gather/scatter_add: an index of x's shape with dim shrunk.
+        let mut gdims = dims.clone();
+        gdims[dim] = gdims[dim].min(2);
+        let n: usize = gdims.iter().product();
+        let g: Vec<i64> = (0..n as i64).map(|i| if bad && i == 1 { -1 } else { (i * 5 + seed as i64) % size }).collect();
+        let gi = Tensor::from_slice(&g, gdims.as_slice(), &CPU).unwrap();
+        same("gather", &[&x, &gi], |t| t[0].gather(dim, &t[1]));
+        let src = view(dt, &gdims, seed + 9, false);
+        same("scatter_add", &[&x, &gi, &src], |t| t[0].scatter_add(dim, &t[1], &t[2]));
+        let mask = x.gt(0).unwrap();
+        same("masked_fill", &[&x, &mask], |t| t[0].masked_fill(&t[1], 2));
+        let cls = Tensor::from_slice(&picks.iter().map(|p| p.rem_euclid(4)).collect::<Vec<_>>(), [5], &CPU).unwrap();
+        same("one_hot", &[&cls], |t| t[0].one_hot(Some(4)));
+        if dt.is_float() && dims.len() == 2 {
+            same("embedding", &[&x, &idx], |t| t[0].embedding(&t[1]));
+        }
+        same("cat", &[&x, &x], |t| Tensor::cat(&[&t[0], &t[1]], dim));
+        same("stack", &[&x, &x], |t| Tensor::stack(&[&t[0], &t[1]], 0));
+    }
+
+    #[test]
+    fn losses_match(n in 0usize..=4, c in 1usize..=5, dt in float_dtype(), seed in 0u64..1000,
+                    weighted in any::<bool>(), smoothing in prop::sample::select(vec![0.0, 0.1]),
+                    reduction in prop::sample::select(vec![ember_tensor::Reduction::Mean, ember_tensor::Reduction::Sum, ember_tensor::Reduction::None]),
+                    bad in any::<bool>()) {
+        setup();
+        let x = view(dt, &[n, c], seed, true);
+        let t: Vec<i64> = (0..n as i64).map(|i| if bad && i == 1 { c as i64 } else if i == 2 { -100 } else { (i + seed as i64) % c as i64 }).collect();
+        let t = Tensor::from_slice(&t, [n], &CPU).unwrap();
+        let w = view(dt, &[c], seed + 1, false).abs().unwrap();
+        same("cross_entropy", &[&x, &t, &w], |a| {
+            let mut o = ember_tensor::CrossEntropyOptions::new().reduction(reduction).label_smoothing(smoothing);
+            if weighted {
+                o = o.weight(&a[2]);
+            }
+            a[0].cross_entropy(&a[1], &o)
+        });
+        same("nll_loss", &[&x, &t], |a| {
+            a[0].log_softmax(1)?.nll_loss(&a[1], &ember_tensor::NllLossOptions::new().reduction(reduction))
+        });
+    }
+
+    #[test]
+    fn conv_and_pool_match(n in 1usize..=2, cg in 1usize..=2, groups in 1usize..=2, og in 1usize..=2,
+                           h in 1usize..=6, w in 1usize..=6, k in 1usize..=3, stride in 1usize..=2,
+                           pad in 0usize..=1, dil in 1usize..=2, dt in float_dtype(), seed in 0u64..1000,
+                           with_bias in any::<bool>(), ceil in any::<bool>()) {
+        setup();
+        let c = cg * groups;
+        let x = view(dt, &[n, c, h, w], seed, true);
+        let wt = view(dt, &[og * groups, cg, k, k], seed + 1, false);
+        let b = view(dt, &[og * groups], seed + 2, false);
+        same("conv2d", &[&x, &wt, &b], |t| {
+            let o = ember_tensor::Conv2dOptions::new().stride(stride).padding(pad).dilation(dil).groups(groups);
+            t[0].conv2d(&t[1], if with_bias { Some(&t[2]) } else { None }, &o)
+        });
+        let pk = k.min(h).min(w);
+        same("max_pool2d", &[&x], |t| {
+            let o = ember_tensor::MaxPool2dOptions::new(pk).stride(stride).padding(pad.min(pk / 2)).dilation(dil).ceil_mode(ceil);
+            Ok(t[0].max_pool2d_with_indices(&o)?.1)
+        });
+        same("max_pool2d values", &[&x], |t| {
+            t[0].max_pool2d(&ember_tensor::MaxPool2dOptions::new(pk).stride(stride).ceil_mode(ceil))
+        });
+        for (include, over) in [(true, None), (false, None), (true, Some(3))] {
+            same("avg_pool2d", &[&x], |t| {
+                let mut o = ember_tensor::AvgPool2dOptions::new(pk).stride(stride).padding(pad.min(pk / 2)).ceil_mode(ceil);
+                o.count_include_pad = include;
+                o.divisor_override = over;
+                t[0].avg_pool2d(&o)
+            });
+        }
+    }
+}
+
+#[test]
+fn empty_inputs_match() {
+    setup();
+    let e = Tensor::zeros([0, 3], ()).unwrap();
+    same("sum over an empty dim", &[&e], |t| t[0].sum(0, false));
+    same("prod over an empty dim", &[&e], |t| t[0].prod(0, true));
+    same("amax over an empty dim", &[&e], |t| t[0].amax(0, false));
+    same("sum_all of empty", &[&e], |t| t[0].sum_all());
+    let idx = Tensor::from_slice(&[0i64, 1], [2], &CPU).unwrap();
+    same("index_select from empty", &[&e, &idx], |t| {
+        t[0].index_select(0, &t[1])
+    });
+    let i2 = Tensor::zeros([1, 3], DType::I64).unwrap();
+    same("gather from empty", &[&e, &i2], |t| t[0].gather(0, &t[1]));
+    let x = Tensor::zeros([2, 0], ()).unwrap();
+    let target = Tensor::from_slice(&[-100i64, 0], [2], &CPU).unwrap();
+    same("nll_loss without classes", &[&x, &target], |t| {
+        t[0].nll_loss(&t[1], &ember_tensor::NllLossOptions::new())
+    });
+}

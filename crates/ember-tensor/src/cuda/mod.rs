@@ -5,8 +5,10 @@
 //! Every launch here goes to the device's default stream; the copies to and from the host
 //! are ordered on that stream and synchronous, so a result read back is always complete.
 
+mod nn;
 mod ops;
 
+pub(crate) use nn::*;
 pub(crate) use ops::*;
 
 use std::sync::{Arc, Mutex, PoisonError};

@@ -353,6 +353,12 @@ pub(crate) fn reduce(
         .filter(|d| !dims.contains(d))
         .map(|d| l.dims()[d])
         .product();
+    if n_red == 0 {
+        // Nothing to read (an empty storage has no device address to hand a kernel): the
+        // identity of sum and prod.
+        let one = Scalar::Int(i64::from(op == ReduceOp::Prod));
+        return full(s.ctx(), n_out, one, out_dtype);
+    }
     let out = CudaStorage::alloc(s.ctx(), out_dtype, n_out)?;
     if n_out == 0 {
         return Ok(out);
@@ -461,7 +467,7 @@ fn gemm_view(l: &Layout) -> Option<(bool, usize, usize)> {
     None
 }
 
-fn gemm_type(op: &'static str, dtype: DType) -> Result<GemmType> {
+pub(crate) fn gemm_type(op: &'static str, dtype: DType) -> Result<GemmType> {
     match dtype {
         DType::F32 => Ok(GemmType::F32),
         DType::F64 => Ok(GemmType::F64),

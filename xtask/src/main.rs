@@ -7,9 +7,12 @@
 //!   JSON array of records, `--filter S` selects cases whose name contains `S`.
 //! - `kernels`: compiles `kernels/*.cu` with nvcc into `target/kernels/ember.fatbin`
 //!   (`--install-nvcc` first installs CUDA 13.0's nvcc from PyPI into `target/nvcc`).
+//! - `gpu-test`: the test suite on this machine's real GPUs (device-generic tests on the real
+//!   driver, `EMBER_GPU_TEST=1`); says clearly when there is no GPU and runs nothing.
 //! - `mkl`: installs Intel MKL from PyPI into `target/mkl` (optional; the CPU GEMM then uses it).
 
 mod bench;
+mod gpu_test;
 mod kernels;
 mod mkl;
 mod test;
@@ -30,6 +33,7 @@ fn main() -> ExitCode {
         "test" => test::run(rest),
         "bench" => bench::run(rest),
         "kernels" => kernels::run(rest),
+        "gpu-test" => gpu_test::run(rest),
         "mkl" => mkl::run(rest),
         "-h" | "--help" | "help" => {
             println!("{}", usage());
@@ -54,6 +58,8 @@ fn usage() -> &'static str {
        benchmarks (release build); JSON records with name, device, threads, value, unit\n  \
        kernels [--install-nvcc]  nvcc-compile kernels/*.cu into target/kernels/ember.fatbin (SASS sm_75..sm_120\n                            \
        + compute_90 PTX); fails on PTX ISA != 9.0 or register spills; --install-nvcc: CUDA 13.0 from PyPI\n  \
+       gpu-test                  the tests on this machine's real GPUs (says so and runs nothing without one)
+  \
        mkl                       install Intel MKL from PyPI into target/mkl (optional faster CPU GEMM)"
 }
 

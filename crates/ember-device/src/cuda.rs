@@ -332,6 +332,74 @@ impl Drop for Stream {
     }
 }
 
+thread_local! {
+    /// Per device ordinal, the stream this thread's work goes to (`None`: the default).
+    static CURRENT_STREAMS: std::cell::RefCell<Vec<Option<StreamHandle>>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// `torch.cuda.current_stream(device)` as a handle: the stream this thread's work on
+/// `device` is enqueued on — the innermost [`StreamGuard`]'s, else the default stream.
+pub fn current_stream(device: usize) -> StreamHandle {
+    CURRENT_STREAMS.with(|c| {
+        c.borrow()
+            .get(device)
+            .copied()
+            .flatten()
+            .unwrap_or(StreamHandle::DEFAULT)
+    })
+}
+
+fn set_current_stream(device: usize, stream: Option<StreamHandle>) -> Option<StreamHandle> {
+    CURRENT_STREAMS.with(|c| {
+        let mut v = c.borrow_mut();
+        if v.len() <= device {
+            v.resize(device + 1, None);
+        }
+        std::mem::replace(&mut v[device], stream)
+    })
+}
+
+/// `with torch.cuda.stream(s):` — makes `stream` the current stream of its device on this
+/// thread until dropped, then restores the previous one. The stream must outlive the guard
+/// (the borrow ensures it).
+///
+/// ```
+/// use ember_device::cuda::{self, Stream, StreamGuard};
+/// use ember_device::driver::{StreamHandle, emulator::EmulatorConfig};
+/// cuda::use_emulator(EmulatorConfig::devices(2))?;
+/// let s = Stream::new(0)?;
+/// {
+///     let _g = StreamGuard::new(&s);
+///     assert_eq!(cuda::current_stream(0), s.handle());
+/// }
+/// assert_eq!(cuda::current_stream(0), StreamHandle::DEFAULT);
+/// # Ok::<(), ember_device::DeviceError>(())
+/// ```
+#[derive(Debug)]
+pub struct StreamGuard<'a> {
+    device: usize,
+    previous: Option<StreamHandle>,
+    _stream: std::marker::PhantomData<&'a Stream>,
+}
+
+impl<'a> StreamGuard<'a> {
+    /// Make `stream` current for its device on this thread.
+    pub fn new(stream: &'a Stream) -> StreamGuard<'a> {
+        StreamGuard {
+            device: stream.device,
+            previous: set_current_stream(stream.device, Some(stream.handle)),
+            _stream: std::marker::PhantomData,
+        }
+    }
+}
+
+impl Drop for StreamGuard<'_> {
+    fn drop(&mut self) {
+        set_current_stream(self.device, self.previous);
+    }
+}
+
 /// A CUDA event on the process driver; destroyed on drop.
 #[derive(Debug)]
 pub struct Event {

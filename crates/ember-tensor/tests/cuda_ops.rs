@@ -12,7 +12,17 @@ use proptest::prelude::*;
 const CPU: Device = Device::Cpu;
 const GPU: Device = Device::Cuda(0);
 
+/// The emulator with two devices; under `cargo xtask gpu-test` (`EMBER_GPU_TEST=1`) the
+/// real driver instead, which must then be there. (The cuda:1 tests need two GPUs.)
 fn setup() {
+    if std::env::var_os("EMBER_GPU_TEST").is_some() {
+        assert!(
+            cuda::is_available() && !cuda::is_emulated(),
+            "EMBER_GPU_TEST is set but no real CUDA device is available: {:?}",
+            cuda::unavailable_reason()
+        );
+        return;
+    }
     cuda::use_emulator(EmulatorConfig::devices(2)).unwrap();
 }
 
@@ -484,4 +494,47 @@ fn empty_inputs_match() {
     same("nll_loss without classes", &[&x, &target], |t| {
         t[0].nll_loss(&t[1], &ember_tensor::NllLossOptions::new())
     });
+}
+
+#[test]
+fn streams_pinned_memory_and_non_blocking_copies() {
+    setup();
+    use ember_device::cuda::{Stream, StreamGuard};
+    let x = view(DType::F32, &[3, 5], 4, true);
+    let p = x.pin_memory().unwrap();
+    assert!(p.is_pinned() && !x.is_pinned());
+    assert_eq!(p.to_vec::<f32>().unwrap(), x.to_vec::<f32>().unwrap());
+    let s = Stream::new(0).unwrap();
+    let (g, sum) = {
+        let _guard = StreamGuard::new(&s);
+        assert_eq!(cuda::current_stream(0), s.handle());
+        // Enqueued on `s`; the op after it on the same stream sees the data.
+        let g = p.to_non_blocking(GPU).unwrap();
+        drop(p); // the pinned block stays reserved for the copy (record_stream)
+        let sum = g.sum_all().unwrap();
+        (g, sum)
+    };
+    s.synchronize().unwrap();
+    assert_eq!(g.to_vec::<f32>().unwrap(), x.to_vec::<f32>().unwrap());
+    assert_matches("sum on a side stream", &x.sum_all().unwrap(), &sum);
+    g.record_stream(&s).unwrap();
+    let e = x.record_stream(&s).unwrap_err().to_string();
+    assert!(e.contains("pinned CPU tensor"), "{e}");
+    let on_other = Stream::new(1).unwrap();
+    assert!(g.record_stream(&on_other).is_err());
+    assert!(g.pin_memory().is_err());
+    // Non-pinned sources and other directions fall back to synchronous copies.
+    assert_eq!(
+        x.to_non_blocking(GPU)
+            .unwrap()
+            .cpu()
+            .unwrap()
+            .to_vec::<f32>()
+            .unwrap(),
+        x.to_vec::<f32>().unwrap()
+    );
+    assert_eq!(
+        g.to_non_blocking(CPU).unwrap().to_vec::<f32>().unwrap(),
+        x.to_vec::<f32>().unwrap()
+    );
 }

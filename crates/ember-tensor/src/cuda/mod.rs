@@ -2,8 +2,11 @@
 //! the kernels of `kernels/*.cu` launched on it through the driver seam — the real driver
 //! on a GPU, the CPU emulator in CI. See Note [CUDA backend].
 //!
-//! Every launch here goes to the device's default stream; the copies to and from the host
-//! are ordered on that stream and synchronous, so a result read back is always complete.
+//! Work goes to the thread's current stream of the device (`ember_device::cuda::
+//! current_stream`: the default stream unless a `StreamGuard` says otherwise); the plain
+//! copies to and from the host are ordered on that stream and synchronous, so a result read
+//! back is always complete. Memory is allocated for that stream (the caching allocator
+//! reuses a block on the stream that freed it; `record_stream` marks other users).
 
 mod nn;
 mod ops;
@@ -92,7 +95,7 @@ pub(crate) fn ctx(op: &'static str, ordinal: usize) -> Result<Arc<Ctx>> {
 }
 
 impl Ctx {
-    /// Launches kernel `name` on the default stream.
+    /// Launches kernel `name` on the thread's current stream of the device.
     ///
     /// # Safety
     /// `args` must match the kernel's parameter list (its `.cu` header) in order and type,
@@ -100,11 +103,13 @@ impl Ctx {
     /// these arguments and this geometry.
     unsafe fn launch(&self, name: &str, config: LaunchConfig, args: &mut KernelArgs) -> Result<()> {
         // SAFETY: forwarded from this function's contract.
-        unsafe {
-            self.module
-                .launch(name, config, StreamHandle::DEFAULT, args)?
-        };
+        unsafe { self.module.launch(name, config, self.stream(), args)? };
         Ok(())
+    }
+
+    /// The thread's current stream on this device.
+    pub(crate) fn stream(&self) -> StreamHandle {
+        ember_device::cuda::current_stream(self.ordinal)
     }
 }
 
@@ -146,7 +151,7 @@ impl CudaStorage {
     /// copy writes every element before the storage is read (Note [CUDA backend]).
     pub(crate) fn alloc(ctx: &Arc<Ctx>, dtype: DType, len: usize) -> Result<CudaStorage> {
         let bytes = checked_bytes(dtype, len)?;
-        let alloc = ctx.alloc.allocate(bytes)?;
+        let alloc = ctx.alloc.allocate_on(bytes, ctx.stream())?;
         if alloc.len() < bytes {
             return Err(short_allocation(alloc.len(), bytes));
         }
@@ -168,20 +173,47 @@ impl CudaStorage {
         let out = CudaStorage::alloc(ctx, src.dtype(), src.len())?;
         let bytes = src.as_bytes();
         if !bytes.is_empty() {
-            ctx.driver
-                .memcpy_htod(out.ptr_at(0), bytes, StreamHandle::DEFAULT)?;
+            ctx.driver.memcpy_htod(out.ptr_at(0), bytes, ctx.stream())?;
         }
         Ok(out)
     }
 
-    /// A host copy of all elements (after the work enqueued on the default stream).
+    /// A copy of a pinned host storage on `ctx`'s device, enqueued on the current stream
+    /// without waiting (`to(device, non_blocking=True)`); the source block is recorded on
+    /// the stream, so the allocator does not reuse it before the copy has read it.
+    pub(crate) fn upload_async(ctx: &Arc<Ctx>, src: &CpuStorage) -> Result<CudaStorage> {
+        let out = CudaStorage::alloc(ctx, src.dtype(), src.len())?;
+        let bytes = src.as_bytes();
+        if !bytes.is_empty() {
+            let stream = ctx.stream();
+            // SAFETY: `bytes` is `src`'s pinned allocation; `record_stream` below keeps the
+            // caching allocator from reusing (or releasing, which waits for recorded events)
+            // that block until the work enqueued on `stream` by now — this copy — has
+            // completed, so the memory stays valid for the copy even if `src` is dropped.
+            // `out` holds exactly `bytes.len()` bytes.
+            unsafe {
+                ctx.driver
+                    .memcpy_htod_async(out.ptr_at(0), bytes.as_ptr(), bytes.len(), stream)?
+            };
+            src.record_stream(stream);
+        }
+        Ok(out)
+    }
+
+    /// PyTorch's `record_stream`: the block is not reused until the work enqueued on
+    /// `stream` so far has completed.
+    pub(crate) fn record_stream(&self, stream: StreamHandle) {
+        self.alloc.record_stream(stream);
+    }
+
+    /// A host copy of all elements (after the work enqueued on the current stream).
     pub(crate) fn download(&self) -> Result<CpuStorage> {
         let mut out = CpuStorage::zeroed(self.dtype, self.len)?;
         out.write_bytes_with(|bytes| {
             if !bytes.is_empty() {
                 self.ctx
                     .driver
-                    .memcpy_dtoh(bytes, self.ptr_at(0), StreamHandle::DEFAULT)?;
+                    .memcpy_dtoh(bytes, self.ptr_at(0), self.ctx.stream())?;
             }
             Ok(())
         })?;
@@ -197,7 +229,7 @@ impl CudaStorage {
                 out.ptr_at(0),
                 self.ptr_at(0),
                 bytes,
-                StreamHandle::DEFAULT,
+                self.ctx.stream(),
             )?;
             // The destination device's default stream does not order against the source's:
             // finish the copy before the new storage is used there.

@@ -5,7 +5,7 @@
 //! error slot]) that the host reads back afterwards, so a bad index is the same error value
 //! the CPU backend returns, naming the same (first, row-major) bad index.
 
-use ember_device::driver::{DevicePtr, GemmDesc, StreamHandle};
+use ember_device::driver::{DevicePtr, GemmDesc};
 use ember_kernels::{KernelArgs, StridedLayout, launch_config_1d};
 
 use super::ops::{allow_tf32, cast, full, gemm_type};
@@ -546,7 +546,7 @@ pub(crate) fn conv2d(
                 dtype,
                 allow_tf32: allow_tf32(),
             };
-            ctx.driver.gemm(ctx.ordinal, StreamHandle::DEFAULT, &desc)?;
+            ctx.driver.gemm(ctx.ordinal, ctx.stream(), &desc)?;
         }
         n0 += nc;
     }

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use ember_device::driver::{GemmDesc, GemmType, StreamHandle};
+use ember_device::driver::{GemmDesc, GemmType};
 use ember_kernels::{KernelArgs, launch_config_1d};
 
 use super::{Ctx, CudaStorage, kernel_name, strided};
@@ -540,6 +540,6 @@ pub(crate) fn matmul(
         dtype,
         allow_tf32: allow_tf32(),
     };
-    ctx.driver.gemm(ctx.ordinal, StreamHandle::DEFAULT, &desc)?;
+    ctx.driver.gemm(ctx.ordinal, ctx.stream(), &desc)?;
     Ok(out)
 }

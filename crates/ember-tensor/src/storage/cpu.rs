@@ -192,6 +192,45 @@ impl CpuStorage {
         })
     }
 
+    /// A copy in page-locked host memory from `ember_memory::pinned_allocator()` (plain host
+    /// memory where CUDA is not real), which asynchronous copies to a device read from.
+    pub(crate) fn pinned_copy(&self) -> Result<CpuStorage> {
+        let bytes = self.len * self.dtype.size_in_bytes();
+        if bytes == 0 {
+            return CpuStorage::zeroed(self.dtype, self.len);
+        }
+        let alloc = ember_memory::pinned_allocator().allocate(bytes)?;
+        if alloc.len() < bytes {
+            return Err(short_allocation(alloc.len(), bytes));
+        }
+        let src = self.as_bytes();
+        // SAFETY: `alloc` is a fresh host allocation of at least `bytes` bytes that nothing
+        // else references; `src` is `bytes` initialised bytes of another allocation (no
+        // overlap). Afterwards the new storage holds a valid copy of every element (Note
+        // [CPU storage validity]).
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), alloc.as_ptr(), bytes) };
+        Ok(CpuStorage {
+            alloc: Some(alloc),
+            dtype: self.dtype,
+            len: self.len,
+        })
+    }
+
+    /// Whether the memory came from the pinned allocator.
+    pub(crate) fn is_pinned(&self) -> bool {
+        self.alloc
+            .as_ref()
+            .is_some_and(|a| Arc::ptr_eq(a.allocator(), &ember_memory::pinned_allocator()))
+    }
+
+    /// PyTorch's `record_stream` on pinned memory: the block is not reused until the work
+    /// enqueued on `stream` so far (an asynchronous copy reading it) has completed.
+    pub(crate) fn record_stream(&self, stream: ember_device::driver::StreamHandle) {
+        if let Some(a) = &self.alloc {
+            a.record_stream(stream);
+        }
+    }
+
     /// The elements' bytes (little-endian, as the machine stores them).
     pub(crate) fn as_bytes(&self) -> &[u8] {
         match &self.alloc {

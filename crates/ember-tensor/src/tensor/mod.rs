@@ -275,6 +275,10 @@ impl Tensor {
     /// Otherwise a contiguous copy on `device` (through the driver's copies for CUDA); a
     /// CUDA device that is unavailable or out of range is an error naming why.
     pub fn to_device(&self, device: &Device) -> Result<Tensor> {
+        self.to_device_with(device, false)
+    }
+
+    fn to_device_with(&self, device: &Device, non_blocking: bool) -> Result<Tensor> {
         if *device == self.device() {
             return Ok(self.clone());
         }
@@ -287,7 +291,12 @@ impl Tensor {
         let s = src.with_storage(|s, _| -> Result<Storage> {
             Ok(match (s, *device) {
                 (Storage::Cpu(c), Device::Cuda(i)) => {
-                    Storage::Cuda(CudaStorage::upload(&crate::cuda::ctx("to", i)?, c)?)
+                    let ctx = crate::cuda::ctx("to", i)?;
+                    Storage::Cuda(if non_blocking && c.is_pinned() {
+                        CudaStorage::upload_async(&ctx, c)?
+                    } else {
+                        CudaStorage::upload(&ctx, c)?
+                    })
                 }
                 (Storage::Cuda(c), Device::Cpu) => Storage::Cpu(c.download()?),
                 (Storage::Cuda(c), Device::Cuda(i)) => {
@@ -327,6 +336,85 @@ impl Tensor {
             Some(d) => t.to_dtype(d),
             None => Ok(t),
         }
+    }
+
+    /// `tensor.to(target, non_blocking=True)`: as [`Tensor::to`], but a copy from pinned
+    /// host memory ([`Tensor::pin_memory`]) to a CUDA device is only enqueued on the current
+    /// stream, so the host goes on while it runs; later work on that stream sees the data.
+    /// Other copies are synchronous, as in PyTorch.
+    ///
+    /// ```
+    /// use ember_tensor::{Device, Tensor};
+    /// # ember_device::cuda::use_emulator(ember_device::driver::emulator::EmulatorConfig::devices(2))?;
+    /// let batch = Tensor::ones([4, 3], ())?.pin_memory()?;
+    /// assert!(batch.is_pinned());
+    /// let on_gpu = batch.to_non_blocking("cuda:0")?;
+    /// assert_eq!(on_gpu.device(), Device::Cuda(0));
+    /// assert_eq!(on_gpu.sum_all()?.item::<f32>()?, 12.0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn to_non_blocking(&self, target: impl ToTarget) -> Result<Tensor> {
+        let (device, dtype) = target.target()?;
+        let t = match device {
+            Some(d) => self.to_device_with(&d, true)?,
+            None => self.clone(),
+        };
+        match dtype {
+            Some(d) => t.to_dtype(d),
+            None => Ok(t),
+        }
+    }
+
+    /// `tensor.pin_memory()`: a contiguous copy of this CPU tensor in page-locked host
+    /// memory, from which copies to a CUDA device can be asynchronous (plain host memory
+    /// where CUDA is not real). A CUDA tensor is an error, as in PyTorch.
+    pub fn pin_memory(&self) -> Result<Tensor> {
+        let c = self.contiguous()?;
+        let s = c.with_storage(|s, l| -> Result<CpuStorage> {
+            match s {
+                Storage::Cpu(cs) if l.offset() == 0 && cs.len() == l.numel() => cs.pinned_copy(),
+                Storage::Cpu(cs) => crate::cpu::cast(cs, l, cs.dtype())?.pinned_copy(),
+                Storage::Cuda(_) => Err(TensorError::invalid(
+                    "pin_memory",
+                    format!(
+                        "cannot pin a tensor on {}: only CPU tensors can be pinned",
+                        self.device()
+                    ),
+                )),
+            }
+        })?;
+        Ok(Tensor::from_storage(Storage::Cpu(s), self.shape()))
+    }
+
+    /// Whether this tensor's memory is pinned (from [`Tensor::pin_memory`]).
+    pub fn is_pinned(&self) -> bool {
+        self.with_storage(|s, _| matches!(s, Storage::Cpu(c) if c.is_pinned()))
+    }
+
+    /// `tensor.record_stream(stream)`: this tensor's memory is also used by work on
+    /// `stream`, so when it is freed the caching allocator does not reuse it until the work
+    /// enqueued on `stream` by now has completed. For CUDA tensors and pinned CPU tensors;
+    /// a stream of another device, or a plain CPU tensor, is an error.
+    pub fn record_stream(&self, stream: &ember_device::cuda::Stream) -> Result<()> {
+        self.with_storage(|s, _| match s {
+            Storage::Cuda(c) if c.ordinal() == stream.device() => {
+                c.record_stream(stream.handle());
+                Ok(())
+            }
+            Storage::Cpu(c) if c.is_pinned() => {
+                c.record_stream(stream.handle());
+                Ok(())
+            }
+            _ => Err(TensorError::invalid(
+                "record_stream",
+                format!(
+                    "expected a CUDA tensor on cuda:{} or a pinned CPU tensor, but got a {}tensor on {}",
+                    stream.device(),
+                    if self.is_pinned() { "pinned " } else { "" },
+                    self.device()
+                ),
+            )),
+        })
     }
 
     /// This tensor on the CPU.

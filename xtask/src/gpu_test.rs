@@ -1,0 +1,66 @@
+//! `cargo xtask gpu-test`: the test suite against the real GPUs of this machine.
+//!
+//! It asks `ember info --json` (built from this workspace, emulator variables removed)
+//! whether real CUDA is available. Without it, it says so — naming the reason — and runs
+//! nothing: there is no GPU to test, which is not a failure of the code. With it, it needs the
+//! fatbin of `cargo xtask kernels` and runs `cargo test --workspace` with
+//! `EMBER_GPU_TEST=1`, under which the device-generic tests (`tests/cuda_ops.rs` and the
+//! kernel tests) use the real driver instead of the emulator and fail if it is missing.
+
+use std::path::Path;
+
+use crate::{cargo, root, run_step};
+
+pub fn run(args: &[String]) -> Result<(), String> {
+    if let Some(a) = args.first() {
+        return Err(format!("`gpu-test` takes no arguments, found {a:?}"));
+    }
+    eprintln!("==> probing for a CUDA GPU (`ember info --json`, emulator off)");
+    let out = cargo()
+        .args([
+            "run", "-q", "--locked", "-p", "ember", "--", "info", "--json",
+        ])
+        .env_remove("EMBER_CUDA_EMULATOR")
+        .env_remove("EMBER_CUDA_EMULATOR_MEMORY")
+        .output()
+        .map_err(|e| format!("cannot run `ember info`: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "`ember info --json` failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let info = String::from_utf8_lossy(&out.stdout);
+    let compact: String = info.chars().filter(|c| !c.is_whitespace()).collect();
+    if !compact.contains("\"cuda_available\":true") {
+        // The reason's text, from the original (spaced) JSON.
+        let reason = info
+            .split("\"cuda_unavailable_reason\"")
+            .nth(1)
+            .and_then(|r| r.split('"').nth(1))
+            .unwrap_or("unknown");
+        eprintln!(
+            "gpu-test: NO CUDA GPU FOUND on this machine ({reason}); nothing ran on a GPU. \
+             The emulated CUDA suite is `cargo xtask test`."
+        );
+        return Ok(());
+    }
+    let fatbin = root().join("target/kernels/ember.fatbin");
+    if !Path::new(&fatbin).exists() {
+        return Err(format!(
+            "a GPU is present but {} is missing: run `cargo xtask kernels` first",
+            fatbin.display()
+        ));
+    }
+    run_step(
+        "cargo test --workspace (EMBER_GPU_TEST=1: device-generic tests on the real GPUs)",
+        cargo()
+            .args(["test", "--workspace", "--locked"])
+            .env("EMBER_GPU_TEST", "1")
+            .env_remove("EMBER_CUDA_EMULATOR")
+            .env_remove("EMBER_CUDA_EMULATOR_MEMORY"),
+    )?;
+    eprintln!("==> gpu-test passed on the real GPU(s)");
+    Ok(())
+}

@@ -8,8 +8,8 @@
 //       per counter (unit(w, b), b = 24, 11, 8 bits), f64 K = 2 (53 bits from two words).
 //   philox_normal_{f32,f64,f16,bf16}(T* out, i64 n, u32 key0, u32 key1, u64 base,
 //                                    double mean, double stddev)
-//       mean + std * z, z from Box–Muller: f32/f16/bf16 K = 4 (24-bit integers), f64 K = 2
-//       (53-bit integers). randn is mean = 0, std = 1.
+//       mean + stddev * z, z from Box–Muller: f32/f16/bf16 K = 4 (24-bit integers), f64 K = 2
+//       (53-bit integers). randn is mean = 0, stddev = 1.
 //   philox_randint_{f32,f64,f16,bf16,i64,i32,u8,bool}(T* out, i64 n, u32 key0, u32 key1,
 //                                                      u64 base, i64 low, u64 range)
 //       low + (w mod range) (64-bit wrapping add), converted as the CPU's T::from_i64;
@@ -19,12 +19,15 @@
 //                                                       u64 base, double p)
 //       1 if unit(w, 24) < p else 0, K = 4. bernoulli_mask is p; dropout_mask is p = 1 - drop.
 //
+// Types: u32 = unsigned int, u64 = unsigned long long, i64 = long long, double = f64 (push
+// exactly these widths: key0/key1 as u32, base and range as u64, low as i64).
 // Parameters: `out` is contiguous with n elements (n >= 0; n = 0 writes nothing). The key is
 // the generator's seed, key0 = seed's low 32 bits, key1 = its high 32 bits
 // (philox::key_of); `base` is the first counter the op reserved
 // (Generator::reserve(counters) returns (key, base)). The host reserves
-// counters = ceil(n / K) with the K given above (philox::counters::<Sampler>(n)), so that the
-// next op starts past them. Element i is output i % K of counter base + i / K (64-bit
+// counters = ceil(n / K) with the K given above (philox::counters::<Sampler>(n): Uniform32,
+// Uniform64, Normal32, Normal64, RandInt32 when range <= 2^32 else RandInt64, Bernoulli), so
+// that the next op starts past them. Element i is output i % K of counter base + i / K (64-bit
 // wrapping add), a pure function of (key, base, i): the same seed and offset give the same
 // bits as Tensor::rand/randn/randint/bernoulli_mask/dropout_mask on the CPU.
 //
@@ -37,9 +40,10 @@
 // Bit-for-bit agreement: only integer arithmetic and correctly rounded f64 + - * / sqrt, in
 // the CPU's order, with no multiply-add contraction (every f64 operation is an explicit _rn
 // intrinsic); ln and sin/cos are the CPU's own series (ln_unit, sincos_turns), never CUDA's
-// libm; the result is rounded to T once at the end as the CPU does (f32: nearest even;
-// f16: through f32; bf16: nearest even on the double's high word, ember::from_f64; integers
-// and bool from i64: wrapping, != 0).
+// libm; the f64 result is converted to T at the end exactly as create.rs does (f32: nearest
+// even; f16: through f32, half's from_f64 on x86-64 with F16C; bf16: nearest even on the
+// double's high word, half's bf16::from_f64 — both ember::from_f64; integer samples into
+// T as WithDType::from_i64: floats through f32 for f16/bf16, integers wrapping, bool != 0).
 #include "ember.cuh"
 
 namespace ember {

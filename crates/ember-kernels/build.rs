@@ -42,6 +42,10 @@ fn main() {
         .flag("c++")
         .flag_if_supported("-Wno-unknown-pragmas")
         .flag_if_supported("-fno-exceptions")
+        // Never fuse a * b + c into an FMA: kernels that must match the CPU bit for bit
+        // (random.cu, arange) rely on separately rounded operations. (ISO C++ mode already
+        // defaults to off; said explicitly so that no flag or -march change turns it on.)
+        .flag("-ffp-contract=off")
         .link_lib_modifier("+whole-archive");
     if std::env::var_os("EMBER_KERNELS_ASAN").is_some_and(|v| v == "1") {
         // The sanitizer build (kernels/README.md, "Sanitizers"): the kernels and the emulator

@@ -52,6 +52,9 @@ struct uint3 {
 struct dim3 {
     unsigned int x = 1, y = 1, z = 1;
 };
+struct alignas(8) uint2 {
+    unsigned int x, y;
+};
 struct alignas(16) uint4 {
     unsigned int x, y, z, w;
 };
@@ -385,9 +388,14 @@ inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 h) { return h.x; }
 
 // ---- math intrinsics ------------------------------------------------------------------------
 // The _rn forms exist so that kernels can forbid nvcc's multiply-add contraction where a
-// result must match the CPU bit for bit; g++ in ISO C++ mode never contracts.
+// result must match the CPU bit for bit; g++ in ISO C++ mode never contracts (and
+// crates/ember-kernels/build.rs passes -ffp-contract=off besides). Division and square root
+// are correctly rounded in both (IEEE-754 on x86-64's SSE2, nvcc's default -prec-div/-prec-sqrt).
 inline double __dadd_rn(double a, double b) { return a + b; }
+inline double __dsub_rn(double a, double b) { return a - b; }
 inline double __dmul_rn(double a, double b) { return a * b; }
+inline double __ddiv_rn(double a, double b) { return a / b; }
+inline double __dsqrt_rn(double x) { return std::sqrt(x); }
 inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __expf(float x) { return std::exp(x); }

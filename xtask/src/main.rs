@@ -2,7 +2,10 @@
 //!
 //! - `test`: what CI runs — `cargo fmt --check`, `cargo clippy --all-targets -D warnings`, and
 //!   the whole test suite twice: once as a machine without CUDA sees it, once with two emulated
-//!   CUDA devices (`EMBER_CUDA_EMULATOR=2`).
+//!   CUDA devices (`EMBER_CUDA_EMULATOR=2`), then the launch-coverage check (every kernel in
+//!   the symbol table was launched by some test; `coverage.rs`).
+//! - `coverage [CARGO TEST ARGS]`: only the emulated pass (default `--workspace`) and the
+//!   launch-coverage check.
 //! - `bench`: builds the benchmark program in release mode and runs it; `--json` prints one
 //!   JSON array of records, `--filter S` selects cases whose name contains `S`.
 //! - `kernels`: compiles `kernels/*.cu` with nvcc into `target/kernels/ember.fatbin`
@@ -12,6 +15,7 @@
 //! - `mkl`: installs Intel MKL from PyPI into `target/mkl` (optional; the CPU GEMM then uses it).
 
 mod bench;
+mod coverage;
 mod gpu_test;
 mod kernels;
 mod mkl;
@@ -34,6 +38,7 @@ fn main() -> ExitCode {
         "bench" => bench::run(rest),
         "kernels" => kernels::run(rest),
         "gpu-test" => gpu_test::run(rest),
+        "coverage" => coverage::run(rest),
         "mkl" => mkl::run(rest),
         "-h" | "--help" | "help" => {
             println!("{}", usage());
@@ -53,13 +58,14 @@ fn main() -> ExitCode {
 fn usage() -> &'static str {
     "usage: cargo xtask <task>\n\
      tasks:\n  \
-       test                      fmt check, clippy -D warnings, all tests (without CUDA and on the emulator)\n  \
+       test                      fmt check, clippy -D warnings, all tests (without CUDA and on the emulator),\n                            \
+       launch coverage (every kernel in the symbol table was launched by a test)\n  \
+       coverage [CARGO TEST ARGS] emulated tests (default --workspace, e.g. -p ember-kernels) + the launch-coverage check\n  \
        bench [--json] [--filter S] [--device cpu|cuda|all]\n                            \
        benchmarks (release build); JSON records with name, device, threads, value, unit\n  \
        kernels [--install-nvcc]  nvcc-compile kernels/*.cu into target/kernels/ember.fatbin (SASS sm_75..sm_120\n                            \
        + compute_90 PTX); fails on PTX ISA != 9.0 or register spills; --install-nvcc: CUDA 13.0 from PyPI\n  \
-       gpu-test                  the tests on this machine's real GPUs (says so and runs nothing without one)
-  \
+       gpu-test                  the tests on this machine's real GPUs (says so and runs nothing without one)\n  \
        mkl                       install Intel MKL from PyPI into target/mkl (optional faster CPU GEMM)"
 }
 

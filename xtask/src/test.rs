@@ -1,6 +1,6 @@
 //! `cargo xtask test`: the README's test command, and what `.ci/run` calls.
 
-use crate::{cargo, run_step};
+use crate::{cargo, coverage, run_step};
 
 pub fn run(args: &[String]) -> Result<(), String> {
     if let Some(a) = args.first() {
@@ -29,14 +29,23 @@ pub fn run(args: &[String]) -> Result<(), String> {
         cargo()
             .args(["test", "--workspace", "--locked"])
             .env_remove("EMBER_CUDA_EMULATOR")
-            .env_remove("EMBER_CUDA_EMULATOR_MEMORY"),
+            .env_remove("EMBER_CUDA_EMULATOR_MEMORY")
+            .env_remove(coverage::ENV_TRACE)
+            .env_remove(coverage::ENV_TABLE),
     )?;
+    // The emulated pass records every kernel it launches (and the emulated symbol table) for
+    // the launch-coverage check below.
+    let files = coverage::prepare()?;
     run_step(
-        "cargo test (EMBER_CUDA_EMULATOR=2)",
-        cargo()
-            .args(["test", "--workspace", "--locked"])
-            .env("EMBER_CUDA_EMULATOR", "2")
-            .env_remove("EMBER_CUDA_EMULATOR_MEMORY"),
+        "cargo test (EMBER_CUDA_EMULATOR=2, launch trace)",
+        coverage::traced(
+            cargo()
+                .args(["test", "--workspace", "--locked"])
+                .env("EMBER_CUDA_EMULATOR", "2")
+                .env_remove("EMBER_CUDA_EMULATOR_MEMORY"),
+            &files,
+            true,
+        ),
     )?;
     // The emulated CUDA kernels once more under AddressSanitizer + UBSan: an out-of-bounds
     // access in a kernel fails here as compute-sanitizer would report it on a GPU. Its own
@@ -53,17 +62,23 @@ pub fn run(args: &[String]) -> Result<(), String> {
         ));
     }
     let target_dir = std::env::var("CARGO_TARGET_DIR").unwrap_or_else(|_| "target".into());
+    // Traced too: its out-of-bounds test is what launches ember_test_out_of_bounds.
     run_step(
         "cargo test -p ember-kernels (emulated kernels under ASan + UBSan)",
-        cargo()
-            .args(["test", "-p", "ember-kernels", "--tests", "--locked"])
-            .env("EMBER_KERNELS_ASAN", "1")
-            .env("CARGO_TARGET_DIR", format!("{target_dir}/asan"))
-            .env(
-                "CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER",
-                format!("env LD_PRELOAD={libasan} ASAN_OPTIONS=detect_leaks=0"),
-            ),
+        coverage::traced(
+            cargo()
+                .args(["test", "-p", "ember-kernels", "--tests", "--locked"])
+                .env("EMBER_KERNELS_ASAN", "1")
+                .env("CARGO_TARGET_DIR", format!("{target_dir}/asan"))
+                .env(
+                    "CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER",
+                    format!("env LD_PRELOAD={libasan} ASAN_OPTIONS=detect_leaks=0"),
+                ),
+            &files,
+            false,
+        ),
     )?;
+    coverage::check(&files)?;
     eprintln!("==> all checks passed");
     Ok(())
 }

@@ -458,3 +458,33 @@ fn address_sanitizer_catches_a_kernel_writing_out_of_bounds() {
     assert!(stderr.contains("heap-buffer-overflow"), "{stderr}");
     assert!(stderr.contains("ember_test_out_of_bounds"), "{stderr}");
 }
+
+/// The emulated symbol table, for `cargo xtask test`'s launch-coverage check
+/// (xtask/src/coverage.rs): written to the file `EMBER_KERNELS_TABLE` names, when set.
+#[test]
+fn emulated_kernel_table_for_the_launch_check() {
+    let names = emulated_kernel_names();
+    assert!(!names.is_empty());
+    assert!(
+        names.windows(2).all(|w| w[0] < w[1]),
+        "kernel names are unique"
+    );
+    if let Some(path) = std::env::var_os("EMBER_KERNELS_TABLE") {
+        let mut text = names.join("\n");
+        text.push('\n');
+        std::fs::write(&path, text).expect("write the kernel table");
+    }
+}
+
+/// The out-of-bounds test kernel is an ordinary store of 1 at out[n]: within the buffer it
+/// runs in every build (so the launch-coverage check sees it without the ASan pass); one past
+/// the end it is the AddressSanitizer build's test above.
+#[test]
+fn the_out_of_bounds_kernel_stores_at_index_n() {
+    let (d, m) = setup(0);
+    let out = Buf::<i32>::zeros(&d, 0, 8);
+    let mut args = KernelArgs::new();
+    args.ptr(out.ptr).push(5i32);
+    launch(&d, m, "ember_test_out_of_bounds", 1, 64, 0, &mut args).unwrap();
+    assert_eq!(out.to_vec(), [0, 0, 0, 0, 0, 1, 0, 0]);
+}

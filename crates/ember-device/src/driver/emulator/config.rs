@@ -7,6 +7,9 @@
 //!   emulator is off. Anything else is an error naming the variable and the value.
 //! - `EMBER_CUDA_EMULATOR_MEMORY=SIZE`: each device's total memory, in bytes or with a unit
 //!   suffix (`512MiB`, `2GiB`, `1GB`, `64KiB`, `4096`). Default 16 GiB.
+//! - `EMBER_CUDA_EMULATOR_TRACE=FILE`: append the name of every launched kernel to `FILE`, once
+//!   per name per process (read by `launch_trace.rs`, Note [Launch trace]; `cargo xtask test`'s
+//!   launch-coverage check uses it).
 
 use crate::error::{DeviceError, Result};
 

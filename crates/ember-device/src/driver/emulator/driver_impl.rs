@@ -433,6 +433,9 @@ impl Driver for Emulator {
             translate_ctx: &*mem as *const _ as *const c_void,
             translate: translate_for_kernel,
         };
+        // Before it runs, so that a kernel that aborts the process still counts (Note [Launch
+        // trace]).
+        super::launch_trace::record_launch(&f.name);
         // SAFETY: the caller guarantees `params` matches the kernel's parameters; `launch`
         // and the memory state it points at outlive the call, and the lock is held throughout.
         let status = unsafe { (f.kernel)(&launch) };

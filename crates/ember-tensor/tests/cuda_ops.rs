@@ -313,15 +313,84 @@ fn creation_on_cuda_matches_cpu() {
     );
 }
 
+/// The Philox kernels draw, bit for bit, what the CPU generator draws for the same seed
+/// and offset: every sampler and dtype, odd lengths, consecutive ops (offsets advance alike).
 #[test]
 fn same_seed_same_numbers_on_cpu_and_cuda() {
     setup();
-    let g_cpu = ember_tensor::random::Generator::with_seed(42, CPU);
-    let g_gpu = ember_tensor::random::Generator::with_seed(42, GPU);
-    let a = Tensor::rand_with([100], DType::F32, &g_cpu).unwrap();
-    let b = Tensor::rand_with([100], (DType::F32, GPU), &g_gpu).unwrap();
-    assert_eq!(b.device(), GPU);
-    assert_eq!(a.to_vec::<f32>().unwrap(), b.to_vec::<f32>().unwrap());
+    use ember_tensor::random::Generator;
+    let bits = |t: &Tensor| -> Vec<i64> {
+        let t = t.to_device(&CPU).unwrap();
+        match t.dtype() {
+            DType::F32 => t
+                .to_vec::<f32>()
+                .unwrap()
+                .iter()
+                .map(|v| i64::from(v.to_bits()))
+                .collect(),
+            DType::F64 => t
+                .to_vec::<f64>()
+                .unwrap()
+                .iter()
+                .map(|v| v.to_bits() as i64)
+                .collect(),
+            DType::F16 => t
+                .to_vec::<half::f16>()
+                .unwrap()
+                .iter()
+                .map(|v| i64::from(v.to_bits()))
+                .collect(),
+            DType::Bf16 => t
+                .to_vec::<half::bf16>()
+                .unwrap()
+                .iter()
+                .map(|v| i64::from(v.to_bits()))
+                .collect(),
+            _ => t.to_dtype(DType::I64).unwrap().to_vec::<i64>().unwrap(),
+        }
+    };
+    for seed in [42u64, 0xDEAD_BEEF_0000_0001] {
+        let (gc, gg) = (
+            Generator::with_seed(seed, CPU),
+            Generator::with_seed(seed, GPU),
+        );
+        for n in [0usize, 1, 7, 101] {
+            for dt in [DType::F32, DType::F64, DType::F16, DType::Bf16] {
+                let a = Tensor::rand_with([n], dt, &gc).unwrap();
+                let b = Tensor::rand_with([n], (dt, GPU), &gg).unwrap();
+                assert_eq!(b.device(), GPU);
+                assert_eq!(bits(&a), bits(&b), "rand {dt} n={n}");
+                let a = Tensor::randn_with([n], dt, &gc).unwrap();
+                let b = Tensor::randn_with([n], (dt, GPU), &gg).unwrap();
+                assert_eq!(bits(&a), bits(&b), "randn {dt} n={n}");
+            }
+            for dt in ALL_DTYPES {
+                let (lo, hi) = match dt {
+                    DType::Bool => (0, 2),
+                    DType::U8 => (3, 200),
+                    _ => (-3, 100),
+                };
+                let a = Tensor::randint_with(lo, hi, [n], dt, &gc).unwrap();
+                let b = Tensor::randint_with(lo, hi, [n], (dt, GPU), &gg).unwrap();
+                assert_eq!(bits(&a), bits(&b), "randint {dt} n={n}");
+                let a = Tensor::bernoulli_mask_with([n], 0.3, dt, &gc).unwrap();
+                let b = Tensor::bernoulli_mask_with([n], 0.3, (dt, GPU), &gg).unwrap();
+                assert_eq!(bits(&a), bits(&b), "bernoulli {dt} n={n}");
+            }
+            // A range above 2^32 takes two words per sample.
+            let a = Tensor::randint_with(i64::MIN, i64::MAX, [n], (), &gc).unwrap();
+            let b = Tensor::randint_with(i64::MIN, i64::MAX, [n], GPU, &gg).unwrap();
+            assert_eq!(bits(&a), bits(&b), "randint wide n={n}");
+            let a = Tensor::dropout_mask_with([n], 0.5, (), &gc).unwrap();
+            let b = Tensor::dropout_mask_with([n], 0.5, GPU, &gg).unwrap();
+            assert_eq!(bits(&a), bits(&b), "dropout n={n}");
+        }
+        assert_eq!(
+            gc.get_state(),
+            gg.get_state(),
+            "both generators advanced alike"
+        );
+    }
 }
 
 #[test]

@@ -543,3 +543,61 @@ pub(crate) fn matmul(
     ctx.driver.gemm(ctx.ordinal, ctx.stream(), &desc)?;
     Ok(out)
 }
+
+/// Which `philox_*` kernel (kernels/random.cu) and its parameters.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum PhiloxKernel {
+    /// `philox_uniform_{T}`: `[low, high)`.
+    Uniform { low: f64, high: f64 },
+    /// `philox_normal_{T}`: `mean + std * z`.
+    Normal { mean: f64, std: f64 },
+    /// `philox_randint_{T}`: `low + w mod range`.
+    RandInt { low: i64, range: u64 },
+    /// `philox_bernoulli_{T}`: 1 with probability `p`.
+    Bernoulli { p: f64 },
+}
+
+/// `n` samples of `kernel` as `dtype`, from Philox key `key` starting at counter `base`
+/// (the caller reserved the counters on the generator).
+pub(crate) fn philox(
+    ctx: &Arc<Ctx>,
+    kernel: PhiloxKernel,
+    dtype: DType,
+    n: usize,
+    key: [u32; 2],
+    base: u64,
+) -> Result<CudaStorage> {
+    let out = CudaStorage::alloc(ctx, dtype, n)?;
+    if n == 0 {
+        return Ok(out);
+    }
+    let mut args = KernelArgs::new();
+    args.ptr(out.ptr_at(0))
+        .push(n as i64)
+        .push(key[0])
+        .push(key[1])
+        .push(base);
+    let family = match kernel {
+        PhiloxKernel::Uniform { low, high } => {
+            args.push(low).push(high);
+            "philox_uniform"
+        }
+        PhiloxKernel::Normal { mean, std } => {
+            args.push(mean).push(std);
+            "philox_normal"
+        }
+        PhiloxKernel::RandInt { low, range } => {
+            args.push(low).push(range);
+            "philox_randint"
+        }
+        PhiloxKernel::Bernoulli { p } => {
+            args.push(p);
+            "philox_bernoulli"
+        }
+    };
+    // SAFETY: `philox_{family}_{T}(T* out, i64 n, u32 key0, u32 key1, u64 base, params)`
+    // with the parameters of that family pushed at their exact widths (f64, or i64 + u64
+    // for randint); `out` holds `n` elements of `dtype`. Any 1-D grid works.
+    unsafe { ctx.launch(&kernel_name(family, dtype), launch_config_1d(n), &mut args)? };
+    Ok(out)
+}

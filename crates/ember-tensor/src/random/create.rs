@@ -11,11 +11,12 @@ use super::philox::{
     counters, samples,
 };
 use super::{Generator, default_generator};
+use crate::cuda::PhiloxKernel;
 use crate::dtype::{DType, WithDType};
 use crate::error::{Result, TensorError};
 use crate::shape::Shape;
-use crate::storage::CpuStorage;
-use crate::tensor::{Options, Tensor, on_device};
+use crate::storage::{CpuStorage, Storage};
+use crate::tensor::{Options, Tensor};
 
 /// The generator an op uses: the one given, or the device's default.
 enum Gen<'a> {
@@ -63,22 +64,30 @@ fn prepare<'a>(
 
 /// Reserves the counters of `n` samples of `s` on `g` and fills a new tensor on the
 /// generator's device with `conv` of each sample.
+/// On a CUDA device the `philox_*` kernel described by `kernel` draws the same numbers on
+/// the device (kernels/random.cu, Note [Random streams]).
 fn fill<S: Sampler, T: WithDType>(
     s: S,
     n: usize,
     shape: Shape,
     g: &Generator,
     conv: impl Fn(S::Out) -> T + Sync,
+    kernel: PhiloxKernel,
 ) -> Result<Tensor> {
     let (key, base) = g.reserve(counters::<S>(n));
-    // For CUDA devices the samples are drawn here and copied over: the same numbers the
-    // Philox kernels draw for this key and base (Note [Random streams]) until those kernels
-    // are wired in.
+    if let Device::Cuda(i) = g.device() {
+        let ctx = crate::cuda::ctx("random", i)?;
+        let st = crate::cuda::philox(&ctx, kernel, T::DTYPE, n, key, base)?;
+        return Ok(Tensor::from_storage(Storage::Cuda(st), shape));
+    }
     let st = CpuStorage::from_chunks(n, |r| samples(&s, key, base, r).map(&conv))?;
-    Ok(Tensor::from_storage(
-        on_device("random", st, g.device())?,
-        shape,
-    ))
+    Ok(Tensor::from_storage(Storage::Cpu(st), shape))
+}
+
+/// f64 samples into f16 through f32, as the CUDA kernels convert (and the same on every
+/// CPU: `half`'s direct `from_f64` rounds differently with and without F16C).
+fn to_f16(v: f64) -> f16 {
+    f16::from_f32(v as f32)
 }
 
 fn uniform(shape: Shape, o: Options, gen_: Option<&Generator>) -> Result<Tensor> {
@@ -91,10 +100,14 @@ fn uniform(shape: Shape, o: Options, gen_: Option<&Generator>) -> Result<Tensor>
         low: 0.0,
         high: 1.0,
     };
+    let k = PhiloxKernel::Uniform {
+        low: 0.0,
+        high: 1.0,
+    };
     match dtype {
-        DType::F32 => fill(u(24), n, shape, g, |v| v as f32),
-        DType::F16 => fill(u(11), n, shape, g, f16::from_f64),
-        DType::Bf16 => fill(u(8), n, shape, g, bf16::from_f64),
+        DType::F32 => fill(u(24), n, shape, g, |v| v as f32, k),
+        DType::F16 => fill(u(11), n, shape, g, to_f16, k),
+        DType::Bf16 => fill(u(8), n, shape, g, bf16::from_f64, k),
         DType::F64 => fill(
             Uniform64 {
                 low: 0.0,
@@ -104,6 +117,7 @@ fn uniform(shape: Shape, o: Options, gen_: Option<&Generator>) -> Result<Tensor>
             shape,
             g,
             |v| v,
+            k,
         ),
         d => Err(not_float(op, d)),
     }
@@ -118,10 +132,14 @@ fn normal(shape: Shape, o: Options, gen_: Option<&Generator>) -> Result<Tensor> 
         mean: 0.0,
         std: 1.0,
     };
+    let k = PhiloxKernel::Normal {
+        mean: 0.0,
+        std: 1.0,
+    };
     match dtype {
-        DType::F32 => fill(s, n, shape, g, |v| v as f32),
-        DType::F16 => fill(s, n, shape, g, f16::from_f64),
-        DType::Bf16 => fill(s, n, shape, g, bf16::from_f64),
+        DType::F32 => fill(s, n, shape, g, |v| v as f32, k),
+        DType::F16 => fill(s, n, shape, g, to_f16, k),
+        DType::Bf16 => fill(s, n, shape, g, bf16::from_f64, k),
         DType::F64 => fill(
             Normal64 {
                 mean: 0.0,
@@ -131,6 +149,7 @@ fn normal(shape: Shape, o: Options, gen_: Option<&Generator>) -> Result<Tensor> 
             shape,
             g,
             |v| v,
+            k,
         ),
         d => Err(not_float(op, d)),
     }
@@ -189,11 +208,15 @@ fn integers(
         // `high > low`, so the difference is in 1..=u64::MAX.
         range: high.abs_diff(low),
     };
+    let k = PhiloxKernel::RandInt {
+        low,
+        range: r.range,
+    };
     crate::cpu::dispatch!(dtype, T => {
         if r.range <= 1 << 32 {
-            fill(RandInt32(r), n, shape, g, T::from_i64)
+            fill(RandInt32(r), n, shape, g, T::from_i64, k)
         } else {
-            fill(RandInt64(r), n, shape, g, T::from_i64)
+            fill(RandInt64(r), n, shape, g, T::from_i64, k)
         }
     })
 }
@@ -207,7 +230,8 @@ fn bernoulli(
 ) -> Result<Tensor> {
     let dtype = o.dtype.unwrap_or(DType::Bool);
     let (n, g) = prepare(op, &shape, o.device, gen_)?;
-    crate::cpu::dispatch!(dtype, T => fill(Bernoulli { p }, n, shape, g.get(), |b| T::from_i64(i64::from(b))))
+    let k = PhiloxKernel::Bernoulli { p };
+    crate::cpu::dispatch!(dtype, T => fill(Bernoulli { p }, n, shape, g.get(), |b| T::from_i64(i64::from(b)), k))
 }
 
 fn check_p(op: &'static str, p: f64, what: &str) -> Result<()> {

@@ -1,0 +1,34 @@
+#![allow(clippy::unwrap_used)]
+//! The README's "Using it" snippet, kept compiling and running (on an emulated cuda:0).
+
+use ember::driver::emulator::EmulatorConfig;
+use ember::{DType, Device, Tensor, cuda, memory};
+
+#[test]
+fn readme_snippet_runs() -> Result<(), Box<dyn std::error::Error>> {
+    cuda::use_emulator(EmulatorConfig::devices(2))?;
+    let device = Device::cuda_if_available();
+    assert_eq!(device, Device::Cuda(0));
+    let block = memory::allocator(device)?.allocate(1 << 20)?;
+    println!("{}", memory::memory_summary(device)?);
+    drop(block);
+    memory::empty_cache(device)?;
+
+    let x = Tensor::randn([64, 784], ())?.pin_memory()?;
+    let w = Tensor::randn([784, 10], DType::F32)?.to(device)?;
+    let logits = x.to_non_blocking(device)?.matmul(&w)?;
+    let target = Tensor::randint(0, 10, [64], device)?;
+    let loss = logits.cross_entropy(&target, &ember::tensor::CrossEntropyOptions::new())?;
+    let shown = loss.to_string();
+    assert!(
+        shown.starts_with("tensor(") && shown.ends_with("device='cuda:0')"),
+        "{shown}"
+    );
+    // The same on the CPU gives the same loss (within float tolerance).
+    let cpu = x
+        .matmul(&w.cpu()?)?
+        .cross_entropy(&target.cpu()?, &ember::tensor::CrossEntropyOptions::new())?;
+    let (a, b) = (cpu.item::<f32>()?, loss.cpu()?.item::<f32>()?);
+    assert!((a - b).abs() <= 1e-4 * a.abs().max(1.0), "{a} vs {b}");
+    Ok(())
+}

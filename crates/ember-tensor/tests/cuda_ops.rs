@@ -607,3 +607,33 @@ fn streams_pinned_memory_and_non_blocking_copies() {
         x.to_vec::<f32>().unwrap()
     );
 }
+
+/// Long rows with few outputs take the two-pass path (rows split into chunks, then the
+/// partials reduced); the results still match the CPU.
+#[test]
+fn long_reductions_split_in_two_passes() {
+    setup();
+    for (dt, n) in [
+        (DType::F32, 1 << 16),
+        (DType::F64, 3 * 5 * 7 * 128),
+        (DType::I64, 10_000),
+        (DType::I32, 1 << 14),
+    ] {
+        let x = values(dt, n, 3, false);
+        same("sum_all long", &[&x], |t| t[0].sum_all());
+        same("max_all long", &[&x], |t| t[0].max_all());
+        same("min over rows", &[&x], |t| {
+            t[0].reshape([2, n / 2])?.amin(1, false)
+        });
+        same("mean long", &[&x], |t| {
+            if dt.is_float() {
+                t[0].mean_all()
+            } else {
+                t[0].sum_all()
+            }
+        });
+    }
+    // A prime length cannot be split: one pass.
+    let p = values(DType::F32, 16381, 5, false);
+    same("sum prime", &[&p], |t| t[0].sum_all());
+}

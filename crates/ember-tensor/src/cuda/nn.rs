@@ -40,6 +40,25 @@ fn bad_position(slot: &CudaStorage) -> Result<Option<usize>> {
     Ok((pos != i64::MAX).then_some(pos as usize))
 }
 
+/// After an indexing kernel: the CPU's error for the first bad index it recorded, if any.
+fn check_slot(
+    op: &'static str,
+    err: &CudaStorage,
+    (idx, il): (&CudaStorage, &Layout),
+    dim: usize,
+    size: usize,
+) -> Result<()> {
+    match bad_position(err)? {
+        Some(pos) => Err(TensorError::IndexOutOfRange {
+            op,
+            index: index_at(idx, il, pos)?,
+            dim,
+            size,
+        }),
+        None => Ok(()),
+    }
+}
+
 /// The index value at row-major position `pos` of `il` over `idx` (i64 or i32).
 fn index_at(idx: &CudaStorage, il: &Layout, pos: usize) -> Result<i64> {
     let host = idx.download()?;
@@ -164,14 +183,7 @@ pub(crate) fn index_select(
         src.ctx()
             .launch(&name, launch_config_1d(n.max(count)), &mut args)?
     };
-    if let Some(pos) = bad_position(&err)? {
-        return Err(TensorError::IndexOutOfRange {
-            op: OP,
-            index: index_at(idx, il, pos)?,
-            dim,
-            size,
-        });
-    }
+    check_slot(OP, &err, (idx, il), dim, size)?;
     Ok(out)
 }
 
@@ -214,14 +226,7 @@ pub(crate) fn gather(
     // stride zeroed, added back per checked index) and idx's layout stay inside their
     // storages; `out` holds `n`, `err` two i64.
     unsafe { src.ctx().launch(&name, launch_config_1d(n), &mut args)? };
-    if let Some(pos) = bad_position(&err)? {
-        return Err(TensorError::IndexOutOfRange {
-            op: OP,
-            index: index_at(idx, il, pos)?,
-            dim,
-            size,
-        });
-    }
+    check_slot(OP, &err, (idx, il), dim, size)?;
     Ok(out)
 }
 
@@ -270,14 +275,7 @@ pub(crate) fn scatter_add(
     // else writes it during the launch, as the u8/bool word-CAS requires), idx and src are
     // read inside their layouts, `err` holds two i64.
     unsafe { dst.ctx().launch(&name, launch_config_1d(n), &mut args)? };
-    if let Some(pos) = bad_position(&err)? {
-        return Err(TensorError::IndexOutOfRange {
-            op: OP,
-            index: index_at(idx, il, pos)?,
-            dim,
-            size,
-        });
-    }
+    check_slot(OP, &err, (idx, il), dim, size)?;
     Ok(out)
 }
 

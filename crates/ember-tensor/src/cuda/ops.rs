@@ -377,18 +377,57 @@ pub(crate) fn reduce(
         (outer, size, inner) = (o, z, 1);
         (src, offset) = (&tmp, 0);
     }
+    // Few outputs over long rows would run on a few blocks (a full reduction on one SM):
+    // split each row into `c` chunks reduced in parallel, then reduce the partials.
+    let splittable = matches!(op, ReduceOp::Sum | ReduceOp::Max | ReduceOp::Min)
+        && !matches!(dt, DType::F16 | DType::Bf16)
+        && !(op == ReduceOp::Sum && matches!(dt, DType::I32 | DType::U8 | DType::Bool));
+    if let Some(c) = split_factor(outer * inner, size).filter(|_| splittable) {
+        let partial = CudaStorage::alloc(s.ctx(), out_dtype, outer * c * inner)?;
+        reduce_launch(op, (src, offset), &partial, (outer * c, size / c, inner))?;
+        reduce_launch(op, (&partial, 0), &out, (outer, c, inner))?;
+        return Ok(out);
+    }
+    reduce_launch(op, (src, offset), &out, (outer, size, inner))?;
+    Ok(out)
+}
+
+/// Rows of at least this many elements are split when there are few outputs.
+const SPLIT_ROWS_FROM: usize = 8192;
+/// The least elements per chunk of a split row (one block's worth of work).
+const SPLIT_CHUNK_MIN: usize = 2048;
+
+/// The number of chunks to split rows of `size` into when only `outputs` rows would run in
+/// parallel: the largest divisor of `size` that leaves chunks of at least
+/// [`SPLIT_CHUNK_MIN`] elements, at most 1024, or `None`.
+fn split_factor(outputs: usize, size: usize) -> Option<usize> {
+    if outputs > 64 || size < SPLIT_ROWS_FROM {
+        return None;
+    }
+    let most = (size / SPLIT_CHUNK_MIN).min(1024);
+    (2..=most).rev().find(|&c| size.is_multiple_of(c))
+}
+
+/// One `reduce_{op}_{dtype}` launch over the contiguous `[outer, size, inner]` block of
+/// `src` at `offset` into `out` (`outer * inner` elements). Sums of 8/32-bit integers are
+/// not split (their partials are i64, another dtype), so `src`'s dtype names the kernel.
+fn reduce_launch(
+    op: ReduceOp,
+    (src, offset): (&CudaStorage, usize),
+    out: &CudaStorage,
+    (outer, size, inner): (usize, usize, usize),
+) -> Result<()> {
     let mut args = KernelArgs::new();
     args.push(outer as i64)
         .push(size as i64)
         .push(inner as i64)
         .ptr(src.ptr_at(offset))
         .ptr(out.ptr_at(0));
-    let name = format!("reduce_{}_{}", op.name(), dt.short_name());
+    let name = format!("reduce_{}_{}", op.name(), src.dtype().short_name());
     // SAFETY: `reduce_{op}_{dtype}(i64 outer, i64 size, i64 inner, const T* in, O* out)`;
     // `in` holds the contiguous `[outer, size, inner]` block at `offset`, `out` holds
-    // `outer * inner` elements of the output dtype (`n_out`); blockDim is a multiple of 32.
-    unsafe { s.ctx().launch(&name, row_config(outer, inner), &mut args)? };
-    Ok(out)
+    // `outer * inner` elements of the output dtype; blockDim is a multiple of 32.
+    unsafe { src.ctx().launch(&name, row_config(outer, inner), &mut args) }
 }
 
 /// Softmax or log-softmax along `dim` (f32/f64/f16/bf16), contiguous output.

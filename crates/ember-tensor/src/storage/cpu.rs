@@ -60,6 +60,24 @@ pub(crate) fn checked_bytes(dtype: DType, len: usize) -> Result<usize> {
         })
 }
 
+/// `len` elements of `dtype` from `allocator`, checked for size; `None` for no elements
+/// (nothing is allocated for empty tensors, as PyTorch does).
+fn allocate(
+    allocator: &Arc<CachingAllocator>,
+    dtype: DType,
+    len: usize,
+) -> Result<Option<Allocation>> {
+    if len == 0 {
+        return Ok(None);
+    }
+    let bytes = checked_bytes(dtype, len)?;
+    let alloc = allocator.allocate(bytes)?;
+    if alloc.len() < bytes {
+        return Err(short_allocation(alloc.len(), bytes));
+    }
+    Ok(Some(alloc))
+}
+
 pub(crate) fn short_allocation(got: usize, want: usize) -> TensorError {
     TensorError::invalid(
         "alloc",
@@ -114,18 +132,13 @@ impl CpuStorage {
         F: Fn(Range<usize>) -> I + Sync,
     {
         let dtype = T::DTYPE;
-        if len == 0 {
+        let Some(alloc) = allocate(cpu_allocator()?, dtype, len)? else {
             return Ok(CpuStorage {
                 alloc: None,
                 dtype,
                 len,
             });
-        }
-        let bytes = checked_bytes(dtype, len)?;
-        let alloc = cpu_allocator()?.allocate(bytes)?;
-        if alloc.len() < bytes {
-            return Err(short_allocation(alloc.len(), bytes));
-        }
+        };
         let ptr = alloc.as_ptr().cast::<MaybeUninit<T>>();
         // SAFETY: `alloc` is a live host allocation of at least `len * size_of::<T>()`
         // bytes (checked above), aligned to 64 bytes >= align_of::<T>(), and owned solely by
@@ -166,44 +179,26 @@ impl CpuStorage {
         })
     }
 
-    /// A storage holding a copy of `data`.
     /// `len` elements of `dtype`, every byte zero (a valid value of every dtype: 0, 0.0,
     /// false). For filling from a device copy ([`CpuStorage::write_bytes_with`]).
     pub(crate) fn zeroed(dtype: DType, len: usize) -> Result<CpuStorage> {
-        if len == 0 {
-            return Ok(CpuStorage {
-                alloc: None,
-                dtype,
-                len,
-            });
+        let alloc = allocate(cpu_allocator()?, dtype, len)?;
+        if let Some(a) = &alloc {
+            // SAFETY: `a` is a live host allocation of at least `len * size` bytes that
+            // nothing else references yet; writing zero bytes into it is always sound.
+            unsafe { std::ptr::write_bytes(a.as_ptr(), 0, len * dtype.size_in_bytes()) };
         }
-        let bytes = checked_bytes(dtype, len)?;
-        let alloc = cpu_allocator()?.allocate(bytes)?;
-        if alloc.len() < bytes {
-            return Err(short_allocation(alloc.len(), bytes));
-        }
-        // SAFETY: `alloc` is a live host allocation of at least `bytes` bytes that nothing
-        // else references yet; writing zero bytes into it is always sound.
-        unsafe { std::ptr::write_bytes(alloc.as_ptr(), 0, bytes) };
-        Ok(CpuStorage {
-            alloc: Some(alloc),
-            dtype,
-            len,
-        })
+        Ok(CpuStorage { alloc, dtype, len })
     }
 
     /// A copy in page-locked host memory from `ember_memory::pinned_allocator()` (plain host
     /// memory where CUDA is not real), which asynchronous copies to a device read from.
     pub(crate) fn pinned_copy(&self) -> Result<CpuStorage> {
-        let bytes = self.len * self.dtype.size_in_bytes();
-        if bytes == 0 {
+        let Some(alloc) = allocate(&ember_memory::pinned_allocator(), self.dtype, self.len)? else {
             return CpuStorage::zeroed(self.dtype, self.len);
-        }
-        let alloc = ember_memory::pinned_allocator().allocate(bytes)?;
-        if alloc.len() < bytes {
-            return Err(short_allocation(alloc.len(), bytes));
-        }
+        };
         let src = self.as_bytes();
+        let bytes = src.len();
         // SAFETY: `alloc` is a fresh host allocation of at least `bytes` bytes that nothing
         // else references; `src` is `bytes` initialised bytes of another allocation (no
         // overlap). Afterwards the new storage holds a valid copy of every element (Note
@@ -268,6 +263,7 @@ impl CpuStorage {
         result
     }
 
+    /// A storage holding a copy of `data`.
     pub(crate) fn from_slice<T: WithDType>(data: &[T]) -> Result<CpuStorage> {
         Self::from_chunks(data.len(), |r| data[r].iter().copied())
     }

@@ -637,3 +637,27 @@ fn long_reductions_split_in_two_passes() {
     let p = values(DType::F32, 16381, 5, false);
     same("sum prime", &[&p], |t| t[0].sum_all());
 }
+
+/// Every dtype through the kernels only this crate launches (copy and clamp into views),
+/// deterministically: the launch-coverage check of `cargo xtask test` must not depend on
+/// which dtypes proptest happened to draw.
+#[test]
+fn copy_and_clamp_every_dtype() {
+    setup();
+    for dt in ALL_DTYPES {
+        let x = view(dt, &[3, 4], 11, true);
+        same("clamp", &[&x], |t| {
+            t[0].clamp(Some(Scalar::Int(0)), Some(Scalar::Int(2)))
+        });
+        same("clamp_ on a view", &[&x], |t| {
+            let c = t[0].copy()?;
+            c.t()?.clamp_(Some(Scalar::Int(-1)), None)?;
+            Ok(c)
+        });
+        same("copy_ into a view", &[&x], |t| {
+            let z = t[0].zeros_like()?;
+            z.narrow(1, 1, 2)?.copy_(&t[0].narrow(1, 0, 2)?)?;
+            Ok(z)
+        });
+    }
+}

@@ -661,3 +661,24 @@ fn copy_and_clamp_every_dtype() {
         });
     }
 }
+
+/// In-place ops on non-contiguous views take the buffer-and-copy-back path (contiguous
+/// views are written directly).
+#[test]
+fn inplace_on_transposed_views() {
+    setup();
+    for dt in [DType::F32, DType::I64] {
+        let x = view(dt, &[3, 4], 21, false);
+        let y = view(dt, &[4, 3], 22, false);
+        same("add_ on t()", &[&x, &y], |t| {
+            let c = t[0].copy()?;
+            c.t()?.add_(&t[1])?;
+            Ok(c)
+        });
+        same("fill_ on t()", &[&x], |t| {
+            let c = t[0].copy()?;
+            c.t()?.narrow(0, 1, 2)?.fill_(7)?;
+            Ok(c)
+        });
+    }
+}

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use ember_device::driver::{GemmDesc, GemmType};
+use ember_device::driver::{DevicePtr, GemmDesc, GemmType};
 use ember_kernels::{KernelArgs, launch_config_1d};
 
 use super::{Ctx, CudaStorage, kernel_name, strided};
@@ -70,10 +70,22 @@ fn map2(
     (b, lb): (&CudaStorage, &Layout),
     out_dtype: DType,
 ) -> Result<CudaStorage> {
+    let out = CudaStorage::alloc(a.ctx(), out_dtype, la.numel())?;
+    map2_into(op, name, (a, la), (b, lb), out.ptr_at(0))?;
+    Ok(out)
+}
+
+/// The `(n, la, lb, a, b, out)` kernel writing its contiguous output at `out`.
+fn map2_into(
+    op: &'static str,
+    name: &str,
+    (a, la): (&CudaStorage, &Layout),
+    (b, lb): (&CudaStorage, &Layout),
+    out: DevicePtr,
+) -> Result<()> {
     let n = la.numel();
-    let out = CudaStorage::alloc(a.ctx(), out_dtype, n)?;
     if n == 0 {
-        return Ok(out);
+        return Ok(());
     }
     let mut args = KernelArgs::new();
     args.push(n as i64)
@@ -81,12 +93,13 @@ fn map2(
         .push(strided(op, lb)?)
         .ptr(a.ptr_at(la.offset()))
         .ptr(b.ptr_at(lb.offset()))
-        .ptr(out.ptr_at(0));
+        .ptr(out);
     // SAFETY: the signature of the binary and comparison kernels (elementwise.cu); both
     // layouts have the output's shape (the front broadcast them) and stay inside their
-    // storages; `out` holds `n` elements.
+    // storages; `out` holds `n` contiguous elements: a fresh buffer, or `a`'s own contiguous
+    // view, where each thread reads element i before writing it.
     unsafe { a.ctx().launch(name, launch_config_1d(n), &mut args)? };
-    Ok(out)
+    Ok(())
 }
 
 pub(crate) fn binary<O: BinaryOpT>(
@@ -196,6 +209,13 @@ pub(crate) fn binary_inplace<O: BinaryOpT>(
     src: &CudaStorage,
     ls: &Layout,
 ) -> Result<()> {
+    if ld.is_contiguous() {
+        // The kernel writes its contiguous output over the operand it reads (element for
+        // element): no buffer, no copy back — the optimizer's `add_`/`mul_` path.
+        let name = kernel_name(O::KERNEL, dst.dtype());
+        let out = dst.ptr_at(ld.offset());
+        return map2_into(O::NAME, &name, (dst, ld), (src, ls), out);
+    }
     let r = binary::<O>(dst, ld, src, ls)?;
     copy_into(dst, ld, &r, &Layout::contiguous(ld.shape().clone()))
 }
@@ -261,26 +281,41 @@ pub(crate) fn clamp_inplace(
 /// `n` copies of `value` (as `dtype`) on `ctx`'s device.
 pub(crate) fn full(ctx: &Arc<Ctx>, n: usize, value: Scalar, dtype: DType) -> Result<CudaStorage> {
     let out = CudaStorage::alloc(ctx, dtype, n)?;
-    if n > 0 {
-        let mut args = KernelArgs::new();
-        args.ptr(out.ptr_at(0)).push(n as i64);
-        push_scalar(&mut args, value, dtype);
-        // SAFETY: `ember_fill_{dtype}(T* out, i64 n, T value)`, value pushed as `T`; `out`
-        // holds `n` elements.
-        unsafe {
-            ctx.launch(
-                &kernel_name("ember_fill", dtype),
-                launch_config_1d(n),
-                &mut args,
-            )?
-        };
-    }
+    fill_launch(ctx, out.ptr_at(0), n, value, dtype)?;
     Ok(out)
 }
 
+/// `ember_fill_{dtype}` over `n` contiguous elements at `out`.
+fn fill_launch(ctx: &Ctx, out: DevicePtr, n: usize, value: Scalar, dtype: DType) -> Result<()> {
+    if n == 0 {
+        return Ok(());
+    }
+    let mut args = KernelArgs::new();
+    args.ptr(out).push(n as i64);
+    push_scalar(&mut args, value, dtype);
+    // SAFETY: `ember_fill_{dtype}(T* out, i64 n, T value)`, value pushed as `T`; `out` holds
+    // `n` elements (a fresh buffer or a contiguous view inside its storage).
+    unsafe {
+        ctx.launch(
+            &kernel_name("ember_fill", dtype),
+            launch_config_1d(n),
+            &mut args,
+        )
+    }
+}
+
 pub(crate) fn fill(dst: &mut CudaStorage, l: &Layout, value: Scalar) -> Result<()> {
-    let n = l.numel();
-    let tmp = full(dst.ctx(), n, value, dst.dtype())?;
+    if l.is_contiguous() {
+        // `zero_()` of a gradient: straight into the view.
+        return fill_launch(
+            dst.ctx(),
+            dst.ptr_at(l.offset()),
+            l.numel(),
+            value,
+            dst.dtype(),
+        );
+    }
+    let tmp = full(dst.ctx(), l.numel(), value, dst.dtype())?;
     copy_into(dst, l, &tmp, &Layout::contiguous(l.shape().clone()))
 }
 

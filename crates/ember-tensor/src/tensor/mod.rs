@@ -369,10 +369,13 @@ impl Tensor {
     /// memory, from which copies to a CUDA device can be asynchronous (plain host memory
     /// where CUDA is not real). A CUDA tensor is an error, as in PyTorch.
     pub fn pin_memory(&self) -> Result<Tensor> {
-        let c = self.contiguous()?;
-        let s = c.with_storage(|s, l| -> Result<CpuStorage> {
+        let s = self.with_storage(|s, l| -> Result<CpuStorage> {
             match s {
-                Storage::Cpu(cs) if l.offset() == 0 && cs.len() == l.numel() => cs.pinned_copy(),
+                Storage::Cpu(cs)
+                    if l.is_contiguous() && l.offset() == 0 && cs.len() == l.numel() =>
+                {
+                    cs.pinned_copy()
+                }
                 Storage::Cpu(cs) => crate::cpu::cast(cs, l, cs.dtype())?.pinned_copy(),
                 Storage::Cuda(_) => Err(TensorError::invalid(
                     "pin_memory",

@@ -1,0 +1,122 @@
+//! Matrix products: `matmul` (PyTorch's rules: 1-D, 2-D, batched with broadcast batch
+//! dims), `mm`, `bmm`, `addmm`. Autocast is consulted here (Note [Autocast hook]).
+
+use ember_tensor::{Scalar, Tensor as Raw};
+
+use crate::error::Result;
+use crate::graph::{BackwardFn, Saved, needs_grad, record};
+use crate::mode::autocast_dtype;
+use crate::tensor::Tensor;
+
+/// The matrix form of an operand's dims: 1-D gets a unit dim (`[k]` → `[1, k]` on the
+/// left, `[k, 1]` on the right).
+fn matrix_dims(d: &[usize], left: bool) -> Vec<usize> {
+    match (d.len(), left) {
+        (1, true) => vec![1, d[0]],
+        (1, false) => vec![d[0], 1],
+        _ => d.to_vec(),
+    }
+}
+
+/// Gradients of `matmul(a, b)` for the output gradient `g`: `g @ bᵀ` for `a` (needs only
+/// `b`) and `aᵀ @ g` for `b` (needs only `a`), summed over broadcast batch dims.
+fn matmul_grads(
+    g: &Raw,
+    a: Option<&Raw>,
+    a_dims: &[usize],
+    b: Option<&Raw>,
+    b_dims: &[usize],
+) -> Result<(Option<Raw>, Option<Raw>)> {
+    // `g` in the shape of the product of the matrix forms.
+    let g2 = match (a_dims.len(), b_dims.len()) {
+        (1, 1) => g.reshape([1usize, 1])?,
+        (1, _) => g.unsqueeze(-2)?,
+        (_, 1) => g.unsqueeze(-1)?,
+        _ => g.clone(),
+    };
+    let (a2, b2) = (matrix_dims(a_dims, true), matrix_dims(b_dims, false));
+    let ga = match b {
+        Some(b) => {
+            let b = b.reshape(&b2[..])?;
+            let ga = g2.matmul(&b.transpose(-2, -1)?)?;
+            Some(crate::engine::sum_to(&ga, &a2)?.reshape(a_dims)?)
+        }
+        None => None,
+    };
+    let gb = match a {
+        Some(a) => {
+            let a = a.reshape(&a2[..])?;
+            let gb = a.transpose(-2, -1)?.matmul(&g2)?;
+            Some(crate::engine::sum_to(&gb, &b2)?.reshape(b_dims)?)
+        }
+        None => None,
+    };
+    Ok((ga, gb))
+}
+
+impl Tensor {
+    /// Matrix product with PyTorch's rules (1-D, 2-D, batched with broadcast batch dims).
+    pub fn matmul(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.product("MmBackward0", rhs, |a, b| a.matmul(b))
+    }
+
+    /// 2-D matrix product.
+    pub fn mm(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.product("MmBackward0", rhs, |a, b| a.mm(b))
+    }
+
+    /// Batched matrix product of two 3-D tensors.
+    pub fn bmm(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.product("BmmBackward0", rhs, |a, b| a.bmm(b))
+    }
+
+    fn product(
+        &self,
+        name: &'static str,
+        rhs: &Tensor,
+        f: impl Fn(&Raw, &Raw) -> ember_tensor::Result<Raw>,
+    ) -> Result<Tensor> {
+        if let Some(dt) = autocast_dtype("matmul", &[self.dtype(), rhs.dtype()])
+            && (dt != self.dtype() || dt != rhs.dtype())
+        {
+            return self.to_dtype(dt)?.product(name, &rhs.to_dtype(dt)?, f);
+        }
+        let (a, b) = (self.data(), rhs.data());
+        let y = f(&a, &b)?;
+        if !needs_grad(&[self, rhs]) {
+            return Ok(Tensor::wrap(y));
+        }
+        let need = (self.requires_grad(), rhs.requires_grad());
+        // Each side's gradient needs the other side only.
+        let sa = if need.1 {
+            Some(Saved::of(name, self)?)
+        } else {
+            None
+        };
+        let sb = if need.0 {
+            Some(Saved::of(name, rhs)?)
+        } else {
+            None
+        };
+        let (a_dims, b_dims) = (a.dims().to_vec(), b.dims().to_vec());
+        let f: BackwardFn = Box::new(move |g| {
+            let a = sa.as_ref().map(Saved::get).transpose()?;
+            let b = sb.as_ref().map(Saved::get).transpose()?;
+            let (ga, gb) = matmul_grads(g, a.as_ref(), &a_dims, b.as_ref(), &b_dims)?;
+            Ok(vec![ga, gb])
+        });
+        Ok(record(name, y, &[self, rhs], f))
+    }
+
+    /// `beta * self + alpha * (m1 @ m2)`.
+    pub fn addmm(
+        &self,
+        m1: &Tensor,
+        m2: &Tensor,
+        beta: impl Into<Scalar>,
+        alpha: impl Into<Scalar>,
+    ) -> Result<Tensor> {
+        let p = m1.mm(m2)?.mul(alpha.into())?;
+        p.add(&self.mul(beta.into())?)
+    }
+}

@@ -1,0 +1,148 @@
+//! `nll_loss` and `cross_entropy` with a fused backward.
+//!
+//! Note [Cross-entropy backward]: per target element `i` (a row of scores along the class
+//! dim) the loss is `-Σ_c a_ic·logp_ic` with `a_ic = valid_i·((1-ε)·w_{t_i}·[c = t_i] +
+//! (ε/C)·w_c)` (ε the label smoothing, `w` the class weights or 1, `valid_i` 0 where the
+//! target is `ignore_index`). With `logp = log_softmax(x)` the gradient is
+//! `∂L_i/∂x_ij = p_ij·Σ_c a_ic - a_ij`: one softmax and no log of a probability, so it is
+//! as stable as the forward. Mean reduction divides by `Σ_i valid_i·w_{t_i}`, as the
+//! forward does. For `nll_loss` (input already log-probabilities) it is `-a_ij` with ε = 0.
+
+use ember_tensor::{CrossEntropyOptions, DType, NllLossOptions, Reduction, Tensor as Raw};
+
+use crate::error::Result;
+use crate::graph::{Saved, maybe_record};
+use crate::mode::autocast_dtype;
+use crate::ops::bw1;
+use crate::tensor::Tensor;
+
+/// What the backward needs besides the saved input.
+struct LossSpec {
+    target: Raw,
+    weight: Option<Raw>,
+    ignore_index: i64,
+    reduction: Reduction,
+    smoothing: f64,
+}
+
+/// `x` as `[N, C, L]` with the class dim in the middle.
+fn three_d(x: &Raw) -> Result<(Raw, usize, usize, usize)> {
+    let d = x.dims();
+    let (n, c, l) = match d.len() {
+        1 => (1, d[0], 1),
+        _ => (d[0], d[1], d[2..].iter().product()),
+    };
+    Ok((x.reshape([n, c, l])?, n, c, l))
+}
+
+/// The coefficients `a` of Note [Cross-entropy backward] as `[N, C, L]`, and the mean
+/// denominator `Σ valid·w[t]`.
+fn coefficients(spec: &LossSpec, dtype: DType, n: usize, c: usize, l: usize) -> Result<(Raw, Raw)> {
+    let t = spec.target.reshape([n, l])?.to_dtype(DType::I64)?;
+    let valid = t.ne(spec.ignore_index)?;
+    let tc = Raw::where_(&valid, &t, 0)?.to_dtype(DType::I64)?;
+    let validf = valid.to_dtype(dtype)?;
+    let w_t = match &spec.weight {
+        Some(w) => w
+            .to_dtype(dtype)?
+            .index_select(0, &tc.flatten_all()?)?
+            .reshape([n, l])?,
+        None => validf.ones_like()?,
+    };
+    let a_t = w_t.mul(&validf)?; // [N, L]
+    let total = a_t.sum_all()?;
+    let onehot = tc
+        .one_hot(Some(c))?
+        .to_dtype(dtype)?
+        .permute([0usize, 2, 1])?; // [N, C, L]
+    let mut a = onehot.mul(&a_t.unsqueeze(1)?)?;
+    if spec.smoothing > 0.0 {
+        a = a.mul(1.0 - spec.smoothing)?;
+        let wc = match &spec.weight {
+            Some(w) => w.to_dtype(dtype)?.reshape([1, c, 1])?,
+            None => Raw::ones([1, c, 1], (dtype, t.device()))?,
+        };
+        let smooth = wc
+            .mul(spec.smoothing / c as f64)?
+            .mul(&validf.unsqueeze(1)?)?;
+        a = a.add(&smooth)?;
+    }
+    Ok((a, total))
+}
+
+/// The upstream gradient as a per-element scale broadcastable to `[N, 1, L]`.
+fn scale(spec: &LossSpec, g: &Raw, total: &Raw, n: usize, l: usize) -> Result<Raw> {
+    Ok(match spec.reduction {
+        Reduction::None => g.reshape([n, 1, l])?,
+        Reduction::Sum => g.clone(),
+        Reduction::Mean => g.div(total)?,
+    })
+}
+
+impl Tensor {
+    /// `torch.nn.functional.nll_loss` of log-probabilities (`[C]`, `[N, C]` or
+    /// `[N, C, d...]`) at class indices `target`. The options' `weight` is a plain
+    /// `ember_tensor::Tensor` (it gets no gradient).
+    pub fn nll_loss(&self, target: &Tensor, opts: &NllLossOptions<'_>) -> Result<Tensor> {
+        let x = self.data();
+        let t = target.data();
+        let y = x.nll_loss(&t, opts)?;
+        let spec = LossSpec {
+            target: t,
+            weight: opts.weight.cloned(),
+            ignore_index: opts.ignore_index,
+            reduction: opts.reduction,
+            smoothing: 0.0,
+        };
+        let shape = x.shape().clone();
+        maybe_record("NllLossBackward0", y, &[self], || {
+            Ok(bw1(move |g| {
+                let dtype = g.dtype();
+                let (n, c, l) = match shape.dims().len() {
+                    1 => (1, shape.dims()[0], 1),
+                    _ => (
+                        shape.dims()[0],
+                        shape.dims()[1],
+                        shape.dims()[2..].iter().product(),
+                    ),
+                };
+                let (a, total) = coefficients(&spec, dtype, n, c, l)?;
+                let s = scale(&spec, &g.to_dtype(dtype)?, &total, n, l)?;
+                Ok(a.neg()?.mul(&s)?.reshape(&shape)?)
+            }))
+        })
+    }
+
+    /// `torch.nn.functional.cross_entropy` of scores (`[C]`, `[N, C]` or `[N, C, d...]`)
+    /// at class indices `target`, with weights, `ignore_index`, label smoothing and
+    /// reduction; backward is fused (Note [Cross-entropy backward]).
+    pub fn cross_entropy(&self, target: &Tensor, opts: &CrossEntropyOptions<'_>) -> Result<Tensor> {
+        if let Some(dt) = autocast_dtype("cross_entropy", &[self.dtype()])
+            && dt != self.dtype()
+        {
+            return self.to_dtype(dt)?.cross_entropy(target, opts);
+        }
+        let x = self.data();
+        let t = target.data();
+        let y = x.cross_entropy(&t, opts)?;
+        let spec = LossSpec {
+            target: t,
+            weight: opts.nll.weight.cloned(),
+            ignore_index: opts.nll.ignore_index,
+            reduction: opts.nll.reduction,
+            smoothing: opts.label_smoothing,
+        };
+        maybe_record("CrossEntropyLossBackward0", y, &[self], || {
+            let sx = Saved::of("CrossEntropyLossBackward0", self)?;
+            Ok(bw1(move |g| {
+                let x = sx.get()?;
+                let (x3, n, c, l) = three_d(&x)?;
+                let p = x3.softmax(1)?;
+                let (a, total) = coefficients(&spec, x.dtype(), n, c, l)?;
+                let s = scale(&spec, &g.to_dtype(x.dtype())?, &total, n, l)?;
+                let d = p.mul(&a.sum(1, true)?)?.sub(&a)?;
+                Ok(d.mul(&s)?.reshape(x.shape())?)
+            }))
+        })
+    }
+}

@@ -1,0 +1,28 @@
+//! The ops of the tensor core on autograd tensors: each runs the `ember-tensor` op on the
+//! data and, when recording, adds a node whose backward is written with `ember-tensor` ops
+//! (so it runs on every device the forward runs on).
+
+mod elementwise;
+mod index;
+mod linalg;
+mod loss;
+mod reduce;
+mod view;
+
+pub use elementwise::Operand;
+
+use ember_tensor::Tensor as Raw;
+
+use crate::error::Result;
+use crate::graph::BackwardFn;
+
+/// A backward closure for one input.
+pub(crate) fn bw1(f: impl FnMut(&Raw) -> Result<Raw> + Send + 'static) -> BackwardFn {
+    let mut f = f;
+    Box::new(move |g| Ok(vec![Some(f(g)?)]))
+}
+
+/// Zeros shaped, typed and placed like `t`.
+pub(crate) fn zeros_like(t: &Raw) -> Result<Raw> {
+    Ok(t.zeros_like()?)
+}

@@ -1,0 +1,387 @@
+//! Reductions, softmax and log-softmax. A reduced gradient is brought back over the
+//! reduced dims by unsqueezing them (when `keepdim` dropped them) and expanding.
+
+use ember_tensor::{DType, Dim, Dims, Tensor as Raw};
+
+use crate::error::Result;
+use crate::graph::{Saved, maybe_record};
+use crate::ops::bw1;
+use crate::tensor::Tensor;
+
+/// `g` (reduced over `dims`, kept or not) as a view broadcast to `shape`.
+fn unreduce(g: &Raw, dims: &[usize], keepdim: bool, shape: &[usize]) -> Result<Raw> {
+    let mut g = g.clone();
+    if !keepdim {
+        for &d in dims {
+            g = g.unsqueeze(d)?;
+        }
+    }
+    Ok(g.expand(shape)?)
+}
+
+/// Elements per output of a reduction over `dims` of `shape`.
+fn count(shape: &[usize], dims: &[usize]) -> usize {
+    dims.iter().map(|&d| shape[d]).product()
+}
+
+impl Tensor {
+    /// The reduced dims, normalised (none for a scalar, whose one "dim" is not a dim).
+    fn reduce_dims(&self, dims: &impl Dims, op: &'static str) -> Result<Vec<usize>> {
+        let ds = dims.indices(self.rank(), op)?;
+        Ok(if self.rank() == 0 { Vec::new() } else { ds })
+    }
+
+    /// Sum over all elements.
+    pub fn sum_all(&self) -> Result<Tensor> {
+        let x = self.data();
+        let y = x.sum_all()?;
+        let shape = x.dims().to_vec();
+        maybe_record("SumBackward0", y, &[self], || {
+            Ok(bw1(move |g| Ok(g.expand(&shape[..])?)))
+        })
+    }
+
+    /// Sum over `dims`.
+    pub fn sum(&self, dims: impl Dims, keepdim: bool) -> Result<Tensor> {
+        let x = self.data();
+        let ds = self.reduce_dims(&dims, "sum")?;
+        let y = x.sum(dims, keepdim)?;
+        let shape = x.dims().to_vec();
+        maybe_record("SumBackward1", y, &[self], || {
+            Ok(bw1(move |g| unreduce(g, &ds, keepdim, &shape)))
+        })
+    }
+
+    /// Mean over all elements.
+    pub fn mean_all(&self) -> Result<Tensor> {
+        let x = self.data();
+        let y = x.mean_all()?;
+        let shape = x.dims().to_vec();
+        let n = x.numel() as f64;
+        maybe_record("MeanBackward0", y, &[self], || {
+            Ok(bw1(move |g| Ok(g.div(n)?.expand(&shape[..])?)))
+        })
+    }
+
+    /// Mean over `dims`.
+    pub fn mean(&self, dims: impl Dims, keepdim: bool) -> Result<Tensor> {
+        let x = self.data();
+        let ds = self.reduce_dims(&dims, "mean")?;
+        let y = x.mean(dims, keepdim)?;
+        let shape = x.dims().to_vec();
+        let n = count(&shape, &ds) as f64;
+        maybe_record("MeanBackward1", y, &[self], || {
+            Ok(bw1(move |g| unreduce(&g.div(n)?, &ds, keepdim, &shape)))
+        })
+    }
+
+    /// Product over all elements.
+    pub fn prod_all(&self) -> Result<Tensor> {
+        let y = self.data().prod_all()?;
+        let ds: Vec<usize> = (0..self.rank()).collect();
+        self.prod_like(y, ds, false)
+    }
+
+    /// Product over `dims`. The gradient is exact with zeros among the factors.
+    pub fn prod(&self, dims: impl Dims, keepdim: bool) -> Result<Tensor> {
+        let ds = self.reduce_dims(&dims, "prod")?;
+        let y = self.data().prod(dims, keepdim)?;
+        self.prod_like(y, ds, keepdim)
+    }
+
+    fn prod_like(&self, y: Raw, ds: Vec<usize>, keepdim: bool) -> Result<Tensor> {
+        let shape = self.data().dims().to_vec();
+        maybe_record("ProdBackward1", y, &[self], || {
+            let sx = Saved::of("ProdBackward1", self)?;
+            Ok(bw1(move |g| {
+                let x = sx.get()?;
+                let g = unreduce(g, &ds, keepdim, &shape)?;
+                if ds.is_empty() {
+                    return Ok(g);
+                }
+                let zero = x.eq(0.0)?;
+                // Product of the non-zero factors, and how many zeros each output saw.
+                let nonzero = Raw::where_(&zero, 1.0, &x)?.to_dtype(x.dtype())?;
+                let pn = unreduce(&nonzero.prod(&ds[..], true)?, &ds, true, &shape)?;
+                let zeros = zero.to_dtype(DType::I64)?.sum(&ds[..], true)?;
+                let zeros = unreduce(&zeros, &ds, true, &shape)?;
+                // No zero: p / x. One zero: at the zero the others' product, else 0.
+                let none = pn.div(&x)?;
+                let one = Raw::where_(&zero, &pn, 0.0)?;
+                let some = Raw::where_(&zeros.eq(1)?, &one, 0.0)?;
+                let d = Raw::where_(&zeros.eq(0)?, &none, &some)?;
+                Ok(g.mul(&d)?)
+            }))
+        })
+    }
+
+    /// Largest element (the gradient is shared evenly among ties).
+    pub fn max_all(&self) -> Result<Tensor> {
+        self.extremum_all(true)
+    }
+
+    /// Smallest element.
+    pub fn min_all(&self) -> Result<Tensor> {
+        self.extremum_all(false)
+    }
+
+    fn extremum_all(&self, max: bool) -> Result<Tensor> {
+        let x = self.data();
+        let y = if max { x.max_all()? } else { x.min_all()? };
+        let name = if max { "MaxBackward1" } else { "MinBackward1" };
+        maybe_record(name, y.clone(), &[self], || {
+            let (sx, sy) = (Saved::of(name, self)?, Saved::new(name, &y));
+            Ok(bw1(move |g| {
+                let x = sx.get()?;
+                let hit = x.eq(&sy.get()?)?.to_dtype(g.dtype())?;
+                Ok(hit.mul(&g.div(&hit.sum_all()?)?)?)
+            }))
+        })
+    }
+
+    /// `amax` over `dims` (ties share the gradient evenly, as PyTorch).
+    pub fn amax(&self, dims: impl Dims, keepdim: bool) -> Result<Tensor> {
+        self.amaxmin(dims, keepdim, true)
+    }
+
+    /// `amin` over `dims`.
+    pub fn amin(&self, dims: impl Dims, keepdim: bool) -> Result<Tensor> {
+        self.amaxmin(dims, keepdim, false)
+    }
+
+    fn amaxmin(&self, dims: impl Dims, keepdim: bool, max: bool) -> Result<Tensor> {
+        let x = self.data();
+        let ds = self.reduce_dims(&dims, "amax")?;
+        let y = if max {
+            x.amax(dims, keepdim)?
+        } else {
+            x.amin(dims, keepdim)?
+        };
+        let shape = x.dims().to_vec();
+        let name = if max {
+            "AmaxBackward0"
+        } else {
+            "AminBackward0"
+        };
+        maybe_record(name, y.clone(), &[self], || {
+            let (sx, sy) = (Saved::of(name, self)?, Saved::new(name, &y));
+            Ok(bw1(move |g| {
+                let x = sx.get()?;
+                let yk = unreduce(&sy.get()?, &ds, keepdim, &shape)?;
+                let hit = x.eq(&yk)?.to_dtype(g.dtype())?;
+                let n = unreduce(&hit.sum(&ds[..], true)?, &ds, true, &shape)?;
+                let g = unreduce(g, &ds, keepdim, &shape)?;
+                Ok(hit.mul(&g)?.div(&n)?)
+            }))
+        })
+    }
+
+    /// Max along `dim` with the indices (the gradient goes to the index taken).
+    pub fn max_dim(&self, dim: impl Dim, keepdim: bool) -> Result<(Tensor, Tensor)> {
+        self.extremum_dim(dim, keepdim, true)
+    }
+
+    /// Min along `dim` with the indices.
+    pub fn min_dim(&self, dim: impl Dim, keepdim: bool) -> Result<(Tensor, Tensor)> {
+        self.extremum_dim(dim, keepdim, false)
+    }
+
+    fn extremum_dim(&self, dim: impl Dim, keepdim: bool, max: bool) -> Result<(Tensor, Tensor)> {
+        let x = self.data();
+        let d = dim.index(x.rank(), "max")?;
+        let (v, i) = if max {
+            x.max_dim(d, keepdim)?
+        } else {
+            x.min_dim(d, keepdim)?
+        };
+        let name = if max { "MaxBackward0" } else { "MinBackward0" };
+        let shape = x.shape().clone();
+        let idx = i.clone();
+        let scalar = x.rank() == 0;
+        let values = maybe_record(name, v, &[self], || {
+            Ok(bw1(move |g| {
+                if scalar {
+                    return Ok(g.clone());
+                }
+                let (g, idx) = if keepdim {
+                    (g.clone(), idx.clone())
+                } else {
+                    (g.unsqueeze(d)?, idx.unsqueeze(d)?)
+                };
+                let z = Raw::zeros(shape.clone(), (g.dtype(), g.device()))?;
+                Ok(z.scatter_add(d, &idx, &g)?)
+            }))
+        })?;
+        Ok((values, Tensor::wrap(i)))
+    }
+
+    /// Index of the largest element along `dim` (not differentiable).
+    pub fn argmax(&self, dim: impl Dim, keepdim: bool) -> Result<Tensor> {
+        Ok(Tensor::wrap(self.data().argmax(dim, keepdim)?))
+    }
+
+    /// Index of the smallest element along `dim`.
+    pub fn argmin(&self, dim: impl Dim, keepdim: bool) -> Result<Tensor> {
+        Ok(Tensor::wrap(self.data().argmin(dim, keepdim)?))
+    }
+
+    /// Flat index of the largest element.
+    pub fn argmax_all(&self) -> Result<Tensor> {
+        Ok(Tensor::wrap(self.data().argmax_all()?))
+    }
+
+    /// Flat index of the smallest element.
+    pub fn argmin_all(&self) -> Result<Tensor> {
+        Ok(Tensor::wrap(self.data().argmin_all()?))
+    }
+
+    /// Variance over `dims` with `correction` (1: unbiased).
+    pub fn var(&self, dims: impl Dims, correction: f64, keepdim: bool) -> Result<Tensor> {
+        let x = self.data();
+        let ds = self.reduce_dims(&dims, "var")?;
+        let y = x.var(dims, correction, keepdim)?;
+        self.var_like("VarBackward0", y, ds, correction, keepdim, false)
+    }
+
+    /// Variance over all elements.
+    pub fn var_all(&self, correction: f64) -> Result<Tensor> {
+        let ds: Vec<usize> = (0..self.rank()).collect();
+        let y = self.data().var_all(correction)?;
+        self.var_like("VarBackward0", y, ds, correction, false, false)
+    }
+
+    /// Standard deviation over `dims` with `correction`.
+    pub fn std(&self, dims: impl Dims, correction: f64, keepdim: bool) -> Result<Tensor> {
+        let x = self.data();
+        let ds = self.reduce_dims(&dims, "std")?;
+        let y = x.std(dims, correction, keepdim)?;
+        self.var_like("StdBackward0", y, ds, correction, keepdim, true)
+    }
+
+    /// Standard deviation over all elements.
+    pub fn std_all(&self, correction: f64) -> Result<Tensor> {
+        let ds: Vec<usize> = (0..self.rank()).collect();
+        let y = self.data().std_all(correction)?;
+        self.var_like("StdBackward0", y, ds, correction, false, true)
+    }
+
+    /// `dvar/dx = 2 (x - mean) / (N - correction)`; `dstd = dvar / (2 std)`.
+    fn var_like(
+        &self,
+        name: &'static str,
+        y: Raw,
+        ds: Vec<usize>,
+        correction: f64,
+        keepdim: bool,
+        std: bool,
+    ) -> Result<Tensor> {
+        let shape = self.data().dims().to_vec();
+        let n = count(&shape, &ds) as f64;
+        maybe_record(name, y.clone(), &[self], || {
+            let (sx, sy) = (Saved::of(name, self)?, Saved::new(name, &y));
+            Ok(bw1(move |g| {
+                let x = sx.get()?;
+                let centered = if ds.is_empty() {
+                    x.sub(&x)?
+                } else {
+                    x.sub(&x.mean(&ds[..], true)?)?
+                };
+                let g = unreduce(g, &ds, keepdim, &shape)?;
+                let mut d = centered.mul(2.0 / (n - correction))?;
+                if std {
+                    let s = unreduce(&sy.get()?, &ds, keepdim, &shape)?;
+                    d = d.div(&s.mul(2.0)?)?;
+                }
+                Ok(g.mul(&d)?)
+            }))
+        })
+    }
+
+    /// `log Σ exp` over `dims`.
+    pub fn logsumexp(&self, dims: impl Dims, keepdim: bool) -> Result<Tensor> {
+        let x = self.data();
+        let ds = self.reduce_dims(&dims, "logsumexp")?;
+        let y = x.logsumexp(dims, keepdim)?;
+        let shape = x.dims().to_vec();
+        maybe_record("LogsumexpBackward0", y.clone(), &[self], || {
+            let (sx, sy) = (
+                Saved::of("LogsumexpBackward0", self)?,
+                Saved::new("LogsumexpBackward0", &y),
+            );
+            Ok(bw1(move |g| {
+                let yk = unreduce(&sy.get()?, &ds, keepdim, &shape)?;
+                let p = sx.get()?.sub(&yk)?.exp()?;
+                Ok(unreduce(g, &ds, keepdim, &shape)?.mul(&p)?)
+            }))
+        })
+    }
+
+    /// p-norm over `dims` (p > 0; at a zero norm the gradient is 0, as PyTorch).
+    pub fn norm(&self, p: f64, dims: impl Dims, keepdim: bool) -> Result<Tensor> {
+        let x = self.data();
+        let ds = self.reduce_dims(&dims, "norm")?;
+        let y = x.norm(p, dims, keepdim)?;
+        self.norm_like(y, p, ds, keepdim)
+    }
+
+    /// p-norm of all elements.
+    pub fn norm_all(&self, p: f64) -> Result<Tensor> {
+        let y = self.data().norm_all(p)?;
+        let ds: Vec<usize> = (0..self.rank()).collect();
+        self.norm_like(y, p, ds, false)
+    }
+
+    fn norm_like(&self, y: Raw, p: f64, ds: Vec<usize>, keepdim: bool) -> Result<Tensor> {
+        let shape = self.data().dims().to_vec();
+        maybe_record("NormBackward1", y.clone(), &[self], || {
+            let (sx, sy) = (
+                Saved::of("NormBackward1", self)?,
+                Saved::new("NormBackward1", &y),
+            );
+            Ok(bw1(move |g| {
+                let x = sx.get()?;
+                let yk = unreduce(&sy.get()?, &ds, keepdim, &shape)?;
+                let g = unreduce(g, &ds, keepdim, &shape)?;
+                // d‖x‖p/dx = x·|x|^(p-2) / ‖x‖^(p-1)
+                let d = if p == 1.0 {
+                    x.sign()?
+                } else if p == 2.0 {
+                    x.div(&yk)?
+                } else {
+                    x.mul(&x.abs()?.pow(p - 2.0)?)?.div(&yk.pow(p - 1.0)?)?
+                };
+                let d = Raw::where_(&yk.eq(0.0)?, 0.0, &d)?;
+                Ok(g.mul(&d)?)
+            }))
+        })
+    }
+
+    /// Softmax along `dim`.
+    pub fn softmax(&self, dim: impl Dim) -> Result<Tensor> {
+        let x = self.data();
+        let d = dim.index(x.rank(), "softmax")?;
+        let y = x.softmax(d)?;
+        maybe_record("SoftmaxBackward0", y.clone(), &[self], || {
+            let sy = Saved::new("SoftmaxBackward0", &y);
+            Ok(bw1(move |g| {
+                let y = sy.get()?;
+                let gy = g.mul(&y)?;
+                Ok(gy.sub(&y.mul(&gy.sum(d, true)?)?)?)
+            }))
+        })
+    }
+
+    /// Log-softmax along `dim`.
+    pub fn log_softmax(&self, dim: impl Dim) -> Result<Tensor> {
+        let x = self.data();
+        let d = dim.index(x.rank(), "log_softmax")?;
+        let y = x.log_softmax(d)?;
+        maybe_record("LogSoftmaxBackward0", y.clone(), &[self], || {
+            let sy = Saved::new("LogSoftmaxBackward0", &y);
+            Ok(bw1(move |g| {
+                let p = sy.get()?.exp()?;
+                Ok(g.sub(&p.mul(&g.sum(d, true)?)?)?)
+            }))
+        })
+    }
+}

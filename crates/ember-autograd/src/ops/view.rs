@@ -1,0 +1,276 @@
+//! Views and assembly: reshape, permute, narrow, slice, select, squeeze, expand, cat,
+//! stack, split. Gradients of views are views of the gradient or a zero tensor with the
+//! gradient written into the viewed part.
+
+use std::ops::RangeBounds;
+
+use ember_tensor::{Dim, Shape, ShapeSpec, Tensor as Raw};
+
+use crate::error::Result;
+use crate::graph::{BackwardFn, maybe_record};
+use crate::ops::bw1;
+use crate::tensor::Tensor;
+
+/// A gradient for the whole of `shape`, zero except `g` written where `view` selects.
+fn scatter_into(
+    shape: &Shape,
+    g: &Raw,
+    view: impl Fn(&Raw) -> ember_tensor::Result<Raw>,
+) -> Result<Raw> {
+    let z = Raw::zeros(shape.clone(), (g.dtype(), g.device()))?;
+    view(&z)?.copy_(g)?;
+    Ok(z)
+}
+
+impl Tensor {
+    /// Records a view-like op whose gradient is `g` reshaped back to this tensor's shape.
+    fn reshaped(&self, name: &'static str, y: Raw) -> Result<Tensor> {
+        let shape = self.data().shape().clone();
+        maybe_record(name, y, &[self], || {
+            Ok(bw1(move |g| Ok(g.reshape(&shape)?)))
+        })
+    }
+
+    /// A view with another shape (one `-1` inferred); errors where strides don't allow.
+    pub fn view(&self, shape: impl ShapeSpec) -> Result<Tensor> {
+        let y = self.data().view(shape)?;
+        self.reshaped("ViewBackward0", y)
+    }
+
+    /// `view` when possible, else a copy.
+    pub fn reshape(&self, shape: impl ShapeSpec) -> Result<Tensor> {
+        let y = self.data().reshape(shape)?;
+        self.reshaped("ReshapeAliasBackward0", y)
+    }
+
+    /// Flattens dims `start..=end`.
+    pub fn flatten(&self, start: impl Dim, end: impl Dim) -> Result<Tensor> {
+        let y = self.data().flatten(start, end)?;
+        self.reshaped("ViewBackward0", y)
+    }
+
+    /// Flattens to one dim.
+    pub fn flatten_all(&self) -> Result<Tensor> {
+        let y = self.data().flatten_all()?;
+        self.reshaped("ViewBackward0", y)
+    }
+
+    /// Removes all size-1 dims.
+    pub fn squeeze(&self) -> Result<Tensor> {
+        let y = self.data().squeeze()?;
+        self.reshaped("SqueezeBackward0", y)
+    }
+
+    /// Removes `dim` if it has size 1.
+    pub fn squeeze_dim(&self, dim: impl Dim) -> Result<Tensor> {
+        let y = self.data().squeeze_dim(dim)?;
+        self.reshaped("SqueezeBackward1", y)
+    }
+
+    /// Inserts a size-1 dim at `dim`.
+    pub fn unsqueeze(&self, dim: impl Dim) -> Result<Tensor> {
+        let y = self.data().unsqueeze(dim)?;
+        self.reshaped("UnsqueezeBackward0", y)
+    }
+
+    /// A contiguous tensor with the same values (itself if already contiguous).
+    pub fn contiguous(&self) -> Result<Tensor> {
+        let x = self.data();
+        if x.is_contiguous() {
+            return Ok(self.clone());
+        }
+        let y = x.contiguous()?;
+        maybe_record("CloneBackward0", y, &[self], || Ok(bw1(|g| Ok(g.clone()))))
+    }
+
+    /// Reorders the dims.
+    pub fn permute<D: Dim>(&self, dims: impl AsRef<[D]>) -> Result<Tensor> {
+        let x = self.data();
+        let y = x.permute(dims.as_ref())?;
+        let rank = x.rank();
+        let perm: Vec<usize> = dims
+            .as_ref()
+            .iter()
+            .map(|d| d.index(rank, "permute"))
+            .collect::<ember_tensor::Result<_>>()?;
+        maybe_record("PermuteBackward0", y, &[self], || {
+            let mut inv = vec![0usize; perm.len()];
+            for (i, &p) in perm.iter().enumerate() {
+                inv[p] = i;
+            }
+            Ok(bw1(move |g| Ok(g.permute(&inv)?)))
+        })
+    }
+
+    /// Swaps two dims.
+    pub fn transpose(&self, dim0: impl Dim, dim1: impl Dim) -> Result<Tensor> {
+        let x = self.data();
+        let (a, b) = (
+            dim0.index(x.rank(), "transpose")?,
+            dim1.index(x.rank(), "transpose")?,
+        );
+        let y = x.transpose(a, b)?;
+        maybe_record("TransposeBackward0", y, &[self], || {
+            Ok(bw1(move |g| Ok(g.transpose(a, b)?)))
+        })
+    }
+
+    /// Transpose of a matrix (≤ 2 dims).
+    pub fn t(&self) -> Result<Tensor> {
+        let y = self.data().t()?;
+        maybe_record("TBackward0", y, &[self], || Ok(bw1(|g| Ok(g.t()?))))
+    }
+
+    /// `len` elements of `dim` from `start`.
+    pub fn narrow(&self, dim: impl Dim, start: usize, len: usize) -> Result<Tensor> {
+        let x = self.data();
+        let d = dim.index(x.rank(), "narrow")?;
+        let y = x.narrow(d, start, len)?;
+        let shape = x.shape().clone();
+        maybe_record("NarrowBackward0", y, &[self], || {
+            Ok(bw1(move |g| {
+                scatter_into(&shape, g, |z| z.narrow(d, start, len))
+            }))
+        })
+    }
+
+    /// `dim` sliced by a range with a step (`x[a:b:step]`).
+    pub fn slice(
+        &self,
+        dim: impl Dim,
+        range: impl RangeBounds<isize> + Clone + Send + 'static,
+        step: usize,
+    ) -> Result<Tensor> {
+        let x = self.data();
+        let d = dim.index(x.rank(), "slice")?;
+        let y = x.slice(d, range.clone(), step)?;
+        let shape = x.shape().clone();
+        maybe_record("SliceBackward0", y, &[self], || {
+            Ok(bw1(move |g| {
+                scatter_into(&shape, g, |z| z.slice(d, range.clone(), step))
+            }))
+        })
+    }
+
+    /// The sub-tensor at `index` of `dim` (that dim removed).
+    pub fn select(&self, dim: impl Dim, index: isize) -> Result<Tensor> {
+        let x = self.data();
+        let d = dim.index(x.rank(), "select")?;
+        let y = x.select(d, index)?;
+        let shape = x.shape().clone();
+        maybe_record("SelectBackward0", y, &[self], || {
+            Ok(bw1(move |g| {
+                scatter_into(&shape, g, |z| z.select(d, index))
+            }))
+        })
+    }
+
+    /// Broadcasts size-1 dims to `sizes` (`-1` keeps a dim); the gradient is summed back.
+    pub fn expand(&self, sizes: impl ShapeSpec) -> Result<Tensor> {
+        let x = self.data();
+        let y = x.expand(sizes)?;
+        let shape = x.dims().to_vec();
+        maybe_record("ExpandBackward0", y, &[self], || {
+            Ok(bw1(move |g| crate::engine::sum_to(g, &shape)))
+        })
+    }
+
+    /// Broadcasts to `shape`.
+    pub fn broadcast_to(&self, shape: impl Into<Shape>) -> Result<Tensor> {
+        let s: Shape = shape.into();
+        self.expand(s)
+    }
+
+    /// Concatenates along `dim` (all same device and rank; promoted dtype).
+    pub fn cat(tensors: &[&Tensor], dim: impl Dim) -> Result<Tensor> {
+        let raws: Vec<Raw> = tensors.iter().map(|t| t.data()).collect();
+        let refs: Vec<&Raw> = raws.iter().collect();
+        let y = Raw::cat(&refs, dim)?;
+        let d = dim.index(y.rank(), "cat")?;
+        let sizes: Vec<usize> = raws
+            .iter()
+            .map(|r| {
+                if r.rank() == 0 {
+                    0
+                } else {
+                    r.dims().get(d).copied().unwrap_or(0)
+                }
+            })
+            .collect();
+        // PyTorch skips legacy empty [0] tensors in cat; they get no gradient.
+        let skip: Vec<bool> = raws
+            .iter()
+            .map(|r| r.rank() == 1 && r.numel() == 0 && y.rank() > 1)
+            .collect();
+        maybe_record("CatBackward0", y, tensors, || {
+            Ok(Box::new(move |g: &Raw| {
+                let mut off = 0;
+                let mut out = Vec::with_capacity(sizes.len());
+                for (&n, &sk) in sizes.iter().zip(&skip) {
+                    if sk {
+                        out.push(None);
+                        continue;
+                    }
+                    out.push(Some(g.narrow(d, off, n)?));
+                    off += n;
+                }
+                Ok(out)
+            }) as BackwardFn)
+        })
+    }
+
+    /// Stacks along a new dim.
+    pub fn stack(tensors: &[&Tensor], dim: impl Dim) -> Result<Tensor> {
+        let rank = tensors.first().map(|t| t.rank()).unwrap_or(0);
+        let d = ember_tensor::Dim::as_isize(dim);
+        let d = if d < 0 { d + rank as isize + 1 } else { d };
+        let parts = tensors
+            .iter()
+            .map(|t| t.unsqueeze(d))
+            .collect::<Result<Vec<_>>>()?;
+        let refs: Vec<&Tensor> = parts.iter().collect();
+        Tensor::cat(&refs, d)
+    }
+
+    /// Splits into pieces of `size` along `dim` (the last may be smaller).
+    pub fn split(&self, size: usize, dim: impl Dim) -> Result<Vec<Tensor>> {
+        let x = self.data();
+        let d = dim.index(x.rank(), "split")?;
+        let pieces = x.split(size, d)?;
+        self.pieces(d, pieces)
+    }
+
+    /// Splits into pieces of the given sizes along `dim`.
+    pub fn split_sizes(&self, sizes: &[usize], dim: impl Dim) -> Result<Vec<Tensor>> {
+        let x = self.data();
+        let d = dim.index(x.rank(), "split")?;
+        let pieces = x.split_sizes(sizes, d)?;
+        self.pieces(d, pieces)
+    }
+
+    /// Splits into `chunks` near-equal pieces along `dim`.
+    pub fn chunk(&self, chunks: usize, dim: impl Dim) -> Result<Vec<Tensor>> {
+        let x = self.data();
+        let d = dim.index(x.rank(), "chunk")?;
+        let pieces = x.chunk(chunks, d)?;
+        self.pieces(d, pieces)
+    }
+
+    /// Each piece as a narrow of this tensor along `d`.
+    fn pieces(&self, d: usize, pieces: Vec<Raw>) -> Result<Vec<Tensor>> {
+        let mut off = 0;
+        let mut out = Vec::with_capacity(pieces.len());
+        for p in pieces {
+            let n = p.dims().get(d).copied().unwrap_or(0);
+            let shape = self.data().shape().clone();
+            let start = off;
+            out.push(maybe_record("SplitBackward0", p, &[self], || {
+                Ok(bw1(move |g| {
+                    scatter_into(&shape, g, |z| z.narrow(d, start, n))
+                }))
+            })?);
+            off += n;
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,280 @@
+#![allow(clippy::unwrap_used)]
+//! Every differentiable op against finite differences in f64 (`gradcheck`), with
+//! proptest-chosen shapes, on `cpu` and on the emulated `cuda:0` (the real kernels of
+//! `kernels/*.cu` run on the CPU).
+
+use ember_autograd::{GradcheckOptions, Result, Tensor, gradcheck};
+use ember_device::cuda;
+use ember_device::driver::emulator::EmulatorConfig;
+use ember_tensor::{CrossEntropyOptions, DType, Device, NllLossOptions, Reduction, Scalar};
+use proptest::prelude::*;
+
+fn devices() -> Vec<Device> {
+    if std::env::var_os("EMBER_GPU_TEST").is_none() {
+        cuda::use_emulator(EmulatorConfig::devices(2)).unwrap();
+    }
+    vec![Device::Cpu, Device::Cuda(0)]
+}
+
+/// Deterministic values in `[lo, hi)` (a small LCG keyed by `seed`).
+fn values(n: usize, seed: u64, lo: f64, hi: f64) -> Vec<f64> {
+    let mut s = seed ^ 0x9e37_79b9_7f4a_7c15;
+    (0..n)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            lo + (hi - lo) * ((s >> 11) as f64 / (1u64 << 53) as f64)
+        })
+        .collect()
+}
+
+/// An f64 leaf requiring grad on `dev`.
+fn input(shape: &[usize], seed: u64, lo: f64, hi: f64, dev: Device) -> Tensor {
+    let n = shape.iter().product();
+    Tensor::from_vec(values(n, seed, lo, hi), shape.to_vec(), &Device::Cpu)
+        .unwrap()
+        .to_device(&dev)
+        .unwrap()
+        .requires_grad_(true)
+        .unwrap()
+}
+
+fn check(name: &str, dev: Device, inputs: &[Tensor], f: impl Fn(&[Tensor]) -> Result<Tensor>) {
+    if let Err(e) = gradcheck(f, inputs, GradcheckOptions::default()) {
+        panic!("{name} on {dev}: {e}");
+    }
+}
+
+fn shape() -> impl Strategy<Value = Vec<usize>> {
+    prop::collection::vec(1usize..4, 0..4)
+}
+
+fn shape_nonempty() -> impl Strategy<Value = Vec<usize>> {
+    prop::collection::vec(1usize..4, 1..4)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    #[test]
+    fn unary_ops(s in shape(), seed in any::<u64>()) {
+        for dev in devices() {
+            let x = input(&s, seed, -2.0, 2.0, dev);
+            let pos = input(&s, seed, 0.3, 2.0, dev);
+            // Away from the kinks of abs/relu/clamp: |x| > 0.1.
+            let away = Tensor::from_vec(
+                values(x.numel(), seed, 0.1, 2.0).iter().enumerate()
+                    .map(|(i, v)| if i % 2 == 0 { *v } else { -*v }).collect::<Vec<_>>(),
+                s.clone(), &Device::Cpu).unwrap().to_device(&dev).unwrap().requires_grad_(true).unwrap();
+            check("neg", dev, std::slice::from_ref(&x), |v| v[0].neg());
+            check("exp", dev, std::slice::from_ref(&x), |v| v[0].exp());
+            check("sin", dev, std::slice::from_ref(&x), |v| v[0].sin());
+            check("cos", dev, std::slice::from_ref(&x), |v| v[0].cos());
+            check("tanh", dev, std::slice::from_ref(&x), |v| v[0].tanh());
+            check("sigmoid", dev, std::slice::from_ref(&x), |v| v[0].sigmoid());
+            check("gelu", dev, std::slice::from_ref(&x), |v| v[0].gelu());
+            check("gelu_tanh", dev, std::slice::from_ref(&x), |v| v[0].gelu_tanh());
+            check("silu", dev, std::slice::from_ref(&x), |v| v[0].silu());
+            check("softplus", dev, std::slice::from_ref(&x), |v| v[0].softplus());
+            check("square", dev, std::slice::from_ref(&x), |v| v[0].square());
+            check("log", dev, std::slice::from_ref(&pos), |v| v[0].log());
+            check("log1p", dev, std::slice::from_ref(&pos), |v| v[0].log1p());
+            check("sqrt", dev, std::slice::from_ref(&pos), |v| v[0].sqrt());
+            check("rsqrt", dev, std::slice::from_ref(&pos), |v| v[0].rsqrt());
+            check("reciprocal", dev, std::slice::from_ref(&pos), |v| v[0].reciprocal());
+            check("abs", dev, std::slice::from_ref(&away), |v| v[0].abs());
+            check("relu", dev, std::slice::from_ref(&away), |v| v[0].relu());
+            check("clamp", dev, std::slice::from_ref(&away), |v| {
+                v[0].clamp(Some(Scalar::Float(-0.5)), Some(Scalar::Float(0.7)))
+            });
+            check("dropout(eval)", dev, std::slice::from_ref(&x), |v| v[0].dropout(0.5, false));
+        }
+    }
+
+    #[test]
+    fn binary_ops_broadcast(a in shape(), b in shape(), seed in any::<u64>()) {
+        // Make `b` broadcastable against `a`: trailing dims equal or 1.
+        let b: Vec<usize> = b.iter().enumerate().map(|(i, &d)| {
+            let off = a.len() as isize - b.len() as isize + i as isize;
+            if off >= 0 && d != 1 { a[off as usize] } else { d }
+        }).collect();
+        for dev in devices() {
+            let x = input(&a, seed, -2.0, 2.0, dev);
+            let y = input(&b, seed.wrapping_add(1), 0.5, 2.0, dev);
+            check("add", dev, &[x.clone(), y.clone()], |v| v[0].add(&v[1]));
+            check("sub", dev, &[x.clone(), y.clone()], |v| v[0].sub(&v[1]));
+            check("mul", dev, &[x.clone(), y.clone()], |v| v[0].mul(&v[1]));
+            check("div", dev, &[x.clone(), y.clone()], |v| v[0].div(&v[1]));
+            check("pow", dev, &[y.clone(), x.clone()], |v| v[0].pow(&v[1]));
+            check("maximum", dev, &[x.clone(), y.clone()], |v| v[0].maximum(&v[1]));
+            check("minimum", dev, &[x.clone(), y.clone()], |v| v[0].minimum(&v[1]));
+            check("scalar ops", dev, std::slice::from_ref(&x), |v| v[0].mul(1.5)?.sub(0.25)?.div(3.0)?.pow(2.0));
+            check("where", dev, &[x.clone(), y.clone()], |v| {
+                Tensor::where_(&v[0].gt(0.0)?, &v[0], &v[1])
+            });
+        }
+    }
+
+    #[test]
+    fn reductions(s in shape_nonempty(), seed in any::<u64>(), d in 0usize..3, keep in any::<bool>()) {
+        let d = d % s.len();
+        for dev in devices() {
+            let x = input(&s, seed, -2.0, 2.0, dev);
+            check("sum_all", dev, std::slice::from_ref(&x), |v| v[0].sum_all());
+            check("mean_all", dev, std::slice::from_ref(&x), |v| v[0].mean_all());
+            check("sum", dev, std::slice::from_ref(&x), |v| v[0].sum(d, keep));
+            check("mean", dev, std::slice::from_ref(&x), |v| v[0].mean(d, keep));
+            check("prod", dev, std::slice::from_ref(&x), |v| v[0].prod(d, keep));
+            check("prod_all", dev, std::slice::from_ref(&x), |v| v[0].prod_all());
+            check("amax", dev, std::slice::from_ref(&x), |v| v[0].amax(d, keep));
+            check("amin", dev, std::slice::from_ref(&x), |v| v[0].amin(d, keep));
+            check("max_all", dev, std::slice::from_ref(&x), |v| v[0].max_all());
+            check("max_dim", dev, std::slice::from_ref(&x), |v| Ok(v[0].max_dim(d, keep)?.0));
+            check("min_dim", dev, std::slice::from_ref(&x), |v| Ok(v[0].min_dim(d, keep)?.0));
+            check("logsumexp", dev, std::slice::from_ref(&x), |v| v[0].logsumexp(d, keep));
+            check("norm2", dev, std::slice::from_ref(&x), |v| v[0].norm(2.0, d, keep));
+            check("norm3", dev, std::slice::from_ref(&x), |v| v[0].norm(3.0, d, keep));
+            check("softmax", dev, std::slice::from_ref(&x), |v| v[0].softmax(d));
+            check("log_softmax", dev, std::slice::from_ref(&x), |v| v[0].log_softmax(d));
+            if s[d] > 1 {
+                check("var", dev, std::slice::from_ref(&x), |v| v[0].var(d, 1.0, keep));
+                check("std", dev, std::slice::from_ref(&x), |v| v[0].std(d, 1.0, keep));
+                check("var_all", dev, std::slice::from_ref(&x), |v| v[0].var_all(0.0));
+            }
+        }
+    }
+
+    #[test]
+    fn views_and_assembly(s in prop::collection::vec(2usize..4, 2..4), seed in any::<u64>()) {
+        for dev in devices() {
+            let x = input(&s, seed, -2.0, 2.0, dev);
+            let y = input(&s, seed.wrapping_add(7), -2.0, 2.0, dev);
+            let r = s.len();
+            check("reshape", dev, std::slice::from_ref(&x), |v| v[0].reshape([-1isize])?.mul(&v[0].flatten_all()?));
+            check("permute", dev, std::slice::from_ref(&x), |v| {
+                let p: Vec<usize> = (0..r).rev().collect();
+                v[0].permute(&p)?.contiguous()
+            });
+            check("transpose", dev, std::slice::from_ref(&x), |v| v[0].transpose(0, -1)?.exp());
+            check("narrow", dev, std::slice::from_ref(&x), |v| v[0].narrow(-1, 1, 1));
+            check("slice", dev, std::slice::from_ref(&x), |v| v[0].slice(0, 0.., 2));
+            check("select", dev, std::slice::from_ref(&x), |v| v[0].select(1, -1));
+            check("unsqueeze", dev, std::slice::from_ref(&x), |v| v[0].unsqueeze(1)?.squeeze_dim(1)?.unsqueeze(0)?.squeeze());
+            check("expand", dev, std::slice::from_ref(&x), |v| {
+                let mut big = vec![2isize];
+                big.extend(s.iter().map(|&d| d as isize));
+                v[0].unsqueeze(0)?.expand(big)?.mul(&v[0])
+            });
+            check("cat", dev, &[x.clone(), y.clone()], |v| Tensor::cat(&[&v[0], &v[1], &v[0]], 1));
+            check("stack", dev, &[x.clone(), y.clone()], |v| Tensor::stack(&[&v[0], &v[1]], -1));
+            check("split", dev, std::slice::from_ref(&x), |v| {
+                let p = v[0].split(1, 0)?;
+                p[0].mul(&p[1])
+            });
+            check("chunk", dev, std::slice::from_ref(&x), |v| {
+                let p = v[0].chunk(2, -1)?;
+                p[0].sum_all()?.mul(&p[1].sum_all()?)
+            });
+        }
+    }
+
+    #[test]
+    fn matrix_products(m in 1usize..4, k in 1usize..4, n in 1usize..4, b in 1usize..3, seed in any::<u64>()) {
+        for dev in devices() {
+            let a2 = input(&[m, k], seed, -1.0, 1.0, dev);
+            let b2 = input(&[k, n], seed ^ 1, -1.0, 1.0, dev);
+            let a1 = input(&[k], seed ^ 2, -1.0, 1.0, dev);
+            let b1 = input(&[k], seed ^ 3, -1.0, 1.0, dev);
+            let a3 = input(&[b, m, k], seed ^ 4, -1.0, 1.0, dev);
+            let b3 = input(&[b, k, n], seed ^ 5, -1.0, 1.0, dev);
+            let a4 = input(&[2, 1, m, k], seed ^ 6, -1.0, 1.0, dev);
+            let c = input(&[m, n], seed ^ 7, -1.0, 1.0, dev);
+            check("mm", dev, &[a2.clone(), b2.clone()], |v| v[0].mm(&v[1]));
+            check("matmul 1-D·1-D", dev, &[a1.clone(), b1.clone()], |v| v[0].matmul(&v[1]));
+            check("matmul 1-D·2-D", dev, &[a1.clone(), b2.clone()], |v| v[0].matmul(&v[1]));
+            check("matmul 2-D·1-D", dev, &[a2.clone(), b1.clone()], |v| v[0].matmul(&v[1]));
+            check("matmul batched·2-D", dev, &[a3.clone(), b2.clone()], |v| v[0].matmul(&v[1]));
+            check("matmul broadcast batch", dev, &[a4.clone(), b3.clone()], |v| v[0].matmul(&v[1]));
+            check("bmm", dev, &[a3.clone(), b3.clone()], |v| v[0].bmm(&v[1]));
+            check("addmm", dev, &[c.clone(), a2.clone(), b2.clone()], |v| v[0].addmm(&v[1], &v[2], 0.5, 2.0));
+        }
+    }
+
+    #[test]
+    fn indexing(rows in 2usize..5, cols in 1usize..4, seed in any::<u64>()) {
+        for dev in devices() {
+            let x = input(&[rows, cols], seed, -2.0, 2.0, dev);
+            let idx = Tensor::new(&[0i64, (rows - 1) as i64, 0], &Device::Cpu).unwrap().to_device(&dev).unwrap();
+            check("index_select", dev, std::slice::from_ref(&x), |v| v[0].index_select(0, &idx));
+            let gi: Vec<i64> = values(rows * cols, seed, 0.0, rows as f64).iter().map(|v| *v as i64).collect();
+            let gidx = Tensor::from_vec(gi, [rows, cols], &Device::Cpu).unwrap().to_device(&dev).unwrap();
+            check("gather", dev, std::slice::from_ref(&x), |v| v[0].gather(0, &gidx));
+            let src = input(&[rows, cols], seed ^ 9, -1.0, 1.0, dev);
+            check("scatter_add", dev, &[x.clone(), src.clone()], |v| v[0].scatter_add(0, &gidx, &v[1]));
+            let mask = x.gt(0.0).unwrap();
+            check("masked_fill", dev, std::slice::from_ref(&x), |v| v[0].masked_fill(&mask, 3.0));
+            let tokens = Tensor::from_vec(vec![1i64, 0, 1, (rows - 1) as i64], [2, 2], &Device::Cpu).unwrap().to_device(&dev).unwrap();
+            check("embedding", dev, std::slice::from_ref(&x), |v| v[0].embedding(&tokens));
+        }
+    }
+
+    #[test]
+    fn losses(n in 1usize..4, c in 2usize..5, seed in any::<u64>(), smooth in prop_oneof![Just(0.0), Just(0.1)], red in 0usize..3) {
+        let reduction = [Reduction::Mean, Reduction::Sum, Reduction::None][red];
+        for dev in devices() {
+            let x = input(&[n, c], seed, -2.0, 2.0, dev);
+            let t: Vec<i64> = (0..n).map(|i| ((seed as usize + i) % c) as i64).collect();
+            let mut t_ign = t.clone();
+            t_ign[0] = -100;
+            let t = Tensor::new(&t, &Device::Cpu).unwrap().to_device(&dev).unwrap();
+            let t_ign = Tensor::new(&t_ign, &Device::Cpu).unwrap().to_device(&dev).unwrap();
+            let w = ember_tensor::Tensor::from_vec(values(c, seed, 0.5, 2.0), [c], &Device::Cpu).unwrap().to_device(&dev).unwrap();
+            let o = CrossEntropyOptions::new().label_smoothing(smooth).reduction(reduction);
+            check("cross_entropy", dev, std::slice::from_ref(&x), |v| v[0].cross_entropy(&t, &o));
+            let ow = CrossEntropyOptions::new().label_smoothing(smooth).reduction(reduction).weight(&w);
+            check("cross_entropy weighted", dev, std::slice::from_ref(&x), |v| v[0].cross_entropy(&t, &ow));
+            if n > 1 {
+                check("cross_entropy ignore_index", dev, std::slice::from_ref(&x), |v| v[0].cross_entropy(&t_ign, &ow));
+            }
+            let x3 = input(&[n, c, 2], seed ^ 3, -2.0, 2.0, dev);
+            let t3 = Tensor::from_vec((0..2 * n).map(|i| (i % c) as i64).collect::<Vec<_>>(), [n, 2], &Device::Cpu).unwrap().to_device(&dev).unwrap();
+            check("cross_entropy [N, C, d]", dev, std::slice::from_ref(&x3), |v| v[0].cross_entropy(&t3, &o));
+            let no = NllLossOptions::new().weight(&w).reduction(reduction);
+            check("nll_loss", dev, std::slice::from_ref(&x), |v| v[0].log_softmax(1)?.nll_loss(&t, &no));
+        }
+    }
+}
+
+#[test]
+fn float32_inputs_are_refused() {
+    let x = Tensor::ones([2], (DType::F32, &Device::Cpu))
+        .unwrap()
+        .requires_grad_(true)
+        .unwrap();
+    let e = gradcheck(|v| v[0].exp(), &[x], GradcheckOptions::default()).unwrap_err();
+    assert!(e.to_string().contains("needs f64"), "{e}");
+}
+
+/// gradcheck must catch a wrong gradient: a deliberately wrong backward (a hook doubling
+/// the gradient of the input) fails it.
+#[test]
+fn gradcheck_catches_a_wrong_gradient() {
+    let x = Tensor::from_vec(vec![0.5f64, 1.0], [2], &Device::Cpu)
+        .unwrap()
+        .requires_grad_(true)
+        .unwrap();
+    let e = gradcheck(
+        |v| {
+            let y = v[0].exp()?;
+            if y.requires_grad() {
+                y.register_hook(|g| Some(g.mul(2.0).unwrap()))?;
+            }
+            Ok(y)
+        },
+        &[x],
+        GradcheckOptions::default(),
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("Jacobian mismatch"), "{e}");
+}

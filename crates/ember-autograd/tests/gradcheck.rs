@@ -6,7 +6,10 @@
 use ember_autograd::{GradcheckOptions, Result, Tensor, gradcheck};
 use ember_device::cuda;
 use ember_device::driver::emulator::EmulatorConfig;
-use ember_tensor::{CrossEntropyOptions, DType, Device, NllLossOptions, Reduction, Scalar};
+use ember_tensor::{
+    AvgPool2dOptions, Conv2dOptions, CrossEntropyOptions, DType, Device, MaxPool2dOptions,
+    NllLossOptions, Padding, Reduction, Scalar,
+};
 use proptest::prelude::*;
 
 fn devices() -> Vec<Device> {
@@ -242,6 +245,54 @@ proptest! {
             check("cross_entropy [N, C, d]", dev, std::slice::from_ref(&x3), |v| v[0].cross_entropy(&t3, &o));
             let no = NllLossOptions::new().weight(&w).reduction(reduction);
             check("nll_loss", dev, std::slice::from_ref(&x), |v| v[0].log_softmax(1)?.nll_loss(&t, &no));
+        }
+    }
+
+    #[test]
+    fn convolution(
+        n in 1usize..3, g in 1usize..3, cg in 1usize..3, og in 1usize..3,
+        h in 3usize..6, w in 3usize..6, k in 1usize..4, stride in 1usize..3,
+        pad in 0usize..2, dil in 1usize..3, bias in any::<bool>(), same in any::<bool>(),
+        seed in any::<u64>(),
+    ) {
+        let k = k.min(((h.min(w) + 2 * pad - 1) / dil) + 1).max(1);
+        let mut opts = Conv2dOptions::new().stride(stride).padding(pad).dilation(dil).groups(g);
+        if same {
+            opts = Conv2dOptions::new().padding(Padding::Same).dilation(dil).groups(g);
+        }
+        for dev in devices() {
+            let x = input(&[n, g * cg, h, w], seed, -1.0, 1.0, dev);
+            let wt = input(&[g * og, cg, k, k], seed ^ 1, -1.0, 1.0, dev);
+            let b = input(&[g * og], seed ^ 2, -1.0, 1.0, dev);
+            let mut inputs = vec![x.clone(), wt.clone()];
+            if bias {
+                inputs.push(b.clone());
+            }
+            check("conv2d", dev, &inputs, |v| v[0].conv2d(&v[1], v.get(2), &opts));
+            // Unbatched input.
+            let xu = input(&[g * cg, h, w], seed ^ 3, -1.0, 1.0, dev);
+            check("conv2d unbatched", dev, &[xu, wt.clone()], |v| v[0].conv2d(&v[1], None, &opts));
+        }
+    }
+
+    #[test]
+    fn pooling(
+        n in 1usize..3, c in 1usize..3, h in 2usize..7, w in 2usize..7, k in 1usize..4,
+        stride in 1usize..3, pad in 0usize..2, ceil in any::<bool>(), include in any::<bool>(),
+        seed in any::<u64>(),
+    ) {
+        let k = k.min(h.min(w)).max(1);
+        let pad = pad.min(k / 2);
+        for dev in devices() {
+            let x = input(&[n, c, h, w], seed, -1.0, 1.0, dev);
+            let mo = MaxPool2dOptions::new(k).stride(stride).padding(pad).ceil_mode(ceil);
+            check("max_pool2d", dev, std::slice::from_ref(&x), |v| v[0].max_pool2d(&mo));
+            let ao = AvgPool2dOptions::new(k).stride(stride).padding(pad).ceil_mode(ceil).count_include_pad(include);
+            check("avg_pool2d", dev, std::slice::from_ref(&x), |v| v[0].avg_pool2d(&ao));
+            let ad = AvgPool2dOptions::new(k).stride(stride).divisor_override(3);
+            check("avg_pool2d divisor", dev, std::slice::from_ref(&x), |v| v[0].avg_pool2d(&ad));
+            let xu = input(&[c, h, w], seed ^ 5, -1.0, 1.0, dev);
+            check("max_pool2d unbatched", dev, &[xu], |v| v[0].max_pool2d(&mo));
         }
     }
 }

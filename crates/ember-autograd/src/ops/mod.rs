@@ -6,6 +6,7 @@ mod elementwise;
 mod index;
 mod linalg;
 mod loss;
+mod nn;
 mod reduce;
 mod view;
 

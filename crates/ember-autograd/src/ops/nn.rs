@@ -1,0 +1,323 @@
+//! `conv2d`, `max_pool2d`, `avg_pool2d` with backward.
+//!
+//! Note [Convolution backward]: the backward gathers the input patches with one
+//! `index_select` over the zero-padded input (the `im2col` matrix, indices built on the
+//! host), takes the weight gradient as `Σ_n g_n · colsᵀ_n` per group and the input
+//! gradient as `wᵀ · g` scattered back with `scatter_add` over the same indices (`col2im`),
+//! and the bias gradient as `g` summed over batch and space. Pooling scatters the gradient
+//! to the positions each output read: the argmax for max pooling, every window element
+//! (divided by the forward's divisor) for average pooling. All of it is `ember-tensor` ops,
+//! so it runs on every device.
+
+use ember_tensor::{
+    AvgPool2dOptions, Conv2dOptions, Device, MaxPool2dOptions, Padding, Size2, Tensor as Raw,
+};
+
+use crate::error::Result;
+use crate::graph::{BackwardFn, Saved, maybe_record};
+use crate::mode::autocast_dtype;
+use crate::ops::bw1;
+use crate::tensor::Tensor;
+
+fn i64_tensor(v: Vec<i64>, device: Device) -> Result<Raw> {
+    let n = v.len();
+    Ok(Raw::from_vec(v, [n], &Device::Cpu)?.to_device(&device)?)
+}
+
+/// Geometry of one convolution, batched form.
+#[derive(Clone, Copy)]
+struct Geom {
+    n: usize,
+    c: usize,
+    h: usize,
+    w: usize,
+    o: usize,
+    kh: usize,
+    kw: usize,
+    groups: usize,
+    stride: (usize, usize),
+    dilation: (usize, usize),
+    pad: (usize, usize),
+    out: (usize, usize),
+    /// The padded buffer the patches are read from.
+    hb: usize,
+    wb: usize,
+}
+
+impl Geom {
+    /// Flat positions in the `[C, hb, wb]` padded buffer, ordered `[C, kh, kw, oh, ow]`.
+    fn im2col_index(&self) -> Vec<i64> {
+        let mut v = Vec::with_capacity(self.c * self.kh * self.kw * self.out.0 * self.out.1);
+        for c in 0..self.c {
+            for i in 0..self.kh {
+                for j in 0..self.kw {
+                    for oh in 0..self.out.0 {
+                        for ow in 0..self.out.1 {
+                            let r = oh * self.stride.0 + i * self.dilation.0;
+                            let q = ow * self.stride.1 + j * self.dilation.1;
+                            v.push(((c * self.hb + r) * self.wb + q) as i64);
+                        }
+                    }
+                }
+            }
+        }
+        v
+    }
+}
+
+fn conv_backward(
+    g: &Raw,
+    x: &Raw,
+    wt: &Raw,
+    geo: Geom,
+    need: (bool, bool, bool),
+) -> Result<Vec<Option<Raw>>> {
+    let Geom {
+        n,
+        c,
+        h,
+        w,
+        o,
+        kh,
+        kw,
+        groups,
+        ..
+    } = geo;
+    let (cg, og) = (c / groups, o / groups);
+    let l = geo.out.0 * geo.out.1;
+    let kk = kh * kw;
+    let dev = x.device();
+    let g4 = g.reshape([n, groups, og, l])?;
+    let idx = i64_tensor(geo.im2col_index(), dev)?;
+    let m = idx.numel();
+    let gx = if need.0 {
+        // wᵀ · g per group, then col2im.
+        let wg = wt.reshape([groups, og, cg * kk])?.transpose(1, 2)?;
+        let cols = wg.matmul(&g4)?.reshape([n, m])?;
+        let full = idx.unsqueeze(0)?.expand([n, m])?;
+        let z = Raw::zeros([n, c * geo.hb * geo.wb], (g.dtype(), dev))?;
+        let padded = z
+            .scatter_add(1, &full, &cols)?
+            .reshape([n, c, geo.hb, geo.wb])?;
+        Some(
+            padded
+                .narrow(2, geo.pad.0, h)?
+                .narrow(3, geo.pad.1, w)?
+                .contiguous()?,
+        )
+    } else {
+        None
+    };
+    let gw = if need.1 {
+        let xp = Raw::zeros([n, c, geo.hb, geo.wb], (x.dtype(), dev))?;
+        xp.narrow(2, geo.pad.0, h)?
+            .narrow(3, geo.pad.1, w)?
+            .copy_(x)?;
+        let cols = xp
+            .reshape([n, c * geo.hb * geo.wb])?
+            .index_select(1, &idx)?
+            .reshape([n, groups, cg * kk, l])?;
+        let gw = g4.matmul(&cols.transpose(2, 3)?)?.sum(0, false)?;
+        Some(gw.reshape([o, cg, kh, kw])?)
+    } else {
+        None
+    };
+    let gb = if need.2 {
+        Some(g.sum([0usize, 2, 3], false)?)
+    } else {
+        None
+    };
+    Ok(vec![gx, gw, gb])
+}
+
+impl Tensor {
+    /// 2-D convolution (`torch.nn.functional.conv2d`): input `[N, C, H, W]` (or unbatched
+    /// `[C, H, W]`), weight `[O, C/groups, kH, kW]`, optional bias `[O]`. Backward as in
+    /// Note [Convolution backward].
+    pub fn conv2d(
+        &self,
+        weight: &Tensor,
+        bias: Option<&Tensor>,
+        opts: &Conv2dOptions,
+    ) -> Result<Tensor> {
+        if let Some(dt) = autocast_dtype("conv2d", &[self.dtype(), weight.dtype()])
+            && (dt != self.dtype() || dt != weight.dtype())
+        {
+            let b = bias.map(|b| b.to_dtype(dt)).transpose()?;
+            return self
+                .to_dtype(dt)?
+                .conv2d(&weight.to_dtype(dt)?, b.as_ref(), opts);
+        }
+        let (x, wt) = (self.data(), weight.data());
+        let b = bias.map(Tensor::data);
+        let y = x.conv2d(&wt, b.as_ref(), opts)?;
+        let mut inputs = vec![self, weight];
+        inputs.extend(bias);
+        let batched = x.rank() == 4;
+        maybe_record("ConvolutionBackward0", y.clone(), &inputs, || {
+            let x4 = if batched { x.clone() } else { x.unsqueeze(0)? };
+            let y4 = if batched { y.clone() } else { y.unsqueeze(0)? };
+            let (d, wd) = (x4.dims(), wt.dims());
+            let (eh, ew) = (
+                (wd[2].max(1) - 1) * opts.dilation.0 + 1,
+                (wd[3].max(1) - 1) * opts.dilation.1 + 1,
+            );
+            let (pad, stride) = match opts.padding {
+                Padding::Explicit(p) => ((p.0, p.1), opts.stride),
+                Padding::Valid => ((0, 0), opts.stride),
+                Padding::Same => (((eh - 1) / 2, (ew - 1) / 2), Size2(1, 1)),
+            };
+            let out = (y4.dims()[2], y4.dims()[3]);
+            let hb = ((out.0.max(1) - 1) * stride.0 + eh).max(pad.0 + d[2]);
+            let wb = ((out.1.max(1) - 1) * stride.1 + ew).max(pad.1 + d[3]);
+            let geo = Geom {
+                n: d[0],
+                c: d[1],
+                h: d[2],
+                w: d[3],
+                o: wd[0],
+                kh: wd[2],
+                kw: wd[3],
+                groups: opts.groups,
+                stride: (stride.0, stride.1),
+                dilation: (opts.dilation.0, opts.dilation.1),
+                pad,
+                out,
+                hb,
+                wb,
+            };
+            let need = (
+                self.requires_grad(),
+                weight.requires_grad(),
+                bias.is_some_and(Tensor::requires_grad),
+            );
+            let has_bias = bias.is_some();
+            let sx = Saved::of("ConvolutionBackward0", self)?;
+            let sw = Saved::of("ConvolutionBackward0", weight)?;
+            let f: BackwardFn = Box::new(move |g| {
+                let x = sx.get()?;
+                let x4 = if batched { x.clone() } else { x.unsqueeze(0)? };
+                let g4 = if batched { g.clone() } else { g.unsqueeze(0)? };
+                let mut r = conv_backward(&g4, &x4, &sw.get()?, geo, need)?;
+                if !batched && let Some(gx) = r[0].take() {
+                    r[0] = Some(gx.squeeze_dim(0)?);
+                }
+                if !has_bias {
+                    r.truncate(2);
+                }
+                Ok(r)
+            });
+            Ok(f)
+        })
+    }
+
+    /// 2-D max pooling; the gradient goes to the position each output took.
+    pub fn max_pool2d(&self, opts: &MaxPool2dOptions) -> Result<Tensor> {
+        if !crate::graph::needs_grad(&[self]) {
+            return Ok(Tensor::wrap(self.data().max_pool2d(opts)?));
+        }
+        Ok(self.max_pool2d_with_indices(opts)?.0)
+    }
+
+    /// 2-D max pooling returning the flat `H·W` index of each maximum too.
+    pub fn max_pool2d_with_indices(&self, opts: &MaxPool2dOptions) -> Result<(Tensor, Tensor)> {
+        let (y, idx) = self.data().max_pool2d_with_indices(opts)?;
+        let i = idx.clone();
+        let y = self.pool_record("MaxPool2DWithIndicesBackward0", y, move |g, shape| {
+            let (p, hw) = planes(shape);
+            let l = g.numel() / p.max(1);
+            let z = Raw::zeros([p, hw], (g.dtype(), g.device()))?;
+            let r = z.scatter_add(1, &i.reshape([p, l])?, &g.reshape([p, l])?)?;
+            Ok(r.reshape(shape)?)
+        })?;
+        Ok((y, Tensor::wrap(idx)))
+    }
+
+    /// 2-D average pooling; each output's gradient is spread over its window, divided as
+    /// the forward divided.
+    pub fn avg_pool2d(&self, opts: &AvgPool2dOptions) -> Result<Tensor> {
+        let x = self.data();
+        let y = x.avg_pool2d(opts)?;
+        let o = *opts;
+        self.pool_record("AvgPool2DBackward0", y, move |g, shape| {
+            let (p, hw) = planes(shape);
+            let r = shape.rank();
+            let (h, w) = (shape.dims()[r - 2], shape.dims()[r - 1]);
+            let gd = g.dims();
+            let out = (gd[gd.len() - 2], gd[gd.len() - 1]);
+            let (src, dst, coef) = avg_pairs(&o, (h, w), out);
+            let dev = g.device();
+            let e = src.len();
+            let src = i64_tensor(src, dev)?;
+            let dst = i64_tensor(dst, dev)?;
+            let coef = Raw::from_vec(coef, [1, e], &Device::Cpu)?
+                .to_dtype(g.dtype())?
+                .to_device(&dev)?;
+            let l = out.0 * out.1;
+            let vals = g.reshape([p, l])?.index_select(1, &src)?.mul(&coef)?;
+            let z = Raw::zeros([p, hw], (g.dtype(), dev))?;
+            let full = dst.unsqueeze(0)?.expand([p, e])?;
+            Ok(z.scatter_add(1, &full, &vals)?.reshape(shape)?)
+        })
+    }
+
+    fn pool_record(
+        &self,
+        name: &'static str,
+        y: Raw,
+        f: impl Fn(&Raw, &ember_tensor::Shape) -> Result<Raw> + Send + 'static,
+    ) -> Result<Tensor> {
+        let shape = self.data().shape().clone();
+        maybe_record(name, y, &[self], || Ok(bw1(move |g| f(g, &shape))))
+    }
+}
+
+/// `(planes, H·W)` of a `[..., H, W]` shape.
+fn planes(shape: &ember_tensor::Shape) -> (usize, usize) {
+    let d = shape.dims();
+    let r = d.len();
+    let hw = d[r - 2] * d[r - 1];
+    (d[..r - 2].iter().product(), hw)
+}
+
+/// For average pooling: (output position, input position, 1/divisor) for every window
+/// element inside the input, with PyTorch's window and divisor rules.
+fn avg_pairs(
+    o: &AvgPool2dOptions,
+    (h, w): (usize, usize),
+    out: (usize, usize),
+) -> (Vec<i64>, Vec<i64>, Vec<f64>) {
+    let (kh, kw) = (o.kernel.0 as i64, o.kernel.1 as i64);
+    let s = o.stride.unwrap_or(o.kernel);
+    let (sh, sw) = (s.0 as i64, s.1 as i64);
+    let (ph, pw) = (o.padding.0 as i64, o.padding.1 as i64);
+    let (hi, wi) = (h as i64, w as i64);
+    let (mut src, mut dst, mut coef) = (Vec::new(), Vec::new(), Vec::new());
+    for oh in 0..out.0 as i64 {
+        for ow in 0..out.1 as i64 {
+            let (mut h0, mut w0) = (oh * sh - ph, ow * sw - pw);
+            let (mut h1, mut w1) = ((h0 + kh).min(hi + ph), (w0 + kw).min(wi + pw));
+            let pool = (h1 - h0) * (w1 - w0);
+            h0 = h0.max(0);
+            w0 = w0.max(0);
+            h1 = h1.min(hi);
+            w1 = w1.min(wi);
+            let div = match o.divisor_override {
+                Some(d) => d,
+                None if o.count_include_pad => pool,
+                None => (h1 - h0) * (w1 - w0),
+            };
+            if div <= 0 {
+                continue;
+            }
+            for r in h0..h1 {
+                for q in w0..w1 {
+                    src.push(oh * out.1 as i64 + ow);
+                    dst.push(r * wi + q);
+                    coef.push(1.0 / div as f64);
+                }
+            }
+        }
+    }
+    (src, dst, coef)
+}

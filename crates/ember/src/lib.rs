@@ -38,6 +38,22 @@ pub mod tensor {
     pub use ember_tensor::*;
 }
 
+/// Autograd (`ember-autograd`): the autograd [`Tensor`](ember_autograd::Tensor), `backward`,
+/// grad modes, hooks, `checkpoint`, `gradcheck`. Until the nn issue moves the umbrella's
+/// `Tensor` over to it, it lives here.
+///
+/// ```
+/// use ember::autograd::Tensor;
+/// use ember::Device;
+/// let x = Tensor::from_vec(vec![1f32, 2.], [2], &Device::Cpu)?.requires_grad_(true)?;
+/// x.mul(&x)?.sum_all()?.backward()?;
+/// assert_eq!(x.grad().unwrap().to_vec::<f32>()?, vec![2., 4.]);
+/// # Ok::<(), ember::autograd::AutogradError>(())
+/// ```
+pub mod autograd {
+    pub use ember_autograd::*;
+}
+
 /// The caching allocator and memory statistics, for every device (the CPU included).
 pub mod memory {
     pub use ember_memory::*;

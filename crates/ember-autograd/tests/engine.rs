@@ -298,3 +298,26 @@ fn gradient_flows_back_across_devices() {
         "{e}"
     );
 }
+
+#[test]
+fn dropout_gradient_is_the_scaled_mask() {
+    let x = Tensor::ones([1000], (DType::F64, &CPU))
+        .unwrap()
+        .requires_grad_(true)
+        .unwrap();
+    let y = x.dropout(0.25, true).unwrap();
+    assert_eq!(y.grad_fn_name(), Some("NativeDropoutBackward0"));
+    y.sum_all().unwrap().backward().unwrap();
+    let (g, yv) = (vals(&x.grad().unwrap()), vals(&y));
+    // With x = 1 the output is the scaled mask itself: 0 or 1 / 0.75.
+    assert_eq!(g, yv);
+    let kept = g.iter().filter(|&&v| v != 0.0).count();
+    assert!((650..850).contains(&kept), "kept {kept}");
+    assert!(
+        g.iter()
+            .all(|&v| v == 0.0 || (v - 1.0 / 0.75).abs() < 1e-12)
+    );
+    // Eval mode is the identity (the same tensor).
+    assert!(x.dropout(0.25, false).unwrap().same(&x));
+    assert!(x.dropout(1.5, true).is_err());
+}

@@ -107,6 +107,25 @@ def _tiny():
     return (lambda: torch.add(a, b)), 1.0
 
 
+CHAIN = 1000
+
+
+def _autograd_chain():
+    """Record and run backward through a chain of 1000 small ops; the time is per op."""
+    import torch
+
+    x = torch.randn(4, requires_grad=True)
+
+    def fn():
+        y = x
+        for _ in range(CHAIN):
+            y = y * 1.0001
+        y.sum().backward()
+        x.grad = None
+
+    return fn, 1.0
+
+
 CASES: list[Case] = (
     [Case(f"matmul_f32_n{n}", "GFLOP/s", True, _matmul(n, n, n), 1e-9) for n in (128, 256, 512, 1024, 2048)]
     + [Case(f"matmul_bf16_n{n}", "GFLOP/s", True, _matmul(n, n, n, "bfloat16"), 1e-9) for n in (1024, 2048)]
@@ -125,6 +144,7 @@ CASES: list[Case] = (
     + [Case(f"{op}_f32_16m", "GB/s", True, _elementwise(op), 1e-9) for op in ("add", "relu", "exp", "sum")]
     + [Case("softmax_ce_4096x1000", "ms", False, _softmax_ce, 1e3)]
     + [Case("tiny_op_overhead", "us", False, _tiny, 1e6)]
+    + [Case("autograd_chain_1000", "us", False, _autograd_chain, 1e6 / CHAIN)]
 )
 
 

@@ -6,6 +6,7 @@
 //! never timed assertions in tests.
 
 mod alloc;
+mod autograd;
 mod harness;
 mod matmul;
 mod tensor_ops;
@@ -34,6 +35,10 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     if let Err(e) = matmul::run(&opts, &mut records) {
+        eprintln!("ember-bench: {e}");
+        return ExitCode::FAILURE;
+    }
+    if let Err(e) = autograd::run(&opts, &mut records) {
         eprintln!("ember-bench: {e}");
         return ExitCode::FAILURE;
     }

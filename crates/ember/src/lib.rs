@@ -11,15 +11,19 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
-//! - [`Tensor`], [`DType`] and the rest of [`tensor`] — the eager tensor and its ops
-//!   (`ember-tensor`):
+//! - [`Tensor`] — PyTorch's `torch.Tensor`: the eager tensor of `ember-tensor` with
+//!   autograd (`ember-autograd`); [`DType`] and the rest of [`tensor`] (the tensor core
+//!   without a tape), [`autograd`] (`backward`, `grad`, hooks, `checkpoint`, `gradcheck`),
+//!   [`no_grad`] and the other grad modes:
 //!
 //! ```
 //! use ember::{DType, Device, Tensor};
-//! let x = Tensor::ones([2, 3], (DType::F32, &Device::Cpu))?;
+//! let x = Tensor::ones([2, 3], (DType::F32, &Device::Cpu))?.requires_grad_(true)?;
 //! let y = x.matmul(&x.t()?)?;
 //! assert_eq!(y.to_vec::<f32>()?, vec![3.0, 3.0, 3.0, 3.0]);
-//! # Ok::<(), ember::tensor::TensorError>(())
+//! y.sum_all()?.backward()?;
+//! assert_eq!(x.grad().unwrap().to_vec::<f32>()?, vec![4.0; 6]);
+//! # Ok::<(), ember::Error>(())
 //! ```
 //!
 //! - [`Device`], [`try_gpu`], [`try_all_gpus`] — from `ember-device`.
@@ -30,17 +34,20 @@
 
 pub mod info;
 
+pub use ember_autograd::{
+    AutogradError as Error, Tensor, enable_grad, inference_mode, no_grad, set_grad_enabled,
+};
 pub use ember_device::{Device, DeviceError, cuda, driver, trace, try_all_gpus, try_gpu};
-pub use ember_tensor::{DType, Tensor};
+pub use ember_tensor::DType;
 
-/// Tensors: dtypes, shapes, the eager [`Tensor`] and its ops, random numbers, safetensors.
+/// The tensor core without a tape (`ember-tensor`): dtypes, shapes, the eager
+/// `tensor::Tensor` and its ops, random numbers, safetensors, op options.
 pub mod tensor {
     pub use ember_tensor::*;
 }
 
-/// Autograd (`ember-autograd`): the autograd [`Tensor`](ember_autograd::Tensor), `backward`,
-/// grad modes, hooks, `checkpoint`, `gradcheck`. Until the nn issue moves the umbrella's
-/// `Tensor` over to it, it lives here.
+/// Autograd (`ember-autograd`): `backward`/`grad` over several tensors, grad modes, hooks,
+/// `checkpoint`, `gradcheck`, the autocast hook. [`Tensor`](crate::Tensor) is its tensor.
 ///
 /// ```
 /// use ember::autograd::Tensor;

@@ -526,17 +526,25 @@ impl Tensor {
         })
     }
 
-    /// A non-blocking copy to `device` (from pinned memory), as `to_non_blocking`.
-    pub fn to_non_blocking(&self, device: &Device) -> Result<Tensor> {
+    /// `to(target)` with a non-blocking copy from pinned memory on the current stream, as
+    /// `ember_tensor::Tensor::to_non_blocking`; the gradient flows back to the source.
+    pub fn to_non_blocking(&self, target: impl ember_tensor::ToTarget) -> Result<Tensor> {
+        let (device, dtype) = target.target()?;
         let x = self.data();
-        if x.device() == *device {
-            return Ok(self.clone());
+        let t = match device {
+            Some(d) if d != x.device() => {
+                let y = x.to_non_blocking(d)?;
+                let from = x.device();
+                maybe_record("ToCopyBackward0", y, &[self], || {
+                    Ok(bw1(move |g| Ok(g.to_device(&from)?)))
+                })?
+            }
+            _ => self.clone(),
+        };
+        match dtype {
+            Some(dt) => t.to_dtype(dt),
+            None => Ok(t),
         }
-        let y = x.to_non_blocking(device)?;
-        let from = x.device();
-        maybe_record("ToCopyBackward0", y, &[self], || {
-            Ok(bw1(move |g| Ok(g.to_device(&from)?)))
-        })
     }
 
     // --- in place --------------------------------------------------------------------

@@ -129,6 +129,13 @@ impl Tensor {
                         None
                     };
                     Ok(bw1(move |g| {
+                        // The common cases take the scalar as it is, with no tensor made.
+                        match op {
+                            Bin::Add | Bin::Sub => return Ok(g.clone()),
+                            Bin::Mul => return Ok(g.mul(s)?),
+                            Bin::Div => return Ok(g.div(s)?),
+                            _ => {}
+                        }
                         let a = match &sa {
                             Some(s) => s.get()?.to_dtype(dt)?,
                             None => g.clone(),

@@ -1,5 +1,14 @@
-//! Creating autograd tensors: the constructors of `ember-tensor`, giving leaves that do not
-//! require grad (call [`Tensor::requires_grad_`] to mark one).
+//! Creating autograd tensors: the constructors of `ember-tensor`, giving leaves. They require
+//! grad when the options say so (`Options::new().requires_grad(true)`), or after
+//! [`Tensor::requires_grad_`].
+//!
+//! ```
+//! use ember_autograd::Tensor;
+//! use ember_tensor::{DType, Options};
+//! let w = Tensor::randn([3, 2], Options::new().dtype(DType::F64).requires_grad(true))?;
+//! assert!(w.requires_grad() && w.is_leaf());
+//! # Ok::<(), ember_autograd::AutogradError>(())
+//! ```
 
 use ember_tensor::{Device, Options, Scalar, Shape, Tensor as Raw, WithDType};
 
@@ -8,6 +17,21 @@ use crate::tensor::Tensor;
 
 fn w(r: ember_tensor::Result<Raw>) -> Result<Tensor> {
     Ok(Tensor::wrap(r?))
+}
+
+/// A new leaf from `make(opts)`, requiring grad when the options say so
+/// (`Options::new().requires_grad(true)`, PyTorch's `requires_grad=True`).
+fn leaf(
+    opts: impl Into<Options>,
+    make: impl FnOnce(Options) -> ember_tensor::Result<Raw>,
+) -> Result<Tensor> {
+    let o = opts.into();
+    let t = w(make(o))?;
+    if o.requires_grad {
+        t.requires_grad_(true)
+    } else {
+        Ok(t)
+    }
 }
 
 impl Tensor {
@@ -45,22 +69,22 @@ impl Tensor {
         value: impl Into<Scalar>,
         opts: impl Into<Options>,
     ) -> Result<Tensor> {
-        w(Raw::full(shape, value, opts))
+        leaf(opts, |o| Raw::full(shape, value, o))
     }
 
     /// Zeros.
     pub fn zeros(shape: impl Into<Shape>, opts: impl Into<Options>) -> Result<Tensor> {
-        w(Raw::zeros(shape, opts))
+        leaf(opts, |o| Raw::zeros(shape, o))
     }
 
     /// Ones.
     pub fn ones(shape: impl Into<Shape>, opts: impl Into<Options>) -> Result<Tensor> {
-        w(Raw::ones(shape, opts))
+        leaf(opts, |o| Raw::ones(shape, o))
     }
 
     /// Uninitialised in PyTorch; zeros here.
     pub fn empty(shape: impl Into<Shape>, opts: impl Into<Options>) -> Result<Tensor> {
-        w(Raw::empty(shape, opts))
+        leaf(opts, |o| Raw::empty(shape, o))
     }
 
     /// `start, start + 1, ...` below `end`.
@@ -69,7 +93,7 @@ impl Tensor {
         end: impl Into<Scalar>,
         opts: impl Into<Options>,
     ) -> Result<Tensor> {
-        w(Raw::arange(start, end, opts))
+        leaf(opts, |o| Raw::arange(start, end, o))
     }
 
     /// `steps` evenly spaced values from `start` to `end`.
@@ -79,22 +103,22 @@ impl Tensor {
         steps: usize,
         opts: impl Into<Options>,
     ) -> Result<Tensor> {
-        w(Raw::linspace(start, end, steps, opts))
+        leaf(opts, |o| Raw::linspace(start, end, steps, o))
     }
 
     /// The `n × n` identity.
     pub fn eye(n: usize, opts: impl Into<Options>) -> Result<Tensor> {
-        w(Raw::eye(n, opts))
+        leaf(opts, |o| Raw::eye(n, o))
     }
 
     /// Uniform on `[0, 1)` from the device's default generator.
     pub fn rand(shape: impl Into<Shape>, opts: impl Into<Options>) -> Result<Tensor> {
-        w(Raw::rand(shape, opts))
+        leaf(opts, |o| Raw::rand(shape, o))
     }
 
     /// Standard normal from the device's default generator.
     pub fn randn(shape: impl Into<Shape>, opts: impl Into<Options>) -> Result<Tensor> {
-        w(Raw::randn(shape, opts))
+        leaf(opts, |o| Raw::randn(shape, o))
     }
 
     /// Integers in `[low, high)`.
@@ -104,7 +128,7 @@ impl Tensor {
         shape: impl Into<Shape>,
         opts: impl Into<Options>,
     ) -> Result<Tensor> {
-        w(Raw::randint(low, high, shape, opts))
+        leaf(opts, |o| Raw::randint(low, high, shape, o))
     }
 
     /// Zeros like this tensor (not requiring grad).

@@ -29,6 +29,9 @@ pub struct Options {
     pub dtype: Option<DType>,
     /// The device.
     pub device: Device,
+    /// PyTorch's `requires_grad=`: honoured by the autograd tensor's constructors
+    /// (`ember::Tensor`); the tensor core has no tape and ignores it.
+    pub requires_grad: bool,
 }
 
 impl Options {
@@ -46,6 +49,12 @@ impl Options {
     /// With this device.
     pub fn device(mut self, device: Device) -> Self {
         self.device = device;
+        self
+    }
+
+    /// Marks the new tensor as a leaf that requires grad (autograd constructors only).
+    pub fn requires_grad(mut self, on: bool) -> Self {
+        self.requires_grad = on;
         self
     }
 }

@@ -295,6 +295,39 @@ proptest! {
             check("max_pool2d unbatched", dev, &[xu], |v| v[0].max_pool2d(&mo));
         }
     }
+
+    #[test]
+    fn device_moves_casts_and_inplace(s in shape(), seed in any::<u64>()) {
+        for dev in devices() {
+            let x = input(&s, seed, 0.5, 2.0, dev);
+            let y = input(&s, seed ^ 11, 0.5, 2.0, dev);
+            let other = if dev == Device::Cpu { Device::Cuda(0) } else { Device::Cpu };
+            check("to_device", dev, std::slice::from_ref(&x), |v| {
+                v[0].to_device(&other)?.exp()?.to_device(&dev)
+            });
+            check("to_dtype round trip", dev, std::slice::from_ref(&x), |v| {
+                v[0].to_dtype(DType::F64)?.mul(2.0)
+            });
+            check("add_/mul_/div_/sub_", dev, &[x.clone(), y.clone()], |v| {
+                let t = v[0].mul(2.0)?;
+                t.add_(&v[1])?;
+                t.mul_(&v[1])?;
+                t.sub_(&v[0])?;
+                t.div_(2.0)?;
+                Ok(t)
+            });
+            check("copy_", dev, &[x.clone(), y.clone()], |v| {
+                let z = Tensor::zeros(s.clone(), (DType::F64, &dev))?;
+                z.copy_(&v[0].mul(&v[1])?)?;
+                z.exp()
+            });
+            check("clamp_", dev, std::slice::from_ref(&x), |v| {
+                let t = v[0].mul(1.0)?;
+                t.clamp_(Some(Scalar::Float(0.8)), Some(Scalar::Float(1.5)))?;
+                Ok(t)
+            });
+        }
+    }
 }
 
 #[test]

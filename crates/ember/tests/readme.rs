@@ -15,13 +15,14 @@ fn readme_snippet_runs() -> Result<(), Box<dyn std::error::Error>> {
     memory::empty_cache(device)?;
 
     let x = Tensor::randn([64, 784], ())?.pin_memory()?;
-    let w = Tensor::randn([784, 10], DType::F32)?.to(device)?;
+    let w = Tensor::randn([784, 10], (DType::F32, device))?.requires_grad_(true)?;
     let logits = x.to_non_blocking(device)?.matmul(&w)?;
     let target = Tensor::randint(0, 10, [64], device)?;
     let loss = logits.cross_entropy(&target, &ember::tensor::CrossEntropyOptions::new())?;
     let shown = loss.to_string();
     assert!(
-        shown.starts_with("tensor(") && shown.ends_with("device='cuda:0')"),
+        shown.starts_with("tensor(")
+            && shown.ends_with("device='cuda:0', grad_fn=<CrossEntropyLossBackward0>)"),
         "{shown}"
     );
     // The same on the CPU gives the same loss (within float tolerance).
@@ -30,5 +31,8 @@ fn readme_snippet_runs() -> Result<(), Box<dyn std::error::Error>> {
         .cross_entropy(&target.cpu()?, &ember::tensor::CrossEntropyOptions::new())?;
     let (a, b) = (cpu.item::<f32>()?, loss.cpu()?.item::<f32>()?);
     assert!((a - b).abs() <= 1e-4 * a.abs().max(1.0), "{a} vs {b}");
+    loss.backward()?;
+    let g = w.grad().ok_or("w.grad() is empty after backward")?;
+    assert_eq!((g.device(), g.dims()), (device, vec![784, 10]));
     Ok(())
 }

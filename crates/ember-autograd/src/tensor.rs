@@ -30,6 +30,8 @@ pub struct Tensor(pub(crate) Arc<Impl>);
 pub(crate) struct Impl {
     core: RwLock<Core>,
     requires_grad: AtomicBool,
+    /// Output of a recorded view op (shares its input's storage).
+    view: AtomicBool,
     inference: bool,
     pub(crate) leaf: Mutex<LeafState>,
 }
@@ -137,6 +139,7 @@ impl Tensor {
         Tensor(Arc::new(Impl {
             core: RwLock::new(Core { data, grad_fn }),
             requires_grad: AtomicBool::new(false),
+            view: AtomicBool::new(false),
             inference: crate::mode::is_inference_mode_enabled(),
             leaf: Mutex::new(LeafState::default()),
         }))
@@ -194,6 +197,16 @@ impl Tensor {
     /// A new tensor sharing this one's storage, outside the tape (PyTorch's `detach()`).
     pub fn detach(&self) -> Tensor {
         Tensor::wrap(self.data())
+    }
+
+    pub(crate) fn mark_view(&self) {
+        self.0.view.store(true, Ordering::Relaxed);
+    }
+
+    /// `true` for the output of a recorded view op (`narrow`, `t`, `reshape` without a
+    /// copy, ...), which shares its input's storage.
+    pub fn is_view(&self) -> bool {
+        self.0.view.load(Ordering::Relaxed)
     }
 
     /// `true` if both handles are the same tensor (clones of one another).

@@ -321,3 +321,38 @@ fn dropout_gradient_is_the_scaled_mask() {
     assert!(x.dropout(0.25, false).unwrap().same(&x));
     assert!(x.dropout(1.5, true).is_err());
 }
+
+/// A write through a view, or into the base after a view was taken, would change what the
+/// recorded history means: Ember refuses or reports it instead of a wrong gradient.
+#[test]
+fn inplace_through_views_is_refused_or_reported() {
+    let x = leaf(&[1.0, 2.0, 3.0], &[3]);
+    let y = x.mul(2.0).unwrap();
+    let v = y.narrow(0, 0, 1).unwrap();
+    assert!(v.is_view());
+    let e = v.mul_(3.0).unwrap_err();
+    assert!(matches!(e, AutogradError::Inplace(_)), "{e}");
+    assert!(e.to_string().contains("view"), "{e}");
+    // In place on the base after the view was recorded: the view's backward reports it.
+    let w = y.narrow(0, 1, 2).unwrap();
+    y.mul_(3.0).unwrap();
+    let e = w.sum_all().unwrap().backward().unwrap_err();
+    assert!(matches!(e, AutogradError::ModifiedInplace { .. }), "{e}");
+    // Through the base's own (rebased) history the gradient is right: d(6x)/dx = 6.
+    y.sum_all().unwrap().backward().unwrap();
+    assert_eq!(vals(&x.grad().unwrap()), vec![6.0, 6.0, 6.0]);
+    // A reshape that had to copy is not a view.
+    let t = x.mul(1.0).unwrap().t().unwrap();
+    assert!(t.is_view());
+    let c = x
+        .mul(1.0)
+        .unwrap()
+        .unsqueeze(1)
+        .unwrap()
+        .expand([3, 2])
+        .unwrap()
+        .reshape([6])
+        .unwrap();
+    assert!(!c.is_view());
+    c.add_(1.0).unwrap();
+}

@@ -569,6 +569,11 @@ impl Tensor {
                 "{op}: a leaf Variable that requires grad is being used in an in-place operation (wrap the update in no_grad())"
             )));
         }
+        if self.is_view() {
+            return Err(AutogradError::Inplace(format!(
+                "{op}: an in-place operation on a view of a tensor in the autograd graph is not supported yet (PyTorch rewrites the base's history; Ember would not); use the out-of-place op, e.g. `y = y.mul(2)`"
+            )));
+        }
         Ok(true)
     }
 

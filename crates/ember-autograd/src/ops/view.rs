@@ -7,7 +7,7 @@ use std::ops::RangeBounds;
 use ember_tensor::{Dim, Shape, ShapeSpec, Tensor as Raw};
 
 use crate::error::Result;
-use crate::graph::{BackwardFn, maybe_record};
+use crate::graph::{BackwardFn, Saved, maybe_record, needs_grad, record};
 use crate::ops::bw1;
 use crate::tensor::Tensor;
 
@@ -23,12 +23,42 @@ fn scatter_into(
 }
 
 impl Tensor {
+    /// Records a view op. When `y` shares this tensor's storage, the output is marked as a
+    /// view (in-place ops on it refuse to record, see `inplace_check`) and its backward
+    /// first checks that the storage was not written in place since: such a write, through
+    /// the view or its base, would change what the view's recorded history means, and
+    /// Ember reports it rather than return a gradient for the old history.
+    fn record_view(
+        &self,
+        name: &'static str,
+        y: Raw,
+        backward: impl FnMut(&Raw) -> Result<Raw> + Send + 'static,
+    ) -> Result<Tensor> {
+        if !needs_grad(&[self]) {
+            return Ok(Tensor::wrap(y));
+        }
+        let mut backward = backward;
+        if !y.shares_storage(&self.data()) {
+            return Ok(record(name, y, &[self], bw1(backward)));
+        }
+        let witness = Saved::new(name, &y);
+        let t = record(
+            name,
+            y,
+            &[self],
+            bw1(move |g| {
+                witness.get()?;
+                backward(g)
+            }),
+        );
+        t.mark_view();
+        Ok(t)
+    }
+
     /// Records a view-like op whose gradient is `g` reshaped back to this tensor's shape.
     fn reshaped(&self, name: &'static str, y: Raw) -> Result<Tensor> {
         let shape = self.data().shape().clone();
-        maybe_record(name, y, &[self], || {
-            Ok(bw1(move |g| Ok(g.reshape(&shape)?)))
-        })
+        self.record_view(name, y, move |g| Ok(g.reshape(&shape)?))
     }
 
     /// A view with another shape (one `-1` inferred); errors where strides don't allow.
@@ -93,13 +123,11 @@ impl Tensor {
             .iter()
             .map(|d| d.index(rank, "permute"))
             .collect::<ember_tensor::Result<_>>()?;
-        maybe_record("PermuteBackward0", y, &[self], || {
-            let mut inv = vec![0usize; perm.len()];
-            for (i, &p) in perm.iter().enumerate() {
-                inv[p] = i;
-            }
-            Ok(bw1(move |g| Ok(g.permute(&inv)?)))
-        })
+        let mut inv = vec![0usize; perm.len()];
+        for (i, &p) in perm.iter().enumerate() {
+            inv[p] = i;
+        }
+        self.record_view("PermuteBackward0", y, move |g| Ok(g.permute(&inv)?))
     }
 
     /// Swaps two dims.
@@ -110,15 +138,13 @@ impl Tensor {
             dim1.index(x.rank(), "transpose")?,
         );
         let y = x.transpose(a, b)?;
-        maybe_record("TransposeBackward0", y, &[self], || {
-            Ok(bw1(move |g| Ok(g.transpose(a, b)?)))
-        })
+        self.record_view("TransposeBackward0", y, move |g| Ok(g.transpose(a, b)?))
     }
 
     /// Transpose of a matrix (≤ 2 dims).
     pub fn t(&self) -> Result<Tensor> {
         let y = self.data().t()?;
-        maybe_record("TBackward0", y, &[self], || Ok(bw1(|g| Ok(g.t()?))))
+        self.record_view("TBackward0", y, |g| Ok(g.t()?))
     }
 
     /// `len` elements of `dim` from `start`.
@@ -127,10 +153,8 @@ impl Tensor {
         let d = dim.index(x.rank(), "narrow")?;
         let y = x.narrow(d, start, len)?;
         let shape = x.shape().clone();
-        maybe_record("NarrowBackward0", y, &[self], || {
-            Ok(bw1(move |g| {
-                scatter_into(&shape, g, |z| z.narrow(d, start, len))
-            }))
+        self.record_view("NarrowBackward0", y, move |g| {
+            scatter_into(&shape, g, |z| z.narrow(d, start, len))
         })
     }
 
@@ -145,10 +169,8 @@ impl Tensor {
         let d = dim.index(x.rank(), "slice")?;
         let y = x.slice(d, range.clone(), step)?;
         let shape = x.shape().clone();
-        maybe_record("SliceBackward0", y, &[self], || {
-            Ok(bw1(move |g| {
-                scatter_into(&shape, g, |z| z.slice(d, range.clone(), step))
-            }))
+        self.record_view("SliceBackward0", y, move |g| {
+            scatter_into(&shape, g, |z| z.slice(d, range.clone(), step))
         })
     }
 
@@ -158,10 +180,8 @@ impl Tensor {
         let d = dim.index(x.rank(), "select")?;
         let y = x.select(d, index)?;
         let shape = x.shape().clone();
-        maybe_record("SelectBackward0", y, &[self], || {
-            Ok(bw1(move |g| {
-                scatter_into(&shape, g, |z| z.select(d, index))
-            }))
+        self.record_view("SelectBackward0", y, move |g| {
+            scatter_into(&shape, g, |z| z.select(d, index))
         })
     }
 
@@ -170,8 +190,8 @@ impl Tensor {
         let x = self.data();
         let y = x.expand(sizes)?;
         let shape = x.dims().to_vec();
-        maybe_record("ExpandBackward0", y, &[self], || {
-            Ok(bw1(move |g| crate::engine::sum_to(g, &shape)))
+        self.record_view("ExpandBackward0", y, move |g| {
+            crate::engine::sum_to(g, &shape)
         })
     }
 
@@ -264,10 +284,8 @@ impl Tensor {
             let n = p.dims().get(d).copied().unwrap_or(0);
             let shape = self.data().shape().clone();
             let start = off;
-            out.push(maybe_record("SplitBackward0", p, &[self], || {
-                Ok(bw1(move |g| {
-                    scatter_into(&shape, g, |z| z.narrow(d, start, n))
-                }))
+            out.push(self.record_view("SplitBackward0", p, move |g| {
+                scatter_into(&shape, g, |z| z.narrow(d, start, n))
             })?);
             off += n;
         }

@@ -485,28 +485,54 @@ impl Tensor {
     /// This tensor on `device` (itself if already there); the gradient flows back to the
     /// source device.
     pub fn to_device(&self, device: &Device) -> Result<Tensor> {
-        let x = self.data();
-        if x.device() == *device {
-            return Ok(self.clone());
-        }
-        let y = x.to_device(device)?;
-        let from = x.device();
-        maybe_record("ToCopyBackward0", y, &[self], || {
-            Ok(bw1(move |g| Ok(g.to_device(&from)?)))
-        })
+        self.to_with(*device, false)
     }
 
     /// `to(device)`, `to(dtype)` or `to((device, dtype))`, as `ember_tensor::Tensor::to`.
     pub fn to(&self, target: impl ember_tensor::ToTarget) -> Result<Tensor> {
         let (device, dtype) = target.target()?;
+        self.to_target(device, dtype, false)
+    }
+
+    /// `to(target)` with a non-blocking copy from pinned memory on the current stream, as
+    /// `ember_tensor::Tensor::to_non_blocking`; the gradient flows back to the source.
+    pub fn to_non_blocking(&self, target: impl ember_tensor::ToTarget) -> Result<Tensor> {
+        let (device, dtype) = target.target()?;
+        self.to_target(device, dtype, true)
+    }
+
+    /// The device move (if any), then the cast (if any).
+    fn to_target(
+        &self,
+        device: Option<Device>,
+        dtype: Option<DType>,
+        non_blocking: bool,
+    ) -> Result<Tensor> {
         let t = match device {
-            Some(d) => self.to_device(&d)?,
+            Some(d) => self.to_with(d, non_blocking)?,
             None => self.clone(),
         };
         match dtype {
             Some(dt) => t.to_dtype(dt),
             None => Ok(t),
         }
+    }
+
+    /// This tensor on `device`, recorded so that the gradient returns to the source device.
+    fn to_with(&self, device: Device, non_blocking: bool) -> Result<Tensor> {
+        let x = self.data();
+        if x.device() == device {
+            return Ok(self.clone());
+        }
+        let y = if non_blocking {
+            x.to_non_blocking(device)?
+        } else {
+            x.to_device(&device)?
+        };
+        let from = x.device();
+        maybe_record("ToCopyBackward0", y, &[self], || {
+            Ok(bw1(move |g| Ok(g.to_device(&from)?)))
+        })
     }
 
     /// `to(Device::Cpu)`.
@@ -531,27 +557,6 @@ impl Tensor {
         maybe_record("PinMemoryBackward0", y, &[self], || {
             Ok(bw1(|g| Ok(g.clone())))
         })
-    }
-
-    /// `to(target)` with a non-blocking copy from pinned memory on the current stream, as
-    /// `ember_tensor::Tensor::to_non_blocking`; the gradient flows back to the source.
-    pub fn to_non_blocking(&self, target: impl ember_tensor::ToTarget) -> Result<Tensor> {
-        let (device, dtype) = target.target()?;
-        let x = self.data();
-        let t = match device {
-            Some(d) if d != x.device() => {
-                let y = x.to_non_blocking(d)?;
-                let from = x.device();
-                maybe_record("ToCopyBackward0", y, &[self], || {
-                    Ok(bw1(move |g| Ok(g.to_device(&from)?)))
-                })?
-            }
-            _ => self.clone(),
-        };
-        match dtype {
-            Some(dt) => t.to_dtype(dt),
-            None => Ok(t),
-        }
     }
 
     // --- in place --------------------------------------------------------------------

@@ -1,0 +1,1 @@
+//! Datasets and the `DataLoader` (`torch.utils.data`).

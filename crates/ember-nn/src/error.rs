@@ -1,0 +1,89 @@
+//! [`NnError`]: what modules, optimizers and data loading report.
+
+use ember_autograd::AutogradError;
+use ember_tensor::{Shape, TensorError};
+
+/// Errors of `ember-nn`. Failures of the layers below pass through transparently.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum NnError {
+    /// An autograd-level failure (which carries tensor-level ones too).
+    #[error(transparent)]
+    Autograd(#[from] AutogradError),
+    /// A call with an argument that is not valid, named in the message.
+    #[error("{op}: {msg}")]
+    Invalid {
+        /// The call, e.g. `Linear::new` or `SGD`.
+        op: &'static str,
+        /// What was expected and what was found.
+        msg: String,
+    },
+    /// `load_state_dict` found keys it could not match (PyTorch's wording).
+    #[error("Error(s) in loading state_dict for {module}:{}", state_dict_details(.missing, .unexpected, .mismatched))]
+    StateDict {
+        /// The module (or optimizer) the dict was loaded into.
+        module: String,
+        /// Keys the module has that the dict lacks.
+        missing: Vec<String>,
+        /// Keys the dict has that the module lacks.
+        unexpected: Vec<String>,
+        /// Keys whose shapes differ: (key, shape in the dict, shape in the module).
+        mismatched: Vec<(String, Shape, Shape)>,
+    },
+    /// Reading or writing a file failed.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// The operating system's error.
+        source: std::io::Error,
+    },
+    /// A dataset file that could not be parsed, with where and why.
+    #[error("{0}")]
+    Data(String),
+}
+
+impl From<TensorError> for NnError {
+    fn from(e: TensorError) -> Self {
+        NnError::Autograd(AutogradError::Tensor(e))
+    }
+}
+
+impl NnError {
+    /// An [`NnError::Invalid`].
+    pub fn invalid(op: &'static str, msg: impl Into<String>) -> Self {
+        NnError::Invalid {
+            op,
+            msg: msg.into(),
+        }
+    }
+}
+
+fn state_dict_details(
+    missing: &[String],
+    unexpected: &[String],
+    mismatched: &[(String, Shape, Shape)],
+) -> String {
+    let quoted = |keys: &[String]| {
+        keys.iter()
+            .map(|k| format!("\"{k}\""))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let mut out = String::new();
+    if !missing.is_empty() {
+        out += &format!("\n\tMissing key(s) in state_dict: {}.", quoted(missing));
+    }
+    if !unexpected.is_empty() {
+        out += &format!("\n\tUnexpected key(s) in state_dict: {}.", quoted(unexpected));
+    }
+    for (key, found, expected) in mismatched {
+        out += &format!(
+            "\n\tsize mismatch for {key}: copying a param with shape {found} from checkpoint, the shape in current model is {expected}."
+        );
+    }
+    out
+}
+
+/// `Result` with [`NnError`].
+pub type Result<T, E = NnError> = std::result::Result<T, E>;

@@ -1,0 +1,1 @@
+//! Parameter initialisers (`torch.nn.init`).

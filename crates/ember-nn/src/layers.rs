@@ -1,0 +1,1 @@
+//! Layers (`torch.nn`).

@@ -1,0 +1,20 @@
+//! `torch.nn`, `torch.optim` and `torch.utils.data` for Ember.
+//!
+//! - [`Module`] and the layers in [`layers`], the losses in [`loss`], initialisers in [`init`];
+//!   parameters and buffers are autograd [`Tensor`]s that `to(device)` moves in place, so
+//!   everything holding them (an optimizer, a hook) follows.
+//! - [`optim`]: `SGD`, `Adam`, `AdamW`, learning-rate schedulers, gradient clipping.
+//! - [`data`]: `Dataset`, `TensorDataset`, `DataLoader`, and the shipped digits dataset.
+
+mod error;
+
+pub mod data;
+pub mod init;
+pub mod layers;
+pub mod loss;
+mod module;
+pub mod optim;
+
+pub use ember_autograd::Tensor;
+pub use error::{NnError, Result};
+pub use module::{Module, StateDict};

@@ -1,0 +1,1 @@
+//! Losses (`torch.nn.functional` and the loss modules).

@@ -18,6 +18,20 @@ pub enum NnError {
         /// What was expected and what was found.
         msg: String,
     },
+    /// A layer's parameter and its input are on different devices.
+    #[error(
+        "Expected all tensors to be on the same device, but found at least two devices, {input_device} and {param_device}! ({module} parameter `{param}` is on {param_device}, its input on {input_device}; move the model and its input to one device with `to(device)`)"
+    )]
+    DeviceMismatch {
+        /// The layer type, e.g. `Linear`.
+        module: &'static str,
+        /// The parameter's dotted name in the model (`0.weight`).
+        param: String,
+        /// Where the parameter is.
+        param_device: ember_device::Device,
+        /// Where the input is.
+        input_device: ember_device::Device,
+    },
     /// `load_state_dict` found keys it could not match (PyTorch's wording).
     #[error("Error(s) in loading state_dict for {module}:{}", state_dict_details(.missing, .unexpected, .mismatched))]
     StateDict {
@@ -75,7 +89,10 @@ fn state_dict_details(
         out += &format!("\n\tMissing key(s) in state_dict: {}.", quoted(missing));
     }
     if !unexpected.is_empty() {
-        out += &format!("\n\tUnexpected key(s) in state_dict: {}.", quoted(unexpected));
+        out += &format!(
+            "\n\tUnexpected key(s) in state_dict: {}.",
+            quoted(unexpected)
+        );
     }
     for (key, found, expected) in mismatched {
         out += &format!(

@@ -17,4 +17,8 @@ pub mod optim;
 
 pub use ember_autograd::Tensor;
 pub use error::{NnError, Result};
-pub use module::{Module, StateDict};
+pub use loss::Loss;
+pub use module::{
+    IncompatibleKeys, Module, ModuleTarget, StateDict, TrainingFlag, check_device, parameter,
+    prefix_error,
+};

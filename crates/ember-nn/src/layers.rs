@@ -738,7 +738,7 @@ impl Conv2d {
         let (dtype, device) = float_options("Conv2d", opts)?;
         let kernel = kernel.into();
         let g = config.groups;
-        if g == 0 || in_channels % g != 0 || out_channels % g != 0 {
+        if g == 0 || !in_channels.is_multiple_of(g) || !out_channels.is_multiple_of(g) {
             return Err(NnError::invalid(
                 "Conv2d",
                 format!(

@@ -6,8 +6,9 @@
 //! restores the random-number state of the inputs' devices to what it was before the
 //! forward (so dropout draws the same masks), runs the function again with recording on
 //! over detached copies of the inputs, backpropagates the incoming gradient through that
-//! fresh graph (a nested run of the engine), puts the random state back, and returns the
-//! inputs' gradients. Gradients equal those without checkpointing, and peak memory during
+//! fresh graph (a nested run of the engine, which also accumulates into the parameters the
+//! function captured, as PyTorch's reentrant checkpoint does), puts the random state back,
+//! and returns the inputs' gradients. Gradients equal those without checkpointing, and peak memory during
 //! the forward drops by the activations the function would have saved.
 
 use std::sync::Arc;
@@ -104,21 +105,16 @@ where
                 "the recomputed output does not depend on any input that requires grad",
             ));
         }
-        let grads = crate::engine::grad(
-            &[y],
-            &want,
-            &[Some(Tensor::wrap(g.clone()))],
-            crate::engine::GradOptions {
-                retain_graph: false,
-                allow_unused: true,
-            },
-        )?;
-        let mut it = grads.into_iter();
+        // A nested backward (not `grad`): parameters the function captured (a module's
+        // weights) accumulate their gradients as they would without checkpointing, and the
+        // detached inputs, leaves here, receive theirs in `.grad`.
+        crate::engine::backward(&[y], &[Some(Tensor::wrap(g.clone()))], false)?;
+        let mut it = want.iter();
         Ok(needs
             .iter()
             .map(|&n| {
                 if n {
-                    it.next().flatten().map(|t| t.data())
+                    it.next().and_then(Tensor::grad).map(|t| t.data())
                 } else {
                     None
                 }

@@ -116,7 +116,12 @@ fn captured_parameters_get_their_gradients() {
         .unwrap();
     let wc = w.clone();
     let f = move |xs: &[Tensor]| xs[0].matmul(&wc)?.tanh()?.matmul(&wc);
-    f(&[x.clone()]).unwrap().sum_all().unwrap().backward().unwrap();
+    f(&[x.clone()])
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .backward()
+        .unwrap();
     let (gx, gw) = (vals(&x.grad().unwrap()), vals(&w.grad().unwrap()));
     x.set_grad(None).unwrap();
     w.set_grad(None).unwrap();

@@ -63,6 +63,18 @@ impl From<TensorError> for NnError {
     }
 }
 
+impl From<ember_device::DeviceError> for NnError {
+    fn from(e: ember_device::DeviceError) -> Self {
+        TensorError::from(e).into()
+    }
+}
+
+impl From<ember_memory::MemoryError> for NnError {
+    fn from(e: ember_memory::MemoryError) -> Self {
+        TensorError::from(e).into()
+    }
+}
+
 impl NnError {
     /// An [`NnError::Invalid`].
     pub fn invalid(op: &'static str, msg: impl Into<String>) -> Self {

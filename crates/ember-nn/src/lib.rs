@@ -19,6 +19,6 @@ pub use ember_autograd::Tensor;
 pub use error::{NnError, Result};
 pub use loss::Loss;
 pub use module::{
-    IncompatibleKeys, Module, ModuleTarget, StateDict, TrainingFlag, check_device, parameter,
-    prefix_error,
+    IncompatibleKeys, Module, ModuleTarget, StateDict, TrainingFlag, check_device, checkpoint,
+    parameter, prefix_error,
 };

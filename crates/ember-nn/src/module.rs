@@ -9,6 +9,7 @@
 //! parameters.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use ember_device::Device;
@@ -379,4 +380,22 @@ pub fn prefix_error(child: &str, e: NnError) -> NnError {
         },
         e => e,
     }
+}
+
+/// `torch.utils.checkpoint.checkpoint(module, input)`: runs `module` on `input` without
+/// keeping its activations, and runs it again during backward to rebuild them (same random
+/// state, so dropout masks match). The module's parameters get the same gradients as
+/// without checkpointing. When `input` does not require grad there is nothing to save
+/// memory on and the module runs normally (gradients still reach its parameters).
+pub fn checkpoint(module: Arc<dyn Module>, input: &Tensor) -> Result<Tensor> {
+    let f = move |xs: &[Tensor]| {
+        module.forward(&xs[0]).map_err(|e| match e {
+            NnError::Autograd(e) => e,
+            other => ember_autograd::AutogradError::Invalid {
+                op: "checkpoint",
+                msg: other.to_string(),
+            },
+        })
+    };
+    Ok(ember_autograd::checkpoint(f, std::slice::from_ref(input))?)
 }

@@ -30,14 +30,21 @@
 //! - [`cuda`] — `torch.cuda`'s discovery calls, streams and events; [`driver`] the seam.
 //! - [`memory`] — the caching allocator and its statistics (`ember-memory`).
 //! - [`trace`] — scoped ranges the profiler subscribes to.
-//! - [`info`] — what `ember info` prints, as a value.
+//! - [`nn`] — `torch.nn`: [`Module`](nn::Module), layers, losses, init; [`optim`] —
+//!   optimizers, learning-rate schedulers, gradient clipping; [`data`] — `Dataset`,
+//!   `DataLoader`, the shipped digits (all `ember-nn`).
+//! - [`info`] — what `ember info` prints, as a value; [`train`] — what `ember train` runs.
+//!
+//! [`Error`] is the error of all of these: every lower crate's error converts into it with `?`.
 
 pub mod info;
+pub mod train;
 
 pub use ember_autograd::{
-    AutogradError as Error, Tensor, enable_grad, inference_mode, no_grad, set_grad_enabled,
+    AutogradError, Tensor, enable_grad, inference_mode, no_grad, set_grad_enabled,
 };
 pub use ember_device::{Device, DeviceError, cuda, driver, trace, try_all_gpus, try_gpu};
+pub use ember_nn::{NnError as Error, data, optim};
 pub use ember_tensor::DType;
 
 /// The tensor core without a tape (`ember-tensor`): dtypes, shapes, the eager
@@ -64,4 +71,30 @@ pub mod autograd {
 /// The caching allocator and memory statistics, for every device (the CPU included).
 pub mod memory {
     pub use ember_memory::*;
+}
+
+/// `torch.nn`: the [`Module`](nn::Module) trait, layers, losses and initialisers
+/// (`ember-nn`).
+///
+/// ```
+/// use ember::nn::{Module, Linear, ReLU, Sequential, CrossEntropyLoss, Loss};
+/// use ember::{Device, Tensor};
+/// let device = Device::cuda_if_available();
+/// let model = Sequential::new().add(Linear::new(4, 8, ())?).add(ReLU::new()).add(Linear::new(8, 3, ())?);
+/// model.to(&device)?;
+/// let x = Tensor::randn([2, 4], device)?;
+/// let target = Tensor::from_vec(vec![0i64, 2], [2], &device)?;
+/// let loss = CrossEntropyLoss::new().forward(&model.forward(&x)?, &target)?;
+/// loss.backward()?;
+/// assert!(model.parameters()[0].grad().is_some());
+/// # Ok::<(), ember::Error>(())
+/// ```
+pub mod nn {
+    pub use ember_nn::init;
+    pub use ember_nn::layers::*;
+    pub use ember_nn::loss::*;
+    pub use ember_nn::{
+        IncompatibleKeys, Module, ModuleTarget, NnError, StateDict, TrainingFlag, checkpoint,
+        parameter,
+    };
 }

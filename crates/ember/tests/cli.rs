@@ -119,3 +119,97 @@ fn unknown_subcommand_fails_with_usage() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("Usage"));
 }
+
+fn train_json(args: &[&str], emulator: Option<&str>) -> serde_json::Value {
+    let mut all = vec!["train", "--json"];
+    all.extend_from_slice(args);
+    let out = ember(&all, emulator);
+    assert!(
+        out.status.success(),
+        "ember {all:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn train_json_has_the_documented_keys_and_learns() {
+    let v = train_json(&["--epochs", "3", "--device", "cpu"], None);
+    for key in [
+        "device",
+        "epochs",
+        "final_loss",
+        "val_accuracy",
+        "samples_per_sec",
+        "peak_memory_bytes",
+        "seconds",
+    ] {
+        assert!(v.get(key).is_some(), "missing key {key} in {v}");
+    }
+    assert_eq!(v["device"], "cpu");
+    assert_eq!(v["epochs"], 3);
+    assert_eq!(v["train_samples"].as_u64().unwrap() + v["val_samples"].as_u64().unwrap(), 1797);
+    let acc = v["val_accuracy"].as_f64().unwrap();
+    assert!((0.85..=1.0).contains(&acc), "val accuracy after 3 epochs: {acc}");
+    let hist = v["history"].as_array().unwrap();
+    assert!(
+        hist[2]["train_loss"].as_f64().unwrap() < hist[0]["train_loss"].as_f64().unwrap(),
+        "{v}"
+    );
+    assert!(v["peak_memory_bytes"].as_u64().unwrap() > 0);
+    assert!(v["samples_per_sec"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn train_auto_says_why_it_uses_the_cpu() {
+    let v = train_json(&["--epochs", "1"], None);
+    assert_eq!(v["device"], "cpu");
+    let why = v["device_reason"].as_str().unwrap();
+    assert!(why.contains("CUDA is not available"), "{why}");
+    let out = ember(&["train", "--device", "cuda:0", "--epochs", "1"], None);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("CUDA is not available"), "{err}");
+    let out = ember(&["train", "--device", "tpu"], None);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("tpu"));
+}
+
+#[test]
+fn train_runs_the_cnn_on_the_emulated_gpu() {
+    let v = train_json(&["--epochs", "1", "--model", "cnn", "--device", "cuda"], Some("1"));
+    assert_eq!(v["device"], "cuda:0");
+    assert_eq!(v["model"], "cnn");
+    assert!(v["final_loss"].as_f64().unwrap().is_finite());
+    let acc = v["val_accuracy"].as_f64().unwrap();
+    assert!((0.0..=1.0).contains(&acc));
+}
+
+/// Stopping after epoch 2 and resuming gives the same numbers as never stopping
+/// (Note [Resumable training]).
+#[test]
+fn a_resumed_run_matches_an_uninterrupted_one() {
+    let dir = std::env::temp_dir().join(format!("ember-train-resume-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let ckpt = dir.join("digits.safetensors");
+    let ck = ckpt.to_str().unwrap();
+    let straight = train_json(&["--epochs", "3", "--device", "cpu"], None);
+    let first = train_json(&["--epochs", "2", "--device", "cpu", "--save", ck], None);
+    assert_eq!(first["epochs_run"], 2);
+    let resumed = train_json(&["--epochs", "3", "--device", "cpu", "--resume", ck], None);
+    assert_eq!(resumed["epochs_run"], 1);
+    assert_eq!(resumed["final_loss"], straight["final_loss"]);
+    assert_eq!(resumed["val_accuracy"], straight["val_accuracy"]);
+    // A checkpoint of another model, or one already at the asked epoch, is refused.
+    let out = ember(&["train", "--epochs", "3", "--model", "cnn", "--resume", ck], None);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("holds a mlp model"));
+    let out = ember(&["train", "--epochs", "2", "--resume", ck], None);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("already holds 2 epoch(s)"));
+    // A truncated checkpoint is an error, not a crash.
+    let bytes = std::fs::read(&ckpt).unwrap();
+    std::fs::write(&ckpt, &bytes[..bytes.len() / 2]).unwrap();
+    let out = ember(&["train", "--epochs", "3", "--resume", ck], None);
+    assert!(!out.status.success());
+    assert_eq!(out.status.code(), Some(1));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -1,8 +1,12 @@
-//! The `ember` program. `ember info` prints the setup checks the walk-throughs print.
+//! The `ember` program. `ember train` trains a model on the shipped digits (Ember's main
+//! job); `ember info` prints the setup checks the walk-throughs print.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use ember::train::{DeviceChoice, EpochStats, ModelKind, Progress, TrainConfig};
+use indicatif::{ProgressBar, ProgressStyle};
 
 /// Ember: a deep-learning framework with PyTorch's GPU workflow.
 #[derive(Debug, Parser)]
@@ -20,6 +24,132 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Train a model on the 8x8 handwritten digits that ship with Ember, with a progress
+    /// bar, validation accuracy per epoch, peak memory, and resumable checkpoints.
+    Train {
+        /// auto (CUDA if available, else the CPU), cpu, cuda, or cuda:N.
+        #[arg(long, default_value = "auto")]
+        device: DeviceChoice,
+        /// Passes over the training set (in all, when resuming).
+        #[arg(long, default_value_t = 20)]
+        epochs: usize,
+        /// Samples per step.
+        #[arg(long, default_value_t = 64)]
+        batch_size: usize,
+        /// Adam's learning rate.
+        #[arg(long, default_value_t = 1e-3)]
+        lr: f64,
+        /// The model.
+        #[arg(long, value_enum, default_value_t = ModelKind::Mlp)]
+        model: ModelKind,
+        /// Seed for initialisation, the split and the data order.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Worker threads preparing batches ahead.
+        #[arg(long, default_value_t = 0)]
+        num_workers: usize,
+        /// Write a checkpoint (model, optimizer, epoch, RNG state) here after every epoch.
+        #[arg(long)]
+        save: Option<PathBuf>,
+        /// Continue from a checkpoint written by --save.
+        #[arg(long)]
+        resume: Option<PathBuf>,
+        /// Print one JSON summary on stdout (no progress bar).
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// The progress bar: one bar per epoch with the running loss and throughput, and a line
+/// per finished epoch.
+struct Bar {
+    bar: Option<ProgressBar>,
+    quiet: bool,
+}
+
+impl Progress for Bar {
+    fn epoch_start(&mut self, epoch: usize, epochs: usize, batches: usize) {
+        if self.quiet {
+            return;
+        }
+        let bar = ProgressBar::new(batches as u64);
+        let style = ProgressStyle::with_template(
+            "{prefix} [{bar:30}] {pos}/{len} batches {msg} ({elapsed})",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("=> ");
+        bar.set_style(style);
+        bar.set_prefix(format!("epoch {epoch}/{epochs}"));
+        self.bar = Some(bar);
+    }
+    fn batch(&mut self, loss: f64, samples_per_sec: f64) {
+        if let Some(b) = &self.bar {
+            b.set_message(format!("loss {loss:.4}, {samples_per_sec:.0} samples/s"));
+            b.inc(1);
+        }
+    }
+    fn epoch_end(&mut self, s: &EpochStats) {
+        if let Some(b) = self.bar.take() {
+            b.finish_and_clear();
+        }
+        if !self.quiet {
+            eprintln!(
+                "epoch {:>3}: train loss {:.4}, val accuracy {:.2}%",
+                s.epoch,
+                s.train_loss,
+                100.0 * s.val_accuracy
+            );
+        }
+    }
+}
+
+fn train(cfg: TrainConfig, json: bool) -> ExitCode {
+    let mut bar = Bar {
+        bar: None,
+        quiet: json,
+    };
+    let (device, why) = match ember::train::resolve_device(cfg.device) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("ember train: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if !json {
+        eprintln!("training {:?} on {device} ({why})", cfg.model);
+    }
+    let summary = match ember::train::train(&cfg, &mut bar) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("ember train: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if json {
+        match serde_json::to_string_pretty(&summary) {
+            Ok(s) => println!("{s}"),
+            Err(e) => {
+                eprintln!("ember train: cannot serialise the summary: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    } else {
+        println!(
+            "done: {} epoch(s) on {} in {:.1} s, {:.0} samples/s; final loss {:.4}, validation accuracy {:.2}% ({} samples); peak memory {}",
+            summary.epochs_run,
+            summary.device,
+            summary.seconds,
+            summary.samples_per_sec,
+            summary.final_loss,
+            100.0 * summary.val_accuracy,
+            summary.val_samples,
+            ember::memory::format_size(summary.peak_memory_bytes)
+        );
+        if let Some(p) = &summary.checkpoint {
+            println!("checkpoint: {p}");
+        }
+    }
+    ExitCode::SUCCESS
 }
 
 fn main() -> ExitCode {
@@ -38,6 +168,33 @@ fn main() -> ExitCode {
             } else {
                 print!("{}", info.to_text());
             }
+        }
+        Command::Train {
+            device,
+            epochs,
+            batch_size,
+            lr,
+            model,
+            seed,
+            num_workers,
+            save,
+            resume,
+            json,
+        } => {
+            let cfg = TrainConfig {
+                device,
+                epochs,
+                batch_size,
+                lr,
+                model,
+                seed,
+                num_workers,
+                save,
+                resume,
+                progress: !json,
+                ..TrainConfig::default()
+            };
+            return train(cfg, json);
         }
     }
     ExitCode::SUCCESS

@@ -1,0 +1,549 @@
+//! [`DataLoader`]: batches of a [`Dataset`], shuffled reproducibly, made on the calling
+//! thread or ahead of time by worker threads, optionally pinned.
+//!
+//! # Shuffling
+//!
+//! With `shuffle(true)`, epoch `e` visits the samples in the order
+//! [`shuffled_indices`]`(len, seed, e)`: a Fisher–Yates shuffle driven by Philox4x32-10
+//! keyed by the seed, with the epoch in the high half of the counter. The order depends on
+//! nothing but `(len, seed, epoch)`: the same on every machine, for any number of workers.
+//! [`DataLoader::iter`] uses epoch 0 on its first call, 1 on the next, and so on (like a
+//! PyTorch `DataLoader` drawing a new permutation per `iter()`); [`DataLoader::set_epoch`]
+//! moves that counter and [`DataLoader::epoch`] asks for one epoch directly. Without
+//! [`DataLoader::seed`], the seed is the default generator's
+//! ([`ember_tensor::random::initial_seed`] when iteration starts), so
+//! `ember_tensor::random::manual_seed(s)` makes an unseeded loader reproducible too.
+//!
+//! # Workers
+//!
+//! With `num_workers(0)` (the default) each batch is made on the calling thread when the
+//! iterator is advanced. With `num_workers(n)`, `n` threads take batches from a shared queue
+//! and make them ahead: at most `n * prefetch_factor` batches are queued or made but not yet
+//! yielded. Batches are yielded in order whatever order they finish in (PyTorch's
+//! `in_order=True`). An error (or a panic) while making a batch becomes that batch's `Err`
+//! item; later batches still come. Dropping the iterator stops the workers: they take no
+//! new batch, and the drop waits for the batches being made to finish (at most one per
+//! worker), so no thread outlives the iterator.
+//!
+//! # Pinned memory
+//!
+//! With `pin_memory(true)` every CPU tensor of a batch is copied into pinned host memory
+//! (`Tensor::pin_memory`; by the worker that made it, when there are workers), so that
+//! `to_non_blocking(device)` can overlap the copy with compute. Where CUDA is not real,
+//! pinned memory is plain host memory and everything still works. Tensors already pinned or
+//! not on the CPU are passed through.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, Sender, channel};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+
+use ember_tensor::Device;
+use ember_tensor::random::philox::{key_of, philox4x32_10};
+
+use super::dataset::Dataset;
+use crate::Tensor;
+use crate::error::{NnError, Result};
+
+/// A custom collate function: receives the samples of a batch (`Dataset::get` of each
+/// index, in batch order) and returns the batch's fields.
+pub type CollateFn = Arc<dyn Fn(Vec<Vec<Tensor>>) -> Result<Vec<Tensor>> + Send + Sync>;
+
+/// A permutation of `0..n` determined by `(seed, epoch)` alone.
+///
+/// The rule (stable; changing it changes every shuffled order): draw `k` (`k = 0, 1, ...`)
+/// is the 64-bit number `w[0] | w[1] << 32` with `w = philox4x32_10([k_lo, k_hi, epoch_lo,
+/// epoch_hi], [seed_lo, seed_hi])`. Starting from the identity, for `i = n-1` down to `1`,
+/// element `i` is swapped with element `j`, `j` uniform in `0..=i` by Lemire's
+/// multiply-and-reject method on the next draws (`j = (x * (i+1)) >> 64`, redrawing while
+/// the low 64 bits of the product are below `2^64 mod (i+1)`).
+///
+/// ```
+/// use ember_nn::data::shuffled_indices;
+/// let p = shuffled_indices(10, 0, 0);
+/// let mut sorted = p.clone();
+/// sorted.sort();
+/// assert_eq!(sorted, (0..10).collect::<Vec<_>>());
+/// assert_eq!(p, shuffled_indices(10, 0, 0));
+/// assert_ne!(p, shuffled_indices(10, 0, 1));
+/// ```
+pub fn shuffled_indices(n: usize, seed: u64, epoch: u64) -> Vec<usize> {
+    let key = key_of(seed);
+    let mut k: u64 = 0;
+    let mut draw = || {
+        let w = philox4x32_10(
+            [
+                k as u32,
+                (k >> 32) as u32,
+                epoch as u32,
+                (epoch >> 32) as u32,
+            ],
+            key,
+        );
+        k = k.wrapping_add(1);
+        u64::from(w[0]) | (u64::from(w[1]) << 32)
+    };
+    let mut perm: Vec<usize> = (0..n).collect();
+    for i in (1..n).rev() {
+        let s = (i as u64) + 1;
+        let mut m = u128::from(draw()) * u128::from(s);
+        if (m as u64) < s {
+            let threshold = s.wrapping_neg() % s;
+            while (m as u64) < threshold {
+                m = u128::from(draw()) * u128::from(s);
+            }
+        }
+        let j = (m >> 64) as usize;
+        perm.swap(i, j);
+    }
+    perm
+}
+
+/// PyTorch's `torch.utils.data.DataLoader` over a map-style [`Dataset`], configured
+/// builder-style; see the [module documentation](self) for shuffling, workers and pinning.
+///
+/// Defaults: `batch_size(1)`, no shuffling, `drop_last(false)`, `num_workers(0)`,
+/// `prefetch_factor(2)`, `pin_memory(false)`, the dataset's [`Dataset::get_batch`] as the
+/// collate step. Options are checked when iteration starts: `batch_size(0)`, or
+/// `prefetch_factor(0)` with workers, make [`DataLoader::iter`] an error.
+pub struct DataLoader {
+    dataset: Arc<dyn Dataset>,
+    batch_size: usize,
+    shuffle: bool,
+    seed: Option<u64>,
+    drop_last: bool,
+    num_workers: usize,
+    prefetch_factor: usize,
+    pin_memory: bool,
+    collate: Option<CollateFn>,
+    next_epoch: AtomicU64,
+}
+
+impl fmt::Debug for DataLoader {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DataLoader")
+            .field("dataset_len", &self.dataset.len())
+            .field("batch_size", &self.batch_size)
+            .field("shuffle", &self.shuffle)
+            .field("seed", &self.seed)
+            .field("drop_last", &self.drop_last)
+            .field("num_workers", &self.num_workers)
+            .field("prefetch_factor", &self.prefetch_factor)
+            .field("pin_memory", &self.pin_memory)
+            .field("collate", &self.collate.as_ref().map(|_| "custom"))
+            .field("next_epoch", &self.next_epoch.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+impl DataLoader {
+    /// A loader over `dataset` with the default options.
+    pub fn new(dataset: Arc<dyn Dataset>) -> DataLoader {
+        DataLoader {
+            dataset,
+            batch_size: 1,
+            shuffle: false,
+            seed: None,
+            drop_last: false,
+            num_workers: 0,
+            prefetch_factor: 2,
+            pin_memory: false,
+            collate: None,
+            next_epoch: AtomicU64::new(0),
+        }
+    }
+
+    /// Samples per batch (the last batch may be smaller unless `drop_last`). Must be
+    /// positive.
+    pub fn batch_size(mut self, batch_size: usize) -> DataLoader {
+        self.batch_size = batch_size;
+        self
+    }
+
+    /// Whether each epoch visits the samples in a seeded random order.
+    pub fn shuffle(mut self, shuffle: bool) -> DataLoader {
+        self.shuffle = shuffle;
+        self
+    }
+
+    /// The shuffling seed (see [`shuffled_indices`]).
+    pub fn seed(mut self, seed: u64) -> DataLoader {
+        self.seed = Some(seed);
+        self
+    }
+
+    /// Whether to drop the last batch when it is smaller than `batch_size`.
+    pub fn drop_last(mut self, drop_last: bool) -> DataLoader {
+        self.drop_last = drop_last;
+        self
+    }
+
+    /// Worker threads making batches ahead; `0` makes them on the calling thread.
+    pub fn num_workers(mut self, num_workers: usize) -> DataLoader {
+        self.num_workers = num_workers;
+        self
+    }
+
+    /// Batches each worker may have queued or made ahead (must be positive when there are
+    /// workers): at most `num_workers * prefetch_factor` batches are in flight.
+    pub fn prefetch_factor(mut self, prefetch_factor: usize) -> DataLoader {
+        self.prefetch_factor = prefetch_factor;
+        self
+    }
+
+    /// Whether each batch's CPU tensors are copied into pinned host memory.
+    pub fn pin_memory(mut self, pin_memory: bool) -> DataLoader {
+        self.pin_memory = pin_memory;
+        self
+    }
+
+    /// A custom collate function, called with the samples of each batch (`Dataset::get` of
+    /// each index) instead of `Dataset::get_batch`.
+    pub fn collate(
+        mut self,
+        collate: impl Fn(Vec<Vec<Tensor>>) -> Result<Vec<Tensor>> + Send + Sync + 'static,
+    ) -> DataLoader {
+        self.collate = Some(Arc::new(collate));
+        self
+    }
+
+    /// The dataset.
+    pub fn dataset(&self) -> &Arc<dyn Dataset> {
+        &self.dataset
+    }
+
+    /// The number of batches per epoch: `ceil(len / batch_size)`, or `floor` with
+    /// `drop_last` (0 when `batch_size` is 0, which iteration refuses).
+    pub fn len(&self) -> usize {
+        let n = self.dataset.len();
+        match self.batch_size {
+            0 => 0,
+            b if self.drop_last => n / b,
+            b => n.div_ceil(b),
+        }
+    }
+
+    /// Whether an epoch has no batches.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Sets the epoch the next [`DataLoader::iter`] uses (PyTorch's `sampler.set_epoch`).
+    pub fn set_epoch(&self, epoch: u64) {
+        self.next_epoch.store(epoch, Ordering::Relaxed);
+    }
+
+    /// The next epoch: epoch 0 on the first call, then 1, 2, ... (see
+    /// [`DataLoader::set_epoch`]). An error if the options are invalid or a worker thread
+    /// cannot be started.
+    pub fn iter(&self) -> Result<DataLoaderIter> {
+        let epoch = self.next_epoch.fetch_add(1, Ordering::Relaxed);
+        self.epoch(epoch)
+    }
+
+    /// The batches of epoch `epoch` (the same batches every time for the same epoch and
+    /// seed); does not move the counter [`DataLoader::iter`] uses.
+    pub fn epoch(&self, epoch: u64) -> Result<DataLoaderIter> {
+        let batches = self.batch_indices(epoch)?;
+        let job = Arc::new(Job {
+            dataset: Arc::clone(&self.dataset),
+            collate: self.collate.clone(),
+            pin: self.pin_memory,
+        });
+        let mode = if self.num_workers == 0 || batches.is_empty() {
+            Mode::Inline(job)
+        } else {
+            Mode::Workers(Workers::start(
+                job,
+                self.num_workers.min(batches.len()),
+                self.num_workers.saturating_mul(self.prefetch_factor),
+            )?)
+        };
+        let mut it = DataLoaderIter {
+            batches,
+            next: 0,
+            mode,
+        };
+        it.top_up();
+        Ok(it)
+    }
+
+    /// The sample indices of each batch of epoch `epoch`, in order. An error if the options
+    /// are invalid.
+    pub fn batch_indices(&self, epoch: u64) -> Result<Vec<Vec<usize>>> {
+        self.validate()?;
+        let n = self.dataset.len();
+        let order = if self.shuffle {
+            let seed = self.seed.unwrap_or_else(ember_tensor::random::initial_seed);
+            shuffled_indices(n, seed, epoch)
+        } else {
+            (0..n).collect()
+        };
+        let mut batches: Vec<Vec<usize>> = order
+            .chunks(self.batch_size)
+            .map(<[usize]>::to_vec)
+            .collect();
+        if self.drop_last && batches.last().is_some_and(|b| b.len() < self.batch_size) {
+            batches.pop();
+        }
+        Ok(batches)
+    }
+
+    fn validate(&self) -> Result<()> {
+        if self.batch_size == 0 {
+            return Err(NnError::invalid(
+                "DataLoader",
+                "batch_size should be a positive integer value, but got batch_size=0",
+            ));
+        }
+        if self.num_workers > 0 && self.prefetch_factor == 0 {
+            return Err(NnError::invalid(
+                "DataLoader",
+                format!(
+                    "prefetch_factor should be a positive integer when num_workers > 0, but got prefetch_factor=0 with num_workers={}",
+                    self.num_workers
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// What making one batch needs.
+struct Job {
+    dataset: Arc<dyn Dataset>,
+    collate: Option<CollateFn>,
+    pin: bool,
+}
+
+impl Job {
+    /// The batch of `indices`, collated and pinned as configured; a panic becomes an error.
+    fn make(&self, batch: usize, indices: &[usize]) -> Result<Vec<Tensor>> {
+        match catch_unwind(AssertUnwindSafe(|| self.make_inner(indices))) {
+            Ok(r) => r,
+            Err(panic) => {
+                let what = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "a non-string panic payload".into());
+                Err(NnError::Data(format!(
+                    "DataLoader: making batch {batch} panicked: {what}"
+                )))
+            }
+        }
+    }
+
+    fn make_inner(&self, indices: &[usize]) -> Result<Vec<Tensor>> {
+        let batch = match &self.collate {
+            Some(collate) => {
+                let samples = indices
+                    .iter()
+                    .map(|&i| self.dataset.get(i))
+                    .collect::<Result<Vec<_>>>()?;
+                collate(samples)?
+            }
+            None => self.dataset.get_batch(indices)?,
+        };
+        if !self.pin {
+            return Ok(batch);
+        }
+        batch
+            .into_iter()
+            .map(|t| {
+                let raw = t.data();
+                if raw.device() == Device::Cpu && !raw.is_pinned() {
+                    t.pin_memory().map_err(NnError::from)
+                } else {
+                    Ok(t)
+                }
+            })
+            .collect()
+    }
+}
+
+type Task = (usize, Vec<usize>);
+type Done = (usize, Result<Vec<Tensor>>);
+
+/// The worker threads of one iterator and their queues.
+struct Workers {
+    tasks: Option<Sender<Task>>,
+    results: Receiver<Done>,
+    ready: HashMap<usize, Result<Vec<Tensor>>>,
+    /// Batches handed to the queue so far (batch `sent` is the next to hand out).
+    sent: usize,
+    max_in_flight: usize,
+    stop: Arc<AtomicBool>,
+    handles: Vec<JoinHandle<()>>,
+}
+
+impl Workers {
+    fn start(job: Arc<Job>, n: usize, max_in_flight: usize) -> Result<Workers> {
+        let (task_tx, task_rx) = channel::<Task>();
+        let (done_tx, done_rx) = channel::<Done>();
+        let task_rx = Arc::new(Mutex::new(task_rx));
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut workers = Workers {
+            tasks: Some(task_tx),
+            results: done_rx,
+            ready: HashMap::new(),
+            sent: 0,
+            max_in_flight,
+            stop: Arc::clone(&stop),
+            handles: Vec::with_capacity(n),
+        };
+        for w in 0..n {
+            let (job, task_rx, done_tx, stop) = (
+                Arc::clone(&job),
+                Arc::clone(&task_rx),
+                done_tx.clone(),
+                Arc::clone(&stop),
+            );
+            let handle = std::thread::Builder::new()
+                .name(format!("ember-data-worker-{w}"))
+                .spawn(move || worker_loop(&job, &task_rx, &done_tx, &stop))
+                .map_err(|e| {
+                    NnError::Data(format!(
+                        "DataLoader: could not start worker thread {w}: {e}"
+                    ))
+                })?;
+            // On an error above, dropping `workers` stops and joins those already started.
+            workers.handles.push(handle);
+        }
+        Ok(workers)
+    }
+
+    /// Stops the workers and waits for them (each finishes at most the batch it is making).
+    fn shutdown(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        self.tasks = None;
+        for h in self.handles.drain(..) {
+            // A worker never panics (batches are made under catch_unwind); nothing to report.
+            let _ = h.join();
+        }
+        self.ready.clear();
+    }
+}
+
+impl Drop for Workers {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+fn worker_loop(job: &Job, tasks: &Mutex<Receiver<Task>>, done: &Sender<Done>, stop: &AtomicBool) {
+    loop {
+        let task = {
+            let rx = tasks.lock().unwrap_or_else(PoisonError::into_inner);
+            rx.recv()
+        };
+        let Ok((batch, indices)) = task else {
+            return; // the iterator is gone
+        };
+        if stop.load(Ordering::SeqCst) {
+            return;
+        }
+        let r = job.make(batch, &indices);
+        if done.send((batch, r)).is_err() {
+            return;
+        }
+    }
+}
+
+enum Mode {
+    Inline(Arc<Job>),
+    Workers(Workers),
+}
+
+/// One epoch of a [`DataLoader`]: yields each batch's fields, in order, as
+/// `Result<Vec<Tensor>>`. Owns everything it needs (it does not borrow the loader).
+/// Dropping it early stops its worker threads.
+pub struct DataLoaderIter {
+    batches: Vec<Vec<usize>>,
+    next: usize,
+    mode: Mode,
+}
+
+impl fmt::Debug for DataLoaderIter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let workers = match &self.mode {
+            Mode::Inline(_) => 0,
+            Mode::Workers(w) => w.handles.len(),
+        };
+        f.debug_struct("DataLoaderIter")
+            .field("batches", &self.batches.len())
+            .field("next", &self.next)
+            .field("workers", &workers)
+            .finish()
+    }
+}
+
+impl DataLoaderIter {
+    /// The sample indices of every batch of this epoch.
+    pub fn batch_indices(&self) -> &[Vec<usize>] {
+        &self.batches
+    }
+
+    /// Hands batches to the workers until `max_in_flight` are queued, being made or made
+    /// but not yet yielded.
+    fn top_up(&mut self) {
+        let Mode::Workers(w) = &mut self.mode else {
+            return;
+        };
+        let Some(tx) = &w.tasks else {
+            return;
+        };
+        while w.sent < self.batches.len() && w.sent - self.next < w.max_in_flight {
+            if tx.send((w.sent, self.batches[w.sent].clone())).is_err() {
+                return;
+            }
+            w.sent += 1;
+        }
+    }
+}
+
+impl Iterator for DataLoaderIter {
+    type Item = Result<Vec<Tensor>>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let i = self.next;
+        let indices = self.batches.get(i)?;
+        let item = match &mut self.mode {
+            Mode::Inline(job) => job.make(i, indices),
+            Mode::Workers(w) => loop {
+                if let Some(r) = w.ready.remove(&i) {
+                    break r;
+                }
+                match w.results.recv() {
+                    Ok((j, r)) => {
+                        w.ready.insert(j, r);
+                    }
+                    Err(_) => {
+                        break Err(NnError::Data(format!(
+                            "DataLoader: the worker threads stopped before batch {i} was made"
+                        )));
+                    }
+                }
+            },
+        };
+        self.next += 1;
+        if self.next == self.batches.len() {
+            if let Mode::Workers(w) = &mut self.mode {
+                w.shutdown();
+            }
+        } else {
+            self.top_up();
+        }
+        Some(item)
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let left = self.batches.len() - self.next;
+        (left, Some(left))
+    }
+}
+
+impl ExactSizeIterator for DataLoaderIter {}

@@ -1,0 +1,819 @@
+#![allow(clippy::unwrap_used)]
+//! Data loading: `TensorDataset`, the `DataLoader` (batching, shuffling, workers, pinning,
+//! collate, devices) and the shipped digits dataset (contents, parse errors, split).
+
+use std::io::{Read, Write};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use ember_device::cuda;
+use ember_device::driver::emulator::EmulatorConfig;
+use ember_nn::data::{
+    DataLoader, Dataset, TensorDataset, check_index, default_collate, digits, shuffled_indices,
+};
+use ember_nn::{NnError, Tensor};
+use ember_tensor::{DType, Device};
+use proptest::prelude::*;
+
+const CPU: Device = Device::Cpu;
+
+fn devices() -> Vec<Device> {
+    if std::env::var_os("EMBER_GPU_TEST").is_none() {
+        cuda::use_emulator(EmulatorConfig::devices(2)).unwrap();
+    }
+    vec![Device::Cpu, Device::Cuda(0)]
+}
+
+/// `n` samples: x = [[i, 10 i]] (f32, shape [n, 2]), y = [i] (i64).
+fn ramp(n: usize) -> TensorDataset {
+    let x: Vec<f32> = (0..n).flat_map(|i| [i as f32, 10.0 * i as f32]).collect();
+    let y: Vec<i64> = (0..n as i64).collect();
+    TensorDataset::new(vec![
+        Tensor::from_vec(x, [n, 2], &CPU).unwrap(),
+        Tensor::from_vec(y, [n], &CPU).unwrap(),
+    ])
+    .unwrap()
+}
+
+fn loader(n: usize) -> DataLoader {
+    DataLoader::new(Arc::new(ramp(n)))
+}
+
+/// The label field of every batch of one epoch.
+fn labels(it: impl Iterator<Item = ember_nn::Result<Vec<Tensor>>>) -> Vec<Vec<i64>> {
+    it.map(|b| b.unwrap()[1].to_vec::<i64>().unwrap()).collect()
+}
+
+/// The full contents (every field's values as f64) of every batch.
+fn contents(it: impl Iterator<Item = ember_nn::Result<Vec<Tensor>>>) -> Vec<Vec<Vec<f64>>> {
+    it.map(|b| {
+        b.unwrap()
+            .iter()
+            .map(|t| t.to_dtype(DType::F64).unwrap().to_vec::<f64>().unwrap())
+            .collect()
+    })
+    .collect()
+}
+
+// --- TensorDataset --------------------------------------------------------------------
+
+#[test]
+fn tensor_dataset_get_and_get_batch() {
+    let ds = ramp(5);
+    assert_eq!(ds.len(), 5);
+    let s = ds.get(3).unwrap();
+    assert_eq!(s[0].to_vec::<f32>().unwrap(), vec![3.0, 30.0]);
+    assert_eq!(s[1].item::<i64>().unwrap(), 3);
+    let b = ds.get_batch(&[4, 0, 4]).unwrap();
+    assert_eq!(b[0].dims(), vec![3, 2]);
+    assert_eq!(
+        b[0].to_vec::<f32>().unwrap(),
+        vec![4.0, 40.0, 0.0, 0.0, 4.0, 40.0]
+    );
+    assert_eq!(b[1].to_vec::<i64>().unwrap(), vec![4, 0, 4]);
+    // The default collate (get + stack) agrees with the index_select override.
+    let samples = [4, 0, 4].iter().map(|&i| ds.get(i).unwrap()).collect();
+    let c = default_collate(samples).unwrap();
+    assert_eq!(c[0].dims(), b[0].dims());
+    assert_eq!(c[0].to_vec::<f32>().unwrap(), b[0].to_vec::<f32>().unwrap());
+    assert_eq!(c[1].to_vec::<i64>().unwrap(), b[1].to_vec::<i64>().unwrap());
+}
+
+#[test]
+fn tensor_dataset_out_of_range_names_index_and_length() {
+    let ds = ramp(5);
+    for e in [
+        ds.get(5).unwrap_err(),
+        ds.get_batch(&[0, 7]).unwrap_err(),
+        check_index(9, 2).unwrap_err(),
+    ] {
+        let msg = e.to_string();
+        assert!(matches!(e, NnError::Invalid { .. }), "{msg}");
+        assert!(msg.contains("out of range"), "{msg}");
+    }
+    let msg = ds.get(5).unwrap_err().to_string();
+    assert!(msg.contains("index 5") && msg.contains("length 5"), "{msg}");
+    let msg = ds.get_batch(&[0, 7]).unwrap_err().to_string();
+    assert!(msg.contains("index 7") && msg.contains("length 5"), "{msg}");
+}
+
+#[test]
+fn tensor_dataset_size_mismatch() {
+    let a = Tensor::zeros([10, 3], ()).unwrap();
+    let b = Tensor::zeros([9], ()).unwrap();
+    let msg = TensorDataset::new(vec![a.clone(), b])
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("Size mismatch between tensors"), "{msg}");
+    assert!(msg.contains("[10, 9]"), "{msg}");
+    assert!(TensorDataset::new(vec![]).is_err());
+    let s = Tensor::scalar(1.0f32, &CPU).unwrap();
+    let msg = TensorDataset::new(vec![a, s]).unwrap_err().to_string();
+    assert!(msg.contains("0-dimensional"), "{msg}");
+}
+
+/// A dataset with only `get`, so batches come from the default `get_batch`.
+struct Squares(usize);
+
+impl Dataset for Squares {
+    fn len(&self) -> usize {
+        self.0
+    }
+    fn get(&self, index: usize) -> ember_nn::Result<Vec<Tensor>> {
+        check_index(index, self.0)?;
+        let v = (index * index) as f32;
+        Ok(vec![Tensor::from_vec(vec![v, -v], [2], &CPU)?])
+    }
+}
+
+#[test]
+fn default_get_batch_stacks_fields() {
+    let b = Squares(4).get_batch(&[1, 3]).unwrap();
+    assert_eq!(b.len(), 1);
+    assert_eq!(b[0].dims(), vec![2, 2]);
+    assert_eq!(b[0].to_vec::<f32>().unwrap(), vec![1.0, -1.0, 9.0, -9.0]);
+    assert!(Squares(4).get_batch(&[4]).is_err());
+    assert!(default_collate(vec![]).is_err());
+    let uneven = vec![
+        vec![Tensor::ones([1], ()).unwrap()],
+        vec![
+            Tensor::ones([1], ()).unwrap(),
+            Tensor::ones([1], ()).unwrap(),
+        ],
+    ];
+    let msg = default_collate(uneven).unwrap_err().to_string();
+    assert!(msg.contains("same number of fields"), "{msg}");
+}
+
+// --- DataLoader -------------------------------------------------------------------------
+
+#[test]
+fn batch_count_with_and_without_drop_last() {
+    for (n, b, keep, drop) in [(10, 4, 3, 2), (12, 4, 3, 3), (3, 5, 1, 0), (0, 2, 0, 0)] {
+        let l = loader(n).batch_size(b);
+        assert_eq!(l.len(), keep, "n={n} b={b}");
+        assert_eq!(l.iter().unwrap().count(), keep);
+        let l = loader(n).batch_size(b).drop_last(true);
+        assert_eq!(l.len(), drop, "n={n} b={b} drop_last");
+        let sizes: Vec<usize> = l.iter().unwrap().map(|x| x.unwrap()[1].numel()).collect();
+        assert_eq!(sizes.len(), drop);
+        assert!(sizes.iter().all(|&s| s == b));
+    }
+    // Without shuffling the order is the dataset's; the last batch is the remainder.
+    let l = loader(10).batch_size(4);
+    assert_eq!(
+        labels(l.iter().unwrap()),
+        vec![vec![0, 1, 2, 3], vec![4, 5, 6, 7], vec![8, 9]]
+    );
+    // The default batch size is 1.
+    assert_eq!(loader(3).len(), 3);
+}
+
+#[test]
+fn shuffle_visits_every_index_once_per_epoch() {
+    for workers in [0, 2] {
+        let l = loader(103)
+            .batch_size(8)
+            .shuffle(true)
+            .seed(7)
+            .num_workers(workers);
+        for _ in 0..3 {
+            let mut seen: Vec<i64> = labels(l.iter().unwrap()).concat();
+            assert_ne!(seen, (0..103).collect::<Vec<i64>>(), "not shuffled");
+            seen.sort_unstable();
+            assert_eq!(seen, (0..103).collect::<Vec<i64>>());
+        }
+    }
+    // The batches carry matching fields: x = [i, 10 i] for label i.
+    let l = loader(20).batch_size(6).shuffle(true).seed(1);
+    for b in l.iter().unwrap() {
+        let b = b.unwrap();
+        let x = b[0].to_vec::<f32>().unwrap();
+        for (k, y) in b[1].to_vec::<i64>().unwrap().into_iter().enumerate() {
+            assert_eq!((x[2 * k], x[2 * k + 1]), (y as f32, 10.0 * y as f32));
+        }
+    }
+}
+
+#[test]
+fn same_seed_same_order_and_epochs_differ() {
+    let a = loader(50).batch_size(7).shuffle(true).seed(42);
+    let b = loader(50).batch_size(7).shuffle(true).seed(42);
+    let a0 = labels(a.iter().unwrap());
+    let a1 = labels(a.iter().unwrap());
+    assert_eq!(a0, labels(b.iter().unwrap()));
+    assert_eq!(a1, labels(b.iter().unwrap()));
+    assert_ne!(a0, a1, "epochs 0 and 1 gave the same order");
+    // epoch(n) and set_epoch(n) give epoch n directly.
+    assert_eq!(labels(a.epoch(1).unwrap()), a1);
+    b.set_epoch(0);
+    assert_eq!(labels(b.iter().unwrap()), a0);
+    // Another seed, another order.
+    let c = loader(50).batch_size(7).shuffle(true).seed(43);
+    assert_ne!(labels(c.epoch(0).unwrap()), a0);
+    // The order is the documented permutation.
+    let flat: Vec<i64> = a0.concat();
+    let expect: Vec<i64> = shuffled_indices(50, 42, 0)
+        .into_iter()
+        .map(|i| i as i64)
+        .collect();
+    assert_eq!(flat, expect);
+}
+
+#[test]
+fn shuffled_indices_is_a_fixed_permutation() {
+    // Pinned values: the rule is part of the API (the same order on every machine).
+    let p = shuffled_indices(10, 0, 0);
+    let mut s = p.clone();
+    s.sort_unstable();
+    assert_eq!(s, (0..10).collect::<Vec<_>>());
+    assert_eq!(shuffled_indices(0, 3, 3), Vec::<usize>::new());
+    assert_eq!(shuffled_indices(1, 3, 3), vec![0]);
+    // Every position gets every value about equally often over many epochs.
+    let n = 5;
+    let mut counts = vec![[0usize; 5]; n];
+    for e in 0..5000 {
+        for (pos, v) in shuffled_indices(n, 9, e).into_iter().enumerate() {
+            counts[pos][v] += 1;
+        }
+    }
+    for row in &counts {
+        for &c in row {
+            assert!((850..1150).contains(&c), "{counts:?}");
+        }
+    }
+}
+
+#[test]
+fn workers_give_the_same_batches_as_the_calling_thread() {
+    for shuffle in [false, true] {
+        let base = || {
+            loader(37)
+                .batch_size(5)
+                .shuffle(shuffle)
+                .seed(3)
+                .drop_last(false)
+        };
+        let inline = contents(base().epoch(2).unwrap());
+        for (workers, prefetch) in [(1, 1), (2, 2), (3, 1), (8, 4)] {
+            let l = base().num_workers(workers).prefetch_factor(prefetch);
+            assert_eq!(contents(l.epoch(2).unwrap()), inline, "{workers} workers");
+        }
+    }
+}
+
+/// A dataset that counts calls, sleeps per sample and fails on one index.
+struct Slow {
+    n: usize,
+    delay: Duration,
+    fail_at: Option<usize>,
+    calls: Arc<AtomicUsize>,
+}
+
+impl Dataset for Slow {
+    fn len(&self) -> usize {
+        self.n
+    }
+    fn get(&self, index: usize) -> ember_nn::Result<Vec<Tensor>> {
+        check_index(index, self.n)?;
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        std::thread::sleep(self.delay);
+        if Some(index) == self.fail_at {
+            return Err(NnError::Data(format!("sample {index} is broken")));
+        }
+        Ok(vec![Tensor::scalar(index as i64, &CPU)?])
+    }
+}
+
+#[test]
+fn dropping_the_iterator_early_stops_the_workers_promptly() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let ds = Slow {
+        n: 10_000,
+        delay: Duration::from_millis(2),
+        fail_at: None,
+        calls: Arc::clone(&calls),
+    };
+    let l = DataLoader::new(Arc::new(ds))
+        .batch_size(4)
+        .num_workers(2)
+        .prefetch_factor(2);
+    let mut it = l.iter().unwrap();
+    let first = it.next().unwrap().unwrap();
+    assert_eq!(first[0].to_vec::<i64>().unwrap(), vec![0, 1, 2, 3]);
+    let start = Instant::now();
+    drop(it);
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "drop took {:?}",
+        start.elapsed()
+    );
+    // Only the prefetched batches were made: at most 1 + 2 * 2 batches of 4, plus the one
+    // in progress per worker; then nothing more (the workers have exited).
+    let made = calls.load(Ordering::SeqCst);
+    assert!(made <= 4 * (1 + 2 * 2 + 2), "{made} samples fetched");
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(calls.load(Ordering::SeqCst), made, "a worker kept going");
+}
+
+#[test]
+fn prefetch_is_bounded() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let ds = Slow {
+        n: 400,
+        delay: Duration::ZERO,
+        fail_at: None,
+        calls: Arc::clone(&calls),
+    };
+    let l = DataLoader::new(Arc::new(ds))
+        .batch_size(2)
+        .num_workers(3)
+        .prefetch_factor(2);
+    let mut it = l.iter().unwrap();
+    it.next().unwrap().unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    // 1 yielded + at most 3 * 2 in flight, 2 samples each.
+    let made = calls.load(Ordering::SeqCst);
+    assert!(made <= 2 * (1 + 3 * 2), "{made} samples fetched");
+    assert_eq!(it.len(), 199);
+}
+
+#[test]
+fn a_failing_batch_is_its_own_err_item() {
+    for workers in [0, 2] {
+        let ds = Slow {
+            n: 12,
+            delay: Duration::ZERO,
+            fail_at: Some(5),
+            calls: Arc::new(AtomicUsize::new(0)),
+        };
+        let l = DataLoader::new(Arc::new(ds))
+            .batch_size(4)
+            .num_workers(workers);
+        let items: Vec<_> = l.iter().unwrap().collect();
+        assert_eq!(items.len(), 3);
+        assert!(items[0].is_ok() && items[2].is_ok());
+        let msg = items[1].as_ref().unwrap_err().to_string();
+        assert!(msg.contains("sample 5 is broken"), "{msg}");
+    }
+}
+
+/// A dataset whose `get` panics on one index.
+struct Panics;
+
+impl Dataset for Panics {
+    fn len(&self) -> usize {
+        4
+    }
+    fn get(&self, index: usize) -> ember_nn::Result<Vec<Tensor>> {
+        if index == 2 {
+            panic!("boom at {index}");
+        }
+        Ok(vec![Tensor::scalar(index as i64, &CPU)?])
+    }
+}
+
+#[test]
+fn a_panicking_dataset_gives_an_err_item() {
+    for workers in [0, 2] {
+        let l = DataLoader::new(Arc::new(Panics)).num_workers(workers);
+        let items: Vec<_> = l.iter().unwrap().collect();
+        assert_eq!(items.len(), 4);
+        let msg = items[2].as_ref().unwrap_err().to_string();
+        assert!(
+            msg.contains("panicked") && msg.contains("boom at 2"),
+            "{msg}"
+        );
+        assert!(items[3].is_ok());
+    }
+}
+
+#[test]
+fn invalid_options_are_errors() {
+    let msg = loader(4).batch_size(0).iter().unwrap_err().to_string();
+    assert!(msg.contains("batch_size"), "{msg}");
+    let msg = loader(4)
+        .num_workers(2)
+        .prefetch_factor(0)
+        .iter()
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("prefetch_factor"), "{msg}");
+    // prefetch_factor is unused without workers.
+    assert_eq!(loader(4).prefetch_factor(0).iter().unwrap().count(), 4);
+    assert_eq!(loader(4).batch_size(0).len(), 0);
+}
+
+#[test]
+fn custom_collate_receives_the_samples() {
+    for workers in [0, 2] {
+        let l =
+            loader(7)
+                .batch_size(3)
+                .num_workers(workers)
+                .collate(|samples: Vec<Vec<Tensor>>| {
+                    // Sum of the labels and the batch size, as two scalars.
+                    let n = samples.len() as i64;
+                    let mut sum = 0;
+                    for s in &samples {
+                        sum += s[1].item::<i64>()?;
+                    }
+                    Ok(vec![Tensor::scalar(sum, &CPU)?, Tensor::scalar(n, &CPU)?])
+                });
+        let got: Vec<(i64, i64)> = l
+            .iter()
+            .unwrap()
+            .map(|b| {
+                let b = b.unwrap();
+                (b[0].item::<i64>().unwrap(), b[1].item::<i64>().unwrap())
+            })
+            .collect();
+        assert_eq!(got, vec![(3, 3), (12, 3), (6, 1)]);
+    }
+    // A collate error is the batch's error.
+    let l = loader(4)
+        .batch_size(2)
+        .collate(|_| Err(NnError::Data("no thanks".into())));
+    let msg = l.iter().unwrap().next().unwrap().unwrap_err().to_string();
+    assert!(msg.contains("no thanks"), "{msg}");
+}
+
+#[test]
+fn pinned_batches() {
+    for workers in [0, 2] {
+        let plain = contents(loader(9).batch_size(4).iter().unwrap());
+        let l = loader(9)
+            .batch_size(4)
+            .pin_memory(true)
+            .num_workers(workers);
+        let mut got = Vec::new();
+        for b in l.iter().unwrap() {
+            let b = b.unwrap();
+            for t in &b {
+                assert!(t.data().is_pinned(), "batch tensor not pinned");
+                assert_eq!(t.device(), CPU);
+            }
+            got.push(
+                b.iter()
+                    .map(|t| t.to_dtype(DType::F64).unwrap().to_vec::<f64>().unwrap())
+                    .collect::<Vec<_>>(),
+            );
+        }
+        assert_eq!(got, plain);
+    }
+    // Unpinned batches are not.
+    let b = loader(4)
+        .batch_size(2)
+        .iter()
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap();
+    assert!(!b[0].data().is_pinned());
+}
+
+#[test]
+fn batches_move_to_each_device() {
+    for device in devices() {
+        let l = loader(10)
+            .batch_size(4)
+            .shuffle(true)
+            .seed(5)
+            .pin_memory(true);
+        let reference = contents(l.epoch(0).unwrap());
+        let mut got = Vec::new();
+        for b in l.epoch(0).unwrap() {
+            let b = b.unwrap();
+            let blocking: Vec<Tensor> = b.iter().map(|t| t.to(device).unwrap()).collect();
+            let async_: Vec<Tensor> = b
+                .iter()
+                .map(|t| t.to_non_blocking(device).unwrap())
+                .collect();
+            for (x, y) in blocking.iter().zip(&async_) {
+                assert_eq!(x.device(), device);
+                assert_eq!(y.device(), device);
+                assert_eq!(
+                    x.to_dtype(DType::F64).unwrap().to_vec::<f64>().unwrap(),
+                    y.to_dtype(DType::F64).unwrap().to_vec::<f64>().unwrap()
+                );
+            }
+            got.push(
+                blocking
+                    .iter()
+                    .map(|t| t.to_dtype(DType::F64).unwrap().to_vec::<f64>().unwrap())
+                    .collect::<Vec<_>>(),
+            );
+        }
+        assert_eq!(got, reference, "{device}");
+    }
+}
+
+#[test]
+fn a_dataset_on_the_device_batches_there() {
+    for device in devices() {
+        let x = Tensor::arange(0.0, 12.0, (DType::F32, device))
+            .unwrap()
+            .reshape([6, 2])
+            .unwrap();
+        let y = Tensor::arange(0i64, 6i64, (DType::I64, device)).unwrap();
+        let l = DataLoader::new(Arc::new(TensorDataset::new(vec![x, y]).unwrap()))
+            .batch_size(4)
+            .shuffle(true)
+            .seed(2)
+            .num_workers(2)
+            .pin_memory(true); // not CPU tensors: passed through
+        let mut seen = Vec::new();
+        for b in l.iter().unwrap() {
+            let b = b.unwrap();
+            assert!(b.iter().all(|t| t.device() == device));
+            seen.extend(b[1].to_vec::<i64>().unwrap());
+        }
+        seen.sort_unstable();
+        assert_eq!(seen, vec![0, 1, 2, 3, 4, 5], "{device}");
+    }
+}
+
+// --- digits -------------------------------------------------------------------------------
+
+/// The shipped file decompressed and split into rows of numbers by a reader independent of
+/// the library's parser.
+fn reference_rows() -> Vec<Vec<u32>> {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../data/digits/digits.csv.gz"
+    );
+    let gz = std::fs::read(path).unwrap();
+    let mut text = String::new();
+    flate2::read::GzDecoder::new(&gz[..])
+        .read_to_string(&mut text)
+        .unwrap();
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| l.split(',').map(|v| v.trim().parse().unwrap()).collect())
+        .collect()
+}
+
+#[test]
+fn digits_match_the_file() {
+    let d = digits::load().unwrap();
+    assert_eq!(d.len(), 1797);
+    assert_eq!(d.len(), digits::NUM_SAMPLES);
+    assert_eq!(d.images.dims(), vec![1797, 64]);
+    assert_eq!(d.images.dtype(), DType::F32);
+    assert_eq!(d.labels.dims(), vec![1797]);
+    assert_eq!(d.labels.dtype(), DType::I64);
+
+    let rows = reference_rows();
+    assert_eq!(rows.len(), 1797);
+    let mut expected = [0usize; 10];
+    for r in &rows {
+        assert_eq!(r.len(), 65);
+        expected[r[64] as usize] += 1;
+    }
+    let counts = d.class_counts().unwrap();
+    assert_eq!(counts, expected);
+    // The test set of UCI optdigits (its documented class distribution).
+    assert_eq!(counts, [178, 182, 177, 183, 181, 182, 181, 179, 174, 180]);
+    assert!(counts.iter().all(|&c| c > 0));
+
+    // Every value agrees with the reference reader; the first line spelled out.
+    let images = d.images.to_vec::<f32>().unwrap();
+    let labels = d.labels.to_vec::<i64>().unwrap();
+    let first = "0,0,5,13,9,1,0,0,0,0,13,15,10,15,5,0,0,3,15,2,0,11,8,0,0,4,12,0,0,8,8,0,0,5,8,0,0,9,8,0,0,4,11,0,1,12,7,0,0,2,14,5,10,12,0,0,0,0,6,13,10,0,0,0,0";
+    let first: Vec<f32> = first.split(',').map(|v| v.parse().unwrap()).collect();
+    assert_eq!(&images[..64], &first[..64]);
+    assert_eq!(labels[0], 0);
+    for (i, r) in rows.iter().enumerate() {
+        let px: Vec<f32> = r[..64].iter().map(|&v| v as f32).collect();
+        assert_eq!(&images[64 * i..64 * (i + 1)], &px[..], "row {i}");
+        assert_eq!(labels[i], i64::from(r[64]), "row {i}");
+    }
+    assert!(images.iter().all(|&v| (0.0..=16.0).contains(&v)));
+    assert_eq!(images.iter().cloned().fold(0.0f32, f32::max), 16.0);
+
+    // The embedded copy is the file; load_from_path reads the same.
+    assert_eq!(
+        digits::embedded_bytes(),
+        &std::fs::read(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../data/digits/digits.csv.gz"
+        ))
+        .unwrap()[..]
+    );
+    let again = digits::load_from_path(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../data/digits/digits.csv.gz"
+    ))
+    .unwrap();
+    assert_eq!(again.labels.to_vec::<i64>().unwrap(), labels);
+    let e = digits::load_from_path("/nonexistent/digits.csv.gz").unwrap_err();
+    assert!(matches!(e, NnError::Io { .. }), "{e}");
+    assert!(e.to_string().contains("/nonexistent/digits.csv.gz"), "{e}");
+}
+
+fn gzip(text: &[u8]) -> Vec<u8> {
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    enc.write_all(text).unwrap();
+    enc.finish().unwrap()
+}
+
+fn parse_err(text: &str) -> String {
+    let e = digits::parse(&gzip(text.as_bytes())).unwrap_err();
+    assert!(matches!(e, NnError::Data(_)), "{e}");
+    e.to_string()
+}
+
+fn line(pixels: &str, label: &str) -> String {
+    format!("{}{pixels},{label}\n", "1,".repeat(63))
+}
+
+#[test]
+fn digits_parse_errors_name_the_line_and_the_problem() {
+    let good = line("2", "3");
+    // A small valid file, with CRLF, blank lines and spaces.
+    let d = digits::parse(&gzip(
+        format!("{good}\r\n{}\n \n", line(" 16 ", "9.0").trim_end()).as_bytes(),
+    ))
+    .unwrap();
+    assert_eq!(d.len(), 2);
+    assert_eq!(d.labels.to_vec::<i64>().unwrap(), vec![3, 9]);
+    assert_eq!(d.images.to_vec::<f32>().unwrap()[64 + 63], 16.0);
+
+    let msg = parse_err(&format!("{good}1,2,3\n"));
+    assert!(msg.contains("line 2") && msg.contains("found 3"), "{msg}");
+    let msg = parse_err(&format!("{good}{good}{}", line("x7", "1")));
+    assert!(
+        msg.contains("line 3") && msg.contains("not an integer") && msg.contains("x7"),
+        "{msg}"
+    );
+    let msg = parse_err(&line("17", "1"));
+    assert!(
+        msg.contains("line 1") && msg.contains("pixel 63") && msg.contains("0..=16"),
+        "{msg}"
+    );
+    let msg = parse_err(&line("-1", "1"));
+    assert!(msg.contains("0..=16"), "{msg}");
+    let msg = parse_err(&line("1", "10"));
+    assert!(msg.contains("the label") && msg.contains("0..=9"), "{msg}");
+    let msg = parse_err(&line("1.5", "1"));
+    assert!(msg.contains("not an integer"), "{msg}");
+    for bad in ["nan", "inf", "1e1", "", "+", "0x1"] {
+        let msg = parse_err(&line(bad, "1"));
+        assert!(msg.contains("not an integer"), "{bad}: {msg}");
+    }
+    let msg = parse_err("\n\n");
+    assert!(msg.contains("no samples"), "{msg}");
+
+    // Not gzip, truncated gzip, corrupt gzip.
+    let real = digits::embedded_bytes();
+    let msg = digits::parse(b"0,0,1").unwrap_err().to_string();
+    assert!(msg.contains("not gzip"), "{msg}");
+    assert!(
+        digits::parse(&[])
+            .unwrap_err()
+            .to_string()
+            .contains("not gzip")
+    );
+    let msg = digits::parse(&real[..real.len() / 2])
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("corrupt or truncated"), "{msg}");
+    let msg = digits::parse(&real[..real.len() - 4])
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("corrupt or truncated"), "{msg}");
+    let mut flipped = real.to_vec();
+    flipped[1000] ^= 0x55;
+    assert!(digits::parse(&flipped).is_err());
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// Mutated gzip bytes: never a panic; a file that parses has a sane shape.
+    #[test]
+    fn digits_parse_never_panics_on_mutated_gzip(
+        edits in prop::collection::vec((0usize..57_523, any::<u8>()), 1..8),
+        cut in prop::option::of(0usize..57_523),
+    ) {
+        let mut bytes = digits::embedded_bytes().to_vec();
+        for (pos, v) in edits {
+            let i = pos % bytes.len();
+            bytes[i] = v;
+        }
+        if let Some(c) = cut {
+            bytes.truncate(c);
+        }
+        if let Ok(d) = digits::parse(&bytes) {
+            prop_assert_eq!(d.images.dims(), vec![d.len(), 64]);
+        }
+    }
+
+    /// Mutated CSV text (re-compressed, so the gzip layer is valid): Ok or an error naming
+    /// a line, never a panic.
+    #[test]
+    fn digits_parse_never_panics_on_mutated_csv(
+        edits in prop::collection::vec(
+            (0usize..10_000, prop::sample::select(b"0123456789,.-+ \n\rx\xff".to_vec())),
+            1..6,
+        ),
+        cut in prop::option::of(0usize..10_000),
+    ) {
+        let mut gz = flate2::read::GzDecoder::new(digits::embedded_bytes());
+        let mut text = Vec::new();
+        gz.read_to_end(&mut text).unwrap();
+        text.truncate(10_000);
+        for (pos, v) in edits {
+            let i = pos % text.len();
+            text[i] = v;
+        }
+        if let Some(c) = cut {
+            text.truncate(c);
+        }
+        match digits::parse(&gzip(&text)) {
+            Ok(d) => {
+                let imgs = d.images.to_vec::<f32>().unwrap();
+                prop_assert!(imgs.iter().all(|v| (0.0..=16.0).contains(v)));
+                let ls = d.labels.to_vec::<i64>().unwrap();
+                prop_assert!(ls.iter().all(|v| (0..=9).contains(v)));
+            }
+            Err(e) => {
+                let msg = e.to_string();
+                prop_assert!(msg.contains("line ") || msg.contains("no samples"), "{}", msg);
+            }
+        }
+    }
+}
+
+#[test]
+fn digits_split_is_deterministic_and_disjoint() {
+    let d = digits::load().unwrap();
+    let (train, val) = d.split(0.25, 11).unwrap();
+    assert_eq!(val.len(), 449); // round(1797 * 0.25)
+    assert_eq!(train.len() + val.len(), 1797);
+    let (train2, val2) = d.split(0.25, 11).unwrap();
+    assert_eq!(
+        val.labels.to_vec::<i64>().unwrap(),
+        val2.labels.to_vec::<i64>().unwrap()
+    );
+    assert_eq!(
+        train.images.to_vec::<f32>().unwrap(),
+        train2.images.to_vec::<f32>().unwrap()
+    );
+    let (_, val3) = d.split(0.25, 12).unwrap();
+    assert_ne!(
+        val.images.to_vec::<f32>().unwrap(),
+        val3.images.to_vec::<f32>().unwrap()
+    );
+    // Together the parts hold every sample once: per-class counts add up.
+    let (a, b) = (train.class_counts().unwrap(), val.class_counts().unwrap());
+    let all = d.class_counts().unwrap();
+    for k in 0..10 {
+        assert_eq!(a[k] + b[k], all[k]);
+    }
+    // The parts' image rows are rows of the original, each used once.
+    let rows = |x: &digits::Digits| -> Vec<Vec<u32>> {
+        x.images
+            .to_vec::<f32>()
+            .unwrap()
+            .chunks(64)
+            .map(|r| r.iter().map(|&v| v as u32).collect())
+            .collect()
+    };
+    let mut both = rows(&train);
+    both.extend(rows(&val));
+    both.sort();
+    let mut orig = rows(&d);
+    orig.sort();
+    assert_eq!(both, orig);
+    // Edges and errors.
+    let (t, v) = d.split(0.0, 0).unwrap();
+    assert_eq!((t.len(), v.len()), (1797, 0));
+    let (t, v) = d.split(1.0, 0).unwrap();
+    assert_eq!((t.len(), v.len()), (0, 1797));
+    for bad in [-0.1, 1.5, f64::NAN] {
+        assert!(d.split(bad, 0).is_err(), "{bad}");
+    }
+}
+
+#[test]
+fn digits_train_through_a_loader() {
+    let d = digits::load().unwrap();
+    let (train, _) = d.split(0.2, 0).unwrap();
+    let l = DataLoader::new(Arc::new(train.dataset().unwrap()))
+        .batch_size(64)
+        .shuffle(true)
+        .seed(0)
+        .num_workers(2)
+        .pin_memory(true);
+    assert_eq!(l.len(), 1438usize.div_ceil(64));
+    let mut n = 0;
+    for b in l.iter().unwrap() {
+        let b = b.unwrap();
+        assert_eq!(b[0].dims()[1], 64);
+        assert_eq!(b[0].dims()[0], b[1].dims()[0]);
+        n += b[1].numel();
+    }
+    assert_eq!(n, 1438);
+}

@@ -1,0 +1,477 @@
+//! Learning-rate schedulers (`torch.optim.lr_scheduler`): [`StepLR`],
+//! [`CosineAnnealingLR`], [`OneCycleLR`].
+//!
+//! As in PyTorch, building a scheduler takes its first step (epoch 0) and sets the
+//! optimizer's learning rates; call [`LrScheduler::step`] after each `optimizer.step()`.
+//! [`StepLR`] and [`CosineAnnealingLR`] use PyTorch's recursive ("chainable") formulas on
+//! the groups' current `lr`, so their values agree with PyTorch's to the last bit.
+//!
+//! ```
+//! use ember_nn::optim::{LrScheduler, Optimizer, SGD, SgdOptions, StepLR};
+//! use ember_nn::Tensor;
+//! let w = Tensor::zeros([2], ())?.requires_grad_(true)?;
+//! let mut opt = SGD::new(vec![w], SgdOptions { lr: 0.1, ..Default::default() })?;
+//! let mut sched = StepLR::new(&mut opt, 2, 0.5)?;
+//! let mut lrs = vec![];
+//! for _ in 0..4 {
+//!     opt.step()?;
+//!     sched.step(&mut opt)?;
+//!     lrs.extend(sched.get_last_lr());
+//! }
+//! assert_eq!(lrs, vec![0.1, 0.05, 0.05, 0.025]);
+//! # Ok::<(), ember_nn::NnError>(())
+//! ```
+
+use std::f64::consts::PI;
+
+use super::Optimizer;
+use crate::{NnError, Result};
+
+/// A learning-rate scheduler (`torch.optim.lr_scheduler.LRScheduler`).
+pub trait LrScheduler: std::fmt::Debug {
+    /// Advances one epoch (or iteration) and sets the optimizer's learning rates. The
+    /// optimizer must be the one the scheduler was built with.
+    fn step(&mut self, optimizer: &mut dyn Optimizer) -> Result<()>;
+
+    /// The learning rates the last step set, one per parameter group.
+    fn get_last_lr(&self) -> Vec<f64>;
+
+    /// The index of the last step (0 right after construction).
+    fn last_epoch(&self) -> i64;
+}
+
+/// What every scheduler keeps: PyTorch's `LRScheduler` fields.
+#[derive(Clone, Debug)]
+struct Base {
+    name: &'static str,
+    last_epoch: i64,
+    base_lrs: Vec<f64>,
+    last_lr: Vec<f64>,
+}
+
+impl Base {
+    fn new(name: &'static str, base_lrs: Vec<f64>) -> Base {
+        Base {
+            name,
+            last_epoch: -1,
+            base_lrs,
+            last_lr: Vec::new(),
+        }
+    }
+
+    /// Errors if the optimizer does not have the groups the scheduler was built for.
+    fn check(&self, optimizer: &dyn Optimizer) -> Result<()> {
+        let n = optimizer.param_groups().len();
+        if n != self.base_lrs.len() {
+            return Err(NnError::invalid(
+                self.name,
+                format!(
+                    "the optimizer has {n} parameter groups but the scheduler was built for {}",
+                    self.base_lrs.len()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Sets the groups' learning rates and remembers them.
+    fn apply(&mut self, optimizer: &mut dyn Optimizer, lrs: Vec<f64>) {
+        for (g, lr) in optimizer.param_groups_mut().iter_mut().zip(&lrs) {
+            g.lr = *lr;
+        }
+        self.last_lr = lrs;
+    }
+}
+
+fn current_lrs(optimizer: &dyn Optimizer) -> Vec<f64> {
+    optimizer.param_groups().iter().map(|g| g.lr).collect()
+}
+
+/// Multiplies each group's learning rate by `gamma` every `step_size` epochs
+/// (`torch.optim.lr_scheduler.StepLR`).
+#[derive(Clone, Debug)]
+pub struct StepLR {
+    base: Base,
+    step_size: usize,
+    gamma: f64,
+}
+
+impl StepLR {
+    /// A StepLR on `optimizer` (its first step is taken: the learning rates stay).
+    pub fn new(optimizer: &mut dyn Optimizer, step_size: usize, gamma: f64) -> Result<StepLR> {
+        if step_size == 0 {
+            return Err(NnError::invalid(
+                "StepLR",
+                "step_size must be positive, got 0",
+            ));
+        }
+        let mut s = StepLR {
+            base: Base::new("StepLR", current_lrs(optimizer)),
+            step_size,
+            gamma,
+        };
+        s.step(optimizer)?;
+        Ok(s)
+    }
+}
+
+impl LrScheduler for StepLR {
+    fn step(&mut self, optimizer: &mut dyn Optimizer) -> Result<()> {
+        self.base.check(optimizer)?;
+        self.base.last_epoch += 1;
+        let epoch = self.base.last_epoch;
+        let decay = epoch != 0 && epoch % self.step_size as i64 == 0;
+        let lrs = current_lrs(optimizer)
+            .into_iter()
+            .map(|lr| if decay { lr * self.gamma } else { lr })
+            .collect();
+        self.base.apply(optimizer, lrs);
+        Ok(())
+    }
+
+    fn get_last_lr(&self) -> Vec<f64> {
+        self.base.last_lr.clone()
+    }
+
+    fn last_epoch(&self) -> i64 {
+        self.base.last_epoch
+    }
+}
+
+/// Cosine annealing from each group's initial learning rate down to `eta_min` over `t_max`
+/// epochs, and back up over the next `t_max` (`torch.optim.lr_scheduler.CosineAnnealingLR`,
+/// without restarts):
+///
+/// ```text
+/// lr_t = eta_min + (base_lr - eta_min) * (1 + cos(pi * t / t_max)) / 2
+/// ```
+///
+/// computed, as PyTorch does, recursively from the previous learning rate.
+#[derive(Clone, Debug)]
+pub struct CosineAnnealingLR {
+    base: Base,
+    t_max: usize,
+    eta_min: f64,
+}
+
+impl CosineAnnealingLR {
+    /// A CosineAnnealingLR on `optimizer` (its first step is taken: the learning rates
+    /// stay).
+    pub fn new(
+        optimizer: &mut dyn Optimizer,
+        t_max: usize,
+        eta_min: f64,
+    ) -> Result<CosineAnnealingLR> {
+        if t_max == 0 {
+            return Err(NnError::invalid(
+                "CosineAnnealingLR",
+                "T_max must be positive, got 0",
+            ));
+        }
+        let mut s = CosineAnnealingLR {
+            base: Base::new("CosineAnnealingLR", current_lrs(optimizer)),
+            t_max,
+            eta_min,
+        };
+        s.step(optimizer)?;
+        Ok(s)
+    }
+}
+
+impl LrScheduler for CosineAnnealingLR {
+    fn step(&mut self, optimizer: &mut dyn Optimizer) -> Result<()> {
+        self.base.check(optimizer)?;
+        self.base.last_epoch += 1;
+        let (e, t_max, eta_min) = (self.base.last_epoch, self.t_max as f64, self.eta_min);
+        let t = self.t_max as i64;
+        let lrs = current_lrs(optimizer)
+            .into_iter()
+            .zip(&self.base.base_lrs)
+            .map(|(lr, base_lr)| {
+                if e == 0 {
+                    lr
+                } else if (e - 1 - t).rem_euclid(2 * t) == 0 {
+                    // The step through the minimum, where the ratio below would divide by 0.
+                    lr + (base_lr - eta_min) * (1.0 - (PI / t_max).cos()) / 2.0
+                } else {
+                    (1.0 + (PI * e as f64 / t_max).cos())
+                        / (1.0 + (PI * (e - 1) as f64 / t_max).cos())
+                        * (lr - eta_min)
+                        + eta_min
+                }
+            })
+            .collect();
+        self.base.apply(optimizer, lrs);
+        Ok(())
+    }
+
+    fn get_last_lr(&self) -> Vec<f64> {
+        self.base.last_lr.clone()
+    }
+
+    fn last_epoch(&self) -> i64 {
+        self.base.last_epoch
+    }
+}
+
+/// How [`OneCycleLR`] moves between its phases' endpoints.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AnnealStrategy {
+    /// Half a cosine (PyTorch's `"cos"`, the default).
+    #[default]
+    Cos,
+    /// A straight line (`"linear"`).
+    Linear,
+}
+
+impl AnnealStrategy {
+    /// The value a fraction `pct` of the way from `start` to `end` (PyTorch's formulas).
+    fn anneal(self, start: f64, end: f64, pct: f64) -> f64 {
+        match self {
+            AnnealStrategy::Cos => {
+                let cos_out = (PI * pct).cos() + 1.0;
+                end + (start - end) / 2.0 * cos_out
+            }
+            AnnealStrategy::Linear => (end - start) * pct + start,
+        }
+    }
+}
+
+/// [`OneCycleLR`]'s options besides the peak learning rate and the number of steps
+/// (PyTorch's defaults).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct OneCycleLrOptions {
+    /// Fraction of the steps spent increasing the learning rate (default 0.3).
+    pub pct_start: f64,
+    /// Cosine or linear annealing (default cosine).
+    pub anneal_strategy: AnnealStrategy,
+    /// Cycle the momentum inversely to the learning rate (default `true`); SGD's
+    /// `momentum`, Adam's `betas.0`.
+    pub cycle_momentum: bool,
+    /// Lowest momentum, at the peak learning rate (default 0.85).
+    pub base_momentum: f64,
+    /// Highest momentum, at the start and the end (default 0.95).
+    pub max_momentum: f64,
+    /// The initial learning rate is `max_lr / div_factor` (default 25).
+    pub div_factor: f64,
+    /// The final learning rate is the initial one `/ final_div_factor` (default 1e4).
+    pub final_div_factor: f64,
+    /// Three phases (up, back down to the initial rate, then to the final one) instead of
+    /// two (default `false`).
+    pub three_phase: bool,
+}
+
+impl Default for OneCycleLrOptions {
+    fn default() -> Self {
+        OneCycleLrOptions {
+            pct_start: 0.3,
+            anneal_strategy: AnnealStrategy::Cos,
+            cycle_momentum: true,
+            base_momentum: 0.85,
+            max_momentum: 0.95,
+            div_factor: 25.0,
+            final_div_factor: 1e4,
+            three_phase: false,
+        }
+    }
+}
+
+/// A phase endpoint, read per group.
+#[derive(Clone, Copy, Debug)]
+enum Point {
+    InitialLr,
+    MaxLr,
+    MinLr,
+    MaxMomentum,
+    BaseMomentum,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Phase {
+    end_step: f64,
+    start_lr: Point,
+    end_lr: Point,
+    start_momentum: Point,
+    end_momentum: Point,
+}
+
+/// The 1cycle policy (`torch.optim.lr_scheduler.OneCycleLR`): the learning rate rises from
+/// `max_lr / div_factor` to `max_lr`, then falls far below the start, stepped once per
+/// batch for `total_steps` steps; the momentum moves the opposite way. Stepping past
+/// `total_steps` is an error, as in PyTorch.
+#[derive(Clone, Debug)]
+pub struct OneCycleLR {
+    base: Base,
+    total_steps: usize,
+    options: OneCycleLrOptions,
+    phases: Vec<Phase>,
+    /// Per group: (initial, max, min) learning rate.
+    lrs: Vec<(f64, f64, f64)>,
+}
+
+impl OneCycleLR {
+    /// A OneCycleLR peaking at `max_lr` in every group, over `total_steps` steps. Sets the
+    /// optimizer's learning rates to `max_lr / div_factor` (and its momentum to
+    /// `max_momentum` if cycled).
+    pub fn new(
+        optimizer: &mut dyn Optimizer,
+        max_lr: f64,
+        total_steps: usize,
+        options: OneCycleLrOptions,
+    ) -> Result<OneCycleLR> {
+        let n = optimizer.param_groups().len();
+        OneCycleLR::with_max_lrs(optimizer, vec![max_lr; n], total_steps, options)
+    }
+
+    /// A OneCycleLR with one peak learning rate per parameter group.
+    pub fn with_max_lrs(
+        optimizer: &mut dyn Optimizer,
+        max_lrs: Vec<f64>,
+        total_steps: usize,
+        options: OneCycleLrOptions,
+    ) -> Result<OneCycleLR> {
+        let bad = |msg: String| Err(NnError::invalid("OneCycleLR", msg));
+        if total_steps == 0 {
+            return bad(format!(
+                "Expected positive integer total_steps, but got {total_steps}"
+            ));
+        }
+        let pct_start = options.pct_start;
+        if !(0.0..=1.0).contains(&pct_start) {
+            return bad(format!(
+                "Expected float between 0 and 1 pct_start, but got {pct_start}"
+            ));
+        }
+        let groups = optimizer.param_groups().len();
+        if max_lrs.len() != groups {
+            return bad(format!(
+                "max_lr must have the same length as optimizer.param_groups. max_lr has {} values, param_groups has {groups}.",
+                max_lrs.len()
+            ));
+        }
+        let total = total_steps as f64;
+        use Point::*;
+        let phases = if options.three_phase {
+            vec![
+                Phase {
+                    end_step: pct_start * total - 1.0,
+                    start_lr: InitialLr,
+                    end_lr: MaxLr,
+                    start_momentum: MaxMomentum,
+                    end_momentum: BaseMomentum,
+                },
+                Phase {
+                    end_step: 2.0 * pct_start * total - 2.0,
+                    start_lr: MaxLr,
+                    end_lr: InitialLr,
+                    start_momentum: BaseMomentum,
+                    end_momentum: MaxMomentum,
+                },
+                Phase {
+                    end_step: total - 1.0,
+                    start_lr: InitialLr,
+                    end_lr: MinLr,
+                    start_momentum: MaxMomentum,
+                    end_momentum: MaxMomentum,
+                },
+            ]
+        } else {
+            vec![
+                Phase {
+                    end_step: pct_start * total - 1.0,
+                    start_lr: InitialLr,
+                    end_lr: MaxLr,
+                    start_momentum: MaxMomentum,
+                    end_momentum: BaseMomentum,
+                },
+                Phase {
+                    end_step: total - 1.0,
+                    start_lr: MaxLr,
+                    end_lr: MinLr,
+                    start_momentum: BaseMomentum,
+                    end_momentum: MaxMomentum,
+                },
+            ]
+        };
+        let lrs: Vec<(f64, f64, f64)> = max_lrs
+            .iter()
+            .map(|&max_lr| {
+                let initial = max_lr / options.div_factor;
+                (initial, max_lr, initial / options.final_div_factor)
+            })
+            .collect();
+        if options.cycle_momentum {
+            for g in optimizer.param_groups_mut() {
+                g.set_momentum(options.max_momentum);
+            }
+        }
+        let mut s = OneCycleLR {
+            base: Base::new("OneCycleLR", lrs.iter().map(|l| l.0).collect()),
+            total_steps,
+            options,
+            phases,
+            lrs,
+        };
+        s.step(optimizer)?;
+        Ok(s)
+    }
+
+    fn value(&self, group: usize, point: Point) -> f64 {
+        let (initial, max, min) = self.lrs[group];
+        match point {
+            Point::InitialLr => initial,
+            Point::MaxLr => max,
+            Point::MinLr => min,
+            Point::MaxMomentum => self.options.max_momentum,
+            Point::BaseMomentum => self.options.base_momentum,
+        }
+    }
+}
+
+impl LrScheduler for OneCycleLR {
+    fn step(&mut self, optimizer: &mut dyn Optimizer) -> Result<()> {
+        self.base.check(optimizer)?;
+        let step_num = self.base.last_epoch + 1;
+        if step_num > self.total_steps as i64 {
+            return Err(NnError::invalid(
+                "OneCycleLR",
+                format!(
+                    "Tried to step {step_num} times. The specified number of total steps is {}",
+                    self.total_steps
+                ),
+            ));
+        }
+        self.base.last_epoch = step_num;
+        let anneal = self.options.anneal_strategy;
+        let mut lrs = Vec::with_capacity(self.lrs.len());
+        let mut momenta = Vec::with_capacity(self.lrs.len());
+        for g in 0..self.lrs.len() {
+            let mut start_step = 0.0;
+            for (i, phase) in self.phases.iter().enumerate() {
+                if step_num as f64 <= phase.end_step || i == self.phases.len() - 1 {
+                    let pct = (step_num as f64 - start_step) / (phase.end_step - start_step);
+                    let value = |a, b| anneal.anneal(self.value(g, a), self.value(g, b), pct);
+                    lrs.push(value(phase.start_lr, phase.end_lr));
+                    momenta.push(value(phase.start_momentum, phase.end_momentum));
+                    break;
+                }
+                start_step = phase.end_step;
+            }
+        }
+        if self.options.cycle_momentum {
+            for (g, m) in optimizer.param_groups_mut().iter_mut().zip(momenta) {
+                g.set_momentum(m);
+            }
+        }
+        self.base.apply(optimizer, lrs);
+        Ok(())
+    }
+
+    fn get_last_lr(&self) -> Vec<f64> {
+        self.base.last_lr.clone()
+    }
+
+    fn last_epoch(&self) -> i64 {
+        self.base.last_epoch
+    }
+}

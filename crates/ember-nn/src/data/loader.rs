@@ -1,37 +1,6 @@
 //! [`DataLoader`]: batches of a [`Dataset`], shuffled reproducibly, made on the calling
-//! thread or ahead of time by worker threads, optionally pinned.
-//!
-//! # Shuffling
-//!
-//! With `shuffle(true)`, epoch `e` visits the samples in the order
-//! [`shuffled_indices`]`(len, seed, e)`: a Fisher–Yates shuffle driven by Philox4x32-10
-//! keyed by the seed, with the epoch in the high half of the counter. The order depends on
-//! nothing but `(len, seed, epoch)`: the same on every machine, for any number of workers.
-//! [`DataLoader::iter`] uses epoch 0 on its first call, 1 on the next, and so on (like a
-//! PyTorch `DataLoader` drawing a new permutation per `iter()`); [`DataLoader::set_epoch`]
-//! moves that counter and [`DataLoader::epoch`] asks for one epoch directly. Without
-//! [`DataLoader::seed`], the seed is the default generator's
-//! ([`ember_tensor::random::initial_seed`] when iteration starts), so
-//! `ember_tensor::random::manual_seed(s)` makes an unseeded loader reproducible too.
-//!
-//! # Workers
-//!
-//! With `num_workers(0)` (the default) each batch is made on the calling thread when the
-//! iterator is advanced. With `num_workers(n)`, `n` threads take batches from a shared queue
-//! and make them ahead: at most `n * prefetch_factor` batches are queued or made but not yet
-//! yielded. Batches are yielded in order whatever order they finish in (PyTorch's
-//! `in_order=True`). An error (or a panic) while making a batch becomes that batch's `Err`
-//! item; later batches still come. Dropping the iterator stops the workers: they take no
-//! new batch, and the drop waits for the batches being made to finish (at most one per
-//! worker), so no thread outlives the iterator.
-//!
-//! # Pinned memory
-//!
-//! With `pin_memory(true)` every CPU tensor of a batch is copied into pinned host memory
-//! (`Tensor::pin_memory`; by the worker that made it, when there are workers), so that
-//! `to_non_blocking(device)` can overlap the copy with compute. Where CUDA is not real,
-//! pinned memory is plain host memory and everything still works. Tensors already pinned or
-//! not on the CPU are passed through.
+//! thread or ahead of time by worker threads, optionally pinned. The rules (shuffling, workers, pinning) are documented on
+//! [`DataLoader`].
 
 use std::collections::HashMap;
 use std::fmt;
@@ -103,7 +72,41 @@ pub fn shuffled_indices(n: usize, seed: u64, epoch: u64) -> Vec<usize> {
 }
 
 /// PyTorch's `torch.utils.data.DataLoader` over a map-style [`Dataset`], configured
-/// builder-style; see the [module documentation](self) for shuffling, workers and pinning.
+/// builder-style.
+///
+/// # Shuffling
+///
+/// With `shuffle(true)`, epoch `e` visits the samples in the order
+/// [`shuffled_indices`]`(len, seed, e)`: a Fisher–Yates shuffle driven by Philox4x32-10
+/// keyed by the seed, with the epoch in the high half of the counter. The order depends on
+/// nothing but `(len, seed, epoch)`: the same on every machine, for any number of workers.
+/// [`DataLoader::iter`] uses epoch 0 on its first call, 1 on the next, and so on (like a
+/// PyTorch `DataLoader` drawing a new permutation per `iter()`); [`DataLoader::set_epoch`]
+/// moves that counter and [`DataLoader::epoch`] asks for one epoch directly. Without
+/// [`DataLoader::seed`], the seed is the default generator's
+/// ([`ember_tensor::random::initial_seed`] when iteration starts), so
+/// `ember_tensor::random::manual_seed(s)` makes an unseeded loader reproducible too.
+///
+/// # Workers
+///
+/// With `num_workers(0)` (the default) each batch is made on the calling thread when the
+/// iterator is advanced. With `num_workers(n)`, `n` threads take batches from a shared queue
+/// and make them ahead: at most `n * prefetch_factor` batches are queued or made but not yet
+/// yielded. Batches are yielded in order whatever order they finish in (PyTorch's
+/// `in_order=True`). An error (or a panic) while making a batch becomes that batch's `Err`
+/// item; later batches still come. Dropping the iterator stops the workers: they take no
+/// new batch, and the drop waits for the batches being made to finish (at most one per
+/// worker), so no thread outlives the iterator.
+///
+/// # Pinned memory
+///
+/// With `pin_memory(true)` every CPU tensor of a batch is copied into pinned host memory
+/// (`Tensor::pin_memory`; by the worker that made it, when there are workers), so that
+/// `to_non_blocking(device)` can overlap the copy with compute. Where CUDA is not real,
+/// pinned memory is plain host memory and everything still works. Tensors already pinned or
+/// not on the CPU are passed through.
+///
+/// # Options
 ///
 /// Defaults: `batch_size(1)`, no shuffling, `drop_last(false)`, `num_workers(0)`,
 /// `prefetch_factor(2)`, `pin_memory(false)`, the dataset's [`Dataset::get_batch`] as the

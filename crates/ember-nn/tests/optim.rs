@@ -10,7 +10,7 @@ use std::sync::OnceLock;
 use ember_device::cuda;
 use ember_device::driver::emulator::EmulatorConfig;
 use ember_nn::optim::{
-    Adam, AdamOptions, AdamW, AdamWOptions, AnnealStrategy, CosineAnnealingLR, LrScheduler,
+    Adam, AdamOptions, AdamW, AdamWOptions, AnnealStrategy, CosineAnnealingLR, Hyper, LrScheduler,
     OneCycleLR, OneCycleLrOptions, Optimizer, ParamGroupSpec, SGD, SgdOptions, StepLR,
     clip_grad_norm_, clip_grad_norm_opts, clip_grad_value_,
 };
@@ -340,9 +340,7 @@ fn one_cycle_lr_linear_three_phase_cycles_adam_beta1() {
     check_schedule("one_cycle_lr_linear_three_phase", &mut opt, &mut sched);
     // beta2 is left alone.
     for g in opt.param_groups() {
-        assert!(
-            matches!(g.hyper, ember_nn::optim::Hyper::Adam { betas: (_, b2), .. } if b2 == 0.999)
-        );
+        assert!(matches!(g.hyper, Hyper::Adam { betas: (_, b2), .. } if b2 == 0.999));
     }
 }
 
@@ -429,6 +427,15 @@ fn param_groups_have_their_own_lr() {
             .contains("some parameters appear in more than one parameter group"),
         "{e}"
     );
+    // Another family's hyperparameters in a group are refused at the step.
+    opt.param_groups_mut()[1].hyper = Hyper::Adam {
+        betas: (0.9, 0.999),
+        eps: 1e-8,
+        amsgrad: false,
+        decoupled_weight_decay: false,
+    };
+    let e = opt.step().unwrap_err().to_string();
+    assert!(e.contains("another optimizer's hyperparameters"), "{e}");
 }
 
 #[test]

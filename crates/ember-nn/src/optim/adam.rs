@@ -5,7 +5,10 @@ use std::collections::BTreeMap;
 use ember_tensor::{Device, Tensor as Raw};
 
 use super::state::ParamState;
-use super::{Groups, Hyper, Optimizer, ParamGroup, ParamGroupSpec, follow, lerp_, param_and_grad};
+use super::{
+    Groups, Hyper, Optimizer, ParamGroup, ParamGroupSpec, follow, foreign_hyper, lerp_,
+    param_and_grad,
+};
 use crate::{Result, StateDict, Tensor};
 
 /// [`Adam`]'s hyperparameters, the defaults of every group (PyTorch's defaults).
@@ -200,6 +203,7 @@ impl AdamW {
 /// One Adam step over every group (PyTorch's `_single_tensor_adam`, op for op).
 fn adam_step(groups: &mut Groups<AdamState>) -> Result<()> {
     let _no_grad = ember_autograd::no_grad();
+    let name = groups.name;
     for (group, slots) in groups.iter_mut() {
         let Hyper::Adam {
             betas: (beta1, beta2),
@@ -208,7 +212,7 @@ fn adam_step(groups: &mut Groups<AdamState>) -> Result<()> {
             decoupled_weight_decay,
         } = group.hyper
         else {
-            continue;
+            return Err(foreign_hyper(name, group));
         };
         let (lr, weight_decay) = (group.lr, group.weight_decay);
         for (p, slot) in group.params.iter().zip(slots) {

@@ -356,6 +356,18 @@ impl<S> Groups<S> {
     }
 }
 
+/// The error for a group whose hyperparameters belong to another optimizer family (set
+/// through `param_groups_mut`).
+pub(crate) fn foreign_hyper(op: &'static str, group: &ParamGroup) -> NnError {
+    NnError::invalid(
+        op,
+        format!(
+            "a parameter group has another optimizer's hyperparameters: {:?}",
+            group.hyper
+        ),
+    )
+}
+
 /// `zero_grad` over groups: drop the gradients, or zero them in place.
 pub(crate) fn zero_grad_groups(groups: &[ParamGroup], set_to_none: bool) -> Result<()> {
     for p in groups.iter().flat_map(|g| &g.params) {

@@ -6,7 +6,9 @@ use std::collections::BTreeMap;
 use ember_tensor::Tensor as Raw;
 
 use super::state::ParamState;
-use super::{Groups, Hyper, Optimizer, ParamGroup, ParamGroupSpec, follow, param_and_grad};
+use super::{
+    Groups, Hyper, Optimizer, ParamGroup, ParamGroupSpec, follow, foreign_hyper, param_and_grad,
+};
 use crate::{Result, StateDict, Tensor};
 
 /// [`SGD`]'s hyperparameters, the defaults of every group (PyTorch's defaults).
@@ -117,7 +119,7 @@ impl Optimizer for SGD {
                 nesterov,
             } = group.hyper
             else {
-                continue;
+                return Err(foreign_hyper("SGD", group));
             };
             for (p, slot) in group.params.iter().zip(slots) {
                 let Some((param, mut grad)) = param_and_grad(p)? else {

@@ -24,7 +24,12 @@ pub fn run(gpu0: Device, gpu1: Device) -> Result<(), Error> {
     // What hardware do we have?
     println!("{}, {}, {}", Device::Cpu, Device::Cuda(0), Device::Cuda(1));
     println!("num_gpus() = {}", cuda::device_count());
-    println!("try_gpu() = {}, try_gpu(10) = {}, try_all_gpus() = {:?}", try_gpu(0), try_gpu(10), try_all_gpus());
+    println!(
+        "try_gpu() = {}, try_gpu(10) = {}, try_all_gpus() = {:?}",
+        try_gpu(0),
+        try_gpu(10),
+        try_all_gpus()
+    );
 
     // Tensors live on a device; a new one lives on the CPU.
     let x = Tensor::from_vec(vec![1i64, 2, 3], [3], &Device::Cpu)?;
@@ -37,10 +42,16 @@ pub fn run(gpu0: Device, gpu1: Device) -> Result<(), Error> {
 
     // Tensors on different devices cannot be combined: copy explicitly.
     if gpu0 != gpu1 {
-        let e = big_x.add(&big_y).err().map(|e| e.to_string()).unwrap_or_default();
+        let e = big_x
+            .add(&big_y)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
         println!("X + Y: {e}");
         ensure(
-            e.starts_with("Expected all tensors to be on the same device, but found at least two devices"),
+            e.starts_with(
+                "Expected all tensors to be on the same device, but found at least two devices",
+            ),
             "X + Y across devices is refused with PyTorch's message",
         )?;
     }
@@ -49,7 +60,10 @@ pub fn run(gpu0: Device, gpu1: Device) -> Result<(), Error> {
     println!("Y + Z = {sum}");
     ensure(sum.device() == gpu1, "Y + Z lives on Y's device")?;
     // Z.cuda(1) is Z: no copy when the tensor is already there.
-    ensure(z.to(gpu1)?.same(&z), "to(its own device) returns the same tensor")?;
+    ensure(
+        z.to(gpu1)?.same(&z),
+        "to(its own device) returns the same tensor",
+    )?;
 
     // The model is a tree of parameters (and buffers): move it in one shot. Here the
     // optimizer is built *before* the move — the ordering the text warns about. In Ember
@@ -70,11 +84,17 @@ pub fn run(gpu0: Device, gpu1: Device) -> Result<(), Error> {
         ensure(p.device() == gpu0, &format!("{name} moved"))?;
     }
     for (name, b) in net.named_buffers() {
-        ensure(b.device() == gpu0, &format!("buffer {name} moved with the model"))?;
+        ensure(
+            b.device() == gpu0,
+            &format!("buffer {name} moved with the model"),
+        )?;
     }
     let out = net.forward(&big_x.add(&Tensor::randn([2, 3], gpu0)?)?)?;
     println!("net(X) = {out}");
-    ensure(out.device() == gpu0, "the output lives where the model does")?;
+    ensure(
+        out.device() == gpu0,
+        "the output lives where the model does",
+    )?;
 
     // One training step with the optimizer built before the move.
     let before = net.parameters()[0].to_vec::<f32>()?;
@@ -82,12 +102,21 @@ pub fn run(gpu0: Device, gpu1: Device) -> Result<(), Error> {
     out.square()?.mean_all()?.backward()?;
     opt.step()?;
     let after = net.parameters()[0].to_vec::<f32>()?;
-    ensure(before != after, "the optimizer built before the move updated the moved weights")?;
-    ensure(net.parameters()[0].device() == gpu0, "the weights stayed on the device")?;
+    ensure(
+        before != after,
+        "the optimizer built before the move updated the moved weights",
+    )?;
+    ensure(
+        net.parameters()[0].device() == gpu0,
+        "the weights stayed on the device",
+    )?;
 
     // Tensors created mid-forward should follow the input's device.
     let scratch = Tensor::zeros([10], big_x.device())?;
-    ensure(scratch.device() == gpu0, "zeros(.., device=x.device) follows x")?;
+    ensure(
+        scratch.device() == gpu0,
+        "zeros(.., device=x.device) follows x",
+    )?;
     Ok(())
 }
 

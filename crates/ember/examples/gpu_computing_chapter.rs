@@ -73,7 +73,11 @@ impl Module for LargeModel {
 }
 
 /// Peak bytes allocated on `device` during forward and backward, and the gradients.
-fn train_step(model: &LargeModel, x: &Tensor, device: Device) -> Result<(u64, Vec<Vec<f32>>), Error> {
+fn train_step(
+    model: &LargeModel,
+    x: &Tensor,
+    device: Device,
+) -> Result<(u64, Vec<Vec<f32>>), Error> {
     model.zero_grad(true)?;
     let base = memory::memory_allocated(device)?;
     memory::reset_peak_memory_stats(device)?;
@@ -82,7 +86,11 @@ fn train_step(model: &LargeModel, x: &Tensor, device: Device) -> Result<(u64, Ve
     let grads = model
         .parameters()
         .iter()
-        .map(|p| p.grad().map(|g| g.to_vec::<f32>()).unwrap_or(Ok(Vec::new())))
+        .map(|p| {
+            p.grad()
+                .map(|g| g.to_vec::<f32>())
+                .unwrap_or(Ok(Vec::new()))
+        })
         .collect::<Result<Vec<_>, _>>()?;
     Ok((peak, grads))
 }
@@ -95,7 +103,10 @@ pub fn run(device: Device, second: Device) -> Result<(), Error> {
         println!("{}", cuda::current_device()?);
         println!("{}", cuda::get_device_name(0)?);
         let props = cuda::get_device_properties(0)?;
-        println!("{} {} bytes, compute capability {}.{}, {} SMs", props.name, props.total_memory, props.major, props.minor, props.multi_processor_count);
+        println!(
+            "{} {} bytes, compute capability {}.{}, {} SMs",
+            props.name, props.total_memory, props.major, props.minor, props.multi_processor_count
+        );
     }
 
     // Creating tensors on a device, and moving them.
@@ -103,20 +114,29 @@ pub fn run(device: Device, second: Device) -> Result<(), Error> {
     let y = Tensor::randn([1000, 1000], ())?.to(device)?; // or y.cuda()
     let z = Tensor::randn([1000, 1000], second)?; // cuda:1
     let w = x.zeros_like()?; // same device as x
-    ensure(y.device() == device && z.device() == second && w.device() == device, "tensors where asked")?;
+    ensure(
+        y.device() == device && z.device() == second && w.device() == device,
+        "tensors where asked",
+    )?;
 
     // The .to() method.
     let cpu_tensor = Tensor::randn([1000, 1000], ())?;
     let gpu_tensor = cpu_tensor.to(device)?;
     let back_to_cpu = gpu_tensor.cpu()?; // or .to("cpu")
-    ensure(back_to_cpu.to_vec::<f32>()? == cpu_tensor.to_vec::<f32>()?, "exact round trip")?;
+    ensure(
+        back_to_cpu.to_vec::<f32>()? == cpu_tensor.to_vec::<f32>()?,
+        "exact round trip",
+    )?;
     let model = Linear::new(1000, 100, ())?;
     model.to(&device)?;
 
     // Non-blocking transfers from pinned memory.
     let pinned_tensor = cpu_tensor.pin_memory()?;
     let gpu_tensor = pinned_tensor.to_non_blocking(device)?;
-    ensure(gpu_tensor.to_vec::<f32>()? == cpu_tensor.to_vec::<f32>()?, "non-blocking copy delivers the data")?;
+    ensure(
+        gpu_tensor.to_vec::<f32>()? == cpu_tensor.to_vec::<f32>()?,
+        "non-blocking copy delivers the data",
+    )?;
 
     // Monitoring memory.
     let allocated = memory::memory_allocated(device)?;
@@ -130,19 +150,31 @@ pub fn run(device: Device, second: Device) -> Result<(), Error> {
         println!("Total: {:.3} GB", total as f64 / 1e9);
         ensure(reserved <= total, "reserved fits in the device")?;
     }
-    ensure(allocated <= max_allocated && allocated <= reserved, "allocated <= peak, allocated <= reserved")?;
+    ensure(
+        allocated <= max_allocated && allocated <= reserved,
+        "allocated <= peak, allocated <= reserved",
+    )?;
     println!("{}", memory::memory_summary(device)?);
 
     // Freeing memory: del large_tensor; torch.cuda.empty_cache().
     let large_tensor = Tensor::zeros([2048, 2048], device)?;
     let with_large = memory::memory_allocated(device)?;
     drop(large_tensor);
-    ensure(memory::memory_allocated(device)? + 2048 * 2048 * 4 == with_large, "del frees the tensor's bytes")?;
+    ensure(
+        memory::memory_allocated(device)? + 2048 * 2048 * 4 == with_large,
+        "del frees the tensor's bytes",
+    )?;
     let cached = memory::memory_reserved(device)?;
     memory::empty_cache(device)?;
-    ensure(memory::memory_reserved(device)? < cached, "empty_cache releases the cached block")?;
+    ensure(
+        memory::memory_reserved(device)? < cached,
+        "empty_cache releases the cached block",
+    )?;
     // empty_cache does not free memory held by tensors.
-    ensure(memory::memory_allocated(device)? + 2048 * 2048 * 4 == with_large, "live tensors stay")?;
+    ensure(
+        memory::memory_allocated(device)? + 2048 * 2048 * 4 == with_large,
+        "live tensors stay",
+    )?;
 
     // no_grad: gradient tensors are not stored.
     let inputs = Tensor::randn([64, 1000], device)?;
@@ -150,7 +182,10 @@ pub fn run(device: Device, second: Device) -> Result<(), Error> {
         let _g = no_grad();
         model.forward(&inputs)?
     };
-    ensure(predictions.grad_fn_name().is_none(), "no graph under no_grad")?;
+    ensure(
+        predictions.grad_fn_name().is_none(),
+        "no graph under no_grad",
+    )?;
 
     // Gradient checkpointing: same gradients, lower peak memory.
     let (width, depth) = (256, 6);
@@ -164,9 +199,15 @@ pub fn run(device: Device, second: Device) -> Result<(), Error> {
     let (peak_plain, g_plain) = train_step(&plain, &xb, device)?;
     let (peak_ckpt, g_ckpt) = train_step(&ckpt, &xb, device)?;
     println!("peak memory of a step: {peak_plain} bytes plain, {peak_ckpt} bytes checkpointed");
-    ensure(g_plain.iter().all(|g| !g.is_empty()), "every parameter got a gradient")?;
+    ensure(
+        g_plain.iter().all(|g| !g.is_empty()),
+        "every parameter got a gradient",
+    )?;
     ensure(g_plain == g_ckpt, "checkpointing gives the same gradients")?;
-    ensure(peak_ckpt * 10 < peak_plain * 7, "checkpointing lowers the peak by more than 30%")?;
+    ensure(
+        peak_ckpt * 10 < peak_plain * 7,
+        "checkpointing lowers the peak by more than 30%",
+    )?;
     Ok(())
 }
 

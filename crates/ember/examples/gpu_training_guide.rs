@@ -47,9 +47,15 @@ pub fn run(device: Device) -> Result<(), Error> {
     let y = Tensor::randint(0, 10, [32], ())?.to(device)?;
     let output = model.forward(&x)?;
     println!("Output device: {}", output.device());
-    ensure(output.device() == device && y.device() == device, "output and labels on the device")?;
+    ensure(
+        output.device() == device && y.device() == device,
+        "output and labels on the device",
+    )?;
     model.to(&Device::Cpu)?; // move back to the CPU
-    ensure(model.parameters()[0].device() == Device::Cpu, "model back on the CPU")?;
+    ensure(
+        model.parameters()[0].device() == Device::Cpu,
+        "model back on the CPU",
+    )?;
 
     // Monitoring and managing memory.
     let model = Sequential::new()
@@ -62,30 +68,64 @@ pub fn run(device: Device) -> Result<(), Error> {
     let params_bytes = 4 * model.num_parameters() as u64;
     let allocated = memory::memory_allocated(device)?;
     let reserved = memory::memory_reserved(device)?;
-    println!("Allocated: {:.4} GB, Reserved: {:.4} GB", allocated as f64 / 1e9, reserved as f64 / 1e9);
-    ensure(allocated >= params_bytes, "the parameters are allocated on the device")?;
+    println!(
+        "Allocated: {:.4} GB, Reserved: {:.4} GB",
+        allocated as f64 / 1e9,
+        reserved as f64 / 1e9
+    );
+    ensure(
+        allocated >= params_bytes,
+        "the parameters are allocated on the device",
+    )?;
     let x = Tensor::randn([256, 1000], ())?.to(device)?;
     let output = model.forward(&x)?;
     let after_forward = memory::memory_allocated(device)?;
-    println!("After forward: Allocated: {:.4} GB", after_forward as f64 / 1e9);
+    println!(
+        "After forward: Allocated: {:.4} GB",
+        after_forward as f64 / 1e9
+    );
     // The input, the output and the activations kept for backward.
-    ensure(after_forward >= allocated + 4 * (256 * 1000 + 256 * 10), "forward allocates its activations")?;
+    ensure(
+        after_forward >= allocated + 4 * (256 * 1000 + 256 * 10),
+        "forward allocates its activations",
+    )?;
     drop(output);
     drop(x);
     let cached = memory::memory_reserved(device)?;
     memory::empty_cache(device)?;
     let after_clear = memory::memory_allocated(device)?;
-    println!("After cache clear: Allocated: {:.4} GB", after_clear as f64 / 1e9);
-    ensure(after_clear <= allocated, "dropping the output frees what the forward kept")?;
+    println!(
+        "After cache clear: Allocated: {:.4} GB",
+        after_clear as f64 / 1e9
+    );
+    ensure(
+        after_clear <= allocated,
+        "dropping the output frees what the forward kept",
+    )?;
     let reserved_now = memory::memory_reserved(device)?;
-    println!("After cache clear: Reserved: {:.4} GB", reserved_now as f64 / 1e9);
-    ensure(reserved_now < cached, "empty_cache gives the freed blocks back")?;
-    ensure(reserved_now >= after_clear, "what tensors hold stays reserved")?;
+    println!(
+        "After cache clear: Reserved: {:.4} GB",
+        reserved_now as f64 / 1e9
+    );
+    ensure(
+        reserved_now < cached,
+        "empty_cache gives the freed blocks back",
+    )?;
+    ensure(
+        reserved_now >= after_clear,
+        "what tensors hold stays reserved",
+    )?;
 
     // Gradient accumulation for simulating large batches: batch 256 as 4 x 64.
     let model = Linear::new(100, 10, ())?;
     model.to(&device)?;
-    let mut optimizer = Adam::new(model.parameters(), AdamOptions { lr: 0.001, ..Default::default() })?;
+    let mut optimizer = Adam::new(
+        model.parameters(),
+        AdamOptions {
+            lr: 0.001,
+            ..Default::default()
+        },
+    )?;
     let criterion = CrossEntropyLoss::new();
     let accumulation_steps = 4;
     for epoch in 0..2 {
@@ -95,13 +135,18 @@ pub fn run(device: Device) -> Result<(), Error> {
             let x = Tensor::randn([64, 100], ())?.to(device)?;
             let y = Tensor::randint(0, 10, [64], ())?.to(device)?;
             let output = model.forward(&x)?;
-            let loss = criterion.forward(&output, &y)?.div(accumulation_steps as f64)?;
+            let loss = criterion
+                .forward(&output, &y)?
+                .div(accumulation_steps as f64)?;
             let before = model.weight.to_vec::<f32>()?;
             loss.backward()?; // accumulates gradients
             if (step + 1) % accumulation_steps == 0 {
                 optimizer.step()?;
                 optimizer.zero_grad(true)?;
-                ensure(model.weight.to_vec::<f32>()? != before, "a step every 4 micro-batches")?;
+                ensure(
+                    model.weight.to_vec::<f32>()? != before,
+                    "a step every 4 micro-batches",
+                )?;
             } else {
                 ensure(model.weight.to_vec::<f32>()? == before, "no step between")?;
             }

@@ -91,7 +91,10 @@ pub fn run(device: Device, second: Device) -> Result<(), Error> {
     let x_gpu = x_cpu.to(device)?; // x_cpu.cuda() / x_cpu.to('cuda')
     let y_gpu = Tensor::randn([100, 100], device)?; // created on the device directly
     let result_cpu = x_gpu.to("cpu")?;
-    ensure(result_cpu.to_vec::<f32>()? == x_cpu.to_vec::<f32>()?, "the round trip is exact")?;
+    ensure(
+        result_cpu.to_vec::<f32>()? == x_cpu.to_vec::<f32>()?,
+        "the round trip is exact",
+    )?;
 
     // Device-agnostic code.
     let x = Tensor::randn([100, 100], device)?;
@@ -105,15 +108,27 @@ pub fn run(device: Device, second: Device) -> Result<(), Error> {
     }
     let a = Tensor::randn([100], device)?; // on the first GPU
     let b = Tensor::randn([100], second)?; // on the second
-    ensure(a.device() == device && b.device() == second, "tensors on their GPUs")?;
+    ensure(
+        a.device() == device && b.device() == second,
+        "tensors on their GPUs",
+    )?;
     if let (Device::Cuda(i), Device::Cuda(j)) = (device, second) {
         cuda::set_device(i)?; // torch.cuda.set_device(0)
-        ensure(Tensor::randn([10], ())?.cuda()?.device() == Device::Cuda(i), ".cuda() uses the current device")?;
+        ensure(
+            Tensor::randn([10], ())?.cuda()?.device() == Device::Cuda(i),
+            ".cuda() uses the current device",
+        )?;
         {
             let _guard = cuda::DeviceGuard::new(j)?; // with torch.cuda.device(1):
-            ensure(Tensor::randn([10], ())?.cuda()?.device() == Device::Cuda(j), "inside the guard")?;
+            ensure(
+                Tensor::randn([10], ())?.cuda()?.device() == Device::Cuda(j),
+                "inside the guard",
+            )?;
         }
-        ensure(cuda::current_device()? == i, "the guard restores the device")?;
+        ensure(
+            cuda::current_device()? == i,
+            "the guard restores the device",
+        )?;
     }
 
     // A custom model, moved: every parameter follows.
@@ -128,7 +143,8 @@ pub fn run(device: Device, second: Device) -> Result<(), Error> {
     let inputs = Tensor::randn([512, 100], ())?;
     let teacher = Tensor::randn([100, 10], ())?;
     let labels = inputs.mm(&teacher)?.argmax(1, false)?;
-    let dataset: Arc<dyn Dataset> = Arc::new(TensorDataset::new(vec![inputs.clone(), labels.clone()])?);
+    let dataset: Arc<dyn Dataset> =
+        Arc::new(TensorDataset::new(vec![inputs.clone(), labels.clone()])?);
     let train_loader = DataLoader::new(dataset)
         .batch_size(32)
         .shuffle(true)
@@ -139,7 +155,14 @@ pub fn run(device: Device, second: Device) -> Result<(), Error> {
     let criterion = CrossEntropyLoss::new();
     let mut losses = Vec::new();
     for epoch in 0..5 {
-        let loss = train_epoch(&model, &train_loader, epoch, &mut optimizer, &criterion, device)?;
+        let loss = train_epoch(
+            &model,
+            &train_loader,
+            epoch,
+            &mut optimizer,
+            &criterion,
+            device,
+        )?;
         println!("Epoch {epoch}: Loss = {loss:.4}");
         losses.push(loss);
     }
@@ -149,7 +172,10 @@ pub fn run(device: Device, second: Device) -> Result<(), Error> {
     model.eval();
     let _g = no_grad();
     let predictions = model.forward(&inputs.to(device)?)?;
-    ensure(!predictions.requires_grad() && predictions.grad_fn_name().is_none(), "no graph under no_grad")?;
+    ensure(
+        !predictions.requires_grad() && predictions.grad_fn_name().is_none(),
+        "no graph under no_grad",
+    )?;
     let correct = predictions
         .argmax(1, false)?
         .eq(&labels.to(device)?)?

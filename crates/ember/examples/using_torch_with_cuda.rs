@@ -25,7 +25,10 @@ pub fn run(device: Device, second: Device) -> Result<(), Error> {
     let x = Tensor::randn([5, 5], ())?.to(device)?;
     let model = Linear::new(5, 3, ())?;
     model.to(&device)?;
-    ensure(x.device() == device && model.weight.device() == device, "moved")?;
+    ensure(
+        x.device() == device && model.weight.device() == device,
+        "moved",
+    )?;
 
     let x = Tensor::from_vec(vec![1.0f32, 2.0], [2], &Device::Cpu)?;
     let x_cuda = x.to(device)?;
@@ -36,25 +39,43 @@ pub fn run(device: Device, second: Device) -> Result<(), Error> {
         println!("{}", cuda::get_device_name(i)?);
     }
     model.to(&second)?; // model = model.to('cuda:1')
-    ensure(model.weight.device() == second && model.bias.as_ref().is_some_and(|b| b.device() == second), "model on the second GPU")?;
+    ensure(
+        model.weight.device() == second
+            && model.bias.as_ref().is_some_and(|b| b.device() == second),
+        "model on the second GPU",
+    )?;
     model.to(&device)?;
 
-    println!("allocated {} bytes, reserved {} bytes", memory::memory_allocated(device)?, memory::memory_reserved(device)?);
+    println!(
+        "allocated {} bytes, reserved {} bytes",
+        memory::memory_allocated(device)?,
+        memory::memory_reserved(device)?
+    );
     memory::empty_cache(device)?;
 
     // Mixing CPU and GPU tensors: .to(device) both inputs before the operation.
     let input = Tensor::randn([4, 5], ())?;
     if device != Device::Cpu {
-        let e = model.forward(&input).err().map(|e| e.to_string()).unwrap_or_default();
+        let e = model
+            .forward(&input)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
         println!("model(cpu input): {e}");
-        ensure(e.contains("Expected all tensors to be on the same device") && e.contains("`weight`"), "the mix is an error naming the parameter")?;
+        ensure(
+            e.contains("Expected all tensors to be on the same device") && e.contains("`weight`"),
+            "the mix is an error naming the parameter",
+        )?;
     }
     let out = model.forward(&input.to(device)?)?;
     ensure(out.device() == device, "fixed by moving the input")?;
 
     // Out of memory: smaller batches, or no_grad for inference.
     let _g = no_grad();
-    ensure(model.forward(&input.to(device)?)?.grad_fn_name().is_none(), "no graph kept")?;
+    ensure(
+        model.forward(&input.to(device)?)?.grad_fn_name().is_none(),
+        "no graph kept",
+    )?;
     Ok(())
 }
 

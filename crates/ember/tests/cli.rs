@@ -148,9 +148,15 @@ fn train_json_has_the_documented_keys_and_learns() {
     }
     assert_eq!(v["device"], "cpu");
     assert_eq!(v["epochs"], 3);
-    assert_eq!(v["train_samples"].as_u64().unwrap() + v["val_samples"].as_u64().unwrap(), 1797);
+    assert_eq!(
+        v["train_samples"].as_u64().unwrap() + v["val_samples"].as_u64().unwrap(),
+        1797
+    );
     let acc = v["val_accuracy"].as_f64().unwrap();
-    assert!((0.85..=1.0).contains(&acc), "val accuracy after 3 epochs: {acc}");
+    assert!(
+        (0.85..=1.0).contains(&acc),
+        "val accuracy after 3 epochs: {acc}"
+    );
     let hist = v["history"].as_array().unwrap();
     assert!(
         hist[2]["train_loss"].as_f64().unwrap() < hist[0]["train_loss"].as_f64().unwrap(),
@@ -177,7 +183,10 @@ fn train_auto_says_why_it_uses_the_cpu() {
 
 #[test]
 fn train_runs_the_cnn_on_the_emulated_gpu() {
-    let v = train_json(&["--epochs", "1", "--model", "cnn", "--device", "cuda"], Some("1"));
+    let v = train_json(
+        &["--epochs", "1", "--model", "cnn", "--device", "cuda"],
+        Some("1"),
+    );
     assert_eq!(v["device"], "cuda:0");
     assert_eq!(v["model"], "cnn");
     assert!(v["final_loss"].as_f64().unwrap().is_finite());
@@ -201,7 +210,10 @@ fn a_resumed_run_matches_an_uninterrupted_one() {
     assert_eq!(resumed["final_loss"], straight["final_loss"]);
     assert_eq!(resumed["val_accuracy"], straight["val_accuracy"]);
     // A checkpoint of another model, or one already at the asked epoch, is refused.
-    let out = ember(&["train", "--epochs", "3", "--model", "cnn", "--resume", ck], None);
+    let out = ember(
+        &["train", "--epochs", "3", "--model", "cnn", "--resume", ck],
+        None,
+    );
     assert!(String::from_utf8_lossy(&out.stderr).contains("holds a mlp model"));
     let out = ember(&["train", "--epochs", "2", "--resume", ck], None);
     assert!(String::from_utf8_lossy(&out.stderr).contains("already holds 2 epoch(s)"));

@@ -26,11 +26,16 @@ fn device_pairs() -> [(Device, Device); 2] {
     if std::env::var_os("EMBER_GPU_TEST").is_none() {
         ember::cuda::use_emulator(ember::driver::emulator::EmulatorConfig::devices(2)).unwrap();
     }
-    [(Device::Cpu, Device::Cpu), (Device::Cuda(0), Device::Cuda(1))]
+    [
+        (Device::Cpu, Device::Cpu),
+        (Device::Cuda(0), Device::Cuda(1)),
+    ]
 }
 
 fn each(f: impl Fn(Device, Device) -> Result<(), ember::Error>) {
-    let _s = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _s = SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     for (a, b) in device_pairs() {
         ember::tensor::random::manual_seed(0);
         if let Err(e) = f(a, b) {

@@ -116,7 +116,7 @@ fn captured_parameters_get_their_gradients() {
         .unwrap();
     let wc = w.clone();
     let f = move |xs: &[Tensor]| xs[0].matmul(&wc)?.tanh()?.matmul(&wc);
-    f(&[x.clone()])
+    f(std::slice::from_ref(&x))
         .unwrap()
         .sum_all()
         .unwrap()
@@ -125,7 +125,7 @@ fn captured_parameters_get_their_gradients() {
     let (gx, gw) = (vals(&x.grad().unwrap()), vals(&w.grad().unwrap()));
     x.set_grad(None).unwrap();
     w.set_grad(None).unwrap();
-    let y = checkpoint(f, &[x.clone()]).unwrap();
+    let y = checkpoint(f, std::slice::from_ref(&x)).unwrap();
     assert!(w.grad().is_none());
     y.sum_all().unwrap().backward().unwrap();
     assert_eq!(vals(&x.grad().unwrap()), gx);

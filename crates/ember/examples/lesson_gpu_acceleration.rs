@@ -151,7 +151,15 @@ pub fn run(device: Device, second: Device) -> Result<(), Error> {
         .pin_memory(true) // pinned batches, for non-blocking copies
         .num_workers(2);
 
-    let mut optimizer = Adam::new(model.parameters(), AdamOptions::default())?;
+    // The text uses Adam's defaults; a larger step lets this small example converge in a
+    // few epochs.
+    let mut optimizer = Adam::new(
+        model.parameters(),
+        AdamOptions {
+            lr: 0.01,
+            ..Default::default()
+        },
+    )?;
     let criterion = CrossEntropyLoss::new();
     let mut losses = Vec::new();
     for epoch in 0..5 {

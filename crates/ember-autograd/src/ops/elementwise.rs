@@ -540,9 +540,10 @@ impl Tensor {
         self.to_device(&Device::Cpu)
     }
 
-    /// `to(Device::Cuda(0))`.
+    /// To the current CUDA device (`cuda:0` unless `set_device` or a `DeviceGuard` chose
+    /// another), as `tensor.cuda()`.
     pub fn cuda(&self) -> Result<Tensor> {
-        self.to_device(&Device::Cuda(0))
+        self.to("cuda")
     }
 
     /// A contiguous copy with its own storage (PyTorch's `clone()`); differentiable.

@@ -425,9 +425,11 @@ impl Tensor {
         self.to_device(&Device::Cpu)
     }
 
-    /// This tensor on `cuda:0` (an error naming why where CUDA is unavailable).
+    /// This tensor on the current CUDA device (`cuda:0` unless `set_device` or a
+    /// `DeviceGuard` chose another), as `tensor.cuda()`; an error naming why where CUDA is
+    /// unavailable.
     pub fn cuda(&self) -> Result<Tensor> {
-        self.to_device(&Device::Cuda(0))
+        self.to_device(&current_cuda())
     }
 }
 
@@ -448,8 +450,18 @@ impl ToTarget for &Device {
         Ok((Some(*self), None))
     }
 }
+/// The current CUDA device, as PyTorch's index-less `"cuda"` means (`cuda:0` when CUDA is
+/// unavailable, so that the move reports why).
+pub(crate) fn current_cuda() -> Device {
+    Device::Cuda(ember_device::cuda::current_device().unwrap_or(0))
+}
+
 impl ToTarget for &str {
+    /// `"cpu"`, `"cuda:N"`, or `"cuda"`: the current CUDA device, as in PyTorch.
     fn target(self) -> Result<(Option<Device>, Option<DType>)> {
+        if self.trim() == "cuda" {
+            return Ok((Some(current_cuda()), None));
+        }
         Ok((Some(self.parse::<Device>()?), None))
     }
 }

@@ -87,9 +87,9 @@ impl Default for TrainConfig {
     fn default() -> Self {
         TrainConfig {
             device: DeviceChoice::Auto,
-            epochs: 20,
+            epochs: 30,
             batch_size: 64,
-            lr: 1e-3,
+            lr: 2e-3,
             model: ModelKind::Mlp,
             seed: 0,
             val_fraction: 0.2,

@@ -166,6 +166,15 @@ fn train_json_has_the_documented_keys_and_learns() {
     assert!(v["samples_per_sec"].as_f64().unwrap() > 0.0);
 }
 
+/// The bar: the MLP in its default settings reaches 95% validation accuracy.
+#[test]
+fn train_defaults_reach_95_percent() {
+    let v = train_json(&[], None);
+    assert_eq!(v["model"], "mlp");
+    let acc = v["val_accuracy"].as_f64().unwrap();
+    assert!(acc >= 0.95, "default run: validation accuracy {acc}");
+}
+
 #[test]
 fn train_auto_says_why_it_uses_the_cpu() {
     let v = train_json(&["--epochs", "1"], None);

@@ -31,13 +31,13 @@ enum Command {
         #[arg(long, default_value = "auto")]
         device: DeviceChoice,
         /// Passes over the training set (in all, when resuming).
-        #[arg(long, default_value_t = 20)]
+        #[arg(long, default_value_t = 30)]
         epochs: usize,
         /// Samples per step.
         #[arg(long, default_value_t = 64)]
         batch_size: usize,
         /// Adam's learning rate.
-        #[arg(long, default_value_t = 1e-3)]
+        #[arg(long, default_value_t = 2e-3)]
         lr: f64,
         /// The model.
         #[arg(long, value_enum, default_value_t = ModelKind::Mlp)]

@@ -33,6 +33,16 @@ pub enum ModelKind {
     Cnn,
 }
 
+impl ModelKind {
+    /// `mlp` or `cnn`, as the command line spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ModelKind::Mlp => "mlp",
+            ModelKind::Cnn => "cnn",
+        }
+    }
+}
+
 /// What `--device` asked for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DeviceChoice {
@@ -400,10 +410,7 @@ fn save_checkpoint(
     let mut meta = BTreeMap::new();
     meta.insert("format".to_string(), FORMAT.to_string());
     meta.insert("epoch".to_string(), epoch.to_string());
-    meta.insert(
-        "model".to_string(),
-        format!("{:?}", cfg.model).to_lowercase(),
-    );
+    meta.insert("model".to_string(), cfg.model.as_str().to_string());
     meta.insert("seed".to_string(), cfg.seed.to_string());
     for device in rng_devices() {
         let st = default_generator(device).get_state();
@@ -443,7 +450,7 @@ fn load_checkpoint(
             "not an `ember train` checkpoint (expected format {FORMAT})"
         )));
     }
-    let kind = format!("{:?}", cfg.model).to_lowercase();
+    let kind = cfg.model.as_str().to_string();
     if meta.get("model") != Some(&kind) {
         return Err(bad(format!(
             "holds a {} model, but --model {kind} was asked for",

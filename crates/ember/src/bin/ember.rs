@@ -103,6 +103,20 @@ impl Progress for Bar {
     }
 }
 
+/// Prints `value` as one pretty JSON object on stdout.
+fn print_json(command: &str, value: &impl serde::Serialize) -> ExitCode {
+    match serde_json::to_string_pretty(value) {
+        Ok(s) => {
+            println!("{s}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("{command}: cannot serialise: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 fn train(cfg: TrainConfig, json: bool) -> ExitCode {
     let mut bar = Bar {
         bar: None,
@@ -111,28 +125,22 @@ fn train(cfg: TrainConfig, json: bool) -> ExitCode {
     let (device, why) = match ember::train::resolve_device(cfg.device) {
         Ok(d) => d,
         Err(e) => {
-            eprintln!("ember train: {e}");
+            eprintln!("error: {e}");
             return ExitCode::FAILURE;
         }
     };
     if !json {
-        eprintln!("training {:?} on {device} ({why})", cfg.model);
+        eprintln!("training {} on {device} ({why})", cfg.model.as_str());
     }
     let summary = match ember::train::train(&cfg, &mut bar) {
         Ok(s) => s,
         Err(e) => {
-            eprintln!("ember train: {e}");
+            eprintln!("error: {e}");
             return ExitCode::FAILURE;
         }
     };
     if json {
-        match serde_json::to_string_pretty(&summary) {
-            Ok(s) => println!("{s}"),
-            Err(e) => {
-                eprintln!("ember train: cannot serialise the summary: {e}");
-                return ExitCode::FAILURE;
-            }
-        }
+        return print_json("ember train", &summary);
     } else {
         println!(
             "done: {} epoch(s) on {} in {:.1} s, {:.0} samples/s; final loss {:.4}, validation accuracy {:.2}% ({} samples); peak memory {}",
@@ -158,13 +166,7 @@ fn main() -> ExitCode {
         Command::Info { json } => {
             let info = ember::info::collect();
             if json {
-                match serde_json::to_string_pretty(&info) {
-                    Ok(s) => println!("{s}"),
-                    Err(e) => {
-                        eprintln!("ember info: cannot serialise: {e}");
-                        return ExitCode::FAILURE;
-                    }
-                }
+                return print_json("ember info", &info);
             } else {
                 print!("{}", info.to_text());
             }

@@ -89,8 +89,6 @@ pub struct TrainConfig {
     pub resume: Option<PathBuf>,
     /// Worker threads preparing batches.
     pub num_workers: usize,
-    /// Show a progress bar on stderr.
-    pub progress: bool,
 }
 
 impl Default for TrainConfig {
@@ -106,7 +104,6 @@ impl Default for TrainConfig {
             save: None,
             resume: None,
             num_workers: 0,
-            progress: true,
         }
     }
 }

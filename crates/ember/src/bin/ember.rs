@@ -31,19 +31,19 @@ enum Command {
         #[arg(long, default_value = "auto")]
         device: DeviceChoice,
         /// Passes over the training set (in all, when resuming).
-        #[arg(long, default_value_t = 30)]
+        #[arg(long, default_value_t = TrainConfig::default().epochs)]
         epochs: usize,
         /// Samples per step.
-        #[arg(long, default_value_t = 64)]
+        #[arg(long, default_value_t = TrainConfig::default().batch_size)]
         batch_size: usize,
         /// Adam's learning rate.
-        #[arg(long, default_value_t = 2e-3)]
+        #[arg(long, default_value_t = TrainConfig::default().lr)]
         lr: f64,
         /// The model.
         #[arg(long, value_enum, default_value_t = ModelKind::Mlp)]
         model: ModelKind,
         /// Seed for initialisation, the split and the data order.
-        #[arg(long, default_value_t = 0)]
+        #[arg(long, default_value_t = TrainConfig::default().seed)]
         seed: u64,
         /// Worker threads preparing batches ahead.
         #[arg(long, default_value_t = 0)]
@@ -193,7 +193,6 @@ fn main() -> ExitCode {
                 num_workers,
                 save,
                 resume,
-                progress: !json,
                 ..TrainConfig::default()
             };
             return train(cfg, json);

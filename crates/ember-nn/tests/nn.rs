@@ -13,6 +13,16 @@ use ember_nn::loss::{BCEWithLogitsLoss, CrossEntropyLoss, Loss, MSELoss};
 use ember_nn::{Module, NnError, StateDict, Tensor};
 use ember_tensor::{DType, Device};
 
+/// The random generators are process-wide, as PyTorch's: every test here draws from them
+/// (layer initialisation, dropout, randn), and one checks that a seed reproduces a layer, so
+/// the tests take turns rather than draw between another test's seed and its draws.
+static RNG: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn rng_lock() -> std::sync::MutexGuard<'static, ()> {
+    RNG.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 fn devices() -> Vec<Device> {
     if std::env::var_os("EMBER_GPU_TEST").is_none() {
         cuda::use_emulator(EmulatorConfig::devices(2)).unwrap();
@@ -60,6 +70,7 @@ fn mlp(d: Device) -> Sequential {
 
 #[test]
 fn parameters_have_pytorch_names_and_the_model_prints_like_pytorch() {
+    let _rng = rng_lock();
     let m = mlp(Device::Cpu);
     let names: Vec<String> = m.named_parameters().into_iter().map(|(n, _)| n).collect();
     assert_eq!(names, ["0.weight", "0.bias", "3.weight", "3.bias"]);
@@ -83,6 +94,7 @@ fn parameters_have_pytorch_names_and_the_model_prints_like_pytorch() {
 
 #[test]
 fn linear_matches_a_naive_reference_and_pytorch_init_bounds() {
+    let _rng = rng_lock();
     for d in devices() {
         ember_tensor::random::manual_seed(7);
         let l = Linear::new(5, 3, (DType::F64, d)).unwrap();
@@ -113,6 +125,7 @@ fn linear_matches_a_naive_reference_and_pytorch_init_bounds() {
 
 #[test]
 fn to_moves_parameters_buffers_and_grads_in_place() {
+    let _rng = rng_lock();
     devices();
     let m = Sequential::new()
         .add(Linear::new(4, 2, ()).unwrap())
@@ -147,6 +160,7 @@ fn to_moves_parameters_buffers_and_grads_in_place() {
 
 #[test]
 fn a_model_and_its_input_on_different_devices_name_the_parameter() {
+    let _rng = rng_lock();
     devices();
     let m = mlp(Device::Cpu);
     let x = Tensor::randn([2, 4], Device::Cuda(0)).unwrap();
@@ -164,6 +178,7 @@ fn a_model_and_its_input_on_different_devices_name_the_parameter() {
 
 #[test]
 fn state_dict_round_trips_and_reports_bad_keys_by_name() {
+    let _rng = rng_lock();
     for d in devices() {
         let a = mlp(d);
         let b = mlp(Device::Cpu);
@@ -203,6 +218,7 @@ fn state_dict_round_trips_and_reports_bad_keys_by_name() {
 
 #[test]
 fn zero_grad_clears_to_none_or_zeros() {
+    let _rng = rng_lock();
     let m = mlp(Device::Cpu);
     let x = Tensor::randn([2, 4], ()).unwrap();
     m.forward(&x)
@@ -220,6 +236,7 @@ fn zero_grad_clears_to_none_or_zeros() {
 
 #[test]
 fn dropout_is_the_identity_in_eval_mode() {
+    let _rng = rng_lock();
     for d in devices() {
         let m = mlp(d);
         let x = Tensor::ones([64, 4], d).unwrap();
@@ -239,6 +256,7 @@ fn dropout_is_the_identity_in_eval_mode() {
 
 #[test]
 fn batch_norm_matches_a_naive_reference_in_train_and_eval() {
+    let _rng = rng_lock();
     for d in devices() {
         let (n, c, h, w) = (3, 2, 2, 2);
         let xv = values(n * c * h * w, 3, -2.0, 2.0);
@@ -285,6 +303,7 @@ fn batch_norm_matches_a_naive_reference_in_train_and_eval() {
 
 #[test]
 fn layer_norm_matches_a_naive_reference() {
+    let _rng = rng_lock();
     for d in devices() {
         let xv = values(2 * 6, 5, -3.0, 3.0);
         let x = tensor(xv.clone(), &[2, 6], DType::F64, d);
@@ -323,6 +342,7 @@ fn check_grad(f: impl Fn(&Tensor) -> ember_nn::Result<Tensor>, x: &Tensor) {
 
 #[test]
 fn layers_and_losses_pass_gradcheck() {
+    let _rng = rng_lock();
     for d in devices() {
         let o = (DType::F64, d);
         let x = tensor(values(4 * 6, 11, -2.0, 2.0), &[4, 6], DType::F64, d);
@@ -359,6 +379,7 @@ fn layers_and_losses_pass_gradcheck() {
 
 #[test]
 fn losses_match_naive_references() {
+    let _rng = rng_lock();
     for d in devices() {
         let xv = values(6, 21, -4.0, 4.0);
         let yv = values(6, 22, 0.0, 1.0);
@@ -429,6 +450,7 @@ fn losses_match_naive_references() {
 
 #[test]
 fn a_small_cnn_runs_forward_and_backward_on_every_device() {
+    let _rng = rng_lock();
     for d in devices() {
         ember_tensor::random::manual_seed(0);
         let m = Sequential::new()

@@ -3,6 +3,7 @@
 
     python3 bench/torch_side_by_side.py [--filter matmul] [--rounds 3] [--threads 2] [--json]
                                         [--ember-bin target/release/ember-bench] [--no-install]
+                                        [--device cpu|cuda] [--python python3]
 
 Each round takes every selected case in turn and runs it in Ember's benchmark program (`cargo
 xtask bench --json --device cpu --filter NAME`, or the binary given by --ember-bin) and right
@@ -16,6 +17,11 @@ only PyPI is reachable, PyPI's x86_64 wheel is a CUDA build whose CUDA libraries
 wheels, ~3 GB) must be installed for `import torch` to work, though its CPU kernels (MKL,
 oneDNN) are the same as the CPU build's. Where PyTorch is absent and cannot be installed, only
 Ember's side is printed, with the reason.
+
+With `--device cuda` both sides run the cases on `cuda:0` (a real GPU: Ember's benchmark
+program then carries the H100 bound of each case), each call followed by a device
+synchronisation on both sides, as Ember's harness does. `--python` names an interpreter whose
+torch to use instead of the virtualenv's (a GPU machine's own CUDA build).
 
 To add cases: append a Case to CASES below (same name and unit as Ember's record). `setup`
 builds the inputs and returns (fn, work): the PyTorch side times fn() and reports work/seconds
@@ -43,6 +49,8 @@ CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 TORCH_DEPS = ["typing-extensions", "numpy", "sympy", "networkx", "jinja2", "fsspec", "filelock"]
 ROUNDS_PER_CASE = 5
 ROUND_S = 0.15
+# The device the PyTorch side's cases run on ("cpu" or "cuda"), set by the worker.
+DEVICE = "cpu"
 
 
 @dataclass
@@ -61,11 +69,11 @@ def _matmul(m: int, k: int, n: int, dtype: str = "float32", trans: str = "") -> 
     def setup():
         import torch
 
-        dt = getattr(torch, dtype)
-        a = torch.randn(k, m).t() if trans == "a" else torch.randn(m, k)
-        b = torch.randn(n, k).t() if trans == "b" else torch.randn(k, n)
+        dt, d = getattr(torch, dtype), DEVICE
+        a = torch.randn(k, m, device=d).t() if trans == "a" else torch.randn(m, k, device=d)
+        b = torch.randn(n, k, device=d).t() if trans == "b" else torch.randn(k, n, device=d)
         a, b = a.to(dt), b.to(dt)
-        c = torch.empty(m, n, dtype=dt)
+        c = torch.empty(m, n, dtype=dt, device=d)
         return (lambda: torch.mm(a, b, out=c)), 2.0 * m * n * k
 
     return setup
@@ -81,7 +89,9 @@ def _elementwise(op: str) -> Callable:
     def setup():
         import torch
 
-        a, b, c = torch.randn(N16M), torch.randn(N16M), torch.empty(N16M)
+        d = DEVICE
+        a, b = torch.randn(N16M, device=d), torch.randn(N16M, device=d)
+        c = torch.empty(N16M, device=d)
         fns = {
             "add": (lambda: torch.add(a, b, out=c), 12.0 * N16M),
             "relu": (lambda: torch.clamp_min(a, 0.0, out=c), 8.0 * N16M),
@@ -96,15 +106,27 @@ def _elementwise(op: str) -> Callable:
 def _softmax_ce():
     import torch
 
-    logits, target = torch.randn(4096, 1000), torch.randint(0, 1000, (4096,))
+    d = DEVICE
+    logits = torch.randn(4096, 1000, device=d)
+    target = torch.randint(0, 1000, (4096,), device=d)
     return (lambda: torch.nn.functional.cross_entropy(logits, target)), 1.0
 
 
 def _tiny():
     import torch
 
-    a, b = torch.randn(4), torch.randn(4)
+    a, b = torch.randn(4, device=DEVICE), torch.randn(4, device=DEVICE)
     return (lambda: torch.add(a, b)), 1.0
+
+
+def _conv2d():
+    """A ResNet stage as Ember's `conv2d_f32_32x64x56x56` (CUDA only): 3x3, pad 1, 64 -> 64."""
+    import torch
+
+    x = torch.randn(32, 64, 56, 56, device=DEVICE)
+    w = torch.randn(64, 64, 3, 3, device=DEVICE)
+    flops = 2.0 * 32 * 64 * 56 * 56 * 64 * 9
+    return (lambda: torch.nn.functional.conv2d(x, w, padding=1)), flops
 
 
 CHAIN = 1000
@@ -114,7 +136,7 @@ def _autograd_chain():
     """Record and run backward through a chain of 1000 small ops; the time is per op."""
     import torch
 
-    x = torch.randn(4, requires_grad=True)
+    x = torch.randn(4, requires_grad=True, device=DEVICE)
 
     def fn():
         y = x
@@ -145,6 +167,7 @@ CASES: list[Case] = (
     + [Case("softmax_ce_4096x1000", "ms", False, _softmax_ce, 1e3)]
     + [Case("tiny_op_overhead", "us", False, _tiny, 1e6)]
     + [Case("autograd_chain_1000", "us", False, _autograd_chain, 1e6 / CHAIN)]
+    + [Case("conv2d_f32_32x64x56x56", "GFLOP/s", True, _conv2d, 1e-9)]
 )
 
 
@@ -156,6 +179,14 @@ def torch_case(case: Case, threads: int) -> dict:
     import torch
 
     fn, work = case.setup()
+    if DEVICE == "cuda":
+        # Synchronise after every call, as Ember's harness does on a GPU.
+        inner = fn
+
+        def fn():
+            inner()
+            torch.cuda.synchronize()
+
     fn()
     t0 = time.perf_counter()
     fn()
@@ -171,14 +202,16 @@ def torch_case(case: Case, threads: int) -> dict:
         samples.append((time.perf_counter() - t0) / iters)
     s = statistics.median(samples)
     value = work / s * case.scale if case.higher_is_better else s * case.scale
-    return {"name": case.name, "device": "cpu", "threads": threads, "value": value,
+    return {"name": case.name, "device": DEVICE, "threads": threads, "value": value,
             "unit": case.unit, "torch": torch.__version__}
 
 
-def torch_worker(threads: int) -> None:
+def torch_worker(threads: int, device: str) -> None:
     """Runs in the venv's python: reads case names on stdin, answers one JSON line each."""
     import torch
 
+    global DEVICE
+    DEVICE = device
     torch.set_num_threads(threads)
     cases = {c.name: c for c in CASES}
     print(json.dumps({"ready": torch.__version__}), flush=True)
@@ -190,13 +223,16 @@ def torch_worker(threads: int) -> None:
 # ---------------------------------------------------------------- setup
 
 
+PYTHON: Path | None = None  # --python: use this interpreter's torch instead of the venv's
+
+
 def venv_python() -> Path:
-    return VENV / "bin" / "python"
+    return PYTHON if PYTHON is not None else VENV / "bin" / "python"
 
 
 def torch_importable() -> str | None:
     """None when the venv's torch imports, else why not."""
-    if not venv_python().exists():
+    if PYTHON is None and not venv_python().exists():
         return f"no virtualenv at {VENV}"
     r = subprocess.run([str(venv_python()), "-c", "import torch; print(torch.__version__)"],
                        capture_output=True, text=True)
@@ -233,7 +269,7 @@ def install_torch(log) -> str | None:
 def run_ember(args, name: str) -> list[dict]:
     """Ember's records for one case (and its `_rust` twin, where it has one)."""
     env = dict(os.environ, RAYON_NUM_THREADS=str(args.threads))
-    flags = ["--json", "--device", "cpu", "--filter", name]
+    flags = ["--json", "--device", args.device, "--filter", name]
     cmd = ([args.ember_bin] if args.ember_bin else ["cargo", "xtask", "bench"]) + flags
     r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     if r.returncode != 0:
@@ -244,9 +280,9 @@ def run_ember(args, name: str) -> list[dict]:
 class TorchWorker:
     """A persistent PyTorch process (imports torch once), asked one case at a time."""
 
-    def __init__(self, threads: int):
+    def __init__(self, threads: int, device: str):
         self.p = subprocess.Popen([str(venv_python()), str(Path(__file__).resolve()), "--torch-worker",
-                                   "--threads", str(threads)],
+                                   "--threads", str(threads), "--device", device],
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         json.loads(self.p.stdout.readline())
 
@@ -271,11 +307,18 @@ def main() -> None:
     ap.add_argument("--json", action="store_true", help="print one JSON array instead of a table")
     ap.add_argument("--ember-bin", help="run this ember-bench binary instead of `cargo xtask bench`")
     ap.add_argument("--no-install", action="store_true", help="never create the venv or install torch")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                    help="where both sides run the cases (default cpu)")
+    ap.add_argument("--python", help="use this interpreter's torch (no virtualenv, no install)")
     ap.add_argument("--torch-worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.torch_worker:
-        torch_worker(args.threads)
+        torch_worker(args.threads, args.device)
         return
+    if args.python:
+        global PYTHON
+        PYTHON = Path(args.python)
+        args.no_install = True
 
     log = (lambda s: print(s, file=sys.stderr)) if args.json else print
     why = torch_importable()
@@ -284,7 +327,7 @@ def main() -> None:
     if why is not None:
         log(f"PyTorch side skipped: {why}")
 
-    worker = TorchWorker(args.threads) if why is None else None
+    worker = TorchWorker(args.threads, args.device) if why is None else None
     selected = [c for c in CASES if args.filter in c.name]
     ember_rounds: list[list[dict]] = []
     torch_rounds: list[list[dict]] = []
@@ -330,6 +373,8 @@ def main() -> None:
             "ratio_max": max(ratios) if ratios else None,
             "rounds": len(e_vals),
             "backend": rec.get("backend"),
+            "h100_bound_us": rec.get("h100_bound_us"),
+            "fraction_of_h100_bound": rec.get("fraction_of_h100_bound"),
         })
 
     if args.json:
@@ -342,7 +387,12 @@ def main() -> None:
         span = f"({r['ratio_min']:.2f}-{r['ratio_max']:.2f})" if r["ratio"] is not None else ""
         print(f"{r['name']:<32} {r['unit']:<8} {r['ember']:10.2f} {t} {q}  {span:<13} {r['backend'] or ''}")
     print(f"\nratio > 1: Ember ahead (rates: Ember/PyTorch; times: PyTorch/Ember); "
-          f"{args.threads} threads, {args.rounds} alternating rounds, medians.")
+          f"{args.threads} threads, {args.rounds} alternating rounds, medians, on {args.device}.")
+    bounds = [r for r in rows if r["fraction_of_h100_bound"] is not None]
+    if bounds:
+        print(f"\n{'case':<32} {'H100 bound (us)':>16} {'fraction of bound':>18}")
+        for r in bounds:
+            print(f"{r['name']:<32} {r['h100_bound_us']:16.1f} {r['fraction_of_h100_bound']:18.3f}")
     if why is not None:
         print(f"PyTorch side skipped: {why}")
 

@@ -29,27 +29,28 @@ if [ ! -f "$KDIR/ember.kernels" ] || [ -n "$(find kernels -newer "$KDIR/ember.ke
 fi
 echo "$(wc -l <"$KDIR/ember.kernels") kernels for sm_$ARCH"
 
-# 2. The binaries.
+# 2. The binaries, in one cargo invocation: one feature resolution, so the libraries are
+#    compiled once for the programs and the tests alike.
 export CARGO_TARGET_DIR=$ROOT/target/gpu EMBER_KERNELS_FATBIN=$KDIR/ember.fatbin
-cargo build --release --locked -p ember -p ember-bench --bins
+mkdir -p "$CARGO_TARGET_DIR"
 # The suites that take EMBER_GPU_TEST=1 (the real driver instead of the emulator).
 TESTS="cuda_ops gradcheck nn data optim schedulers walkthroughs"
-cargo test --release --locked --no-run --message-format=json -p ember-tensor -p ember-autograd \
-    -p ember-nn -p ember $(printf -- '--test %s ' $TESTS) >"$CARGO_TARGET_DIR/gpu-tests.json"
+cargo build --release --locked --message-format=json -p ember -p ember-bench -p ember-tensor \
+    -p ember-autograd -p ember-nn --bin ember --bin ember-bench $(printf -- '--test %s ' $TESTS) \
+    >"$CARGO_TARGET_DIR/gpu-build.json"
 
-# 3. Stripped copies, test binaries named after their test target, and the workspace path
-#    they were built in (their data files are found through it).
+# 3. Stripped copies, test binaries named after their test target, the list of suites, and
+#    the workspace path they were built in (their data files are found through it).
 STAGE=$CARGO_TARGET_DIR/bundle
 rm -rf "$STAGE" && mkdir -p "$STAGE"
-strip -o "$STAGE/ember" "$CARGO_TARGET_DIR/release/ember"
-strip -o "$STAGE/ember-bench" "$CARGO_TARGET_DIR/release/ember-bench"
-python3 - "$CARGO_TARGET_DIR/gpu-tests.json" "$STAGE" $TESTS <<'EOF'
+python3 - "$CARGO_TARGET_DIR/gpu-build.json" "$STAGE" ember ember-bench $TESTS <<'EOF'
 import json, subprocess, sys
 for line in open(sys.argv[1]):
     m = json.loads(line)
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in sys.argv[3:]:
         subprocess.run(["strip", "-o", f"{sys.argv[2]}/{m['target']['name']}", m["executable"]], check=True)
 EOF
+echo "$TESTS" >"$STAGE/tests"
 echo "$ROOT" >"$STAGE/workspace"
 tar -C "$STAGE" -cf - . | xz -T0 -9 >"$OUT_FILE"
 ls -la "$STAGE" "$OUT_FILE"

@@ -68,7 +68,7 @@ for s in $STEPS; do
         cat "$OUT/info.log"
         ;;
     tests)
-        for t in cuda_ops gradcheck nn data optim schedulers walkthroughs; do
+        for t in $(cat "$BIN/tests"); do
             [ -x "$BIN/$t" ] || { SUMMARY+=("$t: missing from the bundle"); continue; }
             step "test-$t" 240 env EMBER_GPU_TEST=1 "$BIN/$t"
         done

@@ -7,6 +7,12 @@
 //! correctly rounded result over the whole f32 range (tested below), with subnormal results,
 //! overflow to `inf`, `exp(-inf) = 0` and NaN propagation as libm. The CUDA kernels use the
 //! hardware `expf`.
+//!
+//! The multiply-adds are `mul_add`: one FMA instruction each in code compiled for AVX2 or
+//! AVX-512 (`cpu::simd::widest`, which every CPU caller of `exp_f32` runs in), which took
+//! `exp` over 16M f32 from 6.6 to 8.5 GB/s on one core here. A fused multiply-add rounds
+//! once on every path, so the result is the same bit for bit everywhere; outside `widest`
+//! on a baseline build each `mul_add` is a call to libm's `fmaf`, correct but slow.
 
 /// `e^x` for `f32`, branch-free so loops over it vectorise; within 1 ulp.
 #[inline(always)]
@@ -20,17 +26,17 @@ pub(crate) fn exp_f32(x: f32) -> f32 {
     const MAGIC: f32 = 12_582_912.0;
     // Below -104 the result rounds to 0, above 89 to inf; NaN passes through `clamp`.
     let xc = x.clamp(-104.0, 89.0);
-    let t = xc * LOG2E + MAGIC;
+    let t = xc.mul_add(LOG2E, MAGIC);
     let n = t - MAGIC;
     let ni = (t.to_bits() as i32).wrapping_sub(MAGIC.to_bits() as i32);
-    let r = xc - n * LN2_HI - n * LN2_LO;
+    let r = (-n).mul_add(LN2_LO, (-n).mul_add(LN2_HI, xc));
     let mut p = 1.987_569_2e-4_f32;
-    p = p * r + 1.398_199_9e-3;
-    p = p * r + 8.333_452e-3;
-    p = p * r + 4.166_579_6e-2;
-    p = p * r + 1.666_666_5e-1;
-    p = p * r + 0.5;
-    let e = p * r * r + r + 1.0;
+    p = p.mul_add(r, 1.398_199_9e-3);
+    p = p.mul_add(r, 8.333_452e-3);
+    p = p.mul_add(r, 4.166_579_6e-2);
+    p = p.mul_add(r, 1.666_666_5e-1);
+    p = p.mul_add(r, 0.5);
+    let e = (p * r).mul_add(r, r) + 1.0;
     // 2^n with n in [-150, 129] as two normal powers of two, so subnormal and overflowing
     // results round once, in the last multiply. For NaN input `ni` is garbage but `e` is
     // NaN.

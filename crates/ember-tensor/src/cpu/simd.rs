@@ -6,7 +6,9 @@
 //! f32 145 / 75 / 60 ms for SSE2 / AVX2 / AVX-512 on one core). [`widest`] checks the CPU once
 //! (`is_x86_feature_detected!` caches) and calls `f` through a `#[target_feature]`
 //! trampoline; `f` is inlined into it and so compiled for those features. Results are
-//! bit-identical on every path: Rust never contracts `a * b + c` into an FMA on its own.
+//! bit-identical on every path: Rust never contracts `a * b + c` into an FMA on its own,
+//! and an explicit `mul_add` rounds once everywhere (an instruction here, libm's `fmaf` in
+//! baseline code).
 //!
 //! Closures handed to rayon run on other threads as separate functions, so `widest` goes
 //! inside the per-chunk work, not around the parallel loop.

@@ -111,21 +111,16 @@ impl CpuStorage {
         I: Iterator<Item = T>,
         F: Fn(Range<usize>) -> I + Sync,
     {
-        Self::from_chunks_impl::<false, T, I, F>(len, produce)
+        Self::from_chunks_as::<false, T, I, F>(len, produce)
     }
 
-    /// [`CpuStorage::from_chunks`] with each chunk's loop compiled for the CPU's widest
-    /// vector instructions (see `cpu::simd`): for arithmetic-bound producers such as `exp`.
-    pub(crate) fn from_chunks_wide<T, I, F>(len: usize, produce: F) -> Result<CpuStorage>
-    where
-        T: WithDType,
-        I: Iterator<Item = T>,
-        F: Fn(Range<usize>) -> I + Sync,
-    {
-        Self::from_chunks_impl::<true, T, I, F>(len, produce)
-    }
-
-    fn from_chunks_impl<const WIDE: bool, T, I, F>(len: usize, produce: F) -> Result<CpuStorage>
+    /// [`CpuStorage::from_chunks`], with each chunk's loop compiled for the CPU's widest
+    /// vector instructions (see `cpu::simd`) when `WIDE`: for arithmetic-bound producers
+    /// such as `exp`.
+    pub(crate) fn from_chunks_as<const WIDE: bool, T, I, F>(
+        len: usize,
+        produce: F,
+    ) -> Result<CpuStorage>
     where
         T: WithDType,
         I: Iterator<Item = T>,

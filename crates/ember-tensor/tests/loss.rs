@@ -134,6 +134,84 @@ proptest! {
     }
 }
 
+/// The CPU's fused cross-entropy (row max and `ln Σ exp`, log-probability at the target
+/// only; parallel over rows from 32Ki elements) against `log_softmax` then `nll_loss`, to
+/// the bit, and against the f64 reference, on shapes large enough for the parallel path;
+/// with a row holding `-inf` and one holding `+inf` (NaN loss, as in PyTorch), ignored
+/// targets and class weights.
+#[test]
+fn fused_cross_entropy_matches_log_softmax_then_nll() {
+    for (n, c, seed) in [(300usize, 1000usize, 1u64), (97, 513, 2), (5, 40_000, 3)] {
+        let mut logits: Vec<f64> = rand_vec(n * c, seed).iter().map(|v| v * 6.0).collect();
+        logits[c + 3] = f64::NEG_INFINITY;
+        logits[2 * c + 1] = f64::INFINITY;
+        let tv: Vec<i64> = rand_vec(n, seed ^ 5)
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                if i % 7 == 6 {
+                    -100
+                } else {
+                    ((r + 1.0) / 2.0 * c as f64) as i64 % c as i64
+                }
+            })
+            .collect();
+        let t = Tensor::from_vec(tv.clone(), [n], &CPU).unwrap();
+        let wv: Vec<f64> = rand_vec(c, seed ^ 9).iter().map(|v| v + 1.5).collect();
+        for dtype in [DType::F32, DType::F64] {
+            let x = Tensor::from_vec(logits.clone(), [n, c], &CPU)
+                .unwrap()
+                .to_dtype(dtype)
+                .unwrap();
+            let w = Tensor::from_vec(wv.clone(), [c], &CPU)
+                .unwrap()
+                .to_dtype(dtype)
+                .unwrap();
+            for weighted in [false, true] {
+                let mut o = CrossEntropyOptions::new().reduction(Reduction::None);
+                let mut no = NllLossOptions::new().reduction(Reduction::None);
+                if weighted {
+                    o = o.weight(&w);
+                    no = no.weight(&w);
+                }
+                let got = values(&x.cross_entropy(&t, &o).unwrap());
+                let composite = values(&x.log_softmax(1).unwrap().nll_loss(&t, &no).unwrap());
+                let same = got
+                    .iter()
+                    .zip(&composite)
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(
+                    same,
+                    "{dtype} [{n}, {c}] weighted {weighted}: fused differs from composite"
+                );
+                assert!(
+                    got[2].is_nan() || tv[2] == -100,
+                    "a +inf logit gives NaN as in PyTorch"
+                );
+                let xv = values(&x);
+                let wopt = weighted.then_some(wv.as_slice());
+                let want = reference(&xv, (n, c, 1), &tv, wopt, -100, 0.0, Reduction::None, false);
+                // Rows 1 and 2 hold the infinities, which the reference turns into NaN
+                // through its smoothing term (0 * inf).
+                let finite = |v: &[f64]| -> Vec<f64> {
+                    v.iter()
+                        .enumerate()
+                        .filter(|&(i, _)| i > 2)
+                        .map(|(_, &v)| v)
+                        .collect()
+                };
+                assert_close(
+                    &finite(&got),
+                    &finite(&want),
+                    tol(dtype) * 4.0,
+                    1.0,
+                    "fused cross_entropy",
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn cross_entropy_known_values() {
     // logits [1, 2, 3], target 0. lse = 3 + ln(1 + e^-1 + e^-2) = 3.4076059644;

@@ -1,6 +1,8 @@
 //! CPU negative log-likelihood: the per-element terms `-w[t]·x[n, t, l]` and weights
 //! `w[t]` that the `nll_loss` / `cross_entropy` fronts reduce.
 
+use crate::cpu::contiguous_slice;
+use crate::cpu::softmax::{self, SoftmaxFloat};
 use crate::dtype::{DType, WithDType};
 use crate::error::{Result, TensorError};
 use crate::layout::Layout;
@@ -57,7 +59,7 @@ pub(crate) fn nll_loss(
     }
 }
 
-fn nll<T: WithDType + std::ops::Neg<Output = T> + std::ops::Mul<Output = T>>(
+fn nll<T: NllFloat>(
     x: &CpuStorage,
     lx: &Layout,
     t: &CpuStorage,
@@ -67,6 +69,76 @@ fn nll<T: WithDType + std::ops::Neg<Output = T> + std::ops::Mul<Output = T>>(
 ) -> Result<(CpuStorage, CpuStorage)> {
     let dx = x.as_slice::<T>()?;
     check_layout(dx.len(), lx, 3)?;
+    let (st, off) = (lx.strides(), lx.offset());
+    nll_with(lx, t, lt, weight, ignore_index, |s, cls, li| {
+        dx.get(off + s * st[0] + cls * st[1] + li * st[2])
+            .copied()
+            .ok_or_else(corrupt)
+    })
+}
+
+trait NllFloat: WithDType + std::ops::Neg<Output = Self> + std::ops::Mul<Output = Self> {}
+impl NllFloat for f32 {}
+impl NllFloat for f64 {}
+
+/// `nll_loss` of `log_softmax(x, 1)` for scores `x` (`[N, C, L]`, f32 or f64). Contiguous
+/// `[N, C, 1]` scores take one pass per row for its max and `ln Σ exp`, and the
+/// log-probability is formed at the target alone (as `log_softmax` rounds it), so the
+/// `[N, C]` log-probabilities are never written; other layouts run `log_softmax` first.
+pub(crate) fn log_softmax_nll_loss(
+    x: &CpuStorage,
+    lx: &Layout,
+    t: &CpuStorage,
+    lt: &Layout,
+    weight: Option<(&CpuStorage, &Layout)>,
+    ignore_index: i64,
+) -> Result<(CpuStorage, CpuStorage)> {
+    match x.dtype() {
+        DType::F32 => fused::<f32>(x, lx, t, lt, weight, ignore_index),
+        DType::F64 => fused::<f64>(x, lx, t, lt, weight, ignore_index),
+        d => Err(TensorError::unsupported("cross_entropy", d)),
+    }
+}
+
+fn fused<T: NllFloat + SoftmaxFloat>(
+    x: &CpuStorage,
+    lx: &Layout,
+    t: &CpuStorage,
+    lt: &Layout,
+    weight: Option<(&CpuStorage, &Layout)>,
+    ignore_index: i64,
+) -> Result<(CpuStorage, CpuStorage)> {
+    let dx = x.as_slice::<T>()?;
+    check_layout(dx.len(), lx, 3)?;
+    let &[_, c, l] = lx.dims() else {
+        return Err(corrupt());
+    };
+    let rows = match contiguous_slice(dx, lx) {
+        Some(rows) if l == 1 && c > 0 => rows,
+        _ => {
+            let logp = softmax::softmax(x, lx, 1, true)?;
+            let lp = Layout::contiguous(lx.shape().clone());
+            return nll::<T>(&logp, &lp, t, lt, weight, ignore_index);
+        }
+    };
+    let norm = softmax::row_log_normalizers(rows, c);
+    nll_with(lx, t, lt, weight, ignore_index, |s, cls, _| {
+        let (m, ln_s) = norm.get(s).copied().ok_or_else(corrupt)?;
+        let v = rows.get(s * c + cls).copied().ok_or_else(corrupt)?;
+        Ok((v - m) - ln_s)
+    })
+}
+
+/// The terms of [`nll_loss`] over `[N, C, L]` (`lx`'s dims), with `x[s, cls, li]` read
+/// through `value`.
+fn nll_with<T: NllFloat>(
+    lx: &Layout,
+    t: &CpuStorage,
+    lt: &Layout,
+    weight: Option<(&CpuStorage, &Layout)>,
+    ignore_index: i64,
+    value: impl Fn(usize, usize, usize) -> Result<T>,
+) -> Result<(CpuStorage, CpuStorage)> {
     let &[n, c, l] = lx.dims() else {
         return Err(corrupt());
     };
@@ -86,7 +158,6 @@ fn nll<T: WithDType + std::ops::Neg<Output = T> + std::ops::Mul<Output = T>>(
         None => None,
     };
     let tv = targets(t, lt)?;
-    let st = lx.strides();
     let mut loss = Vec::with_capacity(tv.len());
     let mut wt = Vec::with_capacity(tv.len());
     for (pos, &cls) in tv.iter().enumerate() {
@@ -104,10 +175,7 @@ fn nll<T: WithDType + std::ops::Neg<Output = T> + std::ops::Mul<Output = T>>(
             ));
         }
         let (s, li) = (pos / l.max(1), pos % l.max(1));
-        let v = dx
-            .get(lx.offset() + s * st[0] + cls as usize * st[1] + li * st[2])
-            .copied()
-            .ok_or_else(corrupt)?;
+        let v = value(s, cls as usize, li)?;
         let wc = match &w {
             Some(w) => w.get(cls as usize).copied().ok_or_else(corrupt)?,
             None => T::ONE,

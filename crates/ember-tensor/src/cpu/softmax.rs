@@ -16,7 +16,7 @@ use crate::math::FastExp;
 use crate::storage::{CpuStorage, PAR_THRESHOLD};
 
 /// The float types softmax computes in (f16/bf16 are computed in f32 by the front).
-trait SoftmaxFloat: WithDType + FastExp + std::ops::Sub<Output = Self> {
+pub(crate) trait SoftmaxFloat: WithDType + FastExp + std::ops::Sub<Output = Self> {
     fn max(self, o: Self) -> Self;
     fn add(self, o: Self) -> Self;
     fn mul(self, o: Self) -> Self;
@@ -118,6 +118,37 @@ fn softmax_t<T: SoftmaxFloat>(
     Ok(out)
 }
 
+/// Per row of contiguous `[rows, c]` scores (`c > 0`): the max and `ln Σ exp(x - max)`,
+/// the two terms [`row`] subtracts, so `(x - max) - ln Σ` is `log_softmax` to the bit.
+/// For the fused cross-entropy, which needs the log-probability at the target alone.
+pub(crate) fn row_log_normalizers<T: SoftmaxFloat>(x: &[T], c: usize) -> Vec<(T, T)> {
+    let rows = x.len() / c.max(1);
+    let mut out = vec![(T::ZERO, T::ZERO); rows];
+    if c == 0 {
+        return out;
+    }
+    let run = |xs: &[T], os: &mut [(T, T)]| {
+        super::simd::widest(
+            #[inline(always)]
+            || {
+                for (r, o) in xs.chunks_exact(c).zip(os.iter_mut()) {
+                    let m = row_max(r);
+                    *o = (m, sum_exp(r, m).ln());
+                }
+            },
+        );
+    };
+    let per = (PAR_THRESHOLD / c).max(1);
+    if x.len() >= PAR_THRESHOLD && rows > per {
+        x.par_chunks(per * c)
+            .zip(out.par_chunks_mut(per))
+            .for_each(|(xs, os)| run(xs, os));
+    } else {
+        run(x, &mut out);
+    }
+    out
+}
+
 /// Every row of `x` (whole `[size, inner]` blocks) into `y`.
 #[inline(always)]
 fn rows<T: SoftmaxFloat>(x: &[T], y: &mut [T], size: usize, inner: usize, log: bool) {
@@ -131,15 +162,26 @@ fn rows<T: SoftmaxFloat>(x: &[T], y: &mut [T], size: usize, inner: usize, log: b
     }
 }
 
-/// Sum of `exp(x - m)` with 8 independent accumulators (so the loop vectorises).
+/// Sum of `exp(x - m)`: `exp` into a small buffer (a plain map loop, which vectorises as
+/// the elementwise `exp` does), then added into 16 independent accumulators. Written as
+/// one loop with the accumulators, LLVM vectorised `exp` poorly (scalar FMAs and shuffles,
+/// seen with `perf annotate`).
 #[inline(always)]
 fn sum_exp<T: SoftmaxFloat>(x: &[T], m: T) -> T {
-    let mut lanes = [T::ZERO; 8];
-    let chunks = x.chunks_exact(8);
+    const LANES: usize = 16;
+    const BUF: usize = 4 * LANES;
+    let mut buf = [T::ZERO; BUF];
+    let mut lanes = [T::ZERO; LANES];
+    let chunks = x.chunks_exact(BUF);
     let rest = chunks.remainder();
     for c in chunks {
-        for (a, &v) in lanes.iter_mut().zip(c) {
-            *a = a.add((v - m).fast_exp());
+        buf.iter_mut()
+            .zip(c)
+            .for_each(|(o, &v)| *o = (v - m).fast_exp());
+        for part in buf.chunks_exact(LANES) {
+            for (a, &e) in lanes.iter_mut().zip(part) {
+                *a = a.add(e);
+            }
         }
     }
     let mut s = rest.iter().fold(T::ZERO, |a, &v| a.add((v - m).fast_exp()));
@@ -149,11 +191,11 @@ fn sum_exp<T: SoftmaxFloat>(x: &[T], m: T) -> T {
     s
 }
 
-/// The row's maximum, with 8 independent lanes (a single running max does not vectorise).
+/// The row's maximum, with 16 independent lanes (a single running max does not vectorise).
 #[inline(always)]
 fn row_max<T: SoftmaxFloat>(x: &[T]) -> T {
-    let mut lanes = [T::NEG_INF; 8];
-    let chunks = x.chunks_exact(8);
+    let mut lanes = [T::NEG_INF; 16];
+    let chunks = x.chunks_exact(16);
     let rest = chunks.remainder();
     for c in chunks {
         for (a, &v) in lanes.iter_mut().zip(c) {

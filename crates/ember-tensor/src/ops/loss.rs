@@ -6,11 +6,14 @@
 //! and `w[t]`), and existing ops: `cross_entropy` is `log_softmax`, then that primitive,
 //! then the smoothing term `-Σ_c w_c·logp_c` as a mul and a sum. So the autograd layer
 //! rebuilds both losses from differentiable pieces (`log_softmax` and the primitive, whose
-//! gradient is `-w[t]` at `t`), and the log-probabilities stay reachable there.
+//! gradient is `-w[t]` at `t`), and the log-probabilities stay reachable there. Without
+//! label smoothing the first two steps are one backend call, which the CPU fuses: per row
+//! the max and `ln Σ exp`, and `log_softmax` only at the target, never written out.
 
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
-use crate::storage::read_many;
+use crate::layout::Layout;
+use crate::storage::{Storage, read_many};
 use crate::tensor::{Tensor, same_device};
 
 /// How a loss reduces its per-element values (PyTorch's `reduction`).
@@ -113,6 +116,16 @@ impl<'a> CrossEntropyOptions<'a> {
     }
 }
 
+/// [`Storage::nll_loss`] or [`Storage::log_softmax_nll_loss`].
+type NllKernel = fn(
+    &Storage,
+    &Layout,
+    &Storage,
+    &Layout,
+    Option<(&Storage, &Layout)>,
+    i64,
+) -> Result<(Storage, Storage)>;
+
 /// Checked and reshaped operands: input `[N, C, L]` and target `[N, L]` in the compute
 /// dtype (f32 or f64), the weight `[C]` cast to it.
 struct Prepared {
@@ -211,15 +224,25 @@ fn prepare(
 impl Prepared {
     /// `(-w[t]·x[t], w[t])` per element, `[N, L]`, in the compute dtype.
     fn terms(&self, ignore_index: i64) -> Result<(Tensor, Tensor)> {
+        self.terms_by(ignore_index, Storage::nll_loss)
+    }
+
+    /// [`Prepared::terms`] of `log_softmax(x, 1)`, which the backend may fuse (the CPU
+    /// never writes the log-probabilities out).
+    fn log_softmax_terms(&self, ignore_index: i64) -> Result<(Tensor, Tensor)> {
+        self.terms_by(ignore_index, Storage::log_softmax_nll_loss)
+    }
+
+    fn terms_by(&self, ignore_index: i64, kernel: NllKernel) -> Result<(Tensor, Tensor)> {
         let (lx, lt) = (self.x.layout().clone(), self.target.layout().clone());
         let (loss, w) = match &self.weight {
             None => read_many(&[self.x.cell(), self.target.cell()], |s| {
-                s[0].nll_loss(&lx, s[1], &lt, None, ignore_index)
+                kernel(s[0], &lx, s[1], &lt, None, ignore_index)
             })?,
             Some(wt) => {
                 let lw = wt.layout().clone();
                 read_many(&[self.x.cell(), self.target.cell(), wt.cell()], |s| {
-                    s[0].nll_loss(&lx, s[1], &lt, Some((s[2], &lw)), ignore_index)
+                    kernel(s[0], &lx, s[1], &lt, Some((s[2], &lw)), ignore_index)
                 })?
             }
         };
@@ -301,17 +324,18 @@ impl Tensor {
         }
         let nll = &opts.nll;
         let mut p = prepare("cross_entropy", self, target, nll.weight)?;
-        p.x = p.x.log_softmax(1)?;
-        let (loss, w) = p.terms(nll.ignore_index)?;
-        let total_weight = || w.sum_all();
         if eps == 0.0 {
+            let (loss, w) = p.log_softmax_terms(nll.ignore_index)?;
             let r = match nll.reduction {
                 Reduction::None => loss.reshape(target.shape())?,
                 Reduction::Sum => loss.sum_all()?,
-                Reduction::Mean => loss.sum_all()?.div(&total_weight()?)?,
+                Reduction::Mean => loss.sum_all()?.div(&w.sum_all()?)?,
             };
             return r.to_dtype(self.dtype());
         }
+        p.x = p.x.log_softmax(1)?;
+        let (loss, w) = p.terms(nll.ignore_index)?;
+        let total_weight = || w.sum_all();
         // smooth[n, l] = -Σ_c w_c·logp[n, c, l], zero where the target is ignored.
         let weighted = match &p.weight {
             Some(wc) => p.x.mul(&wc.reshape([1, p.classes, 1])?)?,

@@ -74,6 +74,18 @@ impl Tensor {
                 hint: "use logical_xor() for bool subtraction, or cast to an integer dtype",
             });
         }
+        // Two tensors of the result's dtype and one shape (most ops in training code):
+        // no casts, no broadcast layouts, no shape to build. `tiny_op_overhead` is this.
+        if let Operand::Tensor(b) = &rhs
+            && self.dtype() == dtype
+            && b.dtype() == dtype
+            && b.shape() == self.shape()
+        {
+            same_device(&[self, b])?;
+            let (la, lb) = (self.layout(), b.layout());
+            let s = read_many(&[self.cell(), b.cell()], |s| s[0].binary::<O>(la, s[1], lb))?;
+            return Ok(Tensor::from_storage(s, self.shape()));
+        }
         let Prepared2 {
             a,
             la,

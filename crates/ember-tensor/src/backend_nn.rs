@@ -131,9 +131,9 @@ impl Storage {
     }
 
     /// [`Storage::nll_loss`] of `log_softmax(x, 1)` for scores `x` (`[N, C, L]`, f32 or
-    /// f64): the CPU computes each row's `max` and `ln Σ exp(x - max)` and the
-    /// log-probability at the target alone, as `log_softmax` rounds it; elsewhere it is
-    /// the log-softmax kernel, then the NLL kernel.
+    /// f64): for `[N, C, 1]` contiguous scores the CPU computes each row's `max` and
+    /// `ln Σ exp(x - max)` and the log-probability at the target alone, as `log_softmax`
+    /// rounds it; otherwise, and on CUDA, it is the log-softmax kernel, then the NLL kernel.
     pub(crate) fn log_softmax_nll_loss(
         &self,
         lx: &Layout,
@@ -147,8 +147,9 @@ impl Storage {
             Some((Storage::Cpu(w), lw)) => Some(Some((w, lw))),
             Some(_) => None,
         };
-        if let (Storage::Cpu(x), Storage::Cpu(t), Some(w)) = (self, target, cpu_weight) {
-            let (l, w) = cpu::loss::log_softmax_nll_loss(x, lx, t, lt, w, ignore_index)?;
+        if let (Storage::Cpu(x), Storage::Cpu(t), Some(w)) = (self, target, cpu_weight)
+            && let Some((l, w)) = cpu::loss::log_softmax_nll_loss(x, lx, t, lt, w, ignore_index)?
+        {
             return Ok((Storage::Cpu(l), Storage::Cpu(w)));
         }
         let logp = self.softmax(lx, 1, true)?;

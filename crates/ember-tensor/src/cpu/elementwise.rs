@@ -1,7 +1,7 @@
 //! CPU kernels of the elementwise families: unary, binary, comparisons, `where`, clamp,
 //! and their in-place forms.
 
-use crate::cpu::{dispatch, map1, map1_wide, map2, update1, update2};
+use crate::cpu::{dispatch, map1, map1_as, map2, update1, update2};
 use crate::dtype::DType;
 use crate::dtype::WithDType;
 use crate::error::Result;
@@ -16,9 +16,9 @@ pub(crate) fn unary<O: UnaryOpT>(src: &CpuStorage, l: &Layout) -> Result<CpuStor
     // bound by arithmetic, not memory, and `exp_f32`'s `mul_add`s must be FMA instructions
     // (f16 and bf16 compute in f32).
     match src.dtype() {
-        DType::F32 => map1_wide::<f32, f32, _>(src, l, |x| x.unary::<O>()),
-        DType::F16 => map1_wide::<half::f16, half::f16, _>(src, l, |x| x.unary::<O>()),
-        DType::Bf16 => map1_wide::<half::bf16, half::bf16, _>(src, l, |x| x.unary::<O>()),
+        DType::F32 => map1_as::<true, f32, f32, _>(src, l, |x| x.unary::<O>()),
+        DType::F16 => map1_as::<true, half::f16, half::f16, _>(src, l, |x| x.unary::<O>()),
+        DType::Bf16 => map1_as::<true, half::bf16, half::bf16, _>(src, l, |x| x.unary::<O>()),
         dt => dispatch!(dt, T => map1::<T, T, _>(src, l, |x| x.unary::<O>())),
     }
 }

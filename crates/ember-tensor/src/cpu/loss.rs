@@ -81,10 +81,11 @@ trait NllFloat: WithDType + std::ops::Neg<Output = Self> + std::ops::Mul<Output 
 impl NllFloat for f32 {}
 impl NllFloat for f64 {}
 
-/// `nll_loss` of `log_softmax(x, 1)` for scores `x` (`[N, C, L]`, f32 or f64). Contiguous
-/// `[N, C, 1]` scores take one pass per row for its max and `ln Σ exp`, and the
-/// log-probability is formed at the target alone (as `log_softmax` rounds it), so the
-/// `[N, C]` log-probabilities are never written; other layouts run `log_softmax` first.
+/// `nll_loss` of `log_softmax(x, 1)` for contiguous `[N, C, 1]` scores `x` (f32 or f64):
+/// one pass per row for its max and `ln Σ exp`, and the log-probability formed at the
+/// target alone (as `log_softmax` rounds it), so the `[N, C]` log-probabilities are never
+/// written. `None` for other layouts and dtypes, which the caller runs as `log_softmax`,
+/// then `nll_loss`.
 pub(crate) fn log_softmax_nll_loss(
     x: &CpuStorage,
     lx: &Layout,
@@ -92,11 +93,11 @@ pub(crate) fn log_softmax_nll_loss(
     lt: &Layout,
     weight: Option<(&CpuStorage, &Layout)>,
     ignore_index: i64,
-) -> Result<(CpuStorage, CpuStorage)> {
+) -> Result<Option<(CpuStorage, CpuStorage)>> {
     match x.dtype() {
         DType::F32 => fused::<f32>(x, lx, t, lt, weight, ignore_index),
         DType::F64 => fused::<f64>(x, lx, t, lt, weight, ignore_index),
-        d => Err(TensorError::unsupported("cross_entropy", d)),
+        _ => Ok(None),
     }
 }
 
@@ -107,26 +108,22 @@ fn fused<T: NllFloat + SoftmaxFloat>(
     lt: &Layout,
     weight: Option<(&CpuStorage, &Layout)>,
     ignore_index: i64,
-) -> Result<(CpuStorage, CpuStorage)> {
+) -> Result<Option<(CpuStorage, CpuStorage)>> {
     let dx = x.as_slice::<T>()?;
     check_layout(dx.len(), lx, 3)?;
-    let &[_, c, l] = lx.dims() else {
-        return Err(corrupt());
+    let (&[_, c, 1], Some(rows)) = (lx.dims(), contiguous_slice(dx, lx)) else {
+        return Ok(None);
     };
-    let rows = match contiguous_slice(dx, lx) {
-        Some(rows) if l == 1 && c > 0 => rows,
-        _ => {
-            let logp = softmax::softmax(x, lx, 1, true)?;
-            let lp = Layout::contiguous(lx.shape().clone());
-            return nll::<T>(&logp, &lp, t, lt, weight, ignore_index);
-        }
-    };
+    if c == 0 {
+        return Ok(None);
+    }
     let norm = softmax::row_log_normalizers(rows, c);
     nll_with(lx, t, lt, weight, ignore_index, |s, cls, _| {
         let (m, ln_s) = norm.get(s).copied().ok_or_else(corrupt)?;
         let v = rows.get(s * c + cls).copied().ok_or_else(corrupt)?;
         Ok((v - m) - ln_s)
     })
+    .map(Some)
 }
 
 /// The terms of [`nll_loss`] over `[N, C, L]` (`lx`'s dims), with `x[s, cls, li]` read

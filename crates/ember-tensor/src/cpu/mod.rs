@@ -95,22 +95,17 @@ where
     U: WithDType,
     F: Fn(T) -> U + Sync,
 {
-    map1_impl::<false, T, U, F>(src, l, f)
+    map1_as::<false, T, U, F>(src, l, f)
 }
 
-/// [`map1`] with each chunk's loop compiled for the CPU's widest vector instructions (see
-/// `cpu::simd`), for arithmetic-bound `f` such as `exp`: its `mul_add`s are single FMA
-/// instructions there, where baseline x86-64 code would call libm's `fmaf` for each.
-pub(crate) fn map1_wide<T, U, F>(src: &CpuStorage, l: &Layout, f: F) -> Result<CpuStorage>
-where
-    T: WithDType,
-    U: WithDType,
-    F: Fn(T) -> U + Sync,
-{
-    map1_impl::<true, T, U, F>(src, l, f)
-}
-
-fn map1_impl<const WIDE: bool, T, U, F>(src: &CpuStorage, l: &Layout, f: F) -> Result<CpuStorage>
+/// [`map1`], with each chunk's loop compiled for the CPU's widest vector instructions (see
+/// `cpu::simd`) when `WIDE`: for arithmetic-bound `f` such as `exp`, whose `mul_add`s are
+/// single FMA instructions there, where baseline x86-64 code would call libm's `fmaf`.
+pub(crate) fn map1_as<const WIDE: bool, T, U, F>(
+    src: &CpuStorage,
+    l: &Layout,
+    f: F,
+) -> Result<CpuStorage>
 where
     T: WithDType,
     U: WithDType,

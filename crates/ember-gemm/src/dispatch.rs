@@ -6,8 +6,10 @@ use crate::elem::{DType, Element};
 use crate::error::GemmError;
 use crate::layout::{MatMut, MatRef, Problem, check_problem};
 use crate::mkl::{self, Mkl};
+use crate::packed;
 use crate::rust::{self, RustThreads};
 use crate::split::{self, RawGemm};
+use rayon::prelude::*;
 
 /// How many threads one product may use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -147,19 +149,45 @@ fn gemm_impl<T: Element, O: Element>(
         };
         return Ok(into_f32(mkl, p, a, b, c32, alpha, beta, threads));
     }
-    // A 16-bit C: accumulate into a dense f32 copy (scratch reused per thread), round once.
+    // Large 16-bit products on MKL: Note [Packed 16-bit panels].
+    let mut c = MatMut {
+        data,
+        batch,
+        rows,
+        cols,
+        batch_stride,
+        row_stride,
+        col_stride,
+    };
+    if let Some(m) = mkl
+        && p.k > 0
+        && packed::try_run(m, p, &a, &b, &mut c, alpha, beta, threads)
+    {
+        return Ok(Backend::Mkl);
+    }
+    let data = c.data;
+    // Otherwise accumulate into a dense f32 copy (scratch reused per thread), round once.
     let (m, n) = (p.m, p.n);
     let len = p.batch * m * n;
     let dense = col_stride == 1 && row_stride == n && (batch == 1 || batch_stride == m * n);
     let at = |bi: usize, i: usize, j: usize| bi * batch_stride + i * row_stride + j * col_stride;
-    let mut tmp = SCRATCH.with(|s| std::mem::take(&mut *s.borrow_mut()));
-    tmp.clear();
-    tmp.resize(len, 0.0);
+    let mut scratch = SCRATCH.with(|s| std::mem::take(&mut *s.borrow_mut()));
+    // Only grown, never cleared: with `beta == 0` every backend writes C without reading it,
+    // so the stale values of an earlier call are never seen (and 16 MB of zeros cost 1-2 ms
+    // of a 2048³ bf16 product).
+    if scratch.len() < len {
+        scratch.resize(len, 0.0);
+    }
+    let tmp = &mut scratch[..len];
+    // Rows of C per conversion task: about 64 Ki elements.
+    let chunk = n.max(1) * (65_536 / n.max(1)).max(1);
+    let min_len = if threads > 1 { 1 } else { usize::MAX };
     if beta != 0.0 {
         if dense {
-            for (t, &x) in tmp.iter_mut().zip(&data[..len]) {
-                *t = x.to_f32();
-            }
+            tmp.par_chunks_mut(chunk)
+                .zip(data[..len].par_chunks(chunk))
+                .with_min_len(min_len)
+                .for_each(|(t, d)| O::widen_slice(d, t));
         } else {
             for bi in 0..p.batch {
                 for i in 0..m {
@@ -170,20 +198,14 @@ fn gemm_impl<T: Element, O: Element>(
             }
         }
     }
-    let staged = MatMut::row_major(&mut tmp, m, n).batched(p.batch, m * n);
+    let staged = MatMut::row_major(tmp, m, n).batched(p.batch, m * n);
     let used = into_f32(mkl, p, a, b, staged, alpha, beta, threads);
     if dense {
-        use rayon::prelude::*;
-        let chunk = n.max(1) * 64;
         data[..len]
             .par_chunks_mut(chunk)
             .zip(tmp.par_chunks(chunk))
-            .with_min_len(if threads > 1 { 1 } else { usize::MAX })
-            .for_each(|(d, t)| {
-                for (d, &x) in d.iter_mut().zip(t) {
-                    *d = O::from_f32(x);
-                }
-            });
+            .with_min_len(min_len)
+            .for_each(|(d, t)| O::narrow_slice(t, d));
     } else {
         for bi in 0..p.batch {
             for i in 0..m {
@@ -193,7 +215,7 @@ fn gemm_impl<T: Element, O: Element>(
             }
         }
     }
-    SCRATCH.with(|s| *s.borrow_mut() = tmp);
+    SCRATCH.with(|s| *s.borrow_mut() = scratch);
     Ok(used)
 }
 
@@ -215,16 +237,36 @@ fn rebind<'b, T, U>(v: &MatRef<'_, T>, data: &'b [U]) -> MatRef<'b, U> {
     }
 }
 
-/// A dense row-major f32 copy of a (checked) view, keeping a batch of 1 as 1.
-fn dense_f32<T: Element>(v: &MatRef<'_, T>, batch: usize) -> Vec<f32> {
+/// A dense row-major f32 copy of a (checked) view, keeping a batch of 1 as 1; rows in
+/// parallel when there are `threads` and enough of them.
+fn dense_f32<T: Element>(v: &MatRef<'_, T>, batch: usize, threads: usize) -> Vec<f32> {
     let nb = if v.batch == 1 { 1 } else { batch };
-    let mut out = Vec::with_capacity(nb * v.rows * v.cols);
-    for bi in 0..nb {
-        for i in 0..v.rows {
-            let row = bi * v.batch_stride + i * v.row_stride;
-            out.extend((0..v.cols).map(|j| v.data[row + j * v.col_stride].to_f32()));
-        }
+    let cols = v.cols;
+    let mut out = vec![0.0f32; nb * v.rows * cols];
+    if cols == 0 {
+        return out;
     }
+    let widen_row = |r: usize, dst: &mut [f32]| {
+        let (bi, i) = (r / v.rows, r % v.rows);
+        let start = bi * v.batch_stride + i * v.row_stride;
+        if v.col_stride == 1 {
+            T::widen_slice(&v.data[start..start + cols], dst);
+        } else {
+            for (j, d) in dst.iter_mut().enumerate() {
+                *d = v.data[start + j * v.col_stride].to_f32();
+            }
+        }
+    };
+    let rows_per_task = (65_536 / cols).max(1);
+    let min_len = if threads > 1 {
+        rows_per_task
+    } else {
+        usize::MAX
+    };
+    out.par_chunks_mut(cols)
+        .enumerate()
+        .with_min_len(min_len)
+        .for_each(|(r, dst)| widen_row(r, dst));
     out
 }
 
@@ -278,7 +320,10 @@ fn into_f32<T: Element>(
         }
     }
     // Otherwise widen to dense f32 and run the f32 path.
-    let (ad, bd) = (dense_f32(&a, p.batch), dense_f32(&b, p.batch));
+    let (ad, bd) = (
+        dense_f32(&a, p.batch, threads),
+        dense_f32(&b, p.batch, threads),
+    );
     let a32 = MatRef::row_major(&ad, p.m, p.k).batched(a.batch, p.m * p.k);
     let b32 = MatRef::row_major(&bd, p.k, p.n).batched(b.batch, p.k * p.n);
     f32_path(mkl, p, a32, b32, c, alpha, beta, threads)

@@ -35,6 +35,7 @@ mod elem;
 mod error;
 mod layout;
 mod mkl;
+mod packed;
 mod rust;
 mod split;
 

@@ -346,3 +346,68 @@ fn training_shapes_on_two_threads() {
         }
     }
 }
+
+/// The f32 staging of a 16-bit C is reused between calls and not cleared: a `beta == 0`
+/// product after one whose C held NaN and infinities must not see them, on two threads
+/// (the parallel conversions) and one, and with `beta != 0` it must read the new C.
+#[test]
+fn sixteen_bit_output_staging_is_not_stale() {
+    let (m, k, n) = (96usize, 80usize, 130usize);
+    let mut rng = Rng(11);
+    let a: Vec<f32> = (0..m * k).map(|_| rng.next()).collect();
+    let b: Vec<f32> = (0..k * n).map(|_| rng.next()).collect();
+    let mut poisoned = a.clone();
+    poisoned[0] = f32::NAN;
+    poisoned[k] = f32::INFINITY;
+    let want = |i: usize, j: usize| -> f64 {
+        (0..k)
+            .map(|p| {
+                let (x, y) = (bf16::from_f32(a[i * k + p]), bf16::from_f32(b[p * n + j]));
+                x.to_f64() * y.to_f64()
+            })
+            .sum()
+    };
+    let to16 = |v: &[f32]| v.iter().map(|&x| bf16::from_f32(x)).collect::<Vec<_>>();
+    let (a16, p16, b16) = (to16(&a), to16(&poisoned), to16(&b));
+    for threads in [1, 2] {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        for be in backends() {
+            let run = |a: &[bf16], c: &mut [bf16], beta: f32| {
+                pool.install(|| {
+                    gemm_with(
+                        be,
+                        MatRef::row_major(a, m, k),
+                        MatRef::row_major(&b16, k, n),
+                        MatMut::row_major(c, m, n),
+                        1.0,
+                        beta,
+                        Parallelism::All,
+                    )
+                })
+                .unwrap()
+            };
+            let mut c = vec![bf16::ZERO; m * n];
+            run(&p16, &mut c, 0.0);
+            assert!(c[0].is_nan() && !c[m * n - 1].is_nan());
+            run(&a16, &mut c, 0.0);
+            let ones = vec![bf16::ONE; m * n];
+            let mut c2 = ones.clone();
+            run(&a16, &mut c2, 1.0);
+            for i in 0..m {
+                for j in 0..n {
+                    let (w, tol) = (want(i, j), 0.02 * (1.0 + want(i, j).abs()));
+                    let got = c[i * n + j].to_f64();
+                    assert!(
+                        (got - w).abs() <= tol,
+                        "{be:?} t{threads} [{i},{j}] {got} vs {w}"
+                    );
+                    let got2 = c2[i * n + j].to_f64();
+                    assert!((got2 - (w + 1.0)).abs() <= tol + 0.02, "beta=1 [{i},{j}]");
+                }
+            }
+        }
+    }
+}

@@ -1,7 +1,8 @@
 //! Raw allocators: where segments come from. The caching allocator is one algorithm over
 //! any [`RawAllocator`]; this module has the three real ones:
 //!
-//! - [`HostAllocator`]: aligned host memory (64 bytes) from `std::alloc`.
+//! - [`HostAllocator`]: aligned host memory (64 bytes; 2 MiB, advised as transparent huge
+//!   pages, for segments of 2 MiB or more) from `std::alloc`.
 //! - [`PinnedHostAllocator`]: page-locked host memory from the driver when CUDA is real;
 //!   plain aligned host memory under the emulator or without CUDA.
 //! - [`CudaRawAllocator`]: device memory of one CUDA ordinal through
@@ -75,12 +76,51 @@ pub trait RawAllocator: Send + Sync + Debug {
     }
 }
 
+/// Host segments of at least this many bytes (every large-pool segment: they are rounded
+/// to 2 MiB) are aligned to it and advised as transparent huge pages. See Note [Huge pages].
+pub const HUGE_PAGE: usize = 2 << 20;
+
+// Note [Huge pages]
+// With 4 KiB pages, a stream over a 64 MB tensor crosses 16 Ki pages: a TLB miss and a
+// hardware-prefetch restart at each. Linux backs `madvise(MADV_HUGEPAGE)` ranges with 2 MiB
+// pages where transparent huge pages are in `madvise` mode (the default of most
+// distributions, and this machine's) or `always`. Measured here (`/tmp/thp`, 2 threads,
+// 16 Mi f32): a sum read 15.3 -> 16.7 GB/s, an add within noise. PyTorch has the same
+// behind `THP_MEM_ALLOC_ENABLE=1`; the caching allocator keeps segments, so the cost of a
+// huge page's first touch (2 MiB zeroed at once) is paid once. `EMBER_CPU_HUGEPAGES=0`
+// turns the advice off (e.g. where compaction stalls at fault time matter more); the 2 MiB
+// alignment stays, so layouts do not depend on the variable.
+
 /// The layout of a host segment of `bytes` bytes.
 fn host_layout(bytes: usize) -> Result<Layout, RawAllocError> {
-    Layout::from_size_align(bytes, HOST_ALIGNMENT).map_err(|_| RawAllocError::OutOfMemory)
+    let align = if bytes >= HUGE_PAGE {
+        HUGE_PAGE
+    } else {
+        HOST_ALIGNMENT
+    };
+    Layout::from_size_align(bytes, align).map_err(|_| RawAllocError::OutOfMemory)
 }
 
-/// Allocate `bytes` of host memory aligned to [`HOST_ALIGNMENT`].
+/// Whether to advise large host segments as huge pages (`EMBER_CPU_HUGEPAGES`, default on).
+fn huge_pages_wanted() -> bool {
+    static WANTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *WANTED.get_or_init(|| std::env::var("EMBER_CPU_HUGEPAGES").as_deref() != Ok("0"))
+}
+
+/// Advise `bytes` at `ptr` (2 MiB aligned, owned by the caller) as transparent huge pages.
+#[cfg(target_os = "linux")]
+fn advise_huge_pages(ptr: *mut u8, bytes: usize) {
+    // SAFETY: the range is one live allocation of the caller's; MADV_HUGEPAGE only changes
+    // how the kernel backs it with pages, never its contents. An error (transparent huge
+    // pages disabled, an old kernel) leaves the range as it was, which is fine.
+    let _ = unsafe { libc::madvise(ptr.cast(), bytes, libc::MADV_HUGEPAGE) };
+}
+
+#[cfg(not(target_os = "linux"))]
+fn advise_huge_pages(_ptr: *mut u8, _bytes: usize) {}
+
+/// Allocate `bytes` of host memory aligned to [`HOST_ALIGNMENT`] (to [`HUGE_PAGE`] from
+/// that size on).
 fn host_alloc(bytes: usize) -> Result<u64, RawAllocError> {
     if bytes == 0 {
         return Err(RawAllocError::Other("zero-byte raw allocation".into()));
@@ -89,10 +129,12 @@ fn host_alloc(bytes: usize) -> Result<u64, RawAllocError> {
     // SAFETY: `layout` has a non-zero size (checked above) and a valid power-of-two alignment.
     let ptr = unsafe { std::alloc::alloc(layout) };
     if ptr.is_null() {
-        Err(RawAllocError::OutOfMemory)
-    } else {
-        Ok(ptr as u64)
+        return Err(RawAllocError::OutOfMemory);
     }
+    if bytes >= HUGE_PAGE && huge_pages_wanted() {
+        advise_huge_pages(ptr, bytes);
+    }
+    Ok(ptr as u64)
 }
 
 /// Free host memory from [`host_alloc`].
@@ -107,7 +149,8 @@ unsafe fn host_free(addr: u64, bytes: usize) -> Result<(), RawAllocError> {
     Ok(())
 }
 
-/// Aligned host memory ([`HOST_ALIGNMENT`] = 64 bytes) from `std::alloc`, for `cpu`.
+/// Aligned host memory ([`HOST_ALIGNMENT`] = 64 bytes, [`HUGE_PAGE`] for segments of that
+/// size or more, advised as huge pages) from `std::alloc`, for `cpu`.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct HostAllocator;
 
@@ -327,9 +370,20 @@ mod tests {
     #[test]
     fn host_memory_is_aligned_and_writable() {
         let raw = HostAllocator;
-        for bytes in [1usize, 64, 4096, 3 << 20] {
+        for bytes in [
+            1usize,
+            64,
+            4096,
+            HUGE_PAGE - 64,
+            HUGE_PAGE,
+            3 << 20,
+            64 << 20,
+        ] {
             let addr = raw.allocate(bytes).unwrap();
             assert_eq!(addr % HOST_ALIGNMENT as u64, 0);
+            if bytes >= HUGE_PAGE {
+                assert_eq!(addr % HUGE_PAGE as u64, 0, "{bytes} bytes");
+            }
             // SAFETY: `addr` is a fresh allocation of `bytes` bytes.
             let s = unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, bytes) };
             s.fill(0xAB);

@@ -102,7 +102,7 @@ fn gemm_impl<T: Element, O: Element>(
     forced: Option<Backend>,
     a: MatRef<'_, T>,
     b: MatRef<'_, T>,
-    c: MatMut<'_, O>,
+    mut c: MatMut<'_, O>,
     alpha: f32,
     beta: f32,
     par: Parallelism,
@@ -128,6 +128,12 @@ fn gemm_impl<T: Element, O: Element>(
     if p.batch == 0 || p.m == 0 || p.n == 0 {
         return Ok(label);
     }
+    // Large bf16 products with a 16-bit C on MKL: Note [Packed 16-bit panels].
+    if let Some(m) = mkl
+        && packed::try_run(m, p, &a, &b, &mut c, alpha, beta, threads)
+    {
+        return Ok(Backend::Mkl);
+    }
     let MatMut {
         data,
         batch,
@@ -149,24 +155,8 @@ fn gemm_impl<T: Element, O: Element>(
         };
         return Ok(into_f32(mkl, p, a, b, c32, alpha, beta, threads));
     }
-    // Large 16-bit products on MKL: Note [Packed 16-bit panels].
-    let mut c = MatMut {
-        data,
-        batch,
-        rows,
-        cols,
-        batch_stride,
-        row_stride,
-        col_stride,
-    };
-    if let Some(m) = mkl
-        && p.k > 0
-        && packed::try_run(m, p, &a, &b, &mut c, alpha, beta, threads)
-    {
-        return Ok(Backend::Mkl);
-    }
-    let data = c.data;
-    // Otherwise accumulate into a dense f32 copy (scratch reused per thread), round once.
+    // A 16-bit C otherwise: accumulate into a dense f32 copy (scratch reused per thread),
+    // round once.
     let (m, n) = (p.m, p.n);
     let len = p.batch * m * n;
     let dense = col_stride == 1 && row_stride == n && (batch == 1 || batch_stride == m * n);

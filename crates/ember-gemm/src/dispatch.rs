@@ -161,57 +161,76 @@ fn gemm_impl<T: Element, O: Element>(
     let len = p.batch * m * n;
     let dense = col_stride == 1 && row_stride == n && (batch == 1 || batch_stride == m * n);
     let at = |bi: usize, i: usize, j: usize| bi * batch_stride + i * row_stride + j * col_stride;
-    let mut scratch = SCRATCH.with(|s| std::mem::take(&mut *s.borrow_mut()));
-    // Only grown, never cleared: with `beta == 0` every backend writes C without reading it,
-    // so the stale values of an earlier call are never seen (and 16 MB of zeros cost 1-2 ms
-    // of a 2048³ bf16 product).
-    if scratch.len() < len {
-        scratch.resize(len, 0.0);
-    }
-    let tmp = &mut scratch[..len];
-    // Rows of C per conversion task: about 64 Ki elements.
-    let chunk = n.max(1) * (65_536 / n.max(1)).max(1);
     let min_len = if threads > 1 { 1 } else { usize::MAX };
-    if beta != 0.0 {
-        if dense {
-            tmp.par_chunks_mut(chunk)
-                .zip(data[..len].par_chunks(chunk))
-                .with_min_len(min_len)
-                .for_each(|(t, d)| O::widen_slice(d, t));
-        } else {
-            for bi in 0..p.batch {
-                for i in 0..m {
-                    for j in 0..n {
-                        tmp[(bi * m + i) * n + j] = data[at(bi, i, j)].to_f32();
+    // The scratch is not cleared: with `beta == 0` every backend writes C without reading
+    // it, so stale values of an earlier call are never seen (and 16 MB of zeros cost 1-2 ms
+    // of a 2048³ bf16 product).
+    let used = with_f32_scratch(len, |tmp| {
+        if beta != 0.0 {
+            if dense {
+                tmp.par_chunks_mut(CONVERT_TASK)
+                    .zip(data[..len].par_chunks(CONVERT_TASK))
+                    .with_min_len(min_len)
+                    .for_each(|(t, d)| O::widen_slice(d, t));
+            } else {
+                for bi in 0..p.batch {
+                    for i in 0..m {
+                        for j in 0..n {
+                            tmp[(bi * m + i) * n + j] = data[at(bi, i, j)].to_f32();
+                        }
                     }
                 }
             }
         }
-    }
-    let staged = MatMut::row_major(tmp, m, n).batched(p.batch, m * n);
-    let used = into_f32(mkl, p, a, b, staged, alpha, beta, threads);
-    if dense {
-        data[..len]
-            .par_chunks_mut(chunk)
-            .zip(tmp.par_chunks(chunk))
-            .with_min_len(min_len)
-            .for_each(|(d, t)| O::narrow_slice(t, d));
-    } else {
-        for bi in 0..p.batch {
-            for i in 0..m {
-                for j in 0..n {
-                    data[at(bi, i, j)] = O::from_f32(tmp[(bi * m + i) * n + j]);
+        let staged = MatMut::row_major(&mut *tmp, m, n).batched(p.batch, m * n);
+        let used = into_f32(mkl, p, a, b, staged, alpha, beta, threads);
+        if dense {
+            data[..len]
+                .par_chunks_mut(CONVERT_TASK)
+                .zip(tmp.par_chunks(CONVERT_TASK))
+                .with_min_len(min_len)
+                .for_each(|(d, t)| O::narrow_slice(t, d));
+        } else {
+            for bi in 0..p.batch {
+                for i in 0..m {
+                    for j in 0..n {
+                        data[at(bi, i, j)] = O::from_f32(tmp[(bi * m + i) * n + j]);
+                    }
                 }
             }
         }
-    }
-    SCRATCH.with(|s| *s.borrow_mut() = scratch);
+        used
+    });
     Ok(used)
 }
 
+/// Elements per task when 16-bit data is widened or rounded in parallel.
+const CONVERT_TASK: usize = 1 << 16;
+
 thread_local! {
-    /// The f32 staging buffer for 16-bit outputs, kept between calls (no fresh pages).
+    /// This thread's f32 scratch (see [`with_f32_scratch`]), kept between calls (no fresh
+    /// pages).
     static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` on this thread's f32 scratch of `len` elements: grown, never shrunk or cleared
+/// (callers write before they read). It is taken out while `f` runs, so a nested use on the
+/// same thread (rayon may run another product's task while this one waits) gets a buffer of
+/// its own; the larger of the two is kept. Serves the staging of a 16-bit C here and the
+/// panels of `packed`.
+pub(crate) fn with_f32_scratch<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
+    let mut buf = SCRATCH.with(|s| std::mem::take(&mut *s.borrow_mut()));
+    if buf.len() < len {
+        buf.resize(len, 0.0);
+    }
+    let out = f(&mut buf[..len]);
+    SCRATCH.with(|s| {
+        let mut kept = s.borrow_mut();
+        if kept.len() < buf.len() {
+            *kept = buf;
+        }
+    });
+    out
 }
 
 /// A view of the same shape and strides over other data.
@@ -247,7 +266,7 @@ fn dense_f32<T: Element>(v: &MatRef<'_, T>, batch: usize, threads: usize) -> Vec
             }
         }
     };
-    let rows_per_task = (65_536 / cols).max(1);
+    let rows_per_task = (CONVERT_TASK / cols).max(1);
     let min_len = if threads > 1 {
         rows_per_task
     } else {

@@ -287,34 +287,50 @@ impl Mkl {
         let Some(f) = (if bf16 { self.bf16 } else { self.f16 }) else {
             return false;
         };
-        let (Some((ta, lda)), Some((tb, ldb)), Some((_, ldc))) = (
-            blas_op(g.m, g.k, g.a_rs, g.a_cs),
-            blas_op(g.k, g.n, g.b_rs, g.b_cs),
-            blas_op(g.m, g.n, g.c_rs, g.c_cs),
-        ) else {
+        let Some((tb, ldb)) = blas_op(g.k, g.n, g.b_rs, g.b_cs) else {
             return false;
         };
-        // SAFETY: the caller's contract; sizes fit `c_int` (`accepts`).
-        unsafe {
-            f(
-                CBLAS_ROW_MAJOR,
-                ta,
-                tb,
-                g.m as c_int,
-                g.n as c_int,
-                g.k as c_int,
-                g.alpha,
-                g.a,
-                lda,
-                g.b,
-                ldb,
-                g.beta,
-                g.c,
-                ldc,
-            );
-        }
-        true
+        // SAFETY: the caller's contract.
+        unsafe { call_hgemm(f, g, tb, ldb) }
     }
+}
+
+/// Calls `f`, a function shaped like `cblas_gemm_bf16bf16f32` (the `_compute` forms take
+/// `CblasPacked` as B's operation), on `g` with B passed as `(tb, ldb)`. Returns false,
+/// doing nothing, when A or C does not suit MKL or a size leaves `c_int`.
+///
+/// # Safety
+/// As for [`Mkl::sgemm`], with `g.b` the B (or packed B) that `tb` describes.
+unsafe fn call_hgemm(f: HgemmFn, g: RawGemm<u16>, tb: c_int, ldb: c_int) -> bool {
+    let (Some((ta, lda)), Some((CBLAS_NO_TRANS, ldc))) = (
+        blas_op(g.m, g.k, g.a_rs, g.a_cs),
+        blas_op(g.m, g.n, g.c_rs, g.c_cs),
+    ) else {
+        return false;
+    };
+    if [g.m, g.n, g.k].iter().any(|&x| c_int::try_from(x).is_err()) {
+        return false;
+    }
+    // SAFETY: the caller's contract; sizes fit `c_int` (checked above).
+    unsafe {
+        f(
+            CBLAS_ROW_MAJOR,
+            ta,
+            tb,
+            g.m as c_int,
+            g.n as c_int,
+            g.k as c_int,
+            g.alpha,
+            g.a,
+            lda,
+            g.b,
+            ldb,
+            g.beta,
+            g.c,
+            ldc,
+        );
+    }
+    true
 }
 
 impl Mkl {
@@ -380,36 +396,15 @@ impl PackedHgemm {
     /// A and C as in [`Mkl::sgemm`]; `packed_b` must hold the packing of a `k × n` B made by
     /// this same `PackedHgemm`.
     pub(crate) unsafe fn compute(&self, g: RawGemm<u16>, packed_b: &[u16]) -> bool {
-        let (Some((ta, lda)), Some((CBLAS_NO_TRANS, ldc)), Ok(ldb)) = (
-            blas_op(g.m, g.k, g.a_rs, g.a_cs),
-            blas_op(g.m, g.n, g.c_rs, g.c_cs),
-            c_int::try_from(g.n),
-        ) else {
+        let Ok(ldb) = c_int::try_from(g.n) else {
             return false;
         };
-        if c_int::try_from(g.m).is_err() || c_int::try_from(g.k).is_err() {
-            return false;
-        }
-        // SAFETY: the caller's contract; sizes fit `c_int` (checked above).
-        unsafe {
-            (self.compute)(
-                CBLAS_ROW_MAJOR,
-                ta,
-                CBLAS_PACKED,
-                g.m as c_int,
-                g.n as c_int,
-                g.k as c_int,
-                g.alpha,
-                g.a,
-                lda,
-                packed_b.as_ptr(),
-                ldb,
-                g.beta,
-                g.c,
-                ldc,
-            );
-        }
-        true
+        let g = RawGemm {
+            b: packed_b.as_ptr(),
+            ..g
+        };
+        // SAFETY: the caller's contract; `g.b` is the packed B that `CblasPacked` announces.
+        unsafe { call_hgemm(self.compute, g, CBLAS_PACKED, ldb) }
     }
 }
 

@@ -10,11 +10,12 @@
 //! where PyTorch (oneDNN, which keeps accumulators in AMX tiles and writes bf16 once)
 //! scaled 1.9×. Here B is packed once with MKL's `_pack` (shared, read-only), and each task
 //! takes panels of `panel_rows` rows of C: `_compute` writes the panel's f32 accumulators
-//! into a per-thread scratch of at most ~1 MB (L2 is 2 MB a core here), which is then
+//! into the thread's f32 scratch (`dispatch::with_f32_scratch`), at most ~1 MB of it (L2 is 2 MB a core here), which is then
 //! rounded into C while it is still in cache. Measured in README (`matmul_bf16_n2048`).
 
 use std::cell::RefCell;
 
+use crate::dispatch::with_f32_scratch;
 use crate::elem::{DType, Element};
 use crate::layout::{MatMut, MatRef, Problem};
 use crate::mkl::{self, Mkl, PackedHgemm};
@@ -27,8 +28,6 @@ pub(crate) const PACKED_MIN_MACS: usize = 1 << 24;
 const PANEL_ELEMS: usize = 1 << 18;
 
 thread_local! {
-    /// A task's f32 panel accumulators (grown, never shrunk).
-    static PANEL: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
     /// The calling thread's packed B (grown, never shrunk).
     static PACKED_B: RefCell<Vec<u16>> = const { RefCell::new(Vec::new()) };
 }
@@ -179,12 +178,7 @@ impl Member<'_> {
     /// `out` (reading `out` first when beta is not zero).
     fn panel<O: Element>(&self, r0: usize, out: &mut [&mut [O]]) -> bool {
         let (rows, n) = (out.len(), self.g.n);
-        PANEL.with(|s| {
-            let mut scratch = s.borrow_mut();
-            if scratch.len() < rows * n {
-                scratch.resize(rows * n, 0.0);
-            }
-            let acc = &mut scratch[..rows * n];
+        with_f32_scratch(rows * n, |acc| {
             if self.g.beta != 0.0 {
                 for (dst, src) in acc.chunks_mut(n).zip(out.iter()) {
                     O::widen_slice(src, dst);

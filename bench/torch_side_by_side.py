@@ -49,6 +49,12 @@ CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 TORCH_DEPS = ["typing-extensions", "numpy", "sympy", "networkx", "jinja2", "fsspec", "filelock"]
 ROUNDS_PER_CASE = 5
 ROUND_S = 0.15
+# A call slower than this (PyTorch's bf16/f16 products on a CPU without AVX-512 BF16/FP16
+# take seconds to a minute: 0.3-1.3 GFLOP/s on an AVX2-only AMD EPYC) gets no further
+# warm-up: its timing call is the first sample, and only as many more calls are timed as fit
+# in SLOW_BUDGET_S, so one case costs two calls, not eight.
+SLOW_CALL_S = 1.0
+SLOW_BUDGET_S = 8.0
 # The device the PyTorch side's cases run on ("cpu" or "cuda"), set by the worker.
 DEVICE = "cpu"
 
@@ -175,7 +181,8 @@ CASES: list[Case] = (
 
 
 def torch_case(case: Case, threads: int) -> dict:
-    """Times one case in PyTorch, as Ember's harness does (warm-up, 5 rounds, median)."""
+    """Times one case in PyTorch, as Ember's harness does (warm-up, 5 rounds, median); calls
+    slower than SLOW_CALL_S get fewer rounds (see there)."""
     import torch
 
     fn, work = case.setup()
@@ -192,10 +199,16 @@ def torch_case(case: Case, threads: int) -> dict:
     fn()
     once = max(time.perf_counter() - t0, 1e-7)
     iters = max(1, min(10_000, int(ROUND_S / once)))
-    for _ in range(min(iters, 64)):
-        fn()
-    samples = []
-    for _ in range(ROUNDS_PER_CASE):
+    samples, rounds = [], ROUNDS_PER_CASE
+    if once > SLOW_CALL_S:
+        # Warm already (one call before `once`): `once` is the first sample, and a few more
+        # multi-second calls, if any fit in the budget, give the median.
+        samples = [once]
+        rounds = min(ROUNDS_PER_CASE, int(SLOW_BUDGET_S / once)) - 1
+    else:
+        for _ in range(min(iters, 64)):
+            fn()
+    for _ in range(max(rounds, 0)):
         t0 = time.perf_counter()
         for _ in range(iters):
             fn()

@@ -11,7 +11,8 @@ use crate::mkl;
 /// A backend that ran (or will run) a product.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Backend {
-    /// The pure-Rust `gemm` crate (AVX-512 kernels with `x86-v4`); always available.
+    /// The pure-Rust `gemm` crate (AVX-512 kernels with `x86-v4` where the CPU has them, else
+    /// AVX2/FMA, picked at run time); always available.
     Rust,
     /// Intel MKL, loaded at run time (`libmkl_rt`), sequential layer on rayon's threads.
     Mkl,

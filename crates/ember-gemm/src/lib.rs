@@ -20,7 +20,8 @@
 //! - [`gemm`] (any [`Element`]: `f32`, `half::bf16`, `half::f16` in; the same out),
 //!   [`gemm_f32`], and [`gemm_with`] to force a [`Backend`].
 //! - Backends ([`backend_info`], [`active_backend`] for `ember info`):
-//!   - [`Backend::Rust`]: the `gemm` crate with its AVX-512 kernels; always present.
+//!   - [`Backend::Rust`]: the `gemm` crate (AVX-512 or AVX2/FMA kernels, picked at run
+//!     time); always present.
 //!   - [`Backend::Mkl`]: Intel MKL's `libmkl_rt`, loaded at run time when found (never
 //!     linked), chosen by `EMBER_CPU_BLAS=auto` (the default) wherever it takes the operands
 //!     (one unit stride each). `EMBER_CPU_BLAS=rust|mkl` forces one. See the crate README

@@ -1,5 +1,6 @@
 //! The pure-Rust backend: the `gemm` crate (0.19, feature `x86-v4` for its AVX-512
-//! kernels), which takes any strides. Always available.
+//! kernels; it picks them, or its AVX2/FMA ones, at run time), which takes any strides.
+//! Always available.
 
 use crate::split::RawGemm;
 

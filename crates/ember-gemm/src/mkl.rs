@@ -37,7 +37,10 @@ const CBLAS_B_MATRIX: c_int = 162;
 /// `CBLAS_STORAGE::CblasPacked`: the operand passed to `_compute` was packed by `_pack`.
 const CBLAS_PACKED: c_int = 151;
 
-type SgemmFn = unsafe extern "C" fn(
+/// `cblas_sgemm` (`T = f32`) and the 16-bit products `cblas_gemm_bf16bf16f32`,
+/// `cblas_gemm_f16f16f32` and `_compute` (`T = u16`): one argument order, A and B of `T`,
+/// C of f32.
+type GemmFn<T> = unsafe extern "C" fn(
     c_int,
     c_int,
     c_int,
@@ -45,30 +48,16 @@ type SgemmFn = unsafe extern "C" fn(
     c_int,
     c_int,
     f32,
-    *const f32,
+    *const T,
     c_int,
-    *const f32,
-    c_int,
-    f32,
-    *mut f32,
-    c_int,
-);
-type HgemmFn = unsafe extern "C" fn(
-    c_int,
-    c_int,
-    c_int,
-    c_int,
-    c_int,
-    c_int,
-    f32,
-    *const u16,
-    c_int,
-    *const u16,
+    *const T,
     c_int,
     f32,
     *mut f32,
     c_int,
 );
+type SgemmFn = GemmFn<f32>;
+type HgemmFn = GemmFn<u16>;
 
 /// `cblas_gemm_*_pack_get_size(identifier, m, n, k)`: bytes of the packed operand.
 type PackSizeFn = unsafe extern "C" fn(c_int, c_int, c_int, c_int) -> usize;
@@ -250,31 +239,9 @@ impl Mkl {
     /// `g` must describe memory valid for its views (built from checked views, see
     /// `crate::split`), `accepts(&g)` must hold, and no other thread writes C's elements.
     pub(crate) unsafe fn sgemm(&self, g: RawGemm<f32>) {
-        let (Some((ta, lda)), Some((tb, ldb)), Some((_, ldc))) = (
-            blas_op(g.m, g.k, g.a_rs, g.a_cs),
-            blas_op(g.k, g.n, g.b_rs, g.b_cs),
-            blas_op(g.m, g.n, g.c_rs, g.c_cs),
-        ) else {
-            return;
-        };
-        // SAFETY: the caller's contract; sizes fit `c_int` (`accepts`).
-        unsafe {
-            (self.sgemm)(
-                CBLAS_ROW_MAJOR,
-                ta,
-                tb,
-                g.m as c_int,
-                g.n as c_int,
-                g.k as c_int,
-                g.alpha,
-                g.a,
-                lda,
-                g.b,
-                ldb,
-                g.beta,
-                g.c,
-                ldc,
-            );
+        if let Some((tb, ldb)) = blas_op(g.k, g.n, g.b_rs, g.b_cs) {
+            // SAFETY: the caller's contract; `accepts(&g)` makes the call go ahead.
+            unsafe { call_gemm(self.sgemm, g, tb, ldb) };
         }
     }
 
@@ -291,17 +258,17 @@ impl Mkl {
             return false;
         };
         // SAFETY: the caller's contract.
-        unsafe { call_hgemm(f, g, tb, ldb) }
+        unsafe { call_gemm(f, g, tb, ldb) }
     }
 }
 
-/// Calls `f`, a function shaped like `cblas_gemm_bf16bf16f32` (the `_compute` forms take
-/// `CblasPacked` as B's operation), on `g` with B passed as `(tb, ldb)`. Returns false,
-/// doing nothing, when A or C does not suit MKL or a size leaves `c_int`.
+/// Calls `f` (`cblas_sgemm` or a 16-bit product; the `_compute` forms take `CblasPacked` as
+/// B's operation) on `g` with B passed as `(tb, ldb)`. Returns false, doing nothing, when
+/// A or C does not suit MKL or a size leaves `c_int`.
 ///
 /// # Safety
 /// As for [`Mkl::sgemm`], with `g.b` the B (or packed B) that `tb` describes.
-unsafe fn call_hgemm(f: HgemmFn, g: RawGemm<u16>, tb: c_int, ldb: c_int) -> bool {
+unsafe fn call_gemm<T>(f: GemmFn<T>, g: RawGemm<T>, tb: c_int, ldb: c_int) -> bool {
     let (Some((ta, lda)), Some((CBLAS_NO_TRANS, ldc))) = (
         blas_op(g.m, g.k, g.a_rs, g.a_cs),
         blas_op(g.m, g.n, g.c_rs, g.c_cs),
@@ -404,7 +371,7 @@ impl PackedHgemm {
             ..g
         };
         // SAFETY: the caller's contract; `g.b` is the packed B that `CblasPacked` announces.
-        unsafe { call_hgemm(self.compute, g, CBLAS_PACKED, ldb) }
+        unsafe { call_gemm(self.compute, g, CBLAS_PACKED, ldb) }
     }
 }
 

@@ -173,6 +173,195 @@ fn scheduler_errors() {
     assert!(sched.step(&mut other).is_err());
 }
 
+/// A state dict's values as f64 lists, for comparing dicts.
+fn values(sd: &ember_nn::StateDict) -> std::collections::BTreeMap<String, Vec<f64>> {
+    sd.iter()
+        .map(|(k, t)| {
+            let v = t.data().to_dtype(ember_tensor::DType::F64).unwrap();
+            (k.clone(), v.flatten_all().unwrap().to_vec::<f64>().unwrap())
+        })
+        .collect()
+}
+
+/// The scheduler kinds under test, each built on `opt` with settings picked by `variant`
+/// (0: the ones whose run is saved, 1: other settings, overwritten by a load).
+fn build(kind: usize, variant: usize, opt: &mut dyn Optimizer) -> Box<dyn LrScheduler> {
+    let v = variant as f64;
+    match kind {
+        0 => Box::new(StepLR::new(opt, 2 + variant, 0.5 + v / 10.0).unwrap()),
+        1 => Box::new(CosineAnnealingLR::new(opt, 3 + variant, 0.001 * (1.0 + v)).unwrap()),
+        2 => Box::new(
+            OneCycleLR::new(opt, 0.5 + v, 12 + variant, OneCycleLrOptions::default()).unwrap(),
+        ),
+        _ => Box::new(
+            OneCycleLR::with_max_lrs(
+                opt,
+                vec![0.4, 0.2 + v],
+                10 + 5 * variant,
+                OneCycleLrOptions {
+                    pct_start: 0.25 + v / 10.0,
+                    anneal_strategy: if variant == 0 {
+                        AnnealStrategy::Linear
+                    } else {
+                        AnnealStrategy::Cos
+                    },
+                    three_phase: variant == 0,
+                    cycle_momentum: variant == 0,
+                    ..Default::default()
+                },
+            )
+            .unwrap(),
+        ),
+    }
+}
+
+/// (lr, momentum) of every group after each of `steps` steps.
+fn run(opt: &mut dyn Optimizer, sched: &mut dyn LrScheduler, steps: usize) -> Vec<Vec<(f64, f64)>> {
+    (0..steps)
+        .map(|_| {
+            opt.step().unwrap();
+            sched.step(opt).unwrap();
+            assert_eq!(
+                sched.get_last_lr(),
+                opt.param_groups().iter().map(|g| g.lr).collect::<Vec<_>>()
+            );
+            opt.param_groups()
+                .iter()
+                .map(|g| (g.lr, g.momentum()))
+                .collect()
+        })
+        .collect()
+}
+
+#[test]
+fn scheduler_state_dict_resumes_exactly() {
+    for kind in 0..4 {
+        // One run of 9 steps; a second that stops after 4, is saved (through a
+        // safetensors file), and is resumed into objects built with other settings.
+        let mut opt = two_group_sgd();
+        let mut sched = build(kind, 0, &mut opt);
+        let whole = run(&mut opt, sched.as_mut(), 9);
+
+        let mut opt = two_group_sgd();
+        let mut sched = build(kind, 0, &mut opt);
+        run(&mut opt, sched.as_mut(), 4);
+        let saved = sched.state_dict().unwrap();
+        let dir = std::env::temp_dir().join(format!("ember-sched-{}-{kind}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("sched.safetensors");
+        let raw: Vec<(String, ember_tensor::Tensor)> =
+            saved.iter().map(|(k, t)| (k.clone(), t.data())).collect();
+        ember_tensor::io::save(raw.iter().map(|(k, t)| (k.as_str(), t)), &path).unwrap();
+        let loaded: ember_nn::StateDict = ember_tensor::io::load(&path, &CPU)
+            .unwrap()
+            .into_iter()
+            .map(|(k, t)| (k, Tensor::wrap(t)))
+            .collect();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(
+            values(&loaded),
+            values(&saved),
+            "kind {kind}: file round trip"
+        );
+        let opt_saved = opt.state_dict().unwrap();
+        // Stepping on does not change a dict already taken.
+        run(&mut opt, sched.as_mut(), 1);
+        assert_ne!(values(&sched.state_dict().unwrap()), values(&saved));
+
+        let mut opt2 = two_group_sgd();
+        let mut sched2 = build(kind, 1, &mut opt2);
+        assert_ne!(
+            values(&sched2.state_dict().unwrap()),
+            values(&saved),
+            "kind {kind}"
+        );
+        opt2.load_state_dict(&opt_saved).unwrap();
+        sched2.load_state_dict(&loaded).unwrap();
+        assert_eq!(
+            values(&sched2.state_dict().unwrap()),
+            values(&saved),
+            "kind {kind}"
+        );
+        assert_eq!(sched2.last_epoch(), 4);
+        let resumed = run(&mut opt2, sched2.as_mut(), 5);
+        assert_eq!(resumed, whole[4..], "scheduler kind {kind}");
+    }
+}
+
+#[test]
+fn scheduler_load_state_dict_errors_leave_it_unchanged() {
+    let mut opt = two_group_sgd();
+    let mut step = StepLR::new(&mut opt, 2, 0.5).unwrap();
+    let good = step.state_dict().unwrap();
+    let keys: Vec<&str> = good.keys().map(String::as_str).collect();
+    assert_eq!(
+        keys,
+        ["_last_lr", "base_lrs", "gamma", "last_epoch", "step_size"]
+    );
+    let check = |sched: &mut dyn LrScheduler, sd: &ember_nn::StateDict, want: &str| {
+        let before = values(&sched.state_dict().unwrap());
+        let e = sched.load_state_dict(sd).unwrap_err().to_string();
+        assert!(e.contains(want), "{e}\nshould contain: {want}");
+        assert_eq!(values(&sched.state_dict().unwrap()), before);
+    };
+    let scalar = |v: f64| Tensor::scalar(v, &CPU).unwrap();
+    let int = |v: i64| Tensor::scalar(v, &CPU).unwrap();
+
+    let mut sd = good.clone();
+    sd.remove("gamma");
+    sd.insert("gama".into(), scalar(0.1));
+    check(&mut step, &sd, "Missing key(s)");
+    check(&mut step, &sd, "\"gama\"");
+    let mut sd = good.clone();
+    sd.insert("step_size".into(), int(0));
+    check(&mut step, &sd, "step_size must be positive, found 0");
+    sd.insert("step_size".into(), scalar(2.5));
+    check(&mut step, &sd, "step_size: expected a whole number");
+    let mut sd = good.clone();
+    sd.insert("last_epoch".into(), int(-3));
+    check(&mut step, &sd, "last_epoch must be at least 0, found -3");
+    let mut sd = good.clone();
+    sd.insert(
+        "gamma".into(),
+        Tensor::from_vec(vec![0.5, 0.5], [2], &CPU).unwrap(),
+    );
+    check(&mut step, &sd, "gamma: expected one value, found shape [2]");
+
+    // Built for one group, loading a dict of two.
+    let mut one = SGD::new(vec![param(&[0.0], &[1], CPU)], SgdOptions::default()).unwrap();
+    let mut cos = CosineAnnealingLR::new(&mut one, 4, 0.0).unwrap();
+    let mut sd = cos.state_dict().unwrap();
+    sd.insert(
+        "base_lrs".into(),
+        Tensor::from_vec(vec![0.1, 0.2], [2], &CPU).unwrap(),
+    );
+    check(&mut cos, &sd, "size mismatch for base_lrs");
+    // Another kind of scheduler's dict.
+    check(&mut cos, &good, "Missing key(s) in state_dict: \"T_max\"");
+
+    let mut cycle = OneCycleLR::new(&mut opt, 0.5, 10, OneCycleLrOptions::default()).unwrap();
+    let good = cycle.state_dict().unwrap();
+    let mut sd = good.clone();
+    sd.insert("anneal_strategy".into(), int(7));
+    check(
+        &mut cycle,
+        &sd,
+        "anneal_strategy must be 0 (cos) or 1 (linear), found 7",
+    );
+    let mut sd = good.clone();
+    sd.insert("last_epoch".into(), int(11));
+    check(&mut cycle, &sd, "last_epoch 11 is past total_steps 10");
+    let mut sd = good.clone();
+    sd.insert("pct_start".into(), scalar(2.0));
+    check(
+        &mut cycle,
+        &sd,
+        "Expected float between 0 and 1 pct_start, but got 2",
+    );
+    sd.insert("total_steps".into(), int(0));
+    check(&mut cycle, &sd, "total_steps must be positive, found 0");
+}
+
 #[test]
 fn clip_grad_norm_matches_pytorch() {
     let c = &reference()["clip"];

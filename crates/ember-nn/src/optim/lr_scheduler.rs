@@ -6,6 +6,10 @@
 //! [`StepLR`] and [`CosineAnnealingLR`] use PyTorch's recursive ("chainable") formulas on
 //! the groups' current `lr`, so their values agree with PyTorch's to the last bit.
 //!
+//! A scheduler's [`state_dict`](LrScheduler::state_dict) holds everything but the
+//! optimizer (PyTorch's rule), so resuming needs both dicts: the chainable schedulers go on
+//! from the groups' `lr`, which the optimizer's dict restores.
+//!
 //! ```
 //! use ember_nn::optim::{LrScheduler, Optimizer, SGD, SgdOptions, StepLR};
 //! use ember_nn::Tensor;
@@ -22,10 +26,14 @@
 //! # Ok::<(), ember_nn::NnError>(())
 //! ```
 
+use std::collections::BTreeSet;
 use std::f64::consts::PI;
 
+use ember_tensor::{Device, Scalar, Shape, Tensor as Raw};
+
 use super::Optimizer;
-use crate::{NnError, Result};
+use super::state::{bool_entry, f64_entry, read_bool, read_f64, scalar_of};
+use crate::{NnError, Result, StateDict, Tensor};
 
 /// A learning-rate scheduler (`torch.optim.lr_scheduler.LRScheduler`).
 pub trait LrScheduler: std::fmt::Debug {
@@ -38,6 +46,171 @@ pub trait LrScheduler: std::fmt::Debug {
 
     /// The index of the last step (0 right after construction).
     fn last_epoch(&self) -> i64;
+
+    /// The scheduler's state as named CPU tensors (PyTorch's `state_dict()`: every field
+    /// but the optimizer): `last_epoch` (0-dim i64), `base_lrs` and `_last_lr` (one f64 per
+    /// group), and the scheduler's own settings under PyTorch's names (`step_size`,
+    /// `gamma`, `T_max`, `eta_min`, ...). Copies: stepping on does not change it. Save it
+    /// with the optimizer's, e.g. in one safetensors file under two prefixes.
+    fn state_dict(&self) -> Result<StateDict>;
+
+    /// Restores a [`state_dict`](LrScheduler::state_dict) of the same kind of scheduler
+    /// built for as many parameter groups, settings included (PyTorch overwrites them
+    /// too). Missing or unexpected keys, a different number of groups or an invalid value
+    /// are errors, and leave the scheduler as it was. It does not touch the optimizer: load
+    /// the optimizer's own dict as well.
+    ///
+    /// ```
+    /// use ember_nn::optim::{LrScheduler, Optimizer, SGD, SgdOptions, StepLR};
+    /// use ember_nn::Tensor;
+    /// let sgd = |lr| {
+    ///     let w = Tensor::zeros([2], ())?.requires_grad_(true)?;
+    ///     SGD::new(vec![w], SgdOptions { lr, ..Default::default() })
+    /// };
+    /// let mut opt = sgd(0.1)?;
+    /// let mut sched = StepLR::new(&mut opt, 2, 0.5)?;
+    /// for _ in 0..3 {
+    ///     opt.step()?;
+    ///     sched.step(&mut opt)?;
+    /// }
+    /// let (opt_state, sched_state) = (opt.state_dict()?, sched.state_dict()?);
+    ///
+    /// // Resume into fresh objects (the settings they were built with are overwritten).
+    /// let mut opt2 = sgd(1.0)?;
+    /// let mut sched2 = StepLR::new(&mut opt2, 10, 0.9)?;
+    /// opt2.load_state_dict(&opt_state)?;
+    /// sched2.load_state_dict(&sched_state)?;
+    /// sched.step(&mut opt)?;
+    /// sched2.step(&mut opt2)?;
+    /// assert_eq!(sched2.get_last_lr(), sched.get_last_lr());
+    /// assert_eq!(sched2.last_epoch(), 4);
+    /// # Ok::<(), ember_nn::NnError>(())
+    /// ```
+    fn load_state_dict(&mut self, state_dict: &StateDict) -> Result<()>;
+}
+
+fn i64_entry(v: i64) -> Result<Raw> {
+    Ok(Raw::scalar(v, &Device::Cpu)?)
+}
+
+fn f64s_entry(v: &[f64]) -> Result<Raw> {
+    Ok(Raw::from_vec(v.to_vec(), [v.len()], &Device::Cpu)?)
+}
+
+/// Named fields into a state dict (as [`Tensor`]s without history).
+fn to_state_dict(fields: Vec<(&str, Raw)>) -> StateDict {
+    fields
+        .into_iter()
+        .map(|(k, t)| (k.to_string(), Tensor::wrap(t)))
+        .collect()
+}
+
+/// Reads a scheduler's state dict by name: type and shape errors at once, missing and
+/// unexpected keys together at [`Fields::finish`] (PyTorch's `load_state_dict` report).
+struct Fields<'a> {
+    scheduler: &'static str,
+    dict: &'a StateDict,
+    groups: usize,
+    used: BTreeSet<&'a str>,
+    missing: Vec<String>,
+    mismatched: Vec<(String, Shape, Shape)>,
+}
+
+impl<'a> Fields<'a> {
+    fn new(scheduler: &'static str, dict: &'a StateDict, groups: usize) -> Fields<'a> {
+        Fields {
+            scheduler,
+            dict,
+            groups,
+            used: BTreeSet::new(),
+            missing: Vec::new(),
+            mismatched: Vec::new(),
+        }
+    }
+
+    fn get(&mut self, key: &str) -> Option<Raw> {
+        match self.dict.get_key_value(key) {
+            Some((k, t)) => {
+                self.used.insert(k.as_str());
+                Some(t.data())
+            }
+            None => {
+                self.missing.push(key.to_string());
+                None
+            }
+        }
+    }
+
+    /// A 0-dim value as f64 (0 when missing; `finish` reports it).
+    fn f64(&mut self, key: &str) -> Result<f64> {
+        self.get(key).map_or(Ok(0.0), |t| read_f64(key, &t))
+    }
+
+    fn bool(&mut self, key: &str) -> Result<bool> {
+        self.get(key).map_or(Ok(false), |t| read_bool(key, &t))
+    }
+
+    /// A whole number (an integer, or a float with no fraction).
+    fn i64(&mut self, key: &str) -> Result<i64> {
+        let Some(t) = self.get(key) else {
+            return Ok(0);
+        };
+        match scalar_of(key, &t)? {
+            Scalar::Int(i) => Ok(i),
+            Scalar::Float(f) if f.fract() == 0.0 && f.abs() < 9.0e15 => Ok(f as i64),
+            other => Err(NnError::invalid(
+                "load_state_dict",
+                format!("{key}: expected a whole number, found {other:?}"),
+            )),
+        }
+    }
+
+    /// One f64 per parameter group.
+    fn per_group(&mut self, key: &str) -> Result<Vec<f64>> {
+        let Some(t) = self.get(key) else {
+            return Ok(vec![0.0; self.groups]);
+        };
+        if t.dims() != [self.groups] {
+            self.mismatched.push((
+                key.to_string(),
+                t.shape().clone(),
+                Shape::from([self.groups]),
+            ));
+            return Ok(vec![0.0; self.groups]);
+        }
+        Ok(t.to_dtype(ember_tensor::DType::F64)?.to_vec::<f64>()?)
+    }
+
+    /// A count read with [`Fields::i64`] that must be positive.
+    fn positive(&mut self, key: &str) -> Result<usize> {
+        let v = self.i64(key)?;
+        match usize::try_from(v) {
+            Ok(n) if n > 0 || !self.dict.contains_key(key) => Ok(n),
+            _ => Err(NnError::invalid(
+                self.scheduler,
+                format!("{key} must be positive, found {v} in the loaded state dict"),
+            )),
+        }
+    }
+
+    /// Errors unless every key was found and used.
+    fn finish(self) -> Result<()> {
+        let unexpected: Vec<String> = self
+            .dict
+            .keys()
+            .filter(|k| !self.used.contains(k.as_str()))
+            .cloned()
+            .collect();
+        if self.missing.is_empty() && unexpected.is_empty() && self.mismatched.is_empty() {
+            return Ok(());
+        }
+        Err(NnError::StateDict {
+            module: self.scheduler.to_string(),
+            missing: self.missing,
+            unexpected,
+            mismatched: self.mismatched,
+        })
+    }
 }
 
 /// What every scheduler keeps: PyTorch's `LRScheduler` fields.
@@ -80,6 +253,34 @@ impl Base {
             g.lr = *lr;
         }
         self.last_lr = lrs;
+    }
+
+    /// The fields every scheduler saves.
+    fn entries(&self) -> Result<Vec<(&'static str, Raw)>> {
+        Ok(vec![
+            ("last_epoch", i64_entry(self.last_epoch)?),
+            ("base_lrs", f64s_entry(&self.base_lrs)?),
+            ("_last_lr", f64s_entry(&self.last_lr)?),
+        ])
+    }
+
+    /// The common fields from a loaded dict.
+    fn read(&self, f: &mut Fields<'_>) -> Result<Base> {
+        let last_epoch = f.i64("last_epoch")?;
+        if last_epoch < 0 {
+            return Err(NnError::invalid(
+                self.name,
+                format!(
+                    "last_epoch must be at least 0, found {last_epoch} in the loaded state dict"
+                ),
+            ));
+        }
+        Ok(Base {
+            name: self.name,
+            last_epoch,
+            base_lrs: f.per_group("base_lrs")?,
+            last_lr: f.per_group("_last_lr")?,
+        })
     }
 }
 
@@ -135,6 +336,27 @@ impl LrScheduler for StepLR {
 
     fn last_epoch(&self) -> i64 {
         self.base.last_epoch
+    }
+
+    fn state_dict(&self) -> Result<StateDict> {
+        let mut fields = self.base.entries()?;
+        fields.push(("step_size", i64_entry(self.step_size as i64)?));
+        fields.push(("gamma", f64_entry(self.gamma)?));
+        Ok(to_state_dict(fields))
+    }
+
+    fn load_state_dict(&mut self, state_dict: &StateDict) -> Result<()> {
+        let mut f = Fields::new("StepLR", state_dict, self.base.base_lrs.len());
+        let base = self.base.read(&mut f)?;
+        let step_size = f.positive("step_size")?;
+        let gamma = f.f64("gamma")?;
+        f.finish()?;
+        *self = StepLR {
+            base,
+            step_size,
+            gamma,
+        };
+        Ok(())
     }
 }
 
@@ -212,6 +434,27 @@ impl LrScheduler for CosineAnnealingLR {
     fn last_epoch(&self) -> i64 {
         self.base.last_epoch
     }
+
+    fn state_dict(&self) -> Result<StateDict> {
+        let mut fields = self.base.entries()?;
+        fields.push(("T_max", i64_entry(self.t_max as i64)?));
+        fields.push(("eta_min", f64_entry(self.eta_min)?));
+        Ok(to_state_dict(fields))
+    }
+
+    fn load_state_dict(&mut self, state_dict: &StateDict) -> Result<()> {
+        let mut f = Fields::new("CosineAnnealingLR", state_dict, self.base.base_lrs.len());
+        let base = self.base.read(&mut f)?;
+        let t_max = f.positive("T_max")?;
+        let eta_min = f.f64("eta_min")?;
+        f.finish()?;
+        *self = CosineAnnealingLR {
+            base,
+            t_max,
+            eta_min,
+        };
+        Ok(())
+    }
 }
 
 /// How [`OneCycleLR`] moves between its phases' endpoints.
@@ -233,6 +476,22 @@ impl AnnealStrategy {
                 end + (start - end) / 2.0 * cos_out
             }
             AnnealStrategy::Linear => (end - start) * pct + start,
+        }
+    }
+
+    /// How a state dict stores the strategy.
+    fn code(self) -> i64 {
+        match self {
+            AnnealStrategy::Cos => 0,
+            AnnealStrategy::Linear => 1,
+        }
+    }
+
+    fn from_code(code: i64) -> Option<AnnealStrategy> {
+        match code {
+            0 => Some(AnnealStrategy::Cos),
+            1 => Some(AnnealStrategy::Linear),
+            _ => None,
         }
     }
 }
@@ -337,11 +596,7 @@ impl OneCycleLR {
             ));
         }
         let pct_start = options.pct_start;
-        if !(0.0..=1.0).contains(&pct_start) {
-            return bad(format!(
-                "Expected float between 0 and 1 pct_start, but got {pct_start}"
-            ));
-        }
+        check_pct_start(pct_start)?;
         let groups = optimizer.param_groups().len();
         if max_lrs.len() != groups {
             return bad(format!(
@@ -349,50 +604,7 @@ impl OneCycleLR {
                 max_lrs.len()
             ));
         }
-        let total = total_steps as f64;
-        use Point::*;
-        let phases = if options.three_phase {
-            vec![
-                Phase {
-                    end_step: pct_start * total - 1.0,
-                    start_lr: InitialLr,
-                    end_lr: MaxLr,
-                    start_momentum: MaxMomentum,
-                    end_momentum: BaseMomentum,
-                },
-                Phase {
-                    end_step: 2.0 * pct_start * total - 2.0,
-                    start_lr: MaxLr,
-                    end_lr: InitialLr,
-                    start_momentum: BaseMomentum,
-                    end_momentum: MaxMomentum,
-                },
-                Phase {
-                    end_step: total - 1.0,
-                    start_lr: InitialLr,
-                    end_lr: MinLr,
-                    start_momentum: MaxMomentum,
-                    end_momentum: MaxMomentum,
-                },
-            ]
-        } else {
-            vec![
-                Phase {
-                    end_step: pct_start * total - 1.0,
-                    start_lr: InitialLr,
-                    end_lr: MaxLr,
-                    start_momentum: MaxMomentum,
-                    end_momentum: BaseMomentum,
-                },
-                Phase {
-                    end_step: total - 1.0,
-                    start_lr: MaxLr,
-                    end_lr: MinLr,
-                    start_momentum: BaseMomentum,
-                    end_momentum: MaxMomentum,
-                },
-            ]
-        };
+        let phases = phases(total_steps, pct_start, options.three_phase);
         let lrs: Vec<(f64, f64, f64)> = max_lrs
             .iter()
             .map(|&max_lr| {
@@ -425,6 +637,65 @@ impl OneCycleLR {
             Point::MaxMomentum => self.options.max_momentum,
             Point::BaseMomentum => self.options.base_momentum,
         }
+    }
+}
+
+fn check_pct_start(pct_start: f64) -> Result<()> {
+    if (0.0..=1.0).contains(&pct_start) {
+        Ok(())
+    } else {
+        Err(NnError::invalid(
+            "OneCycleLR",
+            format!("Expected float between 0 and 1 pct_start, but got {pct_start}"),
+        ))
+    }
+}
+
+/// OneCycleLR's phases (PyTorch's `_schedule_phases`).
+fn phases(total_steps: usize, pct_start: f64, three_phase: bool) -> Vec<Phase> {
+    let total = total_steps as f64;
+    use Point::*;
+    if three_phase {
+        vec![
+            Phase {
+                end_step: pct_start * total - 1.0,
+                start_lr: InitialLr,
+                end_lr: MaxLr,
+                start_momentum: MaxMomentum,
+                end_momentum: BaseMomentum,
+            },
+            Phase {
+                end_step: 2.0 * pct_start * total - 2.0,
+                start_lr: MaxLr,
+                end_lr: InitialLr,
+                start_momentum: BaseMomentum,
+                end_momentum: MaxMomentum,
+            },
+            Phase {
+                end_step: total - 1.0,
+                start_lr: InitialLr,
+                end_lr: MinLr,
+                start_momentum: MaxMomentum,
+                end_momentum: MaxMomentum,
+            },
+        ]
+    } else {
+        vec![
+            Phase {
+                end_step: pct_start * total - 1.0,
+                start_lr: InitialLr,
+                end_lr: MaxLr,
+                start_momentum: MaxMomentum,
+                end_momentum: BaseMomentum,
+            },
+            Phase {
+                end_step: total - 1.0,
+                start_lr: MaxLr,
+                end_lr: MinLr,
+                start_momentum: BaseMomentum,
+                end_momentum: MaxMomentum,
+            },
+        ]
     }
 }
 
@@ -473,5 +744,79 @@ impl LrScheduler for OneCycleLR {
 
     fn last_epoch(&self) -> i64 {
         self.base.last_epoch
+    }
+
+    /// Besides the common fields: `total_steps`, the options under their names
+    /// (`anneal_strategy` as 0-dim i64, 0 for cosine and 1 for linear), and per group
+    /// `initial_lr`, `max_lr`, `min_lr` (which PyTorch keeps in the optimizer's groups).
+    fn state_dict(&self) -> Result<StateDict> {
+        let o = &self.options;
+        let per_group = |pick: fn(&(f64, f64, f64)) -> f64| {
+            f64s_entry(&self.lrs.iter().map(pick).collect::<Vec<_>>())
+        };
+        let mut fields = self.base.entries()?;
+        fields.extend([
+            ("total_steps", i64_entry(self.total_steps as i64)?),
+            ("pct_start", f64_entry(o.pct_start)?),
+            ("anneal_strategy", i64_entry(o.anneal_strategy.code())?),
+            ("cycle_momentum", bool_entry(o.cycle_momentum)?),
+            ("base_momentum", f64_entry(o.base_momentum)?),
+            ("max_momentum", f64_entry(o.max_momentum)?),
+            ("div_factor", f64_entry(o.div_factor)?),
+            ("final_div_factor", f64_entry(o.final_div_factor)?),
+            ("three_phase", bool_entry(o.three_phase)?),
+            ("initial_lr", per_group(|l| l.0)?),
+            ("max_lr", per_group(|l| l.1)?),
+            ("min_lr", per_group(|l| l.2)?),
+        ]);
+        Ok(to_state_dict(fields))
+    }
+
+    fn load_state_dict(&mut self, state_dict: &StateDict) -> Result<()> {
+        let mut f = Fields::new("OneCycleLR", state_dict, self.lrs.len());
+        let base = self.base.read(&mut f)?;
+        let total_steps = f.positive("total_steps")?;
+        let anneal = f.i64("anneal_strategy")?;
+        let options = OneCycleLrOptions {
+            pct_start: f.f64("pct_start")?,
+            anneal_strategy: AnnealStrategy::from_code(anneal).ok_or_else(|| {
+                NnError::invalid(
+                    "OneCycleLR",
+                    format!("anneal_strategy must be 0 (cos) or 1 (linear), found {anneal}"),
+                )
+            })?,
+            cycle_momentum: f.bool("cycle_momentum")?,
+            base_momentum: f.f64("base_momentum")?,
+            max_momentum: f.f64("max_momentum")?,
+            div_factor: f.f64("div_factor")?,
+            final_div_factor: f.f64("final_div_factor")?,
+            three_phase: f.bool("three_phase")?,
+        };
+        let (initial, max, min) = (
+            f.per_group("initial_lr")?,
+            f.per_group("max_lr")?,
+            f.per_group("min_lr")?,
+        );
+        f.finish()?;
+        check_pct_start(options.pct_start)?;
+        if base.last_epoch > total_steps as i64 {
+            return Err(NnError::invalid(
+                "OneCycleLR",
+                format!(
+                    "last_epoch {} is past total_steps {total_steps} in the loaded state dict",
+                    base.last_epoch
+                ),
+            ));
+        }
+        *self = OneCycleLR {
+            base,
+            total_steps,
+            options,
+            phases: phases(total_steps, options.pct_start, options.three_phase),
+            lrs: (0..initial.len())
+                .map(|g| (initial[g], max[g], min[g]))
+                .collect(),
+        };
+        Ok(())
     }
 }

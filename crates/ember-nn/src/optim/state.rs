@@ -36,11 +36,11 @@ fn owned(t: &Raw) -> Result<Raw> {
     Ok(t.copy()?)
 }
 
-fn f64_entry(v: f64) -> Result<Raw> {
+pub(super) fn f64_entry(v: f64) -> Result<Raw> {
     Ok(Raw::scalar(v, &Device::Cpu)?)
 }
 
-fn bool_entry(v: bool) -> Result<Raw> {
+pub(super) fn bool_entry(v: bool) -> Result<Raw> {
     Ok(Raw::scalar(v, &Device::Cpu)?)
 }
 
@@ -83,7 +83,7 @@ fn group_entries(g: &ParamGroup) -> Result<Vec<(&'static str, Raw)>> {
 }
 
 /// Reads the value of a one-element entry.
-fn scalar_of(key: &str, t: &Raw) -> Result<Scalar> {
+pub(super) fn scalar_of(key: &str, t: &Raw) -> Result<Scalar> {
     t.to_scalar().map_err(|_| {
         NnError::invalid(
             "load_state_dict",
@@ -92,11 +92,11 @@ fn scalar_of(key: &str, t: &Raw) -> Result<Scalar> {
     })
 }
 
-fn read_f64(key: &str, t: &Raw) -> Result<f64> {
+pub(super) fn read_f64(key: &str, t: &Raw) -> Result<f64> {
     Ok(scalar_of(key, t)?.to_f64())
 }
 
-fn read_bool(key: &str, t: &Raw) -> Result<bool> {
+pub(super) fn read_bool(key: &str, t: &Raw) -> Result<bool> {
     Ok(scalar_of(key, t)?.to_f64() != 0.0)
 }
 

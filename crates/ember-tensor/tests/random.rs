@@ -39,6 +39,61 @@ fn default_generators_follow_manual_seed() {
     let s = random::seed();
     assert_eq!(random::initial_seed(), s);
     assert_ne!(random::seed(), s);
+
+    // A thread's own CPU generator (what DataLoader workers use): its draws, seeding and
+    // state calls stay on that thread, scopes nest, and the CUDA default is still shared.
+    random::manual_seed(77);
+    let global = random::get_rng_state();
+    let on_thread = |seed: u64| {
+        std::thread::spawn(move || {
+            let own = random::ThreadGenerator::with_seed(seed);
+            assert_eq!(random::initial_seed(), seed);
+            let a = f32s(&Tensor::rand([6], ()).unwrap());
+            assert_eq!(own.generator().get_state().offset, 2);
+            random::manual_seed(seed + 1);
+            let b = f32s(&Tensor::rand([6], ()).unwrap());
+            let st = random::get_rng_state();
+            assert_eq!(st.seed, seed + 1);
+            {
+                let _inner = random::ThreadGenerator::with_seed(5);
+                assert_eq!(random::initial_seed(), 5);
+            }
+            assert_eq!(random::get_rng_state(), st);
+            assert_eq!(
+                random::default_generator(Device::Cuda(3)).initial_seed(),
+                77
+            );
+            drop(own);
+            (a, b)
+        })
+        .join()
+        .unwrap()
+    };
+    let (a, b) = on_thread(9);
+    assert_eq!(random::get_rng_state(), global);
+    assert_eq!(
+        random::default_generator(Device::Cuda(3)).initial_seed(),
+        77
+    );
+    let g = Generator::with_seed(9, CPU);
+    assert_eq!(a, f32s(&Tensor::rand_with([6], (), &g).unwrap()));
+    g.manual_seed(10);
+    assert_eq!(b, f32s(&Tensor::rand_with([6], (), &g).unwrap()));
+    assert_eq!(on_thread(9), (a.clone(), b));
+    assert_ne!(on_thread(11).0, a);
+    // Outside any scope the thread uses the process-wide generator again.
+    let (x, moved) = std::thread::spawn(|| {
+        drop(random::ThreadGenerator::with_seed(3));
+        (
+            f32s(&Tensor::rand([6], ()).unwrap()),
+            random::get_rng_state(),
+        )
+    })
+    .join()
+    .unwrap();
+    random::set_rng_state(&global);
+    assert_eq!(x, f32s(&Tensor::rand([6], ()).unwrap()));
+    assert_eq!(moved, random::get_rng_state());
 }
 
 #[test]
@@ -246,6 +301,9 @@ fn dtype_rules_and_errors() {
     let x = Tensor::zeros([2, 3], DType::F64).unwrap();
     let r = x.rand_like_with(&g).unwrap();
     assert_eq!((r.dims(), r.dtype()), (&[2usize, 3][..], DType::F64));
+    // The default-generator forms, on this thread's own generator: the CPU default one
+    // is `default_generators_follow_manual_seed`'s alone (tests run in parallel).
+    let _own = random::ThreadGenerator::with_seed(1);
     assert_eq!(x.randn_like().unwrap().dims(), &[2, 3]);
     assert!(Tensor::zeros([2], DType::I64).unwrap().rand_like().is_err());
     assert_eq!(Tensor::rand_with([0, 3], (), &g).unwrap().numel(), 0);

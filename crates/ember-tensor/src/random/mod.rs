@@ -25,6 +25,7 @@ pub mod philox;
 
 mod create;
 
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
@@ -222,7 +223,15 @@ fn defaults() -> MutexGuard<'static, Defaults> {
 /// The default generator of `device` (created on first use), which the random constructors
 /// use when not given one. CUDA devices have theirs too, so seeding covers them before the
 /// CUDA backend exists.
+///
+/// On a thread inside [`ThreadGenerator`]'s scope, the CPU's default generator is that
+/// thread's own.
 pub fn default_generator(device: Device) -> Arc<Generator> {
+    if device == Device::Cpu
+        && let Some(g) = thread_cpu_generator()
+    {
+        return g;
+    }
     let mut d = defaults();
     let seed = d.seed;
     d.generators
@@ -239,7 +248,15 @@ pub fn default_generator(device: Device) -> Arc<Generator> {
 /// random::manual_seed(3);
 /// assert_eq!(random::default_generator(Device::Cuda(5)).initial_seed(), 3);
 /// ```
+///
+/// On a thread inside [`ThreadGenerator`]'s scope it seeds only that thread's CPU
+/// generator, as `torch.manual_seed` in a `DataLoader` worker process seeds only that
+/// process.
 pub fn manual_seed(seed: u64) {
+    if let Some(g) = thread_cpu_generator() {
+        g.manual_seed(seed);
+        return;
+    }
     let mut d = defaults();
     d.seed = seed;
     for g in d.generators.values() {
@@ -255,7 +272,8 @@ pub fn seed() -> u64 {
     s
 }
 
-/// The initial seed of the CPU's default generator, like `torch.initial_seed()`.
+/// The initial seed of the CPU's default generator (this thread's, inside a
+/// [`ThreadGenerator`] scope), like `torch.initial_seed()`.
 pub fn initial_seed() -> u64 {
     default_generator(Device::Cpu).initial_seed()
 }
@@ -268,4 +286,68 @@ pub fn get_rng_state() -> GeneratorState {
 /// Restores the CPU's default generator, like `torch.set_rng_state()`.
 pub fn set_rng_state(state: &GeneratorState) {
     default_generator(Device::Cpu).set_state(state);
+}
+
+thread_local! {
+    /// This thread's CPU default generator, while a [`ThreadGenerator`] is alive.
+    static THREAD_CPU: RefCell<Option<Arc<Generator>>> = const { RefCell::new(None) };
+}
+
+fn thread_cpu_generator() -> Option<Arc<Generator>> {
+    THREAD_CPU.with(|t| t.borrow().clone())
+}
+
+/// While alive, the calling thread has its own CPU default generator: the random
+/// constructors (with no generator given), [`manual_seed`], [`seed`], [`initial_seed`],
+/// [`get_rng_state`] and [`set_rng_state`] on this thread use it, and other threads and the
+/// process-wide generators are untouched. Dropping it restores what the thread used before
+/// (scopes nest). This is how `DataLoader` workers, threads here rather than PyTorch's
+/// processes, each get a generator of their own. Not `Send`: it belongs to its thread.
+///
+/// ```
+/// use ember_tensor::{random, Tensor};
+/// random::manual_seed(1);
+/// let before = random::get_rng_state();
+/// std::thread::spawn(|| {
+///     let _own = random::ThreadGenerator::with_seed(9);
+///     assert_eq!(random::initial_seed(), 9);
+///     Tensor::rand([4], ()).map(|_| ())
+/// })
+/// .join()
+/// .expect("no panic")?;
+/// assert_eq!(random::get_rng_state(), before); // the process-wide generator did not move
+/// # Ok::<(), ember_tensor::TensorError>(())
+/// ```
+#[derive(Debug)]
+#[must_use = "the thread uses the generator only while the guard lives"]
+pub struct ThreadGenerator {
+    generator: Arc<Generator>,
+    previous: Option<Arc<Generator>>,
+    _not_send: std::marker::PhantomData<*const ()>,
+}
+
+impl ThreadGenerator {
+    /// Gives this thread a CPU generator seeded with `seed`, its default until the guard
+    /// drops.
+    pub fn with_seed(seed: u64) -> ThreadGenerator {
+        let generator = Arc::new(Generator::with_seed(seed, Device::Cpu));
+        let previous = THREAD_CPU.with(|t| t.borrow_mut().replace(Arc::clone(&generator)));
+        ThreadGenerator {
+            generator,
+            previous,
+            _not_send: std::marker::PhantomData,
+        }
+    }
+
+    /// The generator this guard installed.
+    pub fn generator(&self) -> &Arc<Generator> {
+        &self.generator
+    }
+}
+
+impl Drop for ThreadGenerator {
+    fn drop(&mut self) {
+        let previous = self.previous.take();
+        THREAD_CPU.with(|t| *t.borrow_mut() = previous);
+    }
 }

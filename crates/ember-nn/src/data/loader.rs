@@ -2,15 +2,17 @@
 //! thread or ahead of time by worker threads, optionally pinned. The rules (shuffling, workers, pinning) are documented on
 //! [`DataLoader`].
 
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::fmt;
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, Sender, channel};
-use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 
 use ember_tensor::Device;
+use ember_tensor::random::ThreadGenerator;
 use ember_tensor::random::philox::{key_of, philox4x32_10};
 
 use super::dataset::Dataset;
@@ -20,6 +22,44 @@ use crate::error::{NnError, Result};
 /// A custom collate function: receives the samples of a batch (`Dataset::get` of each
 /// index, in batch order) and returns the batch's fields.
 pub type CollateFn = Arc<dyn Fn(Vec<Vec<Tensor>>) -> Result<Vec<Tensor>> + Send + Sync>;
+
+/// A worker's setup step (PyTorch's `worker_init_fn`): called with the worker id on each
+/// worker thread, after its generator is seeded and before its first batch.
+pub type WorkerInitFn = Arc<dyn Fn(usize) -> Result<()> + Send + Sync>;
+
+/// What a worker thread knows about itself (PyTorch's `torch.utils.data.get_worker_info()`),
+/// read with [`get_worker_info`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WorkerInfo {
+    /// This worker's number, `0..num_workers`.
+    pub id: usize,
+    /// The loader's `num_workers`.
+    pub num_workers: usize,
+    /// The seed of this worker's CPU generator: the epoch's base seed plus `id`.
+    pub seed: u64,
+}
+
+thread_local! {
+    static WORKER: Cell<Option<WorkerInfo>> = const { Cell::new(None) };
+}
+
+/// On a [`DataLoader`] worker thread (inside `Dataset::get`, `get_batch`, a collate or
+/// worker-init function), that worker's [`WorkerInfo`]; `None` on any other thread, e.g.
+/// when batches are made on the calling thread (`num_workers(0)`).
+pub fn get_worker_info() -> Option<WorkerInfo> {
+    WORKER.with(Cell::get)
+}
+
+/// The base seed of epoch `epoch`'s workers: worker `w`'s CPU generator is seeded with
+/// `base + w`. It is the draw with counter `k = 2^63` of [`shuffled_indices`]'s stream for
+/// `(seed, epoch)`, a counter no shuffle reaches.
+pub fn worker_base_seed(seed: u64, epoch: u64) -> u64 {
+    let w = philox4x32_10(
+        [0, 1 << 31, epoch as u32, (epoch >> 32) as u32],
+        key_of(seed),
+    );
+    u64::from(w[0]) | (u64::from(w[1]) << 32)
+}
 
 /// A permutation of `0..n` determined by `(seed, epoch)` alone.
 ///
@@ -90,10 +130,20 @@ pub fn shuffled_indices(n: usize, seed: u64, epoch: u64) -> Vec<usize> {
 /// # Workers
 ///
 /// With `num_workers(0)` (the default) each batch is made on the calling thread when the
-/// iterator is advanced. With `num_workers(n)`, `n` threads take batches from a shared queue
-/// and make them ahead: at most `n * prefetch_factor` batches are queued or made but not yet
-/// yielded. Batches are yielded in order whatever order they finish in (PyTorch's
-/// `in_order=True`). An error (or a panic) while making a batch becomes that batch's `Err`
+/// iterator is advanced. With `num_workers(n)`, `n` threads make batches ahead: batch `i`
+/// goes to worker `i % n` (PyTorch's round robin), and at most `n * prefetch_factor`
+/// batches are queued or made but not yet yielded. Batches are yielded in order whatever
+/// order they finish in (PyTorch's `in_order=True`).
+///
+/// As each PyTorch worker process has its own random generator, each worker thread has its
+/// own CPU default generator ([`ThreadGenerator`]) seeded with
+/// [`worker_base_seed`]`(seed, epoch) + id`, the seed being the shuffling seed. So random
+/// augmentation in `Dataset::get` (`Tensor::rand`, dropout masks, ...) gives the same
+/// batches on every run with the same seed, epoch and `num_workers`, whatever the threads'
+/// timing, and draws nothing from the calling thread's generator. A worker reads its
+/// [`WorkerInfo`] with [`get_worker_info`] and can be set up with
+/// [`DataLoader::worker_init_fn`].
+/// An error (or a panic) while making a batch becomes that batch's `Err`
 /// item; later batches still come. Dropping the iterator stops the workers: they take no
 /// new batch, and the drop waits for the batches being made to finish (at most one per
 /// worker), so no thread outlives the iterator.
@@ -122,6 +172,7 @@ pub struct DataLoader {
     prefetch_factor: usize,
     pin_memory: bool,
     collate: Option<CollateFn>,
+    worker_init: Option<WorkerInitFn>,
     next_epoch: AtomicU64,
 }
 
@@ -137,6 +188,10 @@ impl fmt::Debug for DataLoader {
             .field("prefetch_factor", &self.prefetch_factor)
             .field("pin_memory", &self.pin_memory)
             .field("collate", &self.collate.as_ref().map(|_| "custom"))
+            .field(
+                "worker_init_fn",
+                &self.worker_init.as_ref().map(|_| "custom"),
+            )
             .field("next_epoch", &self.next_epoch.load(Ordering::Relaxed))
             .finish()
     }
@@ -155,6 +210,7 @@ impl DataLoader {
             prefetch_factor: 2,
             pin_memory: false,
             collate: None,
+            worker_init: None,
             next_epoch: AtomicU64::new(0),
         }
     }
@@ -213,6 +269,17 @@ impl DataLoader {
         self
     }
 
+    /// A function each worker thread calls with its id before making its first batch
+    /// (PyTorch's `worker_init_fn`); unused without workers. An error (or panic) in it
+    /// becomes the `Err` item of every batch that worker was to make.
+    pub fn worker_init_fn(
+        mut self,
+        init: impl Fn(usize) -> Result<()> + Send + Sync + 'static,
+    ) -> DataLoader {
+        self.worker_init = Some(Arc::new(init));
+        self
+    }
+
     /// The dataset.
     pub fn dataset(&self) -> &Arc<dyn Dataset> {
         &self.dataset
@@ -254,6 +321,7 @@ impl DataLoader {
         let job = Arc::new(Job {
             dataset: Arc::clone(&self.dataset),
             collate: self.collate.clone(),
+            worker_init: self.worker_init.clone(),
             pin: self.pin_memory,
         });
         let mode = if self.num_workers == 0 || batches.is_empty() {
@@ -261,7 +329,9 @@ impl DataLoader {
         } else {
             Mode::Workers(Workers::start(
                 job,
-                self.num_workers.min(batches.len()),
+                self.num_workers,
+                batches.len(),
+                worker_base_seed(self.seed_value(), epoch),
                 self.num_workers.saturating_mul(self.prefetch_factor),
             )?)
         };
@@ -280,8 +350,7 @@ impl DataLoader {
         self.validate()?;
         let n = self.dataset.len();
         let order = if self.shuffle {
-            let seed = self.seed.unwrap_or_else(ember_tensor::random::initial_seed);
-            shuffled_indices(n, seed, epoch)
+            shuffled_indices(n, self.seed_value(), epoch)
         } else {
             (0..n).collect()
         };
@@ -293,6 +362,11 @@ impl DataLoader {
             batches.pop();
         }
         Ok(batches)
+    }
+
+    /// The seed shuffling and the workers' generators use.
+    fn seed_value(&self) -> u64 {
+        self.seed.unwrap_or_else(ember_tensor::random::initial_seed)
     }
 
     fn validate(&self) -> Result<()> {
@@ -319,25 +393,42 @@ impl DataLoader {
 struct Job {
     dataset: Arc<dyn Dataset>,
     collate: Option<CollateFn>,
+    worker_init: Option<WorkerInitFn>,
     pin: bool,
+}
+
+/// `f()`, with a panic turned into an error saying `what` panicked.
+fn guarded<T>(what: impl FnOnce() -> String, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|panic| {
+        let payload = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a non-string panic payload".into());
+        Err(NnError::Data(format!(
+            "DataLoader: {} panicked: {payload}",
+            what()
+        )))
+    })
 }
 
 impl Job {
     /// The batch of `indices`, collated and pinned as configured; a panic becomes an error.
     fn make(&self, batch: usize, indices: &[usize]) -> Result<Vec<Tensor>> {
-        match catch_unwind(AssertUnwindSafe(|| self.make_inner(indices))) {
-            Ok(r) => r,
-            Err(panic) => {
-                let what = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "a non-string panic payload".into());
-                Err(NnError::Data(format!(
-                    "DataLoader: making batch {batch} panicked: {what}"
-                )))
-            }
-        }
+        guarded(
+            || format!("making batch {batch}"),
+            || self.make_inner(indices),
+        )
+    }
+
+    /// Runs the worker-init function of worker `id`, if any; the message of its failure.
+    fn init(&self, id: usize) -> std::result::Result<(), String> {
+        let Some(init) = &self.worker_init else {
+            return Ok(());
+        };
+        guarded(|| format!("worker_init_fn of worker {id}"), || init(id)).map_err(|e| {
+            format!("DataLoader: worker {id} could not start, its worker_init_fn failed: {e}")
+        })
     }
 
     fn make_inner(&self, indices: &[usize]) -> Result<Vec<Tensor>> {
@@ -373,7 +464,8 @@ type Done = (usize, Result<Vec<Tensor>>);
 
 /// The worker threads of one iterator and their queues.
 struct Workers {
-    tasks: Option<Sender<Task>>,
+    /// One queue per worker; batch `i` goes to worker `i % tasks.len()`. Empty once stopped.
+    tasks: Vec<Sender<Task>>,
     results: Receiver<Done>,
     ready: HashMap<usize, Result<Vec<Tensor>>>,
     /// Batches handed to the queue so far (batch `sent` is the next to hand out).
@@ -384,13 +476,19 @@ struct Workers {
 }
 
 impl Workers {
-    fn start(job: Arc<Job>, n: usize, max_in_flight: usize) -> Result<Workers> {
-        let (task_tx, task_rx) = channel::<Task>();
+    /// Starts `min(num_workers, batches)` workers (worker `w` seeded `base_seed + w`).
+    fn start(
+        job: Arc<Job>,
+        num_workers: usize,
+        batches: usize,
+        base_seed: u64,
+        max_in_flight: usize,
+    ) -> Result<Workers> {
+        let n = num_workers.min(batches);
         let (done_tx, done_rx) = channel::<Done>();
-        let task_rx = Arc::new(Mutex::new(task_rx));
         let stop = Arc::new(AtomicBool::new(false));
         let mut workers = Workers {
-            tasks: Some(task_tx),
+            tasks: Vec::with_capacity(n),
             results: done_rx,
             ready: HashMap::new(),
             sent: 0,
@@ -398,22 +496,24 @@ impl Workers {
             stop: Arc::clone(&stop),
             handles: Vec::with_capacity(n),
         };
-        for w in 0..n {
-            let (job, task_rx, done_tx, stop) = (
-                Arc::clone(&job),
-                Arc::clone(&task_rx),
-                done_tx.clone(),
-                Arc::clone(&stop),
-            );
+        for id in 0..n {
+            let (task_tx, task_rx) = channel::<Task>();
+            let info = WorkerInfo {
+                id,
+                num_workers,
+                seed: base_seed.wrapping_add(id as u64),
+            };
+            let (job, done_tx, stop) = (Arc::clone(&job), done_tx.clone(), Arc::clone(&stop));
             let handle = std::thread::Builder::new()
-                .name(format!("ember-data-worker-{w}"))
-                .spawn(move || worker_loop(&job, &task_rx, &done_tx, &stop))
+                .name(format!("ember-data-worker-{id}"))
+                .spawn(move || worker_loop(&job, info, &task_rx, &done_tx, &stop))
                 .map_err(|e| {
                     NnError::Data(format!(
-                        "DataLoader: could not start worker thread {w}: {e}"
+                        "DataLoader: could not start worker thread {id}: {e}"
                     ))
                 })?;
             // On an error above, dropping `workers` stops and joins those already started.
+            workers.tasks.push(task_tx);
             workers.handles.push(handle);
         }
         Ok(workers)
@@ -422,7 +522,7 @@ impl Workers {
     /// Stops the workers and waits for them (each finishes at most the batch it is making).
     fn shutdown(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
-        self.tasks = None;
+        self.tasks.clear();
         for h in self.handles.drain(..) {
             // A worker never panics (batches are made under catch_unwind); nothing to report.
             let _ = h.join();
@@ -437,19 +537,27 @@ impl Drop for Workers {
     }
 }
 
-fn worker_loop(job: &Job, tasks: &Mutex<Receiver<Task>>, done: &Sender<Done>, stop: &AtomicBool) {
-    loop {
-        let task = {
-            let rx = tasks.lock().unwrap_or_else(PoisonError::into_inner);
-            rx.recv()
-        };
-        let Ok((batch, indices)) = task else {
-            return; // the iterator is gone
-        };
+/// One worker thread: its own generator and [`WorkerInfo`], the init function, then its
+/// batches in the order they come.
+fn worker_loop(
+    job: &Job,
+    info: WorkerInfo,
+    tasks: &Receiver<Task>,
+    done: &Sender<Done>,
+    stop: &AtomicBool,
+) {
+    let _generator = ThreadGenerator::with_seed(info.seed);
+    WORKER.with(|w| w.set(Some(info)));
+    let init = job.init(info.id);
+    // Ends when the iterator is gone (its queue closed) or stops the workers.
+    while let Ok((batch, indices)) = tasks.recv() {
         if stop.load(Ordering::SeqCst) {
             return;
         }
-        let r = job.make(batch, &indices);
+        let r = match &init {
+            Ok(()) => job.make(batch, &indices),
+            Err(e) => Err(NnError::Data(e.clone())),
+        };
         if done.send((batch, r)).is_err() {
             return;
         }
@@ -496,11 +604,10 @@ impl DataLoaderIter {
         let Mode::Workers(w) = &mut self.mode else {
             return;
         };
-        let Some(tx) = &w.tasks else {
-            return;
-        };
-        while w.sent < self.batches.len() && w.sent - self.next < w.max_in_flight {
-            if tx.send((w.sent, self.batches[w.sent].clone())).is_err() {
+        let n = w.tasks.len();
+        while n > 0 && w.sent < self.batches.len() && w.sent - self.next < w.max_in_flight {
+            let task = (w.sent, self.batches[w.sent].clone());
+            if w.tasks[w.sent % n].send(task).is_err() {
                 return;
             }
             w.sent += 1;

@@ -6,7 +6,8 @@
 //!   per tensor.
 //! - [`DataLoader`]: batches, optional seeded shuffling (reproducible from the seed and the
 //!   epoch, see [`shuffled_indices`]), `drop_last`, worker threads that prepare batches ahead
-//!   and yield them in order, pinned batches, and a custom collate function.
+//!   and yield them in order (each with its own seeded generator and [`get_worker_info`]),
+//!   pinned batches, and a custom collate function.
 //! - [`digits`]: the 8x8 handwritten digits that scikit-learn distributes (1797 samples),
 //!   embedded in the crate.
 //!
@@ -37,4 +38,7 @@ pub mod digits;
 mod loader;
 
 pub use dataset::{Dataset, TensorDataset, check_index, default_collate};
-pub use loader::{CollateFn, DataLoader, DataLoaderIter, shuffled_indices};
+pub use loader::{
+    CollateFn, DataLoader, DataLoaderIter, WorkerInfo, WorkerInitFn, get_worker_info,
+    shuffled_indices, worker_base_seed,
+};

@@ -264,6 +264,34 @@ impl Base {
         ])
     }
 
+    /// The state of a scheduler whose settings are one positive count and one number
+    /// ([`StepLR`], [`CosineAnnealingLR`]).
+    fn count_and_factor_state(
+        &self,
+        count: (&'static str, usize),
+        factor: (&'static str, f64),
+    ) -> Result<StateDict> {
+        let mut fields = self.entries()?;
+        fields.push((count.0, i64_entry(count.1 as i64)?));
+        fields.push((factor.0, f64_entry(factor.1)?));
+        Ok(to_state_dict(fields))
+    }
+
+    /// Reads what [`Base::count_and_factor_state`] wrote.
+    fn load_count_and_factor(
+        &self,
+        dict: &StateDict,
+        count: &str,
+        factor: &str,
+    ) -> Result<(Base, usize, f64)> {
+        let mut f = Fields::new(self.name, dict, self.base_lrs.len());
+        let base = self.read(&mut f)?;
+        let count = f.positive(count)?;
+        let factor = f.f64(factor)?;
+        f.finish()?;
+        Ok((base, count, factor))
+    }
+
     /// The common fields from a loaded dict.
     fn read(&self, f: &mut Fields<'_>) -> Result<Base> {
         let last_epoch = f.i64("last_epoch")?;
@@ -339,18 +367,14 @@ impl LrScheduler for StepLR {
     }
 
     fn state_dict(&self) -> Result<StateDict> {
-        let mut fields = self.base.entries()?;
-        fields.push(("step_size", i64_entry(self.step_size as i64)?));
-        fields.push(("gamma", f64_entry(self.gamma)?));
-        Ok(to_state_dict(fields))
+        self.base
+            .count_and_factor_state(("step_size", self.step_size), ("gamma", self.gamma))
     }
 
     fn load_state_dict(&mut self, state_dict: &StateDict) -> Result<()> {
-        let mut f = Fields::new("StepLR", state_dict, self.base.base_lrs.len());
-        let base = self.base.read(&mut f)?;
-        let step_size = f.positive("step_size")?;
-        let gamma = f.f64("gamma")?;
-        f.finish()?;
+        let (base, step_size, gamma) =
+            self.base
+                .load_count_and_factor(state_dict, "step_size", "gamma")?;
         *self = StepLR {
             base,
             step_size,
@@ -436,18 +460,14 @@ impl LrScheduler for CosineAnnealingLR {
     }
 
     fn state_dict(&self) -> Result<StateDict> {
-        let mut fields = self.base.entries()?;
-        fields.push(("T_max", i64_entry(self.t_max as i64)?));
-        fields.push(("eta_min", f64_entry(self.eta_min)?));
-        Ok(to_state_dict(fields))
+        self.base
+            .count_and_factor_state(("T_max", self.t_max), ("eta_min", self.eta_min))
     }
 
     fn load_state_dict(&mut self, state_dict: &StateDict) -> Result<()> {
-        let mut f = Fields::new("CosineAnnealingLR", state_dict, self.base.base_lrs.len());
-        let base = self.base.read(&mut f)?;
-        let t_max = f.positive("T_max")?;
-        let eta_min = f.f64("eta_min")?;
-        f.finish()?;
+        let (base, t_max, eta_min) = self
+            .base
+            .load_count_and_factor(state_dict, "T_max", "eta_min")?;
         *self = CosineAnnealingLR {
             base,
             t_max,

@@ -675,15 +675,17 @@ fn check_pct_start(pct_start: f64) -> Result<()> {
 fn phases(total_steps: usize, pct_start: f64, three_phase: bool) -> Vec<Phase> {
     let total = total_steps as f64;
     use Point::*;
+    // Both schedules start by rising to the peak.
+    let up = Phase {
+        end_step: pct_start * total - 1.0,
+        start_lr: InitialLr,
+        end_lr: MaxLr,
+        start_momentum: MaxMomentum,
+        end_momentum: BaseMomentum,
+    };
     if three_phase {
         vec![
-            Phase {
-                end_step: pct_start * total - 1.0,
-                start_lr: InitialLr,
-                end_lr: MaxLr,
-                start_momentum: MaxMomentum,
-                end_momentum: BaseMomentum,
-            },
+            up,
             Phase {
                 end_step: 2.0 * pct_start * total - 2.0,
                 start_lr: MaxLr,
@@ -701,13 +703,7 @@ fn phases(total_steps: usize, pct_start: f64, three_phase: bool) -> Vec<Phase> {
         ]
     } else {
         vec![
-            Phase {
-                end_step: pct_start * total - 1.0,
-                start_lr: InitialLr,
-                end_lr: MaxLr,
-                start_momentum: MaxMomentum,
-                end_momentum: BaseMomentum,
-            },
+            up,
             Phase {
                 end_step: total - 1.0,
                 start_lr: MaxLr,

@@ -314,6 +314,21 @@ fn in_place_ops() {
         .clamp_(Some(Scalar::Int(1)), Some(Scalar::Int(20)))
         .unwrap();
     assert_eq!(t.to_vec::<f32>().unwrap(), vec![1., 14., 1.5, 20.]);
+    // Above the parallel threshold: a scalar operand (read once, the flat loop), through a
+    // transposed view too, and `where` with a scalar branch; against plain loops.
+    let n = 300;
+    let v: Vec<f32> = (0..n * n).map(|i| (i % 97) as f32 - 40.0).collect();
+    let big = f32s(&v, &[n, n]);
+    big.mul_(0.5).unwrap();
+    big.t().unwrap().add_(1).unwrap();
+    let want: Vec<f32> = v.iter().map(|x| x * 0.5 + 1.0).collect();
+    assert_eq!(big.to_vec::<f32>().unwrap(), want);
+    let kept = Tensor::where_(&big.gt(0).unwrap(), &big, 0).unwrap();
+    let want: Vec<f32> = want
+        .iter()
+        .map(|&x| if x > 0.0 { x } else { 0.0 })
+        .collect();
+    assert_eq!(kept.to_vec::<f32>().unwrap(), want);
     let i = Tensor::new(&[1i64, 2], &CPU).unwrap();
     let e = i.add_(0.5).unwrap_err();
     assert_eq!(

@@ -1,7 +1,7 @@
 //! CPU kernels of the elementwise families: unary, binary, comparisons, `where`, clamp,
 //! and their in-place forms.
 
-use crate::cpu::{dispatch, map1, map1_as, map2, update1, update2};
+use crate::cpu::{Flat, dispatch, map1, map1_as, map2, update1, update2};
 use crate::dtype::DType;
 use crate::dtype::WithDType;
 use crate::error::Result;
@@ -80,6 +80,15 @@ pub(crate) fn where_cond(
     let c = cond.as_slice::<bool>()?;
     dispatch!(t.dtype(), T => {
         let (tv, fv) = (t.as_slice::<T>()?, f.as_slice::<T>()?);
+        // Contiguous or broadcast-scalar operands (ReLU's backward, `where(x > 0, g, 0)`):
+        // flat indexing, no stride walk.
+        if let (Some(cf), Some(tf), Some(ff)) =
+            (Flat::of(c, lc), Flat::of(tv, lt), Flat::of(fv, lf))
+        {
+            return CpuStorage::from_chunks(lc.numel(), |r| {
+                r.map(move |i| if cf.at(i) { tf.at(i) } else { ff.at(i) })
+            });
+        }
         CpuStorage::from_chunks(lc.numel(), |r| {
             let len = r.len();
             StridedIndex::from_position(lc, r.start)

@@ -18,7 +18,7 @@ use rayon::prelude::*;
 use crate::dtype::{DType, WithDType};
 use crate::error::{Result, TensorError};
 use crate::layout::Layout;
-use crate::storage::{CpuStorage, PAR_THRESHOLD};
+use crate::storage::{CpuStorage, PAR_THRESHOLD, par_chunk_len};
 use crate::strided::StridedIndex;
 
 /// Runs `$body` with `$T` bound to the Rust type of `$dtype`.
@@ -70,6 +70,39 @@ fn corrupt(op: &'static str) -> TensorError {
 pub(crate) fn contiguous_slice<'a, T>(data: &'a [T], l: &Layout) -> Option<&'a [T]> {
     let (s, e) = l.contiguous_range()?;
     data.get(s..e)
+}
+
+/// An operand read by flat element index without walking strides: a contiguous slice, or
+/// one value broadcast over the whole shape.
+#[derive(Clone, Copy)]
+pub(crate) enum Flat<'a, T> {
+    Slice(&'a [T]),
+    Const(T),
+}
+
+impl<'a, T: WithDType> Flat<'a, T> {
+    /// The operand as a flat one, if its layout is contiguous or constant (and not empty).
+    pub(crate) fn of(data: &'a [T], l: &Layout) -> Option<Flat<'a, T>> {
+        if l.numel() == 0 {
+            return None;
+        }
+        if let Some(s) = contiguous_slice(data, l) {
+            return Some(Flat::Slice(s));
+        }
+        if is_constant(l) {
+            return data.get(l.offset()).map(|&v| Flat::Const(v));
+        }
+        None
+    }
+
+    /// Element `i` (zero past the end, which the callers' bounds checks exclude).
+    #[inline(always)]
+    pub(crate) fn at(&self, i: usize) -> T {
+        match self {
+            Flat::Slice(s) => s.get(i).copied().unwrap_or(T::ZERO),
+            Flat::Const(v) => *v,
+        }
+    }
 }
 
 /// `true` if every element of the layout is the same storage element (a broadcast scalar).
@@ -197,13 +230,23 @@ where
 {
     let s = src.as_slice::<T>()?;
     check_bounds(s.len(), ls, "update")?;
+    if ls.strides().iter().all(|&st| st == 0) {
+        // One value broadcast over `dst` (a scalar operand, `x.mul_(0.9)`): read it once
+        // and take `update1`'s contiguous, parallel loop rather than the strided walk.
+        if ld.numel() == 0 {
+            return Ok(());
+        }
+        let q = *s.get(ls.offset()).ok_or_else(|| corrupt("update"))?;
+        return update1(dst, ld, |p| f(p, q));
+    }
     let d = dst.as_mut_slice::<T>()?;
     check_bounds(d.len(), ld, "update")?;
     if let (Some((a, b)), Some(y)) = (ld.contiguous_range(), contiguous_slice(s, ls)) {
         let x = d.get_mut(a..b).ok_or_else(|| corrupt("update"))?;
         if x.len() >= PAR_THRESHOLD {
-            x.par_chunks_mut(PAR_THRESHOLD)
-                .zip(y.par_chunks(PAR_THRESHOLD))
+            let chunk = par_chunk_len(x.len());
+            x.par_chunks_mut(chunk)
+                .zip(y.par_chunks(chunk))
                 .for_each(|(x, y)| x.iter_mut().zip(y).for_each(|(p, &q)| *p = f(*p, q)));
         } else {
             x.iter_mut().zip(y).for_each(|(p, &q)| *p = f(*p, q));
@@ -229,7 +272,7 @@ where
     if let Some((a, b)) = ld.contiguous_range() {
         let x = d.get_mut(a..b).ok_or_else(|| corrupt("update"))?;
         if x.len() >= PAR_THRESHOLD {
-            x.par_chunks_mut(PAR_THRESHOLD)
+            x.par_chunks_mut(par_chunk_len(x.len()))
                 .for_each(|x| x.iter_mut().for_each(|p| *p = f(*p)));
         } else {
             x.iter_mut().for_each(|p| *p = f(*p));

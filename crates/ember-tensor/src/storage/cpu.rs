@@ -32,6 +32,13 @@ pub(crate) const PAR_THRESHOLD: usize = 32 * 1024;
 /// Elements per parallel chunk (at least).
 const PAR_CHUNK: usize = 16 * 1024;
 
+/// The chunk length for splitting `len` elements (at least [`PAR_THRESHOLD`]) across the
+/// pool: about four chunks per thread, none under [`PAR_CHUNK`], so even a
+/// `PAR_THRESHOLD`-long loop is two tasks rather than one task handed to another thread.
+pub(crate) fn par_chunk_len(len: usize) -> usize {
+    (len / (4 * rayon::current_num_threads().max(1))).max(PAR_CHUNK)
+}
+
 /// Host memory holding `len` elements of one dtype.
 #[derive(Debug)]
 pub struct CpuStorage {
@@ -159,7 +166,7 @@ impl CpuStorage {
             }
         };
         if len >= PAR_THRESHOLD {
-            let chunk = (len / (4 * rayon::current_num_threads().max(1))).max(PAR_CHUNK);
+            let chunk = par_chunk_len(len);
             out.par_chunks_mut(chunk)
                 .enumerate()
                 .for_each(|(i, dst)| fill(i * chunk, dst));

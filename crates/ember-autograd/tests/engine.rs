@@ -26,6 +26,56 @@ fn vals(t: &Tensor) -> Vec<f64> {
 }
 
 #[test]
+fn a_transposed_weight_gets_a_contiguous_gradient() {
+    // `Linear`'s `x @ w.t()`: w's gradient arrives contiguous, in w's own layout (as
+    // PyTorch's mm_mat2_backward gives it), with the values of xᵀ-products in f64.
+    let (n, k, m) = (3usize, 4usize, 2usize);
+    let xv: Vec<f64> = (0..n * k).map(|i| (i as f64 * 0.37).sin()).collect();
+    let wv: Vec<f64> = (0..m * k).map(|i| (i as f64 * 0.71).cos()).collect();
+    let gv: Vec<f64> = (0..n * m).map(|i| 1.0 + i as f64).collect();
+    let x = leaf(&xv, &[n, k]);
+    let w = leaf(&wv, &[m, k]);
+    let g = Tensor::from_vec(gv.clone(), [n, m], &CPU).unwrap();
+    x.matmul(&w.t().unwrap())
+        .unwrap()
+        .backward_with(&g)
+        .unwrap();
+    let (gw, gx) = (w.grad().unwrap(), x.grad().unwrap());
+    assert!(gw.is_contiguous() && gx.is_contiguous());
+    // dL/dw[j][c] = sum_i g[i][j] x[i][c]; dL/dx[i][c] = sum_j g[i][j] w[j][c].
+    let want_w: Vec<f64> = (0..m * k)
+        .map(|jc| {
+            (0..n)
+                .map(|i| gv[i * m + jc / k] * xv[i * k + jc % k])
+                .sum()
+        })
+        .collect();
+    let want_x: Vec<f64> = (0..n * k)
+        .map(|ic| {
+            (0..m)
+                .map(|j| gv[ic / k * m + j] * wv[j * k + ic % k])
+                .sum()
+        })
+        .collect();
+    for (got, want) in [(vals(&gw), want_w), (vals(&gx), want_x)] {
+        for (a, b) in got.iter().zip(&want) {
+            assert!((a - b).abs() < 1e-12, "{got:?} vs {want:?}");
+        }
+    }
+    // The same for a transposed left operand.
+    let a = leaf(&wv, &[k, m]);
+    a.t()
+        .unwrap()
+        .matmul(&x.t().unwrap())
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .backward()
+        .unwrap();
+    assert!(a.grad().unwrap().is_contiguous());
+}
+
+#[test]
 fn gradients_accumulate_until_cleared() {
     let x = leaf(&[1.0, 2.0], &[2]);
     for _ in 0..2 {

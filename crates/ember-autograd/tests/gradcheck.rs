@@ -201,6 +201,13 @@ proptest! {
             check("matmul broadcast batch", dev, &[a4.clone(), b3.clone()], |v| v[0].matmul(&v[1]));
             check("bmm", dev, &[a3.clone(), b3.clone()], |v| v[0].bmm(&v[1]));
             check("addmm", dev, &[c.clone(), a2.clone(), b2.clone()], |v| v[0].addmm(&v[1], &v[2], 0.5, 2.0));
+            // Transposed (column-major) operands, as `Linear` passes `weight.t()`: their
+            // gradients are computed transposed (PyTorch's mm_mat1/mat2_backward).
+            let at = input(&[k, m], seed ^ 8, -1.0, 1.0, dev);
+            let bt = input(&[n, k], seed ^ 9, -1.0, 1.0, dev);
+            check("mm, a transposed", dev, &[at.clone(), b2.clone()], |v| v[0].t()?.mm(&v[1]));
+            check("mm, b transposed", dev, &[a2.clone(), bt.clone()], |v| v[0].mm(&v[1].t()?));
+            check("mm, both transposed", dev, &[at.clone(), bt.clone()], |v| v[0].t()?.matmul(&v[1].t()?));
         }
     }
 

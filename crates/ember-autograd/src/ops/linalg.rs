@@ -18,14 +18,27 @@ fn matrix_dims(d: &[usize], left: bool) -> Vec<usize> {
     }
 }
 
+/// Whether a 2-D operand is a transposed (column-major) view, like `weight.t()` in
+/// `Linear`: its gradient is then computed transposed so that it comes out in the same
+/// layout (PyTorch's `mm_mat1_backward`/`mm_mat2_backward`), and the gradient reaching
+/// the parameter through `t()`'s backward is contiguous rather than a strided view every
+/// later op (the optimizer's included) would have to walk or copy.
+fn column_major(t: &Raw) -> bool {
+    t.rank() == 2 && t.strides()[0] == 1 && t.strides()[1] != 1 && t.dims()[0] > 1
+}
+
 /// Gradients of `matmul(a, b)` for the output gradient `g`: `g @ bᵀ` for `a` (needs only
-/// `b`) and `aᵀ @ g` for `b` (needs only `a`), summed over broadcast batch dims.
+/// `b`) and `aᵀ @ g` for `b` (needs only `a`), summed over broadcast batch dims. For a 2-D
+/// column-major operand (see [`column_major`]) its gradient is `(b @ gᵀ)ᵀ` or `(gᵀ @ a)ᵀ`:
+/// the same values, in that operand's layout.
 fn matmul_grads(
     g: &Raw,
     a: Option<&Raw>,
     a_dims: &[usize],
+    a_column_major: bool,
     b: Option<&Raw>,
     b_dims: &[usize],
+    b_column_major: bool,
 ) -> Result<(Option<Raw>, Option<Raw>)> {
     // `g` in the shape of the product of the matrix forms.
     let g2 = match (a_dims.len(), b_dims.len()) {
@@ -38,7 +51,11 @@ fn matmul_grads(
     let ga = match b {
         Some(b) => {
             let b = b.reshape(&b2[..])?;
-            let ga = g2.matmul(&b.transpose(-2, -1)?)?;
+            let ga = if a_column_major && a_dims.len() == 2 && b_dims.len() == 2 {
+                b.matmul(&g2.t()?)?.t()?
+            } else {
+                g2.matmul(&b.transpose(-2, -1)?)?
+            };
             Some(crate::engine::sum_to(&ga, &a2)?.reshape(a_dims)?)
         }
         None => None,
@@ -46,7 +63,11 @@ fn matmul_grads(
     let gb = match a {
         Some(a) => {
             let a = a.reshape(&a2[..])?;
-            let gb = a.transpose(-2, -1)?.matmul(&g2)?;
+            let gb = if b_column_major && a_dims.len() == 2 && b_dims.len() == 2 {
+                g2.t()?.matmul(&a)?.t()?
+            } else {
+                a.transpose(-2, -1)?.matmul(&g2)?
+            };
             Some(crate::engine::sum_to(&gb, &b2)?.reshape(b_dims)?)
         }
         None => None,
@@ -99,10 +120,11 @@ impl Tensor {
             None
         };
         let (a_dims, b_dims) = (a.dims().to_vec(), b.dims().to_vec());
+        let (a_cm, b_cm) = (column_major(&a), column_major(&b));
         let f: BackwardFn = Box::new(move |g| {
             let a = sa.as_ref().map(Saved::get).transpose()?;
             let b = sb.as_ref().map(Saved::get).transpose()?;
-            let (ga, gb) = matmul_grads(g, a.as_ref(), &a_dims, b.as_ref(), &b_dims)?;
+            let (ga, gb) = matmul_grads(g, a.as_ref(), &a_dims, a_cm, b.as_ref(), &b_dims, b_cm)?;
             Ok(vec![ga, gb])
         });
         Ok(record(name, y, &[self, rhs], f))

@@ -69,6 +69,8 @@ class Case:
     # Returns (fn, work): a rate is work / seconds * scale, a time is seconds * scale.
     setup: Callable[[], tuple[Callable[[], object], float]]
     scale: float = 1.0
+    # Also measure the peak memory of one call (`peak_memory_bytes` in the record).
+    peak_memory: bool = False
 
 
 def _matmul(m: int, k: int, n: int, dtype: str = "float32", trans: str = "") -> Callable:
@@ -154,6 +156,89 @@ def _autograd_chain():
     return fn, 1.0
 
 
+def _mlp(widths: tuple[int, ...]):
+    import torch
+
+    layers = []
+    for i, (a, b) in enumerate(zip(widths, widths[1:])):
+        if i > 0:
+            layers.append(torch.nn.ReLU())
+        layers.append(torch.nn.Linear(a, b))
+    return torch.nn.Sequential(*layers).to(DEVICE)
+
+
+def _train(widths: tuple[int, ...], batch: int) -> Callable:
+    """One Adam step of a `Linear-ReLU-Linear`, as Ember's `train_mlp_*`; the rate is samples/s."""
+
+    def setup():
+        import torch
+
+        model = _mlp(widths)
+        opt = torch.optim.Adam(model.parameters())
+        x = torch.randn(batch, widths[0], device=DEVICE)
+        y = torch.randint(0, widths[-1], (batch,), device=DEVICE)
+        loss_fn = torch.nn.CrossEntropyLoss()
+
+        def step():
+            opt.zero_grad(set_to_none=True)
+            loss_fn(model(x), y).backward()
+            opt.step()
+
+        return step, float(batch)
+
+    return setup
+
+
+def _forward(widths: tuple[int, ...], batch: int) -> Callable:
+    """A forward under `no_grad`, as Ember's `fwd_mlp_*` (time per call, and its peak memory)."""
+
+    def setup():
+        import torch
+
+        model = _mlp(widths)
+        x = torch.randn(batch, widths[0], device=DEVICE)
+
+        def fwd():
+            with torch.no_grad():
+                model(x)
+
+        return fwd, 1.0
+
+    return setup
+
+
+def peak_memory_bytes(fn: Callable) -> int:
+    """The peak of memory allocated during one call of `fn`, above what was allocated before.
+    On CUDA the caching allocator's statistics; on the CPU, where PyTorch keeps none, the
+    profiler's memory events (`profile_memory=True`: each allocation and free with the running
+    total)."""
+    import torch
+
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        fn()
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - before
+    import tempfile
+
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            trace = json.load(f)
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    totals = [e["args"]["Total Allocated"] for e in events
+              if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type") == 0]
+    # The profiler's totals count from its start, so the first event's total is its own size.
+    return max(totals, default=0)
+
+
 CASES: list[Case] = (
     [Case(f"matmul_f32_n{n}", "GFLOP/s", True, _matmul(n, n, n), 1e-9) for n in (128, 256, 512, 1024, 2048)]
     + [Case(f"matmul_bf16_n{n}", "GFLOP/s", True, _matmul(n, n, n, "bfloat16"), 1e-9) for n in (1024, 2048)]
@@ -174,6 +259,12 @@ CASES: list[Case] = (
     + [Case("tiny_op_overhead", "us", False, _tiny, 1e6)]
     + [Case("autograd_chain_1000", "us", False, _autograd_chain, 1e6 / CHAIN)]
     + [Case("conv2d_f32_32x64x56x56", "GFLOP/s", True, _conv2d, 1e-9)]
+    + [
+        Case("train_mlp_1000_512_10_b64", "samples/s", True, _train((1000, 512, 10), 64)),
+        Case("train_mlp_2000_1000_100_b128", "samples/s", True, _train((2000, 1000, 100), 128)),
+        Case("fwd_mlp_10000_5000_2000_10_b256", "ms", False,
+             _forward((10000, 5000, 2000, 10), 256), 1e3, peak_memory=True),
+    ]
 )
 
 
@@ -215,8 +306,11 @@ def torch_case(case: Case, threads: int) -> dict:
         samples.append((time.perf_counter() - t0) / iters)
     s = statistics.median(samples)
     value = work / s * case.scale if case.higher_is_better else s * case.scale
-    return {"name": case.name, "device": DEVICE, "threads": threads, "value": value,
-            "unit": case.unit, "torch": torch.__version__}
+    rec = {"name": case.name, "device": DEVICE, "threads": threads, "value": value,
+           "unit": case.unit, "torch": torch.__version__}
+    if case.peak_memory:
+        rec["peak_memory_bytes"] = peak_memory_bytes(fn)
+    return rec
 
 
 def torch_worker(threads: int, device: str) -> None:
@@ -390,16 +484,35 @@ def main() -> None:
             "fraction_of_h100_bound": rec.get("fraction_of_h100_bound"),
         })
 
+    # Peak memory, where both sides report it: a row of its own, in MB, lower is better.
+    for rec in ember_rounds[0]:
+        name = rec["name"]
+        if "peak_memory_bytes" not in rec:
+            continue
+        e_vals = [r["peak_memory_bytes"] for rnd in ember_rounds for r in rnd
+                  if r["name"] == name and "peak_memory_bytes" in r]
+        t_vals = [r["peak_memory_bytes"] for rnd in torch_rounds for r in rnd
+                  if r["name"] == name and "peak_memory_bytes" in r]
+        e_mb = statistics.median(e_vals) / 1e6
+        t_mb = statistics.median(t_vals) / 1e6 if t_vals else None
+        ratio = t_mb / e_mb if t_mb and e_mb else None
+        rows.append({
+            "name": name + ":peak_memory", "unit": "MB", "threads": rec["threads"],
+            "ember": e_mb, "torch": t_mb, "ratio": ratio, "ratio_min": ratio, "ratio_max": ratio,
+            "rounds": len(e_vals), "backend": None, "h100_bound_us": None,
+            "fraction_of_h100_bound": None,
+        })
+
     if args.json:
         print(json.dumps(rows, indent=2))
         return
-    print(f"\n{'case':<32} {'unit':<8} {'ember':>10} {'pytorch':>10} {'ratio':>7}  {'(min-max)':<13} backend")
+    print(f"\n{'case':<44} {'unit':<9} {'ember':>10} {'pytorch':>10} {'ratio':>7}  {'(min-max)':<13} backend")
     for r in rows:
         t = f"{r['torch']:10.2f}" if r["torch"] is not None else f"{'-':>10}"
         q = f"{r['ratio']:7.2f}" if r["ratio"] is not None else f"{'-':>7}"
         span = f"({r['ratio_min']:.2f}-{r['ratio_max']:.2f})" if r["ratio"] is not None else ""
-        print(f"{r['name']:<32} {r['unit']:<8} {r['ember']:10.2f} {t} {q}  {span:<13} {r['backend'] or ''}")
-    print(f"\nratio > 1: Ember ahead (rates: Ember/PyTorch; times: PyTorch/Ember); "
+        print(f"{r['name']:<44} {r['unit']:<9} {r['ember']:10.2f} {t} {q}  {span:<13} {r['backend'] or ''}")
+    print(f"\nratio > 1: Ember ahead (rates: Ember/PyTorch; times and memory: PyTorch/Ember); "
           f"{args.threads} threads, {args.rounds} alternating rounds, medians, on {args.device}.")
     bounds = [r for r in rows if r["fraction_of_h100_bound"] is not None]
     if bounds:

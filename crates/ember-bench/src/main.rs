@@ -9,11 +9,15 @@ mod alloc;
 mod autograd;
 mod harness;
 mod matmul;
+mod nn;
 mod tensor_ops;
 
 use std::process::ExitCode;
 
 use harness::{Options, Record};
+
+/// One group of cases: appends its records, or says why it could not.
+type Suite = fn(&Options, &mut Vec<Record>) -> Result<(), String>;
 
 fn main() -> ExitCode {
     let opts = match Options::parse(std::env::args().skip(1)) {
@@ -30,21 +34,18 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     let mut records: Vec<Record> = Vec::new();
-    if let Err(e) = alloc::run(&opts, &mut records) {
-        eprintln!("ember-bench: {e}");
-        return ExitCode::FAILURE;
-    }
-    if let Err(e) = matmul::run(&opts, &mut records) {
-        eprintln!("ember-bench: {e}");
-        return ExitCode::FAILURE;
-    }
-    if let Err(e) = autograd::run(&opts, &mut records) {
-        eprintln!("ember-bench: {e}");
-        return ExitCode::FAILURE;
-    }
-    if let Err(e) = tensor_ops::run(&opts, &mut records) {
-        eprintln!("ember-bench: {e}");
-        return ExitCode::FAILURE;
+    let suites: [Suite; 5] = [
+        alloc::run,
+        matmul::run,
+        autograd::run,
+        tensor_ops::run,
+        nn::run,
+    ];
+    for run in suites {
+        if let Err(e) = run(&opts, &mut records) {
+            eprintln!("ember-bench: {e}");
+            return ExitCode::FAILURE;
+        }
     }
     harness::report(&opts, &records);
     ExitCode::SUCCESS

@@ -1,0 +1,180 @@
+//! Training and inference through `ember-nn`, as a user writes them:
+//!
+//! - `train_mlp_1000_512_10_b64`, `train_mlp_2000_1000_100_b128`: one Adam training step
+//!   (`zero_grad`, forward, cross-entropy, backward, `step`) of `Linear–ReLU–Linear` on a
+//!   fixed batch, in samples per second (the record also carries `steps_per_s`). Target:
+//!   at least 1.2× PyTorch's.
+//! - `fwd_mlp_10000_5000_2000_10_b256`: a forward of `Linear(10000,5000)–ReLU–
+//!   Linear(5000,2000)–ReLU–Linear(2000,10)` at batch 256 under `no_grad`, in ms; the record
+//!   carries `peak_memory_bytes`, the allocator's peak during one forward above what was
+//!   allocated before it (weights and input). Target: at most PyTorch's peak.
+//!
+//! `bench/torch_side_by_side.py` runs the same programs in PyTorch. On the emulated
+//! `cuda:0` the batches shrink to 4 rows (the records say `"emulated": true` and `batch`),
+//! so the path runs everywhere and a real GPU measures the full size.
+
+use ember_device::{Device, cuda};
+use ember_nn::layers::{Linear, ReLU, Sequential};
+use ember_nn::loss::CrossEntropyLoss;
+use ember_nn::optim::{Adam, AdamOptions, Optimizer};
+use ember_nn::{Loss, Module, Tensor};
+use ember_tensor::DType;
+
+use crate::harness::{Options, Record, ns_per_iter};
+
+fn err(e: impl std::fmt::Display) -> String {
+    e.to_string()
+}
+
+/// `widths[0] -> widths[1] -> ...` with a ReLU between layers, on `device`.
+fn mlp(widths: &[usize], device: Device) -> Result<Sequential, String> {
+    let mut m = Sequential::new();
+    for (i, w) in widths.windows(2).enumerate() {
+        if i > 0 {
+            m = m.add(ReLU::new());
+        }
+        m = m.add(Linear::new(w[0], w[1], ()).map_err(err)?);
+    }
+    m.to(&device).map_err(err)?;
+    Ok(m)
+}
+
+fn sync(device: Device) -> Result<(), String> {
+    match device {
+        Device::Cuda(i) => cuda::synchronize(Some(i)).map_err(err),
+        Device::Cpu => Ok(()),
+    }
+}
+
+/// Times `f` as the other cases do: one call to size the rounds, then the median of five.
+fn time(device: Device, mut f: impl FnMut() -> Result<(), String>) -> Result<f64, String> {
+    f()?;
+    sync(device)?;
+    let t = std::time::Instant::now();
+    f()?;
+    sync(device)?;
+    let once = t.elapsed().as_secs_f64().max(1e-7);
+    let iters = ((0.2 / once) as usize).clamp(1, 10_000);
+    let mut failed = None;
+    let ns = ns_per_iter(5, iters, || {
+        if let Err(e) = f().and_then(|()| sync(device)) {
+            failed.get_or_insert(e);
+        }
+    });
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(ns),
+    }
+}
+
+fn record(name: &str, device: Device, value: f64, unit: &'static str) -> Record {
+    Record {
+        name: name.to_string(),
+        device: device.to_string(),
+        threads: rayon::current_num_threads(),
+        value,
+        unit,
+        extra: serde_json::Map::new(),
+    }
+}
+
+fn train_case(
+    name: &str,
+    widths: &[usize],
+    batch: usize,
+    device: Device,
+) -> Result<Record, String> {
+    let model = mlp(widths, device)?;
+    let mut opt = Adam::new(model.parameters(), AdamOptions::default()).map_err(err)?;
+    let x = Tensor::randn([batch, widths[0]], (DType::F32, device)).map_err(err)?;
+    let classes = *widths.last().unwrap_or(&1) as i64;
+    let y = Tensor::randint(0, classes, [batch], (DType::I64, device)).map_err(err)?;
+    let loss_fn = CrossEntropyLoss::new();
+    let ns = time(device, || {
+        opt.zero_grad(true).map_err(err)?;
+        let loss = loss_fn
+            .forward(&model.forward(&x).map_err(err)?, &y)
+            .map_err(err)?;
+        loss.backward().map_err(err)?;
+        opt.step().map_err(err)
+    })?;
+    let steps = 1e9 / ns;
+    let mut r = record(name, device, steps * batch as f64, "samples/s");
+    r.extra.insert("steps_per_s".into(), steps.into());
+    Ok(r)
+}
+
+fn forward_case(
+    name: &str,
+    widths: &[usize],
+    batch: usize,
+    device: Device,
+) -> Result<Record, String> {
+    let model = mlp(widths, device)?;
+    let x = Tensor::randn([batch, widths[0]], (DType::F32, device)).map_err(err)?;
+    let _no_grad = ember_autograd::no_grad();
+    let forward = || model.forward(&x).map(drop).map_err(err);
+    // The peak of one forward (its output included), above the weights and the input.
+    forward()?;
+    sync(device)?;
+    let before = ember_memory::memory_allocated(device).map_err(err)?;
+    ember_memory::reset_peak_memory_stats(device).map_err(err)?;
+    forward()?;
+    sync(device)?;
+    let peak = ember_memory::max_memory_allocated(device).map_err(err)?;
+    let ns = time(device, forward)?;
+    let mut r = record(name, device, ns * 1e-6, "ms");
+    r.extra.insert(
+        "peak_memory_bytes".into(),
+        peak.saturating_sub(before).into(),
+    );
+    Ok(r)
+}
+
+type Case = (&'static str, &'static [usize], usize, bool);
+
+const CASES: [Case; 3] = [
+    ("train_mlp_1000_512_10_b64", &[1000, 512, 10], 64, true),
+    (
+        "train_mlp_2000_1000_100_b128",
+        &[2000, 1000, 100],
+        128,
+        true,
+    ),
+    (
+        "fwd_mlp_10000_5000_2000_10_b256",
+        &[10000, 5000, 2000, 10],
+        256,
+        false,
+    ),
+];
+
+pub fn run(opts: &Options, out: &mut Vec<Record>) -> Result<(), String> {
+    let mut devices = Vec::new();
+    if opts.cpu() {
+        devices.push((Device::Cpu, false));
+    }
+    if opts.cuda() {
+        devices.push((Device::Cuda(0), cuda::is_emulated()));
+    }
+    for (device, emulated) in devices {
+        for (name, widths, batch, train) in CASES {
+            if !opts.wants(name) {
+                continue;
+            }
+            let batch = if emulated { 4 } else { batch };
+            let mut r = if train {
+                train_case(name, widths, batch, device)
+            } else {
+                forward_case(name, widths, batch, device)
+            }
+            .map_err(|e| format!("{name} on {device}: {e}"))?;
+            if emulated {
+                r.extra.insert("emulated".into(), true.into());
+                r.extra.insert("batch".into(), batch.into());
+            }
+            out.push(r);
+        }
+    }
+    Ok(())
+}

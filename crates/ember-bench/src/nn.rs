@@ -78,15 +78,25 @@ fn record(name: &str, device: Device, value: f64, unit: &'static str) -> Record 
     }
 }
 
+/// The model of `widths` and a random input batch for it, on `device`.
+fn model_and_input(
+    widths: &[usize],
+    batch: usize,
+    device: Device,
+) -> Result<(Sequential, Tensor), String> {
+    let model = mlp(widths, device)?;
+    let x = Tensor::randn([batch, widths[0]], (DType::F32, device)).map_err(err)?;
+    Ok((model, x))
+}
+
 fn train_case(
     name: &str,
     widths: &[usize],
     batch: usize,
     device: Device,
 ) -> Result<Record, String> {
-    let model = mlp(widths, device)?;
+    let (model, x) = model_and_input(widths, batch, device)?;
     let mut opt = Adam::new(model.parameters(), AdamOptions::default()).map_err(err)?;
-    let x = Tensor::randn([batch, widths[0]], (DType::F32, device)).map_err(err)?;
     let classes = *widths.last().unwrap_or(&1) as i64;
     let y = Tensor::randint(0, classes, [batch], (DType::I64, device)).map_err(err)?;
     let loss_fn = CrossEntropyLoss::new();
@@ -110,8 +120,7 @@ fn forward_case(
     batch: usize,
     device: Device,
 ) -> Result<Record, String> {
-    let model = mlp(widths, device)?;
-    let x = Tensor::randn([batch, widths[0]], (DType::F32, device)).map_err(err)?;
+    let (model, x) = model_and_input(widths, batch, device)?;
     let _no_grad = ember_autograd::no_grad();
     let forward = || model.forward(&x).map(drop).map_err(err);
     // The peak of one forward (its output included), above the weights and the input.

@@ -143,6 +143,7 @@ pub fn shuffled_indices(n: usize, seed: u64, epoch: u64) -> Vec<usize> {
 /// timing, and draws nothing from the calling thread's generator. A worker reads its
 /// [`WorkerInfo`] with [`get_worker_info`] and can be set up with
 /// [`DataLoader::worker_init_fn`].
+///
 /// An error (or a panic) while making a batch becomes that batch's `Err`
 /// item; later batches still come. Dropping the iterator stops the workers: they take no
 /// new batch, and the drop waits for the batches being made to finish (at most one per

@@ -230,7 +230,7 @@ where
 {
     let s = src.as_slice::<T>()?;
     check_bounds(s.len(), ls, "update")?;
-    if ls.strides().iter().all(|&st| st == 0) {
+    if is_constant(ls) {
         // One value broadcast over `dst` (a scalar operand, `x.mul_(0.9)`): read it once
         // and take `update1`'s contiguous, parallel loop rather than the strided walk.
         if ld.numel() == 0 {

@@ -9,7 +9,6 @@ use crate::mkl::{self, Mkl};
 use crate::packed;
 use crate::rust::{self, RustThreads};
 use crate::split::{self, RawGemm};
-use rayon::prelude::*;
 
 /// How many threads one product may use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -161,17 +160,16 @@ fn gemm_impl<T: Element, O: Element>(
     let len = p.batch * m * n;
     let dense = col_stride == 1 && row_stride == n && (batch == 1 || batch_stride == m * n);
     let at = |bi: usize, i: usize, j: usize| bi * batch_stride + i * row_stride + j * col_stride;
-    let min_len = if threads > 1 { 1 } else { usize::MAX };
     // The scratch is not cleared: with `beta == 0` every backend writes C without reading
     // it, so stale values of an earlier call are never seen (and 16 MB of zeros cost 1-2 ms
     // of a 2048³ bf16 product).
     let used = with_f32_scratch(len, |tmp| {
         if beta != 0.0 {
             if dense {
-                tmp.par_chunks_mut(CONVERT_TASK)
-                    .zip(data[..len].par_chunks(CONVERT_TASK))
-                    .with_min_len(min_len)
-                    .for_each(|(t, d)| O::widen_slice(d, t));
+                convert_chunks(&mut tmp[..len], CONVERT_TASK, threads, |i, t| {
+                    let start = i * CONVERT_TASK;
+                    O::widen_slice(&data[start..start + t.len()], t);
+                });
             } else {
                 for bi in 0..p.batch {
                     for i in 0..m {
@@ -185,11 +183,10 @@ fn gemm_impl<T: Element, O: Element>(
         let staged = MatMut::row_major(&mut *tmp, m, n).batched(p.batch, m * n);
         let used = into_f32(mkl, p, a, b, staged, alpha, beta, threads);
         if dense {
-            data[..len]
-                .par_chunks_mut(CONVERT_TASK)
-                .zip(tmp.par_chunks(CONVERT_TASK))
-                .with_min_len(min_len)
-                .for_each(|(d, t)| O::narrow_slice(t, d));
+            convert_chunks(&mut data[..len], CONVERT_TASK, threads, |i, d| {
+                let start = i * CONVERT_TASK;
+                O::narrow_slice(&tmp[start..start + d.len()], d);
+            });
         } else {
             for bi in 0..p.batch {
                 for i in 0..m {
@@ -206,6 +203,22 @@ fn gemm_impl<T: Element, O: Element>(
 
 /// Elements per task when 16-bit data is widened or rounded in parallel.
 const CONVERT_TASK: usize = 1 << 16;
+
+/// `f(i, piece)` over `chunk`-long pieces of `out`: in parallel when `threads > 1`.
+fn convert_chunks<T: Send>(
+    out: &mut [T],
+    chunk: usize,
+    threads: usize,
+    f: impl Fn(usize, &mut [T]) + Sync,
+) {
+    if threads > 1 {
+        crate::parallel::for_each_chunk_mut(out, chunk, f);
+    } else {
+        out.chunks_mut(chunk.max(1))
+            .enumerate()
+            .for_each(|(i, p)| f(i, p));
+    }
+}
 
 thread_local! {
     /// This thread's f32 scratch (see [`with_f32_scratch`]), kept between calls (no fresh
@@ -267,15 +280,11 @@ fn dense_f32<T: Element>(v: &MatRef<'_, T>, batch: usize, threads: usize) -> Vec
         }
     };
     let rows_per_task = (CONVERT_TASK / cols).max(1);
-    let min_len = if threads > 1 {
-        rows_per_task
-    } else {
-        usize::MAX
-    };
-    out.par_chunks_mut(cols)
-        .enumerate()
-        .with_min_len(min_len)
-        .for_each(|(r, dst)| widen_row(r, dst));
+    convert_chunks(&mut out, rows_per_task * cols, threads, |t, rows| {
+        for (r, dst) in rows.chunks_mut(cols).enumerate() {
+            widen_row(t * rows_per_task + r, dst);
+        }
+    });
     out
 }
 

@@ -29,6 +29,8 @@
 //! - Threads: rayon's current pool only ([`Parallelism`]). MKL runs its sequential layer
 //!   inside rayon tasks, so no second pool ever runs; see Note [Independent blocks] in
 //!   `split.rs`.
+//! - [`parallel`]: the parallel loop in which the calling thread takes part (Note [The
+//!   caller joins the loop]); the GEMM's blocks and `ember-tensor`'s CPU kernels use it.
 
 mod backend;
 mod dispatch;
@@ -37,6 +39,7 @@ mod error;
 mod layout;
 mod mkl;
 mod packed;
+pub mod parallel;
 mod rust;
 mod split;
 

@@ -9,7 +9,8 @@
 //! MKL's default threading layer is Intel OpenMP (`libiomp5`), a second pool of spinning
 //! threads beside rayon's; on 2 cores two pools steal each other's time. Before any other
 //! MKL call we select `MKL_THREADING_SEQUENTIAL` with `MKL_Set_Threading_Layer`, and
-//! `crate::split` runs one sequential MKL call per block of C on rayon's threads. Only
+//! `crate::split` runs one sequential MKL call per block of C, on the caller and rayon's
+//! threads (`crate::parallel`). Only
 //! `libmkl_rt`, `libmkl_core`, `libmkl_sequential` and the per-CPU kernels (`libmkl_avx512`,
 //! ...) are loaded; `intel-openmp` is not needed.
 //!

@@ -159,16 +159,11 @@ impl Member<'_> {
         // Contiguous groups of panels, one task each (panels are equal but the last).
         let per_task = panels.len().div_ceil(threads).max(1);
         let ok = std::sync::atomic::AtomicBool::new(true);
-        rayon::scope(|s| {
-            for group in panels.chunks_mut(per_task) {
-                let ok = &ok;
-                s.spawn(move |_| {
-                    for (r0, p) in group.iter_mut() {
-                        if !self.panel(*r0, p) {
-                            ok.store(false, std::sync::atomic::Ordering::Relaxed);
-                        }
-                    }
-                });
+        crate::parallel::for_each_chunk_mut(&mut panels, per_task, |_, group| {
+            for (r0, p) in group.iter_mut() {
+                if !self.panel(*r0, p) {
+                    ok.store(false, std::sync::atomic::Ordering::Relaxed);
+                }
             }
         });
         ok.into_inner()

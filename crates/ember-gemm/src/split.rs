@@ -1,11 +1,12 @@
 //! One product as raw pointers, and how a product (or a batch of them) is cut into
-//! independent blocks run by sequential kernels on rayon's threads.
+//! independent blocks run by sequential kernels on the calling thread and rayon's threads
+//! (`crate::parallel`, Note [The caller joins the loop]).
 //!
 //! Note [Independent blocks]
 //! On these 2-core machines, coordinating two threads inside one product (shared packing,
 //! per-block barriers) lost ~25% against two independent single-thread products side by
 //! side (CPU-NOTES.md). So a product is cut into `threads` blocks of whole rows of C (or
-//! whole columns, whichever is longer), each a complete sequential GEMM on one rayon thread;
+//! whole columns, whichever is longer), each a complete sequential GEMM on one thread;
 //! each block packs its own copy of the shared operand, which costs little next to the
 //! arithmetic once a block is large. Batches with at least `threads` members go one whole
 //! product per task instead.
@@ -140,7 +141,7 @@ fn cuts(len: usize, parts: usize, align: usize) -> Vec<usize> {
     out
 }
 
-/// Runs `g` with `threads` rayon tasks, each a sequential `kernel` on a block of C. See
+/// Runs `g` as `threads` tasks (`crate::parallel::for_each_index`), each a sequential `kernel` on a block of C. See
 /// Note [Independent blocks].
 ///
 /// # Safety
@@ -166,9 +167,9 @@ pub(crate) unsafe fn run<T: Sync>(
             .map(|w| g.rows(w[0], w[1]))
             .collect()
     };
-    rayon::scope(|s| {
-        for blk in blocks {
-            s.spawn(move |_| kernel(blk));
+    crate::parallel::for_each_index(blocks.len(), |i| {
+        if let Some(&blk) = blocks.get(i) {
+            kernel(blk);
         }
     });
 }
@@ -183,10 +184,13 @@ pub(crate) unsafe fn run_batch<T: Sync>(
     threads: usize,
     kernel: &(dyn Fn(RawGemm<T>) + Sync),
 ) {
-    use rayon::prelude::*;
     let Some(first) = gs.first() else { return };
     if threads > 1 && gs.len() > 1 && (gs.len() >= threads || first.flops() < PARALLEL_MIN_MACS) {
-        gs.par_iter().for_each(|&g| kernel(g));
+        crate::parallel::for_each_index(gs.len(), |i| {
+            if let Some(&g) = gs.get(i) {
+                kernel(g);
+            }
+        });
     } else {
         for &g in gs {
             // SAFETY: the caller's contract, per member.

@@ -4,7 +4,7 @@
 //! row-parallel i-k-j loop here (ember-gemm has no f64 kernel, and f64 convolutions are
 //! for checking, not training).
 
-use rayon::prelude::*;
+use ember_gemm::parallel::for_each_chunk_mut;
 
 use crate::backend_nn::Conv2dParams;
 use crate::dtype::{DType, WithDType};
@@ -117,11 +117,12 @@ impl Acc for f64 {
         if (batch - 1) * cs + m * n > c.len() || (batch - 1) * bs + k * n > bm.len() {
             return Err(corrupt());
         }
-        let chunks = c.chunks_mut(cs.max(1)).take(batch).enumerate();
+        let cs = cs.max(1);
+        let c = c.get_mut(..c.len().min(batch * cs)).ok_or_else(corrupt)?;
         if m * n * k * batch >= GEMM_PAR_FLOPS {
-            chunks.par_bridge().for_each(one);
+            for_each_chunk_mut(c, cs, |bi, cb| one((bi, cb)));
         } else {
-            chunks.for_each(one);
+            c.chunks_mut(cs).enumerate().for_each(one);
         }
         Ok(())
     }
@@ -232,7 +233,7 @@ fn conv_acc<T: WithDType, A: Acc>(
                 }
             };
             if col.len() >= PAR_THRESHOLD {
-                col.par_chunks_mut(l).enumerate().for_each(fill);
+                for_each_chunk_mut(col, l, |i, c| fill((i, c)));
             } else {
                 col.chunks_mut(l).enumerate().for_each(fill);
             }

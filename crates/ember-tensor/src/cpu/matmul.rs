@@ -9,7 +9,7 @@
 //!   wrapping i64. ember-gemm has no f64 kernel, and these dtypes are for checking, not
 //!   training.
 
-use rayon::prelude::*;
+use ember_gemm::parallel::{for_each_chunk_mut, try_for_each_chunk_mut};
 
 use crate::dtype::{DType, WithDType};
 use crate::error::{Result, TensorError};
@@ -209,9 +209,10 @@ fn gemm_path<T: WithDType + ember_gemm::Element>(
     if outer.len() > 1 && call_macs < PAR_MACS && call_macs.saturating_mul(outer.len()) >= PAR_MACS
     {
         // Many small calls: one per task.
-        c.par_chunks_mut(per_call)
-            .zip(outer)
-            .try_for_each(|(cb, o)| one(o, cb, Parallelism::None))
+        try_for_each_chunk_mut(c, per_call, |i, cb| match outer.get(i) {
+            Some(&o) => one(o, cb, Parallelism::None),
+            None => Ok(()),
+        })
     } else {
         let par = if call_macs >= PAR_MACS {
             Parallelism::All
@@ -330,9 +331,14 @@ fn loop_path<T: WithDType, A: Acc>(
             }
         };
         if par {
-            cb.par_chunks_mut(n)
-                .enumerate()
-                .for_each_init(Vec::new, row);
+            // Rows in groups, about four per thread, each with its own accumulator.
+            let per = m.div_ceil(4 * rayon::current_num_threads()).max(1);
+            for_each_chunk_mut(cb, per * n, |t, rows| {
+                let mut acc = Vec::new();
+                for (r, crow) in rows.chunks_mut(n).enumerate() {
+                    row(&mut acc, (t * per + r, crow));
+                }
+            });
         } else {
             let mut acc = Vec::new();
             cb.chunks_mut(n).enumerate().for_each(|x| row(&mut acc, x));
@@ -340,13 +346,20 @@ fn loop_path<T: WithDType, A: Acc>(
     };
     if offsets.len() > 1 && macs < PAR_MACS && macs.saturating_mul(offsets.len()) >= PAR_MACS {
         // Many small matrices: one per task.
-        c.par_chunks_mut(m * n).zip(offsets).for_each_init(
-            PackedB::default,
-            |pb, (cb, (oa, ob))| {
-                pb.pack(db, ob, g);
-                product(oa, &pb.data, cb, false);
-            },
-        );
+        // Matrices in groups, about four per thread, each with its own packed B.
+        let per = offsets
+            .len()
+            .div_ceil(4 * rayon::current_num_threads())
+            .max(1);
+        for_each_chunk_mut(c, per * m * n, |t, cs| {
+            let mut pb = PackedB::default();
+            for (j, cb) in cs.chunks_mut(m * n).enumerate() {
+                if let Some(&(oa, ob)) = offsets.get(t * per + j) {
+                    pb.pack(db, ob, g);
+                    product(oa, &pb.data, cb, false);
+                }
+            }
+        });
     } else {
         let mut pb = PackedB::default();
         for (cb, (oa, ob)) in c.chunks_mut(m * n).zip(offsets) {

@@ -13,7 +13,7 @@ pub(crate) mod reduce;
 pub(crate) mod simd;
 pub(crate) mod softmax;
 
-use rayon::prelude::*;
+use ember_gemm::parallel::for_each_chunk_mut;
 
 use crate::dtype::{DType, WithDType};
 use crate::error::{Result, TensorError};
@@ -245,9 +245,10 @@ where
         let x = d.get_mut(a..b).ok_or_else(|| corrupt("update"))?;
         if x.len() >= PAR_THRESHOLD {
             let chunk = par_chunk_len(x.len());
-            x.par_chunks_mut(chunk)
-                .zip(y.par_chunks(chunk))
-                .for_each(|(x, y)| x.iter_mut().zip(y).for_each(|(p, &q)| *p = f(*p, q)));
+            for_each_chunk_mut(x, chunk, |i, x| {
+                let y = y.get(i * chunk..).unwrap_or(&[]);
+                x.iter_mut().zip(y).for_each(|(p, &q)| *p = f(*p, q));
+            });
         } else {
             x.iter_mut().zip(y).for_each(|(p, &q)| *p = f(*p, q));
         }
@@ -272,8 +273,9 @@ where
     if let Some((a, b)) = ld.contiguous_range() {
         let x = d.get_mut(a..b).ok_or_else(|| corrupt("update"))?;
         if x.len() >= PAR_THRESHOLD {
-            x.par_chunks_mut(par_chunk_len(x.len()))
-                .for_each(|x| x.iter_mut().for_each(|p| *p = f(*p)));
+            for_each_chunk_mut(x, par_chunk_len(x.len()), |_, x| {
+                x.iter_mut().for_each(|p| *p = f(*p));
+            });
         } else {
             x.iter_mut().for_each(|p| *p = f(*p));
         }

@@ -1,7 +1,7 @@
 //! CPU 2-D max and average pooling, one output plane per task, following PyTorch's CPU
 //! kernels element for element (window clipping, NaN propagation, divisor rules).
 
-use rayon::prelude::*;
+use ember_gemm::parallel::for_each_chunk_mut;
 
 use crate::backend_nn::{AvgDivisor, Pool2dParams};
 use crate::dtype::{DType, WithDType};
@@ -32,9 +32,7 @@ where
         return out;
     }
     if work >= PAR_THRESHOLD {
-        out.par_chunks_mut(plane_len)
-            .enumerate()
-            .for_each(|(i, o)| f(i, o));
+        for_each_chunk_mut(&mut out, plane_len, f);
     } else {
         out.chunks_mut(plane_len)
             .enumerate()

@@ -6,7 +6,7 @@
 //! are many; a reduction to few outputs over a long contiguous run splits that run across
 //! threads and merges the partial results in order.
 
-use rayon::prelude::*;
+use ember_gemm::parallel::map_indices;
 
 use crate::cpu::dispatch;
 use crate::dtype::WithDType;
@@ -216,13 +216,13 @@ where
             .strided_index()
             .map(|base| {
                 let run = data.get(base..base + n_red).unwrap_or(&[]);
-                let acc = run
-                    .par_chunks(PAR_THRESHOLD)
-                    .enumerate()
-                    .map(|(c, xs)| fold.fold_slice(fold.init(), xs, c * PAR_THRESHOLD))
-                    .collect::<Vec<_>>()
-                    .into_iter()
-                    .fold(fold.init(), |a, b| fold.merge(a, b));
+                let acc = map_indices(run.len().div_ceil(PAR_THRESHOLD), |c| {
+                    let start = c * PAR_THRESHOLD;
+                    let xs = run.get(start..(start + PAR_THRESHOLD).min(run.len()));
+                    fold.fold_slice(fold.init(), xs.unwrap_or(&[]), start)
+                })
+                .into_iter()
+                .fold(fold.init(), |a, b| fold.merge(a, b));
                 finish(acc)
             })
             .collect();

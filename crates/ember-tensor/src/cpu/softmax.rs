@@ -7,7 +7,7 @@
 //! slices; otherwise a block `[size, inner]` is processed with the inner positions as
 //! vector lanes.
 
-use rayon::prelude::*;
+use ember_gemm::parallel::for_each_chunk_mut;
 
 use crate::dtype::{DType, WithDType};
 use crate::error::{Result, TensorError};
@@ -109,9 +109,10 @@ fn softmax_t<T: SoftmaxFloat>(
     if n >= PAR_THRESHOLD && n / block > 1 {
         // Whole blocks per task, at least PAR_THRESHOLD elements each.
         let per = block * (PAR_THRESHOLD / block).max(1);
-        x.par_chunks(per)
-            .zip(y.par_chunks_mut(per))
-            .for_each(|(xs, ys)| run(xs, ys));
+        for_each_chunk_mut(y, per, |i, ys| {
+            let start = i * per;
+            run(x.get(start..start + ys.len()).unwrap_or(&[]), ys);
+        });
     } else {
         run(x, y);
     }
@@ -140,9 +141,10 @@ pub(crate) fn row_log_normalizers<T: SoftmaxFloat>(x: &[T], c: usize) -> Vec<(T,
     };
     let per = (PAR_THRESHOLD / c).max(1);
     if x.len() >= PAR_THRESHOLD && rows > per {
-        x.par_chunks(per * c)
-            .zip(out.par_chunks_mut(per))
-            .for_each(|(xs, os)| run(xs, os));
+        for_each_chunk_mut(&mut out, per, |i, os| {
+            let start = i * per * c;
+            run(x.get(start..start + os.len() * c).unwrap_or(&[]), os);
+        });
     } else {
         run(x, &mut out);
     }

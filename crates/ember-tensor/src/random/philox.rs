@@ -219,7 +219,6 @@ pub fn samples<S: Sampler>(
 
 /// Fills `out` with elements `0..out.len()` of the stream, in parallel above 32Ki elements.
 pub fn fill<S: Sampler>(out: &mut [S::Out], s: &S, key: [u32; 2], base: u64) {
-    use rayon::prelude::*;
     const CHUNK: usize = 1 << 14;
     let task = |(t, chunk): (usize, &mut [S::Out])| {
         let range = t * CHUNK..t * CHUNK + chunk.len();
@@ -228,7 +227,7 @@ pub fn fill<S: Sampler>(out: &mut [S::Out], s: &S, key: [u32; 2], base: u64) {
         }
     };
     if out.len() >= 2 * CHUNK {
-        out.par_chunks_mut(CHUNK).enumerate().for_each(task);
+        ember_gemm::parallel::for_each_chunk_mut(out, CHUNK, |t, c| task((t, c)));
     } else {
         out.chunks_mut(CHUNK).enumerate().for_each(task);
     }

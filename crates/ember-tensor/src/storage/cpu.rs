@@ -8,8 +8,8 @@ use std::ops::Range;
 use std::sync::{Arc, OnceLock};
 
 use ember_device::Device;
+use ember_gemm::parallel::for_each_chunk_mut;
 use ember_memory::{Allocation, CachingAllocator};
-use rayon::prelude::*;
 
 use crate::dtype::{DType, WithDType};
 use crate::error::{Result, TensorError};
@@ -167,9 +167,7 @@ impl CpuStorage {
         };
         if len >= PAR_THRESHOLD {
             let chunk = par_chunk_len(len);
-            out.par_chunks_mut(chunk)
-                .enumerate()
-                .for_each(|(i, dst)| fill(i * chunk, dst));
+            for_each_chunk_mut(out, chunk, |i, dst| fill(i * chunk, dst));
         } else {
             fill(0, out);
         }

@@ -7,7 +7,7 @@ use crate::dtype::DType;
 use crate::error::Result;
 use crate::error::TensorError;
 use crate::layout::Layout;
-use crate::op::{BinaryOpT, CmpOp, ReduceOp, UnaryOpT};
+use crate::op::{BinaryOpT, CmpOp, FusedOp, ReduceOp, UnaryOpT};
 use crate::scalar::Scalar;
 use crate::storage::Storage;
 
@@ -57,6 +57,28 @@ impl Storage {
             }
             (a, b) => Err(mixed(a, b)),
         }
+    }
+
+    /// A [`FusedOp`] in one pass where a kernel exists for these operands (the CPU, f32 and
+    /// f64, see `cpu::elementwise::fused_inplace`); `Ok(false)`, nothing written, where not:
+    /// the front then composes the op from single ops.
+    pub(crate) fn fused_inplace(
+        &mut self,
+        ld: &Layout,
+        srcs: &[(&Storage, &Layout)],
+        op: FusedOp,
+    ) -> Result<bool> {
+        let Storage::Cpu(d) = self else {
+            return Ok(false);
+        };
+        let mut cpu_srcs = Vec::with_capacity(srcs.len());
+        for &(s, l) in srcs {
+            match s {
+                Storage::Cpu(c) => cpu_srcs.push((c, l)),
+                Storage::Cuda(_) => return Ok(false),
+            }
+        }
+        cpu::elementwise::fused_inplace(d, ld, &cpu_srcs, op)
     }
 
     pub(crate) fn binary_inplace<O: BinaryOpT>(

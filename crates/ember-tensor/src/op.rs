@@ -363,6 +363,15 @@ fn int_pow(mut base: i64, exp: i64) -> i64 {
     acc
 }
 
+/// The optimizers' in-place pointwise ops that fuse several passes into one, each with its
+/// scalar: `self += v·t1·t2`, `self += v·t1/t2`, `self = lerp(self, end, w)`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum FusedOp {
+    Addcmul(f64),
+    Addcdiv(f64),
+    Lerp(f64),
+}
+
 /// Comparison ops, giving bool.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum CmpOp {

@@ -726,3 +726,32 @@ fn inplace_on_transposed_views() {
         });
     }
 }
+
+/// The optimizers' fused in-place ops on `cuda:0` (composed from the single-op kernels)
+/// give the CPU's values (one fused pass there) for contiguous and transposed operands.
+#[test]
+fn fused_inplace_ops_match_the_cpu() {
+    setup();
+    for dt in [DType::F32, DType::F16] {
+        let s = view(dt, &[5, 7], 31, false);
+        let a = view(dt, &[5, 7], 32, false);
+        let b = view(dt, &[5, 7], 33, true).abs().unwrap().add(0.5).unwrap();
+        same("addcmul_", &[&s, &a, &b], |t| {
+            let c = t[0].copy()?;
+            c.addcmul_(&t[1], &t[2], 0.3)?;
+            Ok(c)
+        });
+        same("addcdiv_", &[&s, &a, &b], |t| {
+            let c = t[0].copy()?;
+            c.addcdiv_(&t[1], &t[2], -0.7)?;
+            Ok(c)
+        });
+        for w in [0.1, 0.9] {
+            same("lerp_", &[&s, &a], |t| {
+                let c = t[0].copy()?;
+                c.lerp_(&t[1], w)?;
+                Ok(c)
+            });
+        }
+    }
+}

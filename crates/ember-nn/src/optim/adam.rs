@@ -6,8 +6,7 @@ use ember_tensor::{Device, Tensor as Raw};
 
 use super::state::ParamState;
 use super::{
-    Groups, Hyper, Optimizer, ParamGroup, ParamGroupSpec, follow, foreign_hyper, lerp_,
-    param_and_grad,
+    Groups, Hyper, Optimizer, ParamGroup, ParamGroupSpec, follow, foreign_hyper, param_and_grad,
 };
 use crate::{Result, StateDict, Tensor};
 
@@ -250,9 +249,10 @@ fn adam_step(groups: &mut Groups<AdamState>) -> Result<()> {
                     grad = grad.add(&param.mul(weight_decay)?)?;
                 }
             }
-            lerp_(&s.exp_avg, &grad, 1.0 - beta1)?;
-            s.exp_avg_sq.mul_(beta2)?;
-            s.exp_avg_sq.add_(&grad.mul(1.0 - beta2)?.mul(&grad)?)?;
+            s.exp_avg.lerp_(&grad, 1.0 - beta1)?;
+            s.exp_avg_sq
+                .mul_(beta2)?
+                .addcmul_(&grad, &grad, 1.0 - beta2)?;
 
             let bias_correction1 = 1.0 - beta1.powf(s.step);
             let bias_correction2 = 1.0 - beta2.powf(s.step);
@@ -267,7 +267,7 @@ fn adam_step(groups: &mut Groups<AdamState>) -> Result<()> {
             };
             let denom = second.sqrt()?.div(bias_correction2_sqrt)?;
             denom.add_(eps)?;
-            param.add_(&s.exp_avg.mul(-step_size)?.div(&denom)?)?;
+            param.addcdiv_(&s.exp_avg, &denom, -step_size)?;
         }
     }
     Ok(())

@@ -37,7 +37,7 @@ pub mod lr_scheduler;
 mod sgd;
 mod state;
 
-use ember_tensor::{DType, Tensor as Raw};
+use ember_tensor::Tensor as Raw;
 
 use crate::{NnError, Result, StateDict, Tensor};
 
@@ -399,24 +399,4 @@ pub(crate) fn follow(t: Raw, param: &Raw) -> Result<Raw> {
     } else {
         Ok(t.to((param.device(), param.dtype()))?)
     }
-}
-
-/// PyTorch's `lerp_` in place, `start += weight * (end - start)`, computed as its kernel
-/// does: from `end` backwards when the weight is 0.5 or more.
-pub(crate) fn lerp_(start: &Raw, end: &Raw, weight: f64) -> Result<()> {
-    // The kernel computes in the tensor's dtype (f32 for the half types), weight included.
-    let (w, one_minus_w) = match start.dtype() {
-        DType::F64 => (weight, 1.0 - weight),
-        _ => {
-            let w = weight as f32;
-            (f64::from(w), f64::from(1.0 - w))
-        }
-    };
-    let diff = end.sub(start)?;
-    if w.abs() < 0.5 {
-        start.add_(&diff.mul(w)?)?;
-    } else {
-        start.copy_(&end.sub(&diff.mul(one_minus_w)?)?)?;
-    }
-    Ok(())
 }

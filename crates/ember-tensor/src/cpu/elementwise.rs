@@ -1,12 +1,12 @@
 //! CPU kernels of the elementwise families: unary, binary, comparisons, `where`, clamp,
 //! and their in-place forms.
 
-use crate::cpu::{Flat, dispatch, map1, map1_as, map2, update1, update2};
+use crate::cpu::{Flat, dispatch, map1, map1_as, map2, update1, update2, update3};
 use crate::dtype::DType;
 use crate::dtype::WithDType;
 use crate::error::Result;
 use crate::layout::Layout;
-use crate::op::{BinaryOpT, CmpOp, Elem, UnaryOpT};
+use crate::op::{BinaryOpT, CmpOp, Elem, FusedOp, UnaryOpT};
 use crate::scalar::Scalar;
 use crate::storage::CpuStorage;
 use crate::strided::StridedIndex;
@@ -30,6 +30,63 @@ pub(crate) fn binary<O: BinaryOpT>(
     lb: &Layout,
 ) -> Result<CpuStorage> {
     dispatch!(a.dtype(), T => map2::<T, T, _>(a, la, b, lb, |x, y| x.binary::<O>(y)))
+}
+
+/// A [`FusedOp`] on f32 or f64 in one pass, computed as PyTorch's kernels (and Ember's
+/// composed form of the op) do, operation for operation: `s + (v·a)·b`, `s + (v·a)/b`,
+/// and `lerp` as `s + w·(e - s)` for `|w| < 0.5`, else `e - (e - s)·(1 - w)`, with `v`, `w`
+/// and `1 - w` in the tensor's dtype. `Ok(false)` for other dtypes or, for the three-operand
+/// ops, operands that are not all contiguous: the caller composes the op then.
+pub(crate) fn fused_inplace(
+    dst: &mut CpuStorage,
+    ld: &Layout,
+    srcs: &[(&CpuStorage, &Layout)],
+    op: FusedOp,
+) -> Result<bool> {
+    match dst.dtype() {
+        DType::F32 => fused_typed::<f32>(dst, ld, srcs, op),
+        DType::F64 => fused_typed::<f64>(dst, ld, srcs, op),
+        _ => Ok(false),
+    }
+}
+
+fn fused_typed<T>(
+    dst: &mut CpuStorage,
+    ld: &Layout,
+    srcs: &[(&CpuStorage, &Layout)],
+    op: FusedOp,
+) -> Result<bool>
+where
+    T: WithDType
+        + std::ops::Add<Output = T>
+        + std::ops::Sub<Output = T>
+        + std::ops::Mul<Output = T>
+        + std::ops::Div<Output = T>,
+{
+    if srcs.iter().any(|(s, _)| s.dtype() != T::DTYPE) {
+        return Ok(false);
+    }
+    match (op, srcs) {
+        (FusedOp::Addcmul(v), &[a, b]) => {
+            let v = T::from_f64(v);
+            update3::<T, _>(dst, ld, a, b, |s, x, y| s + v * x * y)
+        }
+        (FusedOp::Addcdiv(v), &[a, b]) => {
+            let v = T::from_f64(v);
+            update3::<T, _>(dst, ld, a, b, |s, x, y| s + v * x / y)
+        }
+        (FusedOp::Lerp(w), &[(e, le)]) => {
+            let w = T::from_f64(w);
+            let one_minus_w = T::from_f64(1.0) - w;
+            if w.to_f64().abs() < 0.5 {
+                update2::<T, _>(dst, ld, e, le, |s, e| s + w * (e - s))?;
+            } else {
+                update2::<T, _>(dst, ld, e, le, |s, e| e - (e - s) * one_minus_w)?;
+            }
+            Ok(true)
+        }
+        _ => Ok(false),
+    }
 }
 
 pub(crate) fn binary_inplace<O: BinaryOpT>(

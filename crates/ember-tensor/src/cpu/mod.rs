@@ -262,6 +262,47 @@ where
     Ok(())
 }
 
+/// `dst[i] = f(dst[i], a[i], b[i])` in place when all three are contiguous with `dst`'s
+/// element count; `Ok(false)` (nothing written) otherwise, for the caller's general path.
+pub(crate) fn update3<T, F>(
+    dst: &mut CpuStorage,
+    ld: &Layout,
+    (a, la): (&CpuStorage, &Layout),
+    (b, lb): (&CpuStorage, &Layout),
+    f: F,
+) -> Result<bool>
+where
+    T: WithDType,
+    F: Fn(T, T, T) -> T + Sync,
+{
+    let (sa, sb) = (a.as_slice::<T>()?, b.as_slice::<T>()?);
+    let (Some(x), Some(y), Some((lo, hi))) = (
+        contiguous_slice(sa, la),
+        contiguous_slice(sb, lb),
+        ld.contiguous_range(),
+    ) else {
+        return Ok(false);
+    };
+    let d = dst.as_mut_slice::<T>()?;
+    let z = d.get_mut(lo..hi).ok_or_else(|| corrupt("update"))?;
+    if x.len() != z.len() || y.len() != z.len() {
+        return Ok(false);
+    }
+    let run = |start: usize, z: &mut [T]| {
+        let (x, y) = (x.get(start..).unwrap_or(&[]), y.get(start..).unwrap_or(&[]));
+        for ((p, &q), &r) in z.iter_mut().zip(x).zip(y) {
+            *p = f(*p, q, r);
+        }
+    };
+    if z.len() >= PAR_THRESHOLD {
+        let chunk = par_chunk_len(z.len());
+        for_each_chunk_mut(z, chunk, |i, z| run(i * chunk, z));
+    } else {
+        run(0, z);
+    }
+    Ok(true)
+}
+
 /// `dst[i] = f(dst[i])` in place over a non-overlapping layout.
 pub(crate) fn update1<T, F>(dst: &mut CpuStorage, ld: &Layout, f: F) -> Result<()>
 where

@@ -1,4 +1,5 @@
-//! In-place ops: `copy_`, `fill_`, `zero_`, `add_`, `sub_`, `mul_`, `div_`, `clamp_`.
+//! In-place ops: `copy_`, `fill_`, `zero_`, `add_`, `sub_`, `mul_`, `div_`, `clamp_`, and
+//! the optimizers' fused `addcmul_`, `addcdiv_`, `lerp_`.
 //!
 //! They write through the tensor's storage (visible in every view), bump its version
 //! counter, and refuse targets where several elements share memory (expanded views). The
@@ -7,9 +8,9 @@
 
 use crate::dtype::{DType, Operand as Promo, result_type};
 use crate::error::{Result, TensorError};
-use crate::op::{self, BinaryOpT};
+use crate::op::{self, BinaryOpT, FusedOp};
 use crate::scalar::{Operand, Scalar};
-use crate::storage::{same, write_read};
+use crate::storage::{same, write_read, write_read_many};
 use crate::tensor::{Tensor, same_device};
 
 /// `true` if a value of dtype `from` may be written into `to` by an in-place op
@@ -126,6 +127,92 @@ impl Tensor {
     /// `self /= rhs` in place (floating tensors only, as true division).
     pub fn div_<'a>(&self, rhs: impl Into<Operand<'a>>) -> Result<&Tensor> {
         self.binary_::<op::Div>(rhs.into())
+    }
+
+    /// `self += value * t1 * t2` in place (`torch.Tensor.addcmul_`), `t1` and `t2`
+    /// broadcast to this shape. Computed as `self + (value * t1) * t2`, PyTorch's order; on
+    /// the CPU, for f32/f64 operands of this shape, in one pass without temporaries.
+    ///
+    /// ```
+    /// use ember_tensor::Tensor;
+    /// let v = Tensor::from_slice(&[1f32, 2.], [2], ())?;
+    /// let g = Tensor::from_slice(&[3f32, 4.], [2], ())?;
+    /// v.addcmul_(&g, &g, 0.5)?;
+    /// assert_eq!(v.to_vec::<f32>()?, vec![5.5, 10.]);
+    /// # Ok::<(), ember_tensor::TensorError>(())
+    /// ```
+    pub fn addcmul_(&self, t1: &Tensor, t2: &Tensor, value: f64) -> Result<&Tensor> {
+        if self.fused3_("addcmul_", t1, t2, FusedOp::Addcmul(value))? {
+            return Ok(self);
+        }
+        self.add_(&t1.mul(value)?.mul(t2)?)
+    }
+
+    /// `self += value * t1 / t2` in place (`torch.Tensor.addcdiv_`), `t1` and `t2`
+    /// broadcast to this shape. Computed as `self + (value * t1) / t2`, PyTorch's order; on
+    /// the CPU, for f32/f64 operands of this shape, in one pass without temporaries.
+    pub fn addcdiv_(&self, t1: &Tensor, t2: &Tensor, value: f64) -> Result<&Tensor> {
+        if self.fused3_("addcdiv_", t1, t2, FusedOp::Addcdiv(value))? {
+            return Ok(self);
+        }
+        self.add_(&t1.mul(value)?.div(t2)?)
+    }
+
+    /// `self += weight * (end - self)` in place (`torch.Tensor.lerp_` with a scalar
+    /// weight), computed as PyTorch's kernel does: from `end` backwards,
+    /// `end - (end - self) * (1 - weight)`, when `|weight| >= 0.5`; the weight in this
+    /// tensor's dtype (f32 for the half types). `end` (broadcast to this shape) must have
+    /// this tensor's dtype, a floating one.
+    pub fn lerp_(&self, end: &Tensor, weight: f64) -> Result<&Tensor> {
+        self.writable("lerp_")?;
+        let dt = self.dtype();
+        if !dt.is_float() || end.dtype() != dt {
+            return Err(TensorError::DTypeMismatch {
+                op: "lerp_",
+                expected: dt,
+                found: end.dtype(),
+            });
+        }
+        let e = self.inplace_source("lerp_", end, dt)?;
+        let op = FusedOp::Lerp(weight);
+        let fused = write_read(self.cell(), e.cell(), |d, es| {
+            d.fused_inplace(self.layout(), &[(es, e.layout())], op)
+        })?;
+        if fused {
+            return Ok(self);
+        }
+        // The half types (and CUDA): composed from single ops.
+        let (w, one_minus_w) = match dt {
+            DType::F64 => (weight, 1.0 - weight),
+            _ => {
+                let w = weight as f32;
+                (f64::from(w), f64::from(1.0 - w))
+            }
+        };
+        let diff = e.sub(self)?;
+        if w.abs() < 0.5 {
+            self.add_(&diff.mul(w)?)
+        } else {
+            self.copy_(&e.sub(&diff.mul(one_minus_w)?)?)
+        }
+    }
+
+    /// Runs a three-operand [`FusedOp`] in one pass if the operands allow it (this shape and
+    /// dtype, none sharing this tensor's storage, a kernel for the device): `Ok(true)`
+    /// when done, `Ok(false)` when the caller should compose the op instead.
+    fn fused3_(&self, op: &'static str, t1: &Tensor, t2: &Tensor, fused: FusedOp) -> Result<bool> {
+        self.writable(op)?;
+        same_device(&[self, t1, t2])?;
+        let fits = |t: &Tensor| t.dtype() == self.dtype() && t.shape() == self.shape();
+        if !(fits(t1) && fits(t2)) {
+            return Ok(false);
+        }
+        let srcs = [t1.cell(), t2.cell()];
+        let done = write_read_many(self.cell(), &srcs, |d, s| match s {
+            &[a, b] => d.fused_inplace(self.layout(), &[(a, t1.layout()), (b, t2.layout())], fused),
+            _ => Ok(false),
+        });
+        done.unwrap_or(Ok(false))
     }
 
     /// Clamps every element into `[min, max]` in place (either bound optional).

@@ -181,6 +181,51 @@ pub(crate) fn write_read<R>(
     }
 }
 
+/// Runs `f` with write access to `dst` and read access to each of `srcs` (duplicates among
+/// them locked once), all locks taken in address order. `None` (and `f` not run) when `dst`
+/// is one of `srcs`.
+pub(crate) fn write_read_many<R>(
+    dst: &Arc<StorageCell>,
+    srcs: &[&Arc<StorageCell>],
+    f: impl FnOnce(&mut Storage, &[&Storage]) -> R,
+) -> Option<R> {
+    enum Guard<'a> {
+        Read(RwLockReadGuard<'a, Storage>),
+        Write(RwLockWriteGuard<'a, Storage>),
+    }
+    if srcs.iter().any(|s| s.addr() == dst.addr()) {
+        return None;
+    }
+    let mut cells: Vec<&Arc<StorageCell>> = srcs.to_vec();
+    cells.push(dst);
+    cells.sort_by_key(|c| c.addr());
+    cells.dedup_by_key(|c| c.addr());
+    let mut guards: Vec<(usize, Guard<'_>)> = cells
+        .iter()
+        .map(|c| {
+            let g = if c.addr() == dst.addr() {
+                Guard::Write(c.write())
+            } else {
+                Guard::Read(c.read())
+            };
+            (c.addr(), g)
+        })
+        .collect();
+    let mut out: Option<&mut Storage> = None;
+    let mut reads: Vec<(usize, &Storage)> = Vec::with_capacity(guards.len());
+    for (addr, g) in guards.iter_mut() {
+        match g {
+            Guard::Write(w) => out = Some(&mut **w),
+            Guard::Read(r) => reads.push((*addr, &**r)),
+        }
+    }
+    let refs: Vec<&Storage> = srcs
+        .iter()
+        .filter_map(|c| reads.iter().find(|(a, _)| *a == c.addr()).map(|(_, s)| *s))
+        .collect();
+    out.map(|d| f(d, &refs))
+}
+
 /// `true` if both are the same storage.
 pub(crate) fn same(a: &Arc<StorageCell>, b: &Arc<StorageCell>) -> bool {
     Arc::ptr_eq(a, b)

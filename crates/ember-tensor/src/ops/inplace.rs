@@ -134,9 +134,9 @@ impl Tensor {
     /// the CPU, for f32/f64 operands of this shape, in one pass without temporaries.
     ///
     /// ```
-    /// use ember_tensor::Tensor;
-    /// let v = Tensor::from_slice(&[1f32, 2.], [2], ())?;
-    /// let g = Tensor::from_slice(&[3f32, 4.], [2], ())?;
+    /// use ember_tensor::{Device, Tensor};
+    /// let v = Tensor::from_slice(&[1f32, 2.], [2], &Device::Cpu)?;
+    /// let g = Tensor::from_slice(&[3f32, 4.], [2], &Device::Cpu)?;
     /// v.addcmul_(&g, &g, 0.5)?;
     /// assert_eq!(v.to_vec::<f32>()?, vec![5.5, 10.]);
     /// # Ok::<(), ember_tensor::TensorError>(())

@@ -9,7 +9,7 @@ use crate::error::TensorError;
 use crate::layout::Layout;
 use crate::op::{BinaryOpT, CmpOp, FusedOp, ReduceOp, UnaryOpT};
 use crate::scalar::Scalar;
-use crate::storage::Storage;
+use crate::storage::{CpuStorage, Storage};
 
 // Note [Dispatch]
 // ~~~~~~~~~~~~~~~
@@ -68,17 +68,27 @@ impl Storage {
         srcs: &[(&Storage, &Layout)],
         op: FusedOp,
     ) -> Result<bool> {
+        fn on_cpu<'a>(&(s, l): &(&'a Storage, &'a Layout)) -> Option<(&'a CpuStorage, &'a Layout)> {
+            match s {
+                Storage::Cpu(c) => Some((c, l)),
+                Storage::Cuda(_) => None,
+            }
+        }
         let Storage::Cpu(d) = self else {
             return Ok(false);
         };
-        let mut cpu_srcs = Vec::with_capacity(srcs.len());
-        for &(s, l) in srcs {
-            match s {
-                Storage::Cpu(c) => cpu_srcs.push((c, l)),
-                Storage::Cuda(_) => return Ok(false),
-            }
+        // The two arities `FusedOp` has, without collecting the sources into a `Vec`.
+        match srcs {
+            [a] => match on_cpu(a) {
+                Some(a) => cpu::elementwise::fused_inplace(d, ld, &[a], op),
+                None => Ok(false),
+            },
+            [a, b] => match (on_cpu(a), on_cpu(b)) {
+                (Some(a), Some(b)) => cpu::elementwise::fused_inplace(d, ld, &[a, b], op),
+                _ => Ok(false),
+            },
+            _ => Ok(false),
         }
-        cpu::elementwise::fused_inplace(d, ld, &cpu_srcs, op)
     }
 
     pub(crate) fn binary_inplace<O: BinaryOpT>(

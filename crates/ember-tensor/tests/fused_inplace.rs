@@ -175,3 +175,31 @@ fn bad_operands_are_errors() {
         "unchanged after errors"
     );
 }
+
+#[test]
+fn each_op_bumps_the_version_counter_once_fused_or_composed() {
+    // Fused (f32/f64 contiguous), composed for the dtype (f16), composed for the layout (a
+    // transposed target), composed for aliasing (the target as an operand): one write each,
+    // as autograd's saved-tensor check expects of one in-place op.
+    for dtype in [DType::F32, DType::F64, DType::F16] {
+        for op in OPS {
+            for weight in [0.3, 0.7] {
+                let a = tensor(&data(12, 4, false), &[3, 4], dtype);
+                let b = tensor(&data(12, 5, true), &[3, 4], dtype);
+                let targets = [
+                    tensor(&data(12, 3, false), &[3, 4], dtype),
+                    tensor(&data(12, 3, false), &[4, 3], dtype).t().unwrap(),
+                ];
+                for s in &targets {
+                    let before = s.version();
+                    run(op, s, &a, &b, weight).unwrap();
+                    assert_eq!(s.version(), before + 1, "{op} {dtype:?} w={weight}");
+                }
+                let s = tensor(&data(12, 3, true), &[3, 4], dtype);
+                let before = s.version();
+                run(op, &s, &s, &s, weight).unwrap();
+                assert_eq!(s.version(), before + 1, "{op} {dtype:?} aliased");
+            }
+        }
+    }
+}

@@ -13,12 +13,10 @@ pub(crate) mod reduce;
 pub(crate) mod simd;
 pub(crate) mod softmax;
 
-use ember_gemm::parallel::for_each_chunk_mut;
-
 use crate::dtype::{DType, WithDType};
 use crate::error::{Result, TensorError};
 use crate::layout::Layout;
-use crate::storage::{CpuStorage, PAR_THRESHOLD, par_chunk_len};
+use crate::storage::{CpuStorage, for_each_piece};
 use crate::strided::StridedIndex;
 
 /// Runs `$body` with `$T` bound to the Rust type of `$dtype`.
@@ -243,15 +241,10 @@ where
     check_bounds(d.len(), ld, "update")?;
     if let (Some((a, b)), Some(y)) = (ld.contiguous_range(), contiguous_slice(s, ls)) {
         let x = d.get_mut(a..b).ok_or_else(|| corrupt("update"))?;
-        if x.len() >= PAR_THRESHOLD {
-            let chunk = par_chunk_len(x.len());
-            for_each_chunk_mut(x, chunk, |i, x| {
-                let y = y.get(i * chunk..).unwrap_or(&[]);
-                x.iter_mut().zip(y).for_each(|(p, &q)| *p = f(*p, q));
-            });
-        } else {
+        for_each_piece(x, |start, x| {
+            let y = y.get(start..).unwrap_or(&[]);
             x.iter_mut().zip(y).for_each(|(p, &q)| *p = f(*p, q));
-        }
+        });
         return Ok(());
     }
     for (i, j) in ld.strided_index().zip(ls.strided_index()) {
@@ -288,18 +281,12 @@ where
     if x.len() != z.len() || y.len() != z.len() {
         return Ok(false);
     }
-    let run = |start: usize, z: &mut [T]| {
+    for_each_piece(z, |start, z| {
         let (x, y) = (x.get(start..).unwrap_or(&[]), y.get(start..).unwrap_or(&[]));
         for ((p, &q), &r) in z.iter_mut().zip(x).zip(y) {
             *p = f(*p, q, r);
         }
-    };
-    if z.len() >= PAR_THRESHOLD {
-        let chunk = par_chunk_len(z.len());
-        for_each_chunk_mut(z, chunk, |i, z| run(i * chunk, z));
-    } else {
-        run(0, z);
-    }
+    });
     Ok(true)
 }
 
@@ -313,13 +300,7 @@ where
     check_bounds(d.len(), ld, "update")?;
     if let Some((a, b)) = ld.contiguous_range() {
         let x = d.get_mut(a..b).ok_or_else(|| corrupt("update"))?;
-        if x.len() >= PAR_THRESHOLD {
-            for_each_chunk_mut(x, par_chunk_len(x.len()), |_, x| {
-                x.iter_mut().for_each(|p| *p = f(*p));
-            });
-        } else {
-            x.iter_mut().for_each(|p| *p = f(*p));
-        }
+        for_each_piece(x, |_, x| x.iter_mut().for_each(|p| *p = f(*p)));
         return Ok(());
     }
     for i in ld.strided_index() {

@@ -174,12 +174,14 @@ impl Tensor {
             });
         }
         let e = self.inplace_source("lerp_", end, dt)?;
-        let op = FusedOp::Lerp(weight);
-        let fused = write_read(self.cell(), e.cell(), |d, es| {
-            d.fused_inplace(self.layout(), &[(es, e.layout())], op)
-        })?;
-        if fused {
-            return Ok(self);
+        if self.fusable(&[]) {
+            let op = FusedOp::Lerp(weight);
+            let fused = write_read(self.cell(), e.cell(), |d, es| {
+                d.fused_inplace(self.layout(), &[(es, e.layout())], op)
+            })?;
+            if fused {
+                return Ok(self);
+            }
         }
         // The half types (and CUDA): composed from single ops.
         let (w, one_minus_w) = match dt {
@@ -197,6 +199,20 @@ impl Tensor {
         }
     }
 
+    /// Whether the CPU's one-pass kernel (`cpu::elementwise::fused_inplace`) takes a
+    /// [`FusedOp`] on this target: a CPU tensor of f32 or f64, and, for the three-operand
+    /// ops (`operands` not empty), every layout contiguous. Checked before the write lock is
+    /// taken, which bumps the version counter, so an op that will be composed from single
+    /// ops (each bumping it as it writes) does not bump it once more for nothing.
+    fn fusable(&self, operands: &[&Tensor]) -> bool {
+        self.device().is_cpu()
+            && matches!(self.dtype(), DType::F32 | DType::F64)
+            && (operands.is_empty()
+                || std::iter::once(self)
+                    .chain(operands.iter().copied())
+                    .all(Tensor::is_contiguous))
+    }
+
     /// Runs a three-operand [`FusedOp`] in one pass if the operands allow it (this shape and
     /// dtype, none sharing this tensor's storage, a kernel for the device): `Ok(true)`
     /// when done, `Ok(false)` when the caller should compose the op instead.
@@ -204,7 +220,7 @@ impl Tensor {
         self.writable(op)?;
         same_device(&[self, t1, t2])?;
         let fits = |t: &Tensor| t.dtype() == self.dtype() && t.shape() == self.shape();
-        if !(fits(t1) && fits(t2)) {
+        if !(fits(t1) && fits(t2) && self.fusable(&[t1, t2])) {
             return Ok(false);
         }
         let srcs = [t1.cell(), t2.cell()];

@@ -39,6 +39,23 @@ pub(crate) fn par_chunk_len(len: usize) -> usize {
     (len / (4 * rayon::current_num_threads().max(1))).max(PAR_CHUNK)
 }
 
+/// Runs `body(start, piece)` over `x` cut into pieces, where `start` is the piece's index of
+/// its first element in `x`: in parallel pieces of [`par_chunk_len`] elements from
+/// [`PAR_THRESHOLD`] up, else once over all of `x`. The one place the CPU kernels' threshold
+/// rule is written.
+pub(crate) fn for_each_piece<T, F>(x: &mut [T], body: F)
+where
+    T: Send,
+    F: Fn(usize, &mut [T]) + Sync,
+{
+    if x.len() >= PAR_THRESHOLD {
+        let chunk = par_chunk_len(x.len());
+        for_each_chunk_mut(x, chunk, |i, piece| body(i * chunk, piece));
+    } else {
+        body(0, x);
+    }
+}
+
 /// Host memory holding `len` elements of one dtype.
 #[derive(Debug)]
 pub struct CpuStorage {
@@ -165,12 +182,7 @@ impl CpuStorage {
                 fill_plain(start, dst);
             }
         };
-        if len >= PAR_THRESHOLD {
-            let chunk = par_chunk_len(len);
-            for_each_chunk_mut(out, chunk, |i, dst| fill(i * chunk, dst));
-        } else {
-            fill(0, out);
-        }
+        for_each_piece(out, fill);
         // Every element of `out` is now initialised with a `T` (see Note [CPU storage validity]).
         Ok(CpuStorage {
             alloc: Some(alloc),

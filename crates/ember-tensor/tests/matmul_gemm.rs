@@ -108,20 +108,22 @@ fn reference(a: &[f64], sa: &[usize], b: &[f64], sb: &[usize]) -> (Vec<usize>, V
     (shape, out, scale)
 }
 
-/// Unit roundoff of results stored in `dtype`, and of its accumulator.
-fn eps(dtype: DType) -> (f64, f64) {
+/// Unit roundoff of results stored in `dtype`, the absolute rounding error of its subnormal
+/// range (half its smallest subnormal: below the smallest normal, rounding is not relative),
+/// and the unit roundoff of its accumulator.
+fn eps(dtype: DType) -> (f64, f64, f64) {
     let (e32, e64) = (f32::EPSILON as f64 / 2.0, f64::EPSILON / 2.0);
     match dtype {
-        DType::F64 => (e64, e64),
-        DType::F32 => (e32, e32),
-        DType::F16 => (2f64.powi(-11), e32),
-        _ => (2f64.powi(-8), e32),
+        DType::F64 => (e64, 2f64.powi(-1075), e64),
+        DType::F32 => (e32, 2f64.powi(-150), e32),
+        DType::F16 => (2f64.powi(-11), 2f64.powi(-25), e32),
+        _ => (2f64.powi(-8), 2f64.powi(-134), e32),
     }
 }
 
 /// `a @ b` in `dtype` against the reference on the values the operands hold (already
-/// rounded to `dtype`): within one rounding of the output plus `2(k+2)` accumulator
-/// roundings of `Σ|a·b|`.
+/// rounded to `dtype`): within one rounding of the output (relative, or absolute in the
+/// subnormal range) plus `2(k+2)` accumulator roundings of `Σ|a·b|`.
 fn check(a: &Tensor, b: &Tensor, dtype: DType, what: &str) {
     let (av, bv) = (values(a), values(b));
     let (shape, want, scale) = reference(&av, a.dims(), &bv, b.dims());
@@ -130,9 +132,9 @@ fn check(a: &Tensor, b: &Tensor, dtype: DType, what: &str) {
     assert_eq!(c.dims(), &shape[..], "{what}");
     let got = values(&c);
     let k = a.dims()[a.rank() - 1] as f64;
-    let (out_eps, acc_eps) = eps(dtype);
+    let (out_eps, out_tiny, acc_eps) = eps(dtype);
     for (i, ((g, w), s)) in got.iter().zip(&want).zip(&scale).enumerate() {
-        let tol = 2.0 * out_eps * w.abs() + 2.0 * (k + 2.0) * acc_eps * s;
+        let tol = 2.0 * (out_eps * w.abs() + out_tiny) + 2.0 * (k + 2.0) * acc_eps * s;
         assert!(
             (g - w).abs() <= tol,
             "{what}: element {i}: got {g}, want {w} (tol {tol:e})"
@@ -156,6 +158,32 @@ fn batches(case: usize, b1: usize, b2: usize) -> (Vec<usize>, Vec<usize>) {
     }
 }
 
+/// One generated case: operand shapes from the batch `case`, 1-D operands now and then (only
+/// without batch dims, as PyTorch allows any), layouts `la`/`lb`, values from `seed`.
+#[allow(clippy::too_many_arguments)]
+fn product_case(
+    (m, k, n): (usize, usize, usize),
+    (case, b1, b2): (usize, usize, usize),
+    (la, lb, vec_a, vec_b): (u8, u8, usize, usize),
+    dtype: DType,
+    seed: u64,
+) {
+    let (bsa, bsb) = batches(case, b1, b2);
+    let sa = if vec_a == 0 && bsa.is_empty() {
+        vec![k]
+    } else {
+        [bsa, vec![m, k]].concat()
+    };
+    let sb = if vec_b == 0 {
+        vec![k]
+    } else {
+        [bsb, vec![k, n]].concat()
+    };
+    let a = operand(&rand_vec(sa.iter().product(), seed), &sa, dtype, la);
+    let b = operand(&rand_vec(sb.iter().product(), seed ^ 1), &sb, dtype, lb);
+    check(&a, &b, dtype, &format!("{dtype} {sa:?}/{la} @ {sb:?}/{lb}"));
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
@@ -166,15 +194,16 @@ proptest! {
         la in 0u8..4, lb in 0u8..4, vec_a in 0usize..6, vec_b in 0usize..6,
         dt in 0usize..4, seed in any::<u64>(),
     ) {
-        let dtype = DTYPES[dt];
-        let (bsa, bsb) = batches(case, b1, b2);
-        // Now and then a 1-D operand (only without batch dims, as PyTorch allows any).
-        let sa = if vec_a == 0 && bsa.is_empty() { vec![k] } else { [bsa, vec![m, k]].concat() };
-        let sb = if vec_b == 0 { vec![k] } else { [bsb, vec![k, n]].concat() };
-        let a = operand(&rand_vec(sa.iter().product(), seed), &sa, dtype, la);
-        let b = operand(&rand_vec(sb.iter().product(), seed ^ 1), &sb, dtype, lb);
-        check(&a, &b, dtype, &format!("{dtype} {sa:?}/{la} @ {sb:?}/{lb}"));
+        product_case((m, k, n), (case, b1, b2), (la, lb, vec_a, vec_b), DTYPES[dt], seed);
     }
+}
+
+#[test]
+fn f16_products_in_the_subnormal_range_round_absolutely() {
+    // Found by CI: a product of 2.29e-5 lies below f16's smallest normal (6.1e-5), where
+    // one rounding is up to 2^-25 absolute, far above 2^-11 relative.
+    let seed = 17035612809863863412;
+    product_case((4, 1, 0), (1, 3, 1), (0, 0, 0, 0), DType::F16, seed);
 }
 
 #[test]

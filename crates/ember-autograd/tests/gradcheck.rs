@@ -19,23 +19,54 @@ fn devices() -> Vec<Device> {
     vec![Device::Cpu, Device::Cuda(0)]
 }
 
-/// Deterministic values in `[lo, hi)` (a small LCG keyed by `seed`).
+/// How far apart [`values`] keeps its values from each other and from [`KINK_GRID`]'s points:
+/// far above gradcheck's step (1e-6), so no central difference straddles a tie or a kink.
+const GAP: f64 = 1e-4;
+/// Every kink of the ops below lies on a multiple of this: 0 (abs, relu, `where(x > 0)`,
+/// norms of one element) and the clamp limits -0.5, 0.7, 0.8 and 1.5.
+const KINK_GRID: f64 = 0.05;
+
+/// Deterministic values in `[lo, hi)` (a small LCG keyed by `seed`), pairwise at least
+/// [`GAP`] apart (max, max-pool and maximum pick one element unambiguously) and at least
+/// `GAP` from every multiple of [`KINK_GRID`].
 fn values(n: usize, seed: u64, lo: f64, hi: f64) -> Vec<f64> {
     let mut s = seed ^ 0x9e37_79b9_7f4a_7c15;
-    (0..n)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            lo + (hi - lo) * ((s >> 11) as f64 / (1u64 << 53) as f64)
-        })
-        .collect()
+    let mut out = Vec::with_capacity(n);
+    while out.len() < n {
+        s = s
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let v = lo + (hi - lo) * ((s >> 11) as f64 / (1u64 << 53) as f64);
+        let off_grid = ((v / KINK_GRID).round() * KINK_GRID - v).abs() > GAP;
+        if off_grid && out.iter().all(|u: &f64| (u - v).abs() > GAP) {
+            out.push(v);
+        }
+    }
+    out
 }
 
 /// An f64 leaf requiring grad on `dev`.
 fn input(shape: &[usize], seed: u64, lo: f64, hi: f64, dev: Device) -> Tensor {
     let n = shape.iter().product();
-    Tensor::from_vec(values(n, seed, lo, hi), shape.to_vec(), &Device::Cpu)
+    leaf(values(n, seed, lo, hi), shape, dev)
+}
+
+/// Like [`input`], but every value on [`KINK_GRID`]: at least `GAP` from any value of
+/// [`values`], so `maximum`/`minimum` against such an input never meet a tie.
+fn input_on_grid(shape: &[usize], seed: u64, lo: f64, hi: f64, dev: Device) -> Tensor {
+    let n = shape.iter().product();
+    let v = values(n, seed, lo, hi);
+    leaf(
+        v.iter()
+            .map(|x| (x / KINK_GRID).round() * KINK_GRID)
+            .collect(),
+        shape,
+        dev,
+    )
+}
+
+fn leaf(v: Vec<f64>, shape: &[usize], dev: Device) -> Tensor {
+    Tensor::from_vec(v, shape.to_vec(), &Device::Cpu)
         .unwrap()
         .to_device(&dev)
         .unwrap()
@@ -65,11 +96,11 @@ proptest! {
         for dev in devices() {
             let x = input(&s, seed, -2.0, 2.0, dev);
             let pos = input(&s, seed, 0.3, 2.0, dev);
-            // Away from the kinks of abs/relu/clamp: |x| > 0.1.
-            let away = Tensor::from_vec(
+            // Both signs, |x| > 0.1 (values keeps every input off the clamp limits too).
+            let away = leaf(
                 values(x.numel(), seed, 0.1, 2.0).iter().enumerate()
-                    .map(|(i, v)| if i % 2 == 0 { *v } else { -*v }).collect::<Vec<_>>(),
-                s.clone(), &Device::Cpu).unwrap().to_device(&dev).unwrap().requires_grad_(true).unwrap();
+                    .map(|(i, v)| if i % 2 == 0 { *v } else { -*v }).collect(),
+                &s, dev);
             check("neg", dev, std::slice::from_ref(&x), |v| v[0].neg());
             check("exp", dev, std::slice::from_ref(&x), |v| v[0].exp());
             check("sin", dev, std::slice::from_ref(&x), |v| v[0].sin());
@@ -104,7 +135,7 @@ proptest! {
         }).collect();
         for dev in devices() {
             let x = input(&a, seed, -2.0, 2.0, dev);
-            let y = input(&b, seed.wrapping_add(1), 0.5, 2.0, dev);
+            let y = input_on_grid(&b, seed.wrapping_add(1), 0.5, 2.0, dev);
             check("add", dev, &[x.clone(), y.clone()], |v| v[0].add(&v[1]));
             check("sub", dev, &[x.clone(), y.clone()], |v| v[0].sub(&v[1]));
             check("mul", dev, &[x.clone(), y.clone()], |v| v[0].mul(&v[1]));

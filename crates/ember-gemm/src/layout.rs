@@ -192,9 +192,10 @@ pub(crate) struct Problem {
     pub k: usize,
 }
 
-/// Highest offset reached by a view of these extents and strides, or `None` when it holds
-/// no element. `Err` on arithmetic overflow.
-fn max_offset(extents: [(usize, usize); 3], op: Operand) -> Result<Option<usize>, GemmError> {
+/// Length a slice needs to hold a view of these extents and strides (its highest offset
+/// plus one), or `None` when the view holds no element. `Err` on arithmetic overflow, the
+/// highest offset `usize::MAX` included.
+fn needed_len(extents: [(usize, usize); 3], op: Operand) -> Result<Option<usize>, GemmError> {
     if extents.iter().any(|&(e, _)| e == 0) {
         return Ok(None);
     }
@@ -205,7 +206,9 @@ fn max_offset(extents: [(usize, usize); 3], op: Operand) -> Result<Option<usize>
             .and_then(|x| x.checked_add(hi))
             .ok_or(GemmError::Overflow { operand: op })?;
     }
-    Ok(Some(hi))
+    hi.checked_add(1)
+        .map(Some)
+        .ok_or(GemmError::Overflow { operand: op })
 }
 
 /// Checks that an input view stays inside its slice.
@@ -228,12 +231,12 @@ pub(crate) fn check_input<T>(
         (v.rows, v.row_stride),
         (v.cols, v.col_stride),
     ];
-    if let Some(hi) = max_offset(ext, op)?
-        && hi >= v.data.len()
+    if let Some(needed) = needed_len(ext, op)?
+        && needed > v.data.len()
     {
         return Err(GemmError::OutOfBounds {
             operand: op,
-            needed: hi + 1,
+            needed,
             len: v.data.len(),
         });
     }
@@ -248,13 +251,13 @@ pub(crate) fn check_output<T>(v: &MatMut<'_, T>) -> Result<(), GemmError> {
         (v.rows, v.row_stride),
         (v.cols, v.col_stride),
     ];
-    let Some(hi) = max_offset(ext, op)? else {
+    let Some(needed) = needed_len(ext, op)? else {
         return Ok(());
     };
-    if hi >= v.data.len() {
+    if needed > v.data.len() {
         return Err(GemmError::OutOfBounds {
             operand: op,
-            needed: hi + 1,
+            needed,
             len: v.data.len(),
         });
     }
@@ -272,7 +275,7 @@ pub(crate) fn check_output<T>(v: &MatMut<'_, T>) -> Result<(), GemmError> {
                 strides: (v.batch_stride, v.row_stride, v.col_stride),
             });
         }
-        reach += (e - 1) * s; // cannot overflow: bounded by `hi`
+        reach += (e - 1) * s; // cannot overflow: below `needed`
     }
     Ok(())
 }

@@ -270,6 +270,33 @@ fn errors_name_the_problem() {
     .unwrap_err();
     assert!(matches!(e, GemmError::OutOfBounds { .. }), "{e}");
     assert!(e.to_string().contains("needs"), "{e}");
+    // A view whose highest offset is exactly usize::MAX (3 · (usize::MAX / 3)): its needed
+    // length overflows, which must be an error, not a panic (found by the proptest below).
+    for (a_view, c_view) in [(true, false), (false, true)] {
+        let big = usize::MAX / 3;
+        let mut c = [0f32; 4];
+        let av = if a_view {
+            MatRef::new(&a, 4, 1, big, 1)
+        } else {
+            MatRef::new(&a, 4, 1, 1, 1)
+        };
+        let cv = if c_view {
+            MatMut::new(&mut c, 4, 1, big, 1)
+        } else {
+            MatMut::new(&mut c, 4, 1, 1, 1)
+        };
+        let e = gemm_with(
+            Backend::Rust,
+            av,
+            MatRef::row_major(&b, 1, 1),
+            cv,
+            1.0,
+            0.0,
+            Parallelism::None,
+        )
+        .unwrap_err();
+        assert!(matches!(e, GemmError::Overflow { .. }), "{e}");
+    }
 }
 
 #[test]

@@ -39,6 +39,11 @@ fn tol(dtype: DType) -> f64 {
 
 /// Asserts a CUDA result equals the CPU one: device, dtype and shape, then values.
 fn assert_matches(what: &str, cpu: &Tensor, gpu: &Tensor) {
+    assert_matches_within(what, cpu, gpu, 1.0);
+}
+
+/// [`assert_matches`] with the float tolerance scaled by `slack`.
+fn assert_matches_within(what: &str, cpu: &Tensor, gpu: &Tensor, slack: f64) {
     assert_eq!(gpu.device(), GPU, "{what}: device");
     assert_eq!(cpu.dtype(), gpu.dtype(), "{what}: dtype");
     assert_eq!(cpu.dims(), gpu.dims(), "{what}: shape");
@@ -48,7 +53,7 @@ fn assert_matches(what: &str, cpu: &Tensor, gpu: &Tensor) {
             cpu.to_dtype(DType::F64).unwrap().to_vec::<f64>().unwrap(),
             g.to_dtype(DType::F64).unwrap().to_vec::<f64>().unwrap(),
         );
-        let t = tol(cpu.dtype());
+        let t = tol(cpu.dtype()) * slack;
         for (i, (x, y)) in a.iter().zip(&b).enumerate() {
             let ok = (x.is_nan() && y.is_nan()) || x == y || (x - y).abs() <= t * x.abs().max(1.0);
             assert!(ok, "{what}: element {i}: cpu {x}, cuda {y}");
@@ -83,13 +88,23 @@ fn second_gpu(test: &str) -> Option<Device> {
 /// Runs `f` on the CPU inputs and on copies on `cuda:0`; both succeed and match, or both
 /// fail with the same message.
 fn same(what: &str, inputs: &[&Tensor], f: impl Fn(&[Tensor]) -> Result<Tensor>) {
+    same_within(what, inputs, 1.0, f);
+}
+
+/// [`same`] with the float tolerance scaled by `slack`.
+fn same_within(
+    what: &str,
+    inputs: &[&Tensor],
+    slack: f64,
+    f: impl Fn(&[Tensor]) -> Result<Tensor>,
+) {
     let _precision = MATMUL_PRECISION
         .read()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     let cpu: Vec<Tensor> = inputs.iter().map(|t| (*t).clone()).collect();
     let gpu: Vec<Tensor> = inputs.iter().map(|t| t.to_device(&GPU).unwrap()).collect();
     match (f(&cpu), f(&gpu)) {
-        (Ok(c), Ok(g)) => assert_matches(what, &c, &g),
+        (Ok(c), Ok(g)) => assert_matches_within(what, &c, &g, slack),
         (Err(c), Err(g)) => assert_eq!(c.to_string(), g.to_string(), "{what}: errors"),
         (c, g) => panic!("{what}: cpu gave {c:?}, cuda gave {g:?}"),
     }
@@ -519,7 +534,11 @@ proptest! {
         let gi = Tensor::from_slice(&g, gdims.as_slice(), &CPU).unwrap();
         same("gather", &[&x, &gi], |t| t[0].gather(dim, &t[1]));
         let src = view(dt, &gdims, seed + 9, false);
-        same("scatter_add", &[&x, &gi, &src], |t| t[0].scatter_add(dim, &t[1], &t[2]));
+        // Up to two adds land on one element, in an order a real GPU's atomics leave open;
+        // in 16 bits each rounds at the partial sum (up to |6|), so orders differ by up to
+        // four half-ulps of 6: 8 times the usual tolerance (the emulator matches exactly).
+        let slack = if matches!(dt, DType::F16 | DType::Bf16) { 8.0 } else { 1.0 };
+        same_within("scatter_add", &[&x, &gi, &src], slack, |t| t[0].scatter_add(dim, &t[1], &t[2]));
         let mask = x.gt(0).unwrap();
         same("masked_fill", &[&x, &mask], |t| t[0].masked_fill(&t[1], 2));
         let cls = Tensor::from_slice(&picks.iter().map(|p| p.rem_euclid(4)).collect::<Vec<_>>(), [5], &CPU).unwrap();

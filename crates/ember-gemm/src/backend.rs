@@ -37,7 +37,8 @@ impl fmt::Display for Backend {
 /// What `EMBER_CPU_BLAS` asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Preference {
-    /// `auto` (or unset): MKL where it is present and accepts the product, else Rust.
+    /// `auto` (or unset): on an Intel CPU, MKL where it is present and accepts the product;
+    /// elsewhere, and for small f32 products, Rust (Note [MKL on Intel only]).
     Auto,
     /// `rust`: the pure-Rust backend only.
     Rust,
@@ -66,6 +67,49 @@ pub fn preference() -> Result<Preference, GemmError> {
         .clone()
 }
 
+// Note [MKL on Intel only]
+// MKL is Intel's library and picks its kernels by CPU vendor: on AMD it runs its generic
+// AVX2 paths (`perf` showed `sgemm_kernel_0_zen` on Zen 3) whatever the CPU has. Measured
+// side by side with PyTorch (2 threads, README):
+// - Intel Xeon with AVX-512: MKL 0.98/0.96/0.98 of PyTorch's GFLOP/s at n = 512/1024/2048,
+//   Rust 0.94/0.91/0.98: MKL ahead or level;
+// - AMD Zen 3 (AVX2): MKL 0.92/0.91/0.89, Rust 0.86/0.83/0.84, but MKL 0.59 against Rust's
+//   0.95 on the transposed-A product of a training step's weight gradient (2000x128x1000),
+//   and the whole b128 training step level on either;
+// - AMD Zen 4 (AVX-512, 2026-11-25): MKL 0.91/0.77/0.97, Rust 1.12/1.11/1.23; the weight
+//   gradient product MKL 0.75, Rust 1.14; bf16 at n = 1024 MKL 111 GFLOP/s, Rust 166.
+// So `auto` uses MKL on Intel CPUs only; `EMBER_CPU_BLAS=mkl` still forces it anywhere.
+
+/// Whether `auto` uses MKL on a CPU whose CPUID vendor string is `vendor`.
+fn auto_uses_mkl_on(vendor: &str) -> bool {
+    vendor == "GenuineIntel"
+}
+
+/// The CPU's vendor string from CPUID leaf 0 (`GenuineIntel`, `AuthenticAMD`, ...), or
+/// `None` off x86-64.
+pub(crate) fn cpu_vendor() -> Option<String> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // `__cpuid` is safe to call on x86-64, which always has CPUID.
+        let r = std::arch::x86_64::__cpuid(0);
+        let bytes: Vec<u8> = [r.ebx, r.edx, r.ecx]
+            .iter()
+            .flat_map(|w| w.to_le_bytes())
+            .collect();
+        Some(String::from_utf8_lossy(&bytes).into_owned())
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        None
+    }
+}
+
+/// Whether `auto` uses MKL (when present) on this CPU: Note [MKL on Intel only].
+pub(crate) fn auto_uses_mkl() -> bool {
+    static USES: OnceLock<bool> = OnceLock::new();
+    *USES.get_or_init(|| cpu_vendor().is_some_and(|v| auto_uses_mkl_on(&v)))
+}
+
 /// The MKL library found, for [`BackendInfo`].
 #[derive(Clone, Debug)]
 pub struct MklInfo {
@@ -90,6 +134,8 @@ pub struct BackendInfo {
     /// The backend an ordinary dense f32 product runs on (`None`: none can, see
     /// `preference`).
     pub active: Option<Backend>,
+    /// The CPU's vendor string, which decides `auto`'s choice (Note [MKL on Intel only]).
+    pub cpu_vendor: Option<String>,
 }
 
 /// Reports which backend is active (loading MKL if it is not yet loaded).
@@ -106,12 +152,14 @@ pub fn backend_info() -> BackendInfo {
     let active = match (&preference, &mkl) {
         (Err(_), _) | (Ok(Preference::Mkl), Err(_)) => None,
         (Ok(Preference::Rust), _) | (Ok(Preference::Auto), Err(_)) => Some(Backend::Rust),
+        (Ok(Preference::Auto), Ok(_)) if !auto_uses_mkl() => Some(Backend::Rust),
         (Ok(_), Ok(_)) => Some(Backend::Mkl),
     };
     BackendInfo {
         preference,
         mkl,
         active,
+        cpu_vendor: cpu_vendor(),
     }
 }
 
@@ -132,6 +180,16 @@ impl fmt::Display for BackendInfo {
         match self.active {
             Some(b) => write!(f, "cpu gemm: {b} (EMBER_CPU_BLAS={pref})")?,
             None => write!(f, "cpu gemm: none usable (EMBER_CPU_BLAS={pref})")?,
+        }
+        if matches!(self.preference, Ok(Preference::Auto))
+            && self.mkl.is_ok()
+            && self.active == Some(Backend::Rust)
+        {
+            let vendor = self.cpu_vendor.as_deref().unwrap_or("not x86-64");
+            write!(
+                f,
+                "; auto uses MKL on Intel CPUs only, and this one is {vendor}"
+            )?;
         }
         match &self.mkl {
             Ok(m) => write!(
@@ -158,6 +216,19 @@ mod tests {
         assert_eq!(Preference::parse("MKL").ok(), Some(Preference::Mkl));
         assert_eq!(Preference::parse(" rust ").ok(), Some(Preference::Rust));
         assert!(Preference::parse("openblas").is_err());
+    }
+
+    #[test]
+    fn auto_uses_mkl_on_intel_only() {
+        assert!(auto_uses_mkl_on("GenuineIntel"));
+        assert!(!auto_uses_mkl_on("AuthenticAMD"));
+        assert!(!auto_uses_mkl_on("HygonGenuine"));
+        #[cfg(target_arch = "x86_64")]
+        {
+            let v = cpu_vendor().unwrap_or_default();
+            assert_eq!(v.len(), 12, "{v:?}");
+            assert_eq!(auto_uses_mkl(), auto_uses_mkl_on(&v));
+        }
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! The public GEMM entry points: check once, pick a backend, stage 16-bit data where a
 //! backend lacks it, run.
 
-use crate::backend::{Backend, Preference, preference};
+use crate::backend::{Backend, Preference, auto_uses_mkl, preference};
 use crate::elem::{DType, Element};
 use crate::error::GemmError;
 use crate::layout::{MatMut, MatRef, Problem, check_problem};
@@ -113,8 +113,9 @@ fn gemm_impl<T: Element, O: Element>(
             backend: "mkl",
             reason: reason.to_string(),
         })?),
-        // Auto: MKL, except small f32 products where the Rust kernels measured ahead
-        // (README, `matmul_f32_n128`).
+        // Auto: MKL on Intel CPUs (Note [MKL on Intel only]), except small f32 products
+        // where the Rust kernels measured ahead (README, `matmul_f32_n128`).
+        None if !auto_uses_mkl() => None,
         None if T::DTYPE == DType::F32 && p.m * p.n * p.k <= AUTO_RUST_MAX_MACS => None,
         None => mkl::get().ok(),
     };

@@ -2,6 +2,7 @@
 //! backend lacks it, run.
 
 use crate::backend::{Backend, Preference, auto_uses_mkl, preference};
+use crate::dpbf16;
 use crate::elem::{DType, Element};
 use crate::error::GemmError;
 use crate::layout::{MatMut, MatRef, Problem, check_problem};
@@ -337,6 +338,24 @@ fn into_f32<T: Element>(
                 return Backend::Mkl;
             }
         }
+    }
+    // bf16 on AVX-512 BF16: Note [bf16 dot products], any layout.
+    if T::DTYPE == DType::Bf16
+        && dpbf16::available()
+        && let (Some(abits), Some(bbits)) = (T::as_bits(a.data), T::as_bits(b.data))
+    {
+        let (a16, b16) = (rebind(&a, abits), rebind(&b, bbits));
+        let gs: Vec<RawGemm<u16>> = (0..p.batch)
+            .map(|i| RawGemm::from_views(&a16, &b16, &mut c, i, alpha, beta))
+            .collect();
+        let kernel = |g: RawGemm<u16>| {
+            // SAFETY: `g` is a block of a product built from checked views, blocks write
+            // disjoint C, and `dpbf16::available()` held above.
+            unsafe { dpbf16::gemm(g) };
+        };
+        // SAFETY: `gs` come from checked views with disjoint C per member.
+        unsafe { split::run_batch(&gs, threads, &kernel) };
+        return Backend::Rust;
     }
     // Otherwise widen to dense f32 and run the f32 path.
     let (ad, bd) = (

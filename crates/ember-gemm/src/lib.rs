@@ -34,6 +34,7 @@
 
 mod backend;
 mod dispatch;
+mod dpbf16;
 mod elem;
 mod error;
 mod layout;

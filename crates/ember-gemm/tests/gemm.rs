@@ -438,3 +438,30 @@ fn sixteen_bit_output_staging_is_not_stale() {
         }
     }
 }
+
+/// bf16 products larger than the packed bf16 kernel's blocks (`src/dpbf16.rs`: `MC` = 96
+/// rows, `KC` = 2048 of k, `NC` = 1024 columns), with odd k, edges that fill no whole tile,
+/// every layout, alpha and beta: that kernel where the CPU has AVX-512 BF16, the widened f32
+/// path elsewhere, the same reference either way.
+#[test]
+fn bf16_products_cross_every_block_boundary() {
+    let shapes = [(200, 40, 301), (9, 2100, 5), (33, 47, 2051), (1, 1, 1)];
+    for (i, &(m, n, k)) in shapes.iter().enumerate() {
+        for (j, &(alpha, beta)) in [(1.0, 0.0), (-0.5, -1.5)].iter().enumerate() {
+            let c = Case {
+                batch: 1 + j,
+                m,
+                n,
+                k,
+                kinds: [i as u8, (i + j) as u8, j as u8],
+                bcast: [false, j == 1],
+                alpha,
+                beta,
+                seed: (i * 10 + j) as u64,
+                threads: 1 + j,
+            };
+            check::<bf16, f32>(&c, Backend::Rust).unwrap();
+            check::<bf16, bf16>(&c, Backend::Rust).unwrap();
+        }
+    }
+}

@@ -56,28 +56,28 @@ thread_local! {
 
 /// `C = alpha·A·B + beta·C` for bf16 A and B (as bits) and f32 C, on one thread.
 ///
+/// `k > 0`: `dispatch::into_f32` scales C itself when k is 0, before choosing a kernel.
+///
 /// # Safety
 /// `g` must come from checked views (see [`RawGemm`]), no other thread may touch C's elements
 /// during the call, and [`available`] must be true.
 pub(crate) unsafe fn gemm(g: RawGemm<u16>) {
+    debug_assert!(g.k > 0, "dpbf16::gemm needs k > 0");
     if g.m == 0 || g.n == 0 {
-        return;
-    }
-    if g.k == 0 {
-        let tile = [0f32; MR * NR];
-        for i0 in (0..g.m).step_by(MR) {
-            for j0 in (0..g.n).step_by(NR) {
-                let (rows, cols) = (MR.min(g.m - i0), NR.min(g.n - j0));
-                // SAFETY: the tile's rows and columns lie inside C's view.
-                unsafe { store(&g, &tile, i0, j0, rows, cols, true) };
-            }
-        }
         return;
     }
     let mut packs = PACKS.with(|p| std::mem::take(&mut *p.borrow_mut()));
     let (apack, bpack) = (&mut packs.0, &mut packs.1);
-    apack.resize(MC.div_ceil(MR) * MR * KC / 2, 0);
-    bpack.resize(NC.div_ceil(NR) * NR * KC / 2, 0);
+    // As large as this product's blocks need (a small product does not fault in 4 MiB).
+    let block_pairs = KC.min(g.k).div_ceil(2);
+    let need_a = MC.min(g.m).div_ceil(MR) * MR * block_pairs;
+    let need_b = NC.min(g.n).div_ceil(NR) * NR * block_pairs;
+    if apack.len() < need_a {
+        apack.resize(need_a, 0);
+    }
+    if bpack.len() < need_b {
+        bpack.resize(need_b, 0);
+    }
     let mut tile = [0f32; MR * NR];
     for jc in (0..g.n).step_by(NC) {
         let nc = NC.min(g.n - jc);
@@ -96,13 +96,15 @@ pub(crate) unsafe fn gemm(g: RawGemm<u16>) {
                         let ap = &apack[ir * pairs * MR..(ir + 1) * pairs * MR];
                         let (i0, j0) = (ic + ir * MR, jc + jr * NR);
                         let (rows, cols) = (MR.min(g.m - i0), NR.min(g.n - j0));
+                        // After the first k block, C already holds the partial sum.
+                        let beta = if pc == 0 { g.beta } else { 1.0 };
                         // A whole tile of a C with unit column stride is updated in
                         // registers; anything else goes through `tile`.
                         let direct = (rows == MR && cols == NR && g.c_cs == 1).then(|| Direct {
                             c: g.c.wrapping_add(i0 * g.c_rs + j0),
                             rs: g.c_rs,
                             alpha: g.alpha,
-                            beta: if pc == 0 { g.beta } else { 1.0 },
+                            beta,
                         });
                         // SAFETY: `available()` is the caller's contract; the panels hold
                         // `pairs` pairs of `MR` and `NR` entries; a `direct` tile lies inside
@@ -110,7 +112,7 @@ pub(crate) unsafe fn gemm(g: RawGemm<u16>) {
                         let done = unsafe { micro(ap, bp, pairs, direct, &mut tile) };
                         if !done {
                             // SAFETY: the tile's rows and columns lie inside C's view.
-                            unsafe { store(&g, &tile, i0, j0, rows, cols, pc == 0) };
+                            unsafe { store(&g, &tile, (i0, j0), (rows, cols), beta) };
                         }
                     }
                 }
@@ -288,32 +290,24 @@ unsafe fn micro(_: &[u32], _: &[u32], _: usize, _: Option<Direct>, _: &mut [f32;
     false
 }
 
-/// Writes the top-left `rows × cols` of `tile` into C at `(i0, j0)`: `alpha·tile + beta·C`
-/// on the first k block (`beta == 0` without reading C), `C + alpha·tile` after it.
+/// Writes the top-left `rows × cols` of `tile` into C at `(i0, j0)` as `alpha·tile + beta·C`
+/// (`beta == 0`: C not read), as [`micro`] does for a [`Direct`] tile.
 ///
 /// # Safety
 /// The region must lie inside C's checked view, written by no other thread.
 unsafe fn store(
     g: &RawGemm<u16>,
     tile: &[f32; MR * NR],
-    i0: usize,
-    j0: usize,
-    rows: usize,
-    cols: usize,
-    first: bool,
+    (i0, j0): (usize, usize),
+    (rows, cols): (usize, usize),
+    beta: f32,
 ) {
     for i in 0..rows {
         for j in 0..cols {
             let v = g.alpha * tile[i * NR + j];
             // SAFETY: the caller's contract: `(i0 + i, j0 + j)` is inside C.
             let c = unsafe { &mut *g.c.add((i0 + i) * g.c_rs + (j0 + j) * g.c_cs) };
-            *c = if !first {
-                *c + v
-            } else if g.beta == 0.0 {
-                v
-            } else {
-                v + g.beta * *c
-            };
+            *c = if beta == 0.0 { v } else { v + beta * *c };
         }
     }
 }

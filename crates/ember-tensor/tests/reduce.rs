@@ -254,3 +254,35 @@ fn large_reductions_split_across_threads() {
         .unwrap();
     assert_eq!(rows[2], (0..1024).map(|c| 2 * 1024 + c).sum::<i64>());
 }
+
+/// f32 sums of runs long enough to be cut into pieces across threads, of lengths that leave
+/// a partial 4096-element block and a partial 64-lane step, against f64; and the index of a
+/// maximum placed in each run's last piece (a piece's `start` offsets its indices).
+#[test]
+fn long_f32_runs_sum_and_argmax_across_pieces() {
+    for n in [4095usize, 4097, 100_003, (1 << 20) + 77] {
+        let xs: Vec<f32> = (0..n)
+            .map(|i| ((i * 7919) % 1000) as f32 / 64.0 - 7.0)
+            .collect();
+        let t = Tensor::from_slice(&xs, [n], &CPU).unwrap();
+        let want: f64 = xs.iter().map(|&x| x as f64).sum();
+        let got = t.sum_all().unwrap().item::<f32>().unwrap() as f64;
+        assert!(
+            (got - want).abs() <= 1e-6 * want.abs().max(1.0),
+            "n = {n}: {got} against {want}"
+        );
+        // Three rows of the same run: a reduction to few outputs, each run split.
+        let rows =
+            Tensor::from_slice(&[xs.clone(), xs.clone(), xs].concat(), [3, n], &CPU).unwrap();
+        let per_row = f(&rows.sum(1, false).unwrap());
+        assert!(
+            per_row
+                .iter()
+                .all(|&r| (r as f64 - want).abs() <= 1e-6 * want.abs().max(1.0))
+        );
+        let mut ys = vec![0f32; n];
+        ys[n - 2] = 1.0;
+        let y = Tensor::from_slice(&ys, [n], &CPU).unwrap();
+        assert_eq!(y.argmax_all().unwrap().item::<i64>().unwrap(), n as i64 - 2);
+    }
+}

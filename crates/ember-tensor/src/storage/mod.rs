@@ -7,7 +7,7 @@
 mod cpu;
 
 pub use cpu::CpuStorage;
-pub(crate) use cpu::{PAR_THRESHOLD, for_each_piece};
+pub(crate) use cpu::{PAR_THRESHOLD, for_each_piece, par_chunk_len};
 pub(crate) use cpu::{checked_bytes, short_allocation};
 
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -175,11 +175,21 @@ impl CpuStorage {
                 d.write(T::ZERO);
             }
         };
-        let fill = |start: usize, dst: &mut [MaybeUninit<T>]| {
+        let fill_wide = |start: usize, dst: &mut [MaybeUninit<T>]| {
             if WIDE {
                 crate::cpu::simd::widest(|| fill_plain(start, dst));
             } else {
                 fill_plain(start, dst);
+            }
+        };
+        // Note [Streaming stores for large outputs].
+        let streamed =
+            len.saturating_mul(dtype.size_in_bytes()) >= super::stream::threshold_bytes();
+        let fill = |start: usize, dst: &mut [MaybeUninit<T>]| {
+            if streamed {
+                super::stream::fill(dst, |off, buf| fill_wide(start + off, buf));
+            } else {
+                fill_wide(start, dst);
             }
         };
         for_each_piece(out, fill);

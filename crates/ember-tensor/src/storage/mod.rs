@@ -5,6 +5,7 @@
 //! (See Note [Dispatch]). [`StorageCell`] is what tensors share.
 
 mod cpu;
+mod stream;
 
 pub use cpu::CpuStorage;
 pub(crate) use cpu::{PAR_THRESHOLD, for_each_piece, par_chunk_len};

@@ -15,8 +15,9 @@
 //! So [`CpuStorage::from_chunks_as`](super::CpuStorage) writes an output of at least
 //! [`threshold_bytes`] (the last-level cache's size: anything larger leaves the cache as it
 //! is written anyway) through [`fill`]: each piece is produced in blocks into a buffer on
-//! the stack, which stays in L1, and each block is copied out with 16-byte streaming
-//! stores (SSE2, present on every x86-64). Smaller outputs keep ordinary stores, so a
+//! the stack, which stays in L1, and each block is copied out with 64-byte streaming stores
+//! (AVX-512; 16-byte SSE2 ones, present on every x86-64, elsewhere; the choice is made once
+//! per piece). Smaller outputs keep ordinary stores, so a
 //! consumer that runs next finds them in cache. Streaming stores are weakly ordered: [`fill`]
 //! ends with a store fence, before the parallel loop's completion (an atomic release) can
 //! publish the piece to another thread. Elsewhere than x86-64 the block is copied plainly.
@@ -83,32 +84,70 @@ pub(crate) fn fill<T: Copy>(
     dst: &mut [MaybeUninit<T>],
     mut produce: impl FnMut(usize, &mut [MaybeUninit<T>]),
 ) {
+    let copy = copier();
     let mut buf = [MaybeUninit::<T>::uninit(); BLOCK];
     for (b, out) in dst.chunks_mut(BLOCK).enumerate() {
         let src = &mut buf[..out.len()];
         produce(b * BLOCK, src);
-        copy_streaming(src, out);
+        let bytes = std::mem::size_of_val(out);
+        // SAFETY: `src` and `out` are distinct slices (the stack buffer and the output) of
+        // `bytes` bytes each; `copier` picked a copy this CPU runs. Bytes of a `T: Copy`
+        // copied whole make the same `T`s.
+        unsafe { copy(src.as_ptr().cast(), out.as_mut_ptr().cast(), bytes) };
     }
     fence();
 }
 
-/// `dst = src` (equal lengths), the aligned 64-byte (AVX-512) or 16-byte (SSE2) groups of
-/// `dst` with streaming stores.
-#[cfg(target_arch = "x86_64")]
-fn copy_streaming<T: Copy>(src: &[MaybeUninit<T>], dst: &mut [MaybeUninit<T>]) {
-    let bytes = std::mem::size_of_val(dst).min(std::mem::size_of_val(src));
-    let (s, d) = (src.as_ptr().cast::<u8>(), dst.as_mut_ptr().cast::<u8>());
-    if std::arch::is_x86_feature_detected!("avx512f") {
-        // SAFETY: `s` and `d` address `bytes` bytes of two distinct slices (`&` and
-        // `&mut`); the CPU has AVX-512 F (checked).
-        unsafe { copy_bytes_avx512(s, d, bytes) }
-    } else {
-        // SAFETY: as above; SSE2 is part of x86-64.
-        unsafe { copy_bytes_sse2(s, d, bytes) }
+/// A byte copy `(src, dst, bytes)` whose `dst` may not overlap `src`.
+type ByteCopy = unsafe fn(*const u8, *mut u8, usize);
+
+/// The widest streaming copy this CPU has (a plain copy elsewhere than x86-64).
+fn copier() -> ByteCopy {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            copy_bytes_avx512
+        } else {
+            copy_bytes_sse2
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        copy_bytes_plain
     }
 }
 
-/// `bytes` bytes from `s` to `d`, the 64-byte-aligned lines of `d` with `vmovntdq zmm`.
+/// `bytes` bytes from `s` to `d`: the `W`-byte groups of `d` that are `W`-aligned through
+/// `stream(off)`, which copies bytes `off..off + W` with one streaming store; the unaligned
+/// head and the short tail plainly.
+///
+/// # Safety
+/// `s` and `d` address `bytes` readable / writable bytes that do not overlap; `stream(off)`
+/// must be sound for every `off` with `d + off` `W`-aligned and `off + W <= bytes`.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn copy_with<const W: usize>(
+    s: *const u8,
+    d: *mut u8,
+    bytes: usize,
+    stream: impl Fn(usize),
+) {
+    let head = d.align_offset(W).min(bytes);
+    let end = head + (bytes - head) / W * W;
+    // SAFETY: the caller's contract; `head <= bytes` and `end <= bytes`, so both plain
+    // copies stay inside the two regions, and `off` steps by `W` from the aligned `head`
+    // to `end`.
+    unsafe { std::ptr::copy_nonoverlapping(s, d, head) };
+    let mut off = head;
+    while off < end {
+        stream(off);
+        off += W;
+    }
+    // SAFETY: as above.
+    unsafe { std::ptr::copy_nonoverlapping(s.add(end), d.add(end), bytes - end) };
+}
+
+/// [`copy_with`] by 64-byte lines (`vmovntdq zmm`).
 ///
 /// # Safety
 /// `s` and `d` address `bytes` readable / writable bytes that do not overlap; the CPU has
@@ -117,50 +156,40 @@ fn copy_streaming<T: Copy>(src: &[MaybeUninit<T>], dst: &mut [MaybeUninit<T>]) {
 #[target_feature(enable = "avx512f")]
 unsafe fn copy_bytes_avx512(s: *const u8, d: *mut u8, bytes: usize) {
     use std::arch::x86_64::{__m512i, _mm512_loadu_si512, _mm512_stream_si512};
-    let head = d.align_offset(64).min(bytes);
-    let end = head + (bytes - head) / 64 * 64;
-    // SAFETY: the caller's contract; every access lies in `0..bytes` of its region, and
-    // `d + off` is 64-byte aligned for each streaming store (`off` steps by 64 from the
-    // aligned `head`). Bytes of a `T: Copy` copied whole make the same `T`s.
+    // SAFETY: the caller's contract; `copy_with` calls the store only at 64-byte-aligned
+    // `d + off` with `off + 64 <= bytes` (the load is an unaligned one).
     unsafe {
-        std::ptr::copy_nonoverlapping(s, d, head);
-        let mut off = head;
-        while off < end {
+        copy_with::<64>(s, d, bytes, |off| {
             let v = _mm512_loadu_si512(s.add(off).cast::<__m512i>());
             _mm512_stream_si512(d.add(off).cast::<__m512i>(), v);
-            off += 64;
-        }
-        std::ptr::copy_nonoverlapping(s.add(end), d.add(end), bytes - end);
+        })
     }
 }
 
-/// As [`copy_bytes_avx512`], 16 bytes per streaming store (`movntdq`).
+/// [`copy_with`] by 16 bytes (`movntdq`); SSE2 is part of x86-64.
 ///
 /// # Safety
 /// `s` and `d` address `bytes` readable / writable bytes that do not overlap.
 #[cfg(target_arch = "x86_64")]
 unsafe fn copy_bytes_sse2(s: *const u8, d: *mut u8, bytes: usize) {
     use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
-    let head = d.align_offset(16).min(bytes);
-    let end = head + (bytes - head) / 16 * 16;
-    // SAFETY: as in `copy_bytes_avx512`, with 16-byte alignment and steps; SSE2 is part of
-    // x86-64.
+    // SAFETY: as in `copy_bytes_avx512`, with 16-byte alignment and steps.
     unsafe {
-        std::ptr::copy_nonoverlapping(s, d, head);
-        let mut off = head;
-        while off < end {
+        copy_with::<16>(s, d, bytes, |off| {
             let v = _mm_loadu_si128(s.add(off).cast::<__m128i>());
             _mm_stream_si128(d.add(off).cast::<__m128i>(), v);
-            off += 16;
-        }
-        std::ptr::copy_nonoverlapping(s.add(end), d.add(end), bytes - end);
+        })
     }
 }
 
+/// A plain copy, where there are no streaming stores to use.
+///
+/// # Safety
+/// `s` and `d` address `bytes` readable / writable bytes that do not overlap.
 #[cfg(not(target_arch = "x86_64"))]
-fn copy_streaming<T: Copy>(src: &[MaybeUninit<T>], dst: &mut [MaybeUninit<T>]) {
-    let n = dst.len().min(src.len());
-    dst[..n].copy_from_slice(&src[..n]);
+unsafe fn copy_bytes_plain(s: *const u8, d: *mut u8, bytes: usize) {
+    // SAFETY: the caller's contract.
+    unsafe { std::ptr::copy_nonoverlapping(s, d, bytes) };
 }
 
 /// Orders the streaming stores before anything after it (a no-op elsewhere than x86-64).
@@ -187,7 +216,7 @@ mod tests {
         assert!(threshold_bytes() > 0);
     }
 
-    /// Every offset and length around the 16-byte alignment and the block size, for 1-, 2-,
+    /// Every offset and length around the 16- and 64-byte alignments and the block size, for 1-, 2-,
     /// 4- and 8-byte elements: each element lands where it belongs.
     #[test]
     fn fill_writes_every_element_in_place() {

@@ -16,8 +16,9 @@ use crate::split::{self, RawGemm};
 pub enum Parallelism {
     /// The calling thread only.
     None,
-    /// Up to this many tasks on rayon's current pool; `Rayon(0)` means all of its threads.
-    /// Ember runs no other pool: MKL runs sequentially inside these tasks.
+    /// Up to this many tasks, run by the parallel loop's team (`crate::parallel`), or by
+    /// rayon's pool when called on one of its threads; `Rayon(0)` means as many as rayon's
+    /// current pool has threads. MKL runs sequentially inside these tasks.
     Rayon(usize),
     /// As `Rayon(0)`.
     #[default]

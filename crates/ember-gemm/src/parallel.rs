@@ -12,38 +12,138 @@
 //! (where nested `par_iter`s stay local) was 1.3–1.7× faster.
 //!
 //! [`for_each_index`] does what an OpenMP `parallel for` does instead: the loop's indices
-//! are claimed one at a time from an atomic counter, by the caller and by helper jobs it
-//! hands to the pool (`rayon::spawn`, `threads - 1` of them). The caller never sleeps on
-//! the pool: when it runs out of indices it waits, spinning and then yielding, only for
-//! indices a helper has already claimed and is running. A helper that starts late finds
-//! the counter exhausted and returns without touching the loop's data, so an op that the
-//! caller finished alone does not wait for a worker to wake.
+//! are claimed one at a time from atomic counters (Note [Pieces stay on their CPU] says
+//! which counter a thread tries first), by the caller and by the team's helpers (Note [A
+//! team that spins]), `threads - 1` of them. The caller never sleeps on the team: when it
+//! runs out of indices it waits, spinning and then yielding, only for indices a helper has
+//! already claimed and is running. A helper that joins late finds the counters exhausted
+//! and returns without touching the loop's data, so an op that the caller finished alone
+//! does not wait for a helper to wake.
 //!
-//! That last point is why a helper cannot borrow the loop body: rayon's `spawn` wants
-//! `'static`, and the helper may outlive the call. The job (`Arc<Job>`) holds a type-erased
-//! pointer to the body, which a helper dereferences only after claiming an index below
-//! `n`; the caller returns only after every claimed index has finished (`done == n`), so
-//! the body outlives every call through the pointer. Panics in the body are caught where
-//! they happen (the caller too must not unwind while helpers still run the body) and
-//! re-raised on the caller once the loop is done.
+//! That last point is why a helper cannot borrow the loop body: it may hold the loop after
+//! the call has returned. The job (`Arc<Job>`) holds a type-erased pointer to the body,
+//! which a helper dereferences only after claiming an index below `n`; the caller returns
+//! only after every claimed index has finished (`done == n`), so the body outlives every
+//! call through the pointer. Panics in the body are caught where they happen (the caller
+//! too must not unwind while helpers still run the body) and re-raised on the caller once
+//! the loop is done.
 //!
-//! On a pool thread (a nested loop, or user code inside `rayon::scope`) rayon's work
-//! stealing already keeps the work local, so the loop is a plain `par_iter`.
+//! On a pool thread (user code inside `rayon::scope`) rayon's work stealing already keeps
+//! the work local, so the loop is a plain `par_iter`; on a helper (a loop inside a loop's
+//! body) it runs sequentially, every thread of the team being busy already.
+//!
+//! Note [A team that spins]
+//! The helpers were first jobs handed to rayon's pool (`rayon::spawn`, one per loop).
+//! That made three threads for two CPUs — the caller and rayon's two workers — and a
+//! worker with nothing to do looks for work by `sched_yield`-ing a few dozen times before
+//! it sleeps, taking turns on a CPU with the threads doing the work: `perf stat` counted
+//! ~12 context switches and 0.03 CPU migrations per 16M-element `sum` (25,000 and 69 over
+//! 2,000 calls), PyTorch 0.1 and 0.001. So the loop has its own team, as OpenMP has:
+//! `threads - 1` helper threads, started on first use, that join whatever loop a caller
+//! published last; between loops a helper spins on the published number for
+//! [`IDLE_SPIN`] before it sleeps on a condition variable, so back-to-back ops find it
+//! awake and on its CPU, and an idle process costs nothing after that. Rayon's workers
+//! now sleep unless user code (or the `gemm` crate) uses rayon. Same calls after the
+//! change: 205–347 context switches and 1–2 migrations. A/B against the rayon helpers
+//! (`ember-bench`, alternating, 2 threads): `sum_f32_16m` 1.04× (median of 25 pairs) and
+//! above 74 GB/s in 5 of 25 runs against 2; `matmul_f32_n512` 1.06×, the 128×… training
+//! shapes 1.05–1.10×; elementwise, softmax, tiny ops and the MLP steps level.
+//!
+//! Note [Pieces stay on their CPU]
+//! The indices are not claimed from one counter in order but from `homes` ranges, one per
+//! participant: index range `h·n/H .. (h+1)·n/H` is home `h`, and a thread claims first
+//! from the home of the CPU it runs on (its position in the process's CPU set, modulo
+//! `H`), then from the others. So when the same loop over the same data runs again — a
+//! benchmark's repeated `sum`, the same weights read every step, one op's output read by
+//! the next op of the same length — each CPU gets back the part it had last time, which
+//! may still be in its caches. This is what OpenMP's static schedule gives PyTorch: thread
+//! `t` always takes the `t`-th contiguous part, and its threads spin between parallel
+//! regions, so they stay on their CPUs. Ember's threads are not bound to CPUs (binding a
+//! library's threads would fight the user's own placement), and which helper joins which
+//! loop varies, so the part follows the CPU, not the thread. Measured on a 2-vCPU Zen 4
+//! VM with a bare two-thread sum over 64 MiB (16M f32), in the minutes when the host let
+//! a CPU keep its data: threads that spin between calls, each reading the same half
+//! every call, 77–98 GB/s (PyTorch 90 in the same minute); the halves swapped between
+//! calls, 45–65; threads that sleep between calls, 41–48 whichever half they read. So
+//! the homes pay only with a team that stays awake (Note [A team that spins]); on rayon's
+//! sleeping workers they measured level. Where the CPU cannot be asked (not Linux), every
+//! thread starts at home 0 and the order is the plain one.
 
 use std::any::Any;
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError};
 
 use rayon::prelude::*;
 
 /// How long a caller that has run out of indices spins before it starts yielding.
 const SPIN: std::time::Duration = std::time::Duration::from_micros(50);
 
-/// One parallel loop: the claim counter, the count of finished indices, and the body.
-struct Job {
-    /// The next index to claim; grows past `n` as late helpers look for work.
+/// One home range of a loop's indices (Note [Pieces stay on their CPU]), on its own cache
+/// line so that claims in different homes do not contend.
+#[repr(align(64))]
+struct Home {
+    /// The next index to claim; grows past `end` as threads look for work.
     next: AtomicUsize,
+    end: usize,
+}
+
+/// Splits `0..n` into `h` home ranges of near-equal length (`h ≥ 1`).
+fn homes(n: usize, h: usize) -> Box<[Home]> {
+    (0..h)
+        .map(|k| Home {
+            next: AtomicUsize::new(k * n / h),
+            end: (k + 1) * n / h,
+        })
+        .collect()
+}
+
+/// The calling thread's CPU as a position in the process's CPU set (so CPUs 4 and 5 of a
+/// process limited to them are 0 and 1), or `None` where that cannot be asked.
+fn current_cpu() -> Option<usize> {
+    #[cfg(target_os = "linux")]
+    {
+        let cpu = raw_cpu()?;
+        Some(cpu_set().iter().position(|&c| c == cpu).unwrap_or(cpu))
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        None
+    }
+}
+
+/// The number of the CPU the calling thread runs on.
+#[cfg(target_os = "linux")]
+fn raw_cpu() -> Option<usize> {
+    // SAFETY: `sched_getcpu` takes no arguments and only reads the calling thread's CPU
+    // number (a vDSO or rseq read); it returns -1 on failure, which `try_from` rejects.
+    usize::try_from(unsafe { libc::sched_getcpu() }).ok()
+}
+
+/// The CPUs this process may run on, as read at first use (empty if that read failed).
+#[cfg(target_os = "linux")]
+fn cpu_set() -> &'static [usize] {
+    static SET: std::sync::OnceLock<Vec<usize>> = std::sync::OnceLock::new();
+    SET.get_or_init(|| {
+        // SAFETY: `cpu_set_t` is plain bits, for which all-zero is the empty set;
+        // `sched_getaffinity` writes at most `size_of::<cpu_set_t>()` bytes into it, and
+        // `CPU_ISSET` reads bit `c` for `c` below `CPU_SETSIZE`.
+        unsafe {
+            let mut mask: libc::cpu_set_t = std::mem::zeroed();
+            if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut mask) != 0 {
+                return Vec::new();
+            }
+            (0..libc::CPU_SETSIZE as usize)
+                .filter(|&c| libc::CPU_ISSET(c, &mask))
+                .collect()
+        }
+    })
+}
+
+/// One parallel loop: the claim counters, the count of finished indices, and the body.
+struct Job {
+    /// The indices in home ranges, one per participant (Note [Pieces stay on their CPU]).
+    homes: Box<[Home]>,
     /// Indices whose body call has returned (or panicked).
     done: AtomicUsize,
     n: usize,
@@ -72,14 +172,42 @@ unsafe fn call_body<F: Fn(usize) + Sync>(body: *const (), i: usize) {
 }
 
 impl Job {
-    /// Claims and runs indices until none is left.
+    /// The loop `0..n` over `f` in `h` homes (`1 ≤ h`). `f` must outlive every call of
+    /// [`Job::work`] that claims an index (Note [The caller joins the loop]).
+    fn new<F: Fn(usize) + Sync>(n: usize, h: usize, f: &F) -> Job {
+        Job {
+            homes: homes(n, h),
+            done: AtomicUsize::new(0),
+            n,
+            body: (&raw const *f).cast::<()>(),
+            call: call_body::<F>,
+            panic: Mutex::new(None),
+        }
+    }
+
+    /// Claims and runs indices until none is left: from the home of the CPU this thread
+    /// runs on first, then from the others in turn.
     fn work(&self) {
+        self.work_from(current_cpu().unwrap_or(0));
+    }
+
+    /// [`Job::work`] for a thread on CPU `cpu` (a position in the process's CPU set).
+    fn work_from(&self, cpu: usize) {
+        let h = self.homes.len();
+        let first = cpu % h;
+        for home in (first..h).chain(0..first).map(|k| &self.homes[k]) {
+            self.work_in(home);
+        }
+    }
+
+    /// Claims and runs the indices left in `home`.
+    fn work_in(&self, home: &Home) {
         loop {
-            let i = self.next.fetch_add(1, Ordering::Relaxed);
-            if i >= self.n {
+            let i = home.next.fetch_add(1, Ordering::Relaxed);
+            if i >= home.end {
                 return;
             }
-            // SAFETY: `i < n` was claimed, so the loop is not finished (`done < n` until
+            // SAFETY: `i < home.end` (so `i < n`) was claimed, so the loop is not finished (`done < n` until
             // this call is counted) and `for_each_index` has not returned: `body` is live
             // (Note [The caller joins the loop]).
             let r = catch_unwind(AssertUnwindSafe(|| unsafe { (self.call)(self.body, i) }));
@@ -111,13 +239,109 @@ impl Job {
     }
 }
 
-/// Runs `f(i)` for every `i` in `0..n`, each exactly once, on the calling thread and
-/// rayon's pool (at most `rayon::current_num_threads()` threads in all); returns when all
-/// have finished. A panic in `f` is re-raised here after the loop is done. See Note [The
-/// caller joins the loop].
+/// How long an idle helper watches for the next loop before it sleeps.
+const IDLE_SPIN: std::time::Duration = std::time::Duration::from_micros(200);
+
+/// The helper threads that join the callers' loops (Note [A team that spins]).
+struct Team {
+    /// The latest published loop and its number; helpers that see a new number join it.
+    slot: Mutex<(u64, Option<Arc<Job>>)>,
+    /// `slot`'s number, read by spinning helpers without the lock.
+    published: AtomicU64,
+    /// Helpers asleep on `wake` (changed under `slot`'s lock).
+    sleepers: AtomicUsize,
+    wake: Condvar,
+}
+
+thread_local! {
+    /// Whether this thread is one of the team's helpers (a loop inside a loop runs
+    /// sequentially there: every thread of the team is already busy).
+    static IN_TEAM: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Locks `m`, taking the data of a poisoned lock as it is (the team's data stays valid
+/// whatever a panicking holder did: a number and an `Arc`).
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Team {
+    /// The process's team of `rayon::current_num_threads() - 1` helpers (as read at first
+    /// use, from outside any pool), started on first use. Helpers that fail to start are
+    /// left out: the caller finishes any loop alone if it must.
+    fn get() -> &'static Team {
+        static TEAM: OnceLock<&'static Team> = OnceLock::new();
+        TEAM.get_or_init(|| {
+            let team: &'static Team = Box::leak(Box::new(Team {
+                slot: Mutex::new((0, None)),
+                published: AtomicU64::new(0),
+                sleepers: AtomicUsize::new(0),
+                wake: Condvar::new(),
+            }));
+            for i in 1..rayon::current_num_threads() {
+                let _ = std::thread::Builder::new()
+                    .name(format!("ember-cpu-{i}"))
+                    .spawn(move || team.serve());
+            }
+            team
+        })
+    }
+
+    /// Makes `job` the loop that helpers join, waking those asleep.
+    fn publish(&self, job: &Arc<Job>) -> u64 {
+        let mut slot = lock(&self.slot);
+        slot.0 += 1;
+        slot.1 = Some(Arc::clone(job));
+        self.published.store(slot.0, Ordering::Release);
+        if self.sleepers.load(Ordering::Relaxed) > 0 {
+            self.wake.notify_all();
+        }
+        slot.0
+    }
+
+    /// Drops the published loop if it is still `number` (so its `Job` is freed now).
+    fn retract(&self, number: u64) {
+        let mut slot = lock(&self.slot);
+        if slot.0 == number {
+            slot.1 = None;
+        }
+    }
+
+    /// A helper's life: wait for a loop numbered after the last one seen, join it, repeat.
+    fn serve(&self) {
+        IN_TEAM.with(|t| t.set(true));
+        let mut seen = 0;
+        loop {
+            let idle = std::time::Instant::now();
+            while self.published.load(Ordering::Acquire) == seen && idle.elapsed() < IDLE_SPIN {
+                for _ in 0..32 {
+                    std::hint::spin_loop();
+                }
+            }
+            let job = {
+                let mut slot = lock(&self.slot);
+                while slot.0 == seen {
+                    self.sleepers.fetch_add(1, Ordering::Relaxed);
+                    slot = self.wake.wait(slot).unwrap_or_else(PoisonError::into_inner);
+                    self.sleepers.fetch_sub(1, Ordering::Relaxed);
+                }
+                seen = slot.0;
+                slot.1.clone()
+            };
+            if let Some(job) = job {
+                job.work();
+            }
+        }
+    }
+}
+
+/// Runs `f(i)` for every `i` in `0..n`, each exactly once, on the calling thread and the
+/// team's helpers (`rayon::current_num_threads()` threads in all); returns when all have
+/// finished. A panic in `f` is re-raised here after the loop is done. See Note [The caller
+/// joins the loop].
 pub fn for_each_index<F: Fn(usize) + Sync>(n: usize, f: F) {
     let threads = rayon::current_num_threads();
-    if n <= 1 || threads <= 1 {
+    if n <= 1 || threads <= 1 || IN_TEAM.with(|t| t.get()) {
         (0..n).for_each(f);
         return;
     }
@@ -125,20 +349,12 @@ pub fn for_each_index<F: Fn(usize) + Sync>(n: usize, f: F) {
         (0..n).into_par_iter().with_max_len(1).for_each(&f);
         return;
     }
-    let job = Arc::new(Job {
-        next: AtomicUsize::new(0),
-        done: AtomicUsize::new(0),
-        n,
-        body: (&raw const f).cast::<()>(),
-        call: call_body::<F>,
-        panic: Mutex::new(None),
-    });
-    for _ in 0..(threads - 1).min(n - 1) {
-        let job = Arc::clone(&job);
-        rayon::spawn(move || job.work());
-    }
+    let team = Team::get();
+    let job = Arc::new(Job::new(n, threads.min(n), &f));
+    let number = team.publish(&job);
     job.work();
     job.wait();
+    team.retract(number);
     // Every index has finished: no helper calls through `body` again, so `f` may go.
     let panic = job.panic.lock().map(|mut p| p.take()).unwrap_or(None);
     if let Some(p) = panic {
@@ -235,6 +451,55 @@ mod tests {
     }
 
     #[test]
+    fn homes_split_the_range_and_a_thread_starts_at_its_cpus_home() {
+        for n in 0..40 {
+            for h in 1..9 {
+                let hs = homes(n, h);
+                let mut at = 0;
+                for home in hs.iter() {
+                    assert_eq!(home.next.load(Ordering::Relaxed), at, "n {n}, h {h}");
+                    assert!(home.end >= at && home.end - at <= n.div_ceil(h));
+                    at = home.end;
+                }
+                assert_eq!(at, n, "n {n}, h {h}");
+            }
+        }
+        // On its own, a thread on CPU `cpu` runs its home's indices first, in order, then
+        // the later homes, then the earlier ones.
+        for (n, h, cpu, want) in [
+            (10, 2, 0, vec![0, 1, 2, 3, 4, 5, 6, 7, 8, 9]),
+            (10, 2, 1, vec![5, 6, 7, 8, 9, 0, 1, 2, 3, 4]),
+            (10, 2, 3, vec![5, 6, 7, 8, 9, 0, 1, 2, 3, 4]),
+            (7, 3, 2, vec![4, 5, 6, 0, 1, 2, 3]),
+            (7, 3, 1, vec![2, 3, 4, 5, 6, 0, 1]),
+        ] {
+            let seen = Mutex::new(Vec::new());
+            let f = |i: usize| seen.lock().map(|mut s| s.push(i)).unwrap_or(());
+            let job = Job::new(n, h, &f);
+            job.work_from(cpu);
+            job.wait();
+            assert_eq!(*seen.lock().unwrap(), want, "n {n}, h {h}, cpu {cpu}");
+        }
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn the_current_cpu_is_a_position_in_the_cpu_set() {
+        let set = cpu_set();
+        assert!(
+            !set.is_empty() && set.windows(2).all(|w| w[0] < w[1]),
+            "{set:?}"
+        );
+        for _ in 0..100 {
+            let raw = raw_cpu().expect("sched_getcpu works on Linux");
+            assert!(set.contains(&raw), "CPU {raw} outside the set {set:?}");
+            let cpu = current_cpu().expect("a position");
+            assert!(cpu < set.len(), "position {cpu} of {} CPUs", set.len());
+            std::thread::yield_now();
+        }
+    }
+
+    #[test]
     fn every_index_runs_once() {
         on_caller_and_pool(|| {
             for n in [0usize, 1, 2, 3, 7, 64, 1000] {
@@ -292,9 +557,35 @@ mod tests {
     }
 
     #[test]
+    fn loops_from_many_threads_and_loops_in_loops_run_every_index_once() {
+        // Several callers publish at once (helpers join the latest, the others' callers
+        // finish alone), and bodies run loops of their own: on a helper those run
+        // sequentially, on a caller they are published in turn.
+        std::thread::scope(|s| {
+            for t in 0..4usize {
+                s.spawn(move || {
+                    for round in 0..50usize {
+                        let n = 2 + (t * 7 + round) % 23;
+                        let hits: Vec<AtomicU32> = (0..n * n).map(|_| AtomicU32::new(0)).collect();
+                        for_each_index(n, |i| {
+                            for_each_index(n, |j| {
+                                hits[i * n + j].fetch_add(1, Ordering::Relaxed);
+                            });
+                        });
+                        assert!(
+                            hits.iter().all(|h| h.load(Ordering::Relaxed) == 1),
+                            "thread {t}, round {round}, n {n}"
+                        );
+                    }
+                });
+            }
+        });
+    }
+
+    #[test]
     fn slow_helpers_and_a_busy_pool_still_finish() {
-        // Keep the pool's workers busy so helpers start late: the caller does the loop
-        // alone and must not wait for them.
+        // Keep rayon's workers busy: the loop must not depend on them (its helpers are
+        // the team's), and a caller whose helpers start late does the loop alone.
         let stop = std::sync::atomic::AtomicBool::new(false);
         rayon::in_place_scope(|s| {
             for _ in 0..rayon::current_num_threads() {

@@ -27,7 +27,7 @@ use crate::error::{Result, TensorError};
 // Rust's usual: `&self` gives shared slices, `&mut self` an exclusive one; the storage
 // cell's `RwLock` (see Note [Storage sharing]) is what hands those out across views.
 
-/// Size above which CPU kernels split work across rayon's pool, in elements.
+/// Size above which CPU kernels split work across threads (`ember_gemm::parallel`), in elements.
 pub(crate) const PAR_THRESHOLD: usize = 32 * 1024;
 /// Elements per parallel chunk (at least).
 const PAR_CHUNK: usize = 16 * 1024;

@@ -37,17 +37,18 @@
 //! That made three threads for two CPUs — the caller and rayon's two workers — and a
 //! worker with nothing to do looks for work by `sched_yield`-ing a few dozen times before
 //! it sleeps, taking turns on a CPU with the threads doing the work: `perf stat` counted
-//! ~12 context switches and 0.03 CPU migrations per 16M-element `sum` (25,000 and 69 over
-//! 2,000 calls), PyTorch 0.1 and 0.001. So the loop has its own team, as OpenMP has:
+//! ~12 context switches and 0.03 CPU migrations per 16M-element `sum` (20,000–28,000 and
+//! 69–76 over 2,000 calls), PyTorch 0.1 and 0.001. So the loop has its own team, as OpenMP has:
 //! `threads - 1` helper threads, started on first use, that join whatever loop a caller
 //! published last; between loops a helper spins on the published number for
 //! [`IDLE_SPIN`] before it sleeps on a condition variable, so back-to-back ops find it
 //! awake and on its CPU, and an idle process costs nothing after that. Rayon's workers
 //! now sleep unless user code (or the `gemm` crate) uses rayon. Same calls after the
 //! change: 205–347 context switches and 1–2 migrations. A/B against the rayon helpers
-//! (`ember-bench`, alternating, 2 threads): `sum_f32_16m` 1.04× (median of 25 pairs) and
-//! above 74 GB/s in 5 of 25 runs against 2; `matmul_f32_n512` 1.06×, the 128×… training
-//! shapes 1.05–1.10×; elementwise, softmax, tiny ops and the MLP steps level.
+//! (`ember-bench`, alternating with PyTorch, 2 threads): `sum_f32_16m` 1.04× (median of 85
+//! rotations), against PyTorch 1.13× where the rayon helpers gave 0.99×, and in a window
+//! where PyTorch ran above 70 GB/s 1.03× against 0.79×; `matmul_f32_n512` 1.06×, the
+//! 128×… training shapes 1.05–1.10×; elementwise, softmax, tiny ops, MLP steps level.
 //!
 //! Note [Pieces stay on their CPU]
 //! The indices are not claimed from one counter in order but from `homes` ranges, one per

@@ -105,7 +105,8 @@ fn current_cpu() -> Option<usize> {
     #[cfg(target_os = "linux")]
     {
         let cpu = raw_cpu()?;
-        Some(cpu_set().iter().position(|&c| c == cpu).unwrap_or(cpu))
+        // The set is sorted (read in CPU order).
+        Some(cpu_set().binary_search(&cpu).unwrap_or(cpu))
     }
     #[cfg(not(target_os = "linux"))]
     {
@@ -225,19 +226,27 @@ impl Job {
     /// mid-body, and the bodies are short), then yields the core between checks (the
     /// helper may have been preempted, or another thread has work).
     fn wait(&self) {
-        let start = std::time::Instant::now();
-        let mut spinning = true;
-        while self.done.load(Ordering::Acquire) < self.n {
-            if spinning {
-                for _ in 0..32 {
-                    std::hint::spin_loop();
-                }
-                spinning = start.elapsed() < SPIN;
-            } else {
+        let unfinished = || self.done.load(Ordering::Acquire) < self.n;
+        if spin_while(SPIN, unfinished) {
+            while unfinished() {
                 std::thread::yield_now();
             }
         }
     }
+}
+
+/// Spins while `cond` holds, for at most `limit`; returns whether it still holds.
+fn spin_while(limit: std::time::Duration, cond: impl Fn() -> bool) -> bool {
+    let start = std::time::Instant::now();
+    while cond() {
+        if start.elapsed() >= limit {
+            return true;
+        }
+        for _ in 0..32 {
+            std::hint::spin_loop();
+        }
+    }
+    false
 }
 
 /// How long an idle helper watches for the next loop before it sleeps.
@@ -245,13 +254,18 @@ const IDLE_SPIN: std::time::Duration = std::time::Duration::from_micros(200);
 
 /// The helper threads that join the callers' loops (Note [A team that spins]).
 struct Team {
-    /// The latest published loop and its number; helpers that see a new number join it.
-    slot: Mutex<(u64, Option<Arc<Job>>)>,
+    slot: Mutex<Slot>,
     /// `slot`'s number, read by spinning helpers without the lock.
     published: AtomicU64,
-    /// Helpers asleep on `wake` (changed under `slot`'s lock).
-    sleepers: AtomicUsize,
     wake: Condvar,
+}
+
+/// The latest published loop; helpers that see a new number join it.
+struct Slot {
+    number: u64,
+    job: Option<Arc<Job>>,
+    /// Helpers asleep on [`Team::wake`].
+    sleepers: usize,
 }
 
 thread_local! {
@@ -274,9 +288,12 @@ impl Team {
         static TEAM: OnceLock<&'static Team> = OnceLock::new();
         TEAM.get_or_init(|| {
             let team: &'static Team = Box::leak(Box::new(Team {
-                slot: Mutex::new((0, None)),
+                slot: Mutex::new(Slot {
+                    number: 0,
+                    job: None,
+                    sleepers: 0,
+                }),
                 published: AtomicU64::new(0),
-                sleepers: AtomicUsize::new(0),
                 wake: Condvar::new(),
             }));
             for i in 1..rayon::current_num_threads() {
@@ -291,20 +308,20 @@ impl Team {
     /// Makes `job` the loop that helpers join, waking those asleep.
     fn publish(&self, job: &Arc<Job>) -> u64 {
         let mut slot = lock(&self.slot);
-        slot.0 += 1;
-        slot.1 = Some(Arc::clone(job));
-        self.published.store(slot.0, Ordering::Release);
-        if self.sleepers.load(Ordering::Relaxed) > 0 {
+        slot.number += 1;
+        slot.job = Some(Arc::clone(job));
+        self.published.store(slot.number, Ordering::Release);
+        if slot.sleepers > 0 {
             self.wake.notify_all();
         }
-        slot.0
+        slot.number
     }
 
     /// Drops the published loop if it is still `number` (so its `Job` is freed now).
     fn retract(&self, number: u64) {
         let mut slot = lock(&self.slot);
-        if slot.0 == number {
-            slot.1 = None;
+        if slot.number == number {
+            slot.job = None;
         }
     }
 
@@ -313,21 +330,16 @@ impl Team {
         IN_TEAM.with(|t| t.set(true));
         let mut seen = 0;
         loop {
-            let idle = std::time::Instant::now();
-            while self.published.load(Ordering::Acquire) == seen && idle.elapsed() < IDLE_SPIN {
-                for _ in 0..32 {
-                    std::hint::spin_loop();
-                }
-            }
+            spin_while(IDLE_SPIN, || self.published.load(Ordering::Acquire) == seen);
             let job = {
                 let mut slot = lock(&self.slot);
-                while slot.0 == seen {
-                    self.sleepers.fetch_add(1, Ordering::Relaxed);
+                while slot.number == seen {
+                    slot.sleepers += 1;
                     slot = self.wake.wait(slot).unwrap_or_else(PoisonError::into_inner);
-                    self.sleepers.fetch_sub(1, Ordering::Relaxed);
+                    slot.sleepers -= 1;
                 }
-                seen = slot.0;
-                slot.1.clone()
+                seen = slot.number;
+                slot.job.clone()
             };
             if let Some(job) = job {
                 job.work();

@@ -47,7 +47,7 @@ fn set_rng_states(states: &[(Device, GeneratorState)]) {
 /// let g = x.grad().unwrap().to_vec::<f64>()?;
 /// let t = 1f64.tanh();
 /// assert!((g[0] - (t + (1.0 - t * t))).abs() < 1e-12);
-/// # Ok::<(), ember_autograd::AutogradError>(())
+/// # Ok::<(), ember_autograd::Error>(())
 /// ```
 pub fn checkpoint<F>(f: F, inputs: &[Tensor]) -> Result<Tensor>
 where
@@ -103,7 +103,8 @@ where
             return Err(AutogradError::invalid(
                 "checkpoint",
                 "the recomputed output does not depend on any input that requires grad",
-            ));
+            )
+            .into());
         }
         // A nested backward (not `grad`): parameters the function captured (a module's
         // weights) accumulate their gradients as they would without checkpointing, and the

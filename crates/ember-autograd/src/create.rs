@@ -7,7 +7,7 @@
 //! use ember_tensor::{DType, Options};
 //! let w = Tensor::randn([3, 2], Options::new().dtype(DType::F64).requires_grad(true))?;
 //! assert!(w.requires_grad() && w.is_leaf());
-//! # Ok::<(), ember_autograd::AutogradError>(())
+//! # Ok::<(), ember_autograd::Error>(())
 //! ```
 
 use ember_tensor::{Device, Options, Scalar, Shape, Tensor as Raw, WithDType};

@@ -80,7 +80,7 @@ pub(crate) fn sum_to(g: &Raw, shape: &[usize]) -> Result<Raw> {
     let r = if dims.is_empty() {
         g.clone()
     } else {
-        g.sum(dims, true)?
+        g.sum((dims, true))?
     };
     Ok(r.reshape(shape)?)
 }
@@ -95,7 +95,8 @@ fn validate(node: &'static str, g: Raw, m: &InputMeta) -> Result<Raw> {
                 m.device,
                 g.device()
             ),
-        });
+        }
+        .into());
     }
     let g = if g.dims() == m.shape.dims() {
         g
@@ -112,7 +113,8 @@ fn validate(node: &'static str, g: Raw, m: &InputMeta) -> Result<Raw> {
                 g.shape(),
                 m.shape
             ),
-        });
+        }
+        .into());
     };
     Ok(if g.dtype() != m.dtype {
         g.to_dtype(m.dtype)?
@@ -269,7 +271,8 @@ fn run_node(node: &Node, g: &Raw, retain_graph: bool) -> Result<Vec<Option<Raw>>
                 grads.len(),
                 node.next.len()
             ),
-        });
+        }
+        .into());
     }
     Ok(grads)
 }
@@ -306,7 +309,8 @@ fn roots(outputs: &[Tensor], grads: &[Option<Tensor>]) -> Result<Vec<(Next, Raw)
                 grads.len(),
                 outputs.len()
             ),
-        ));
+        )
+        .into());
     }
     let mut out = Vec::with_capacity(outputs.len());
     for (i, (t, g)) in outputs.iter().zip(grads).enumerate() {
@@ -325,7 +329,7 @@ fn roots(outputs: &[Tensor], grads: &[Option<Tensor>]) -> Result<Vec<(Next, Raw)
                             g.shape(),
                             d.shape()
                         ),
-                    ));
+                    ).into());
                 }
                 if g.device() != d.device() {
                     return Err(AutogradError::invalid(
@@ -335,7 +339,8 @@ fn roots(outputs: &[Tensor], grads: &[Option<Tensor>]) -> Result<Vec<(Next, Raw)
                             g.device(),
                             d.device()
                         ),
-                    ));
+                    )
+                    .into());
                 }
                 g.to_dtype(d.dtype())?
             }
@@ -343,7 +348,8 @@ fn roots(outputs: &[Tensor], grads: &[Option<Tensor>]) -> Result<Vec<(Next, Raw)
                 if d.numel() != 1 {
                     return Err(AutogradError::ImplicitGradNonScalar {
                         shape: d.shape().clone(),
-                    });
+                    }
+                    .into());
                 }
                 d.ones_like()?
             }
@@ -379,7 +385,7 @@ pub struct GradOptions {
 /// let g = grad(&[y], &[x.clone()], &[None], GradOptions::default())?;
 /// assert_eq!(g[0].as_ref().unwrap().to_vec::<f64>()?, vec![27.0]);
 /// assert!(x.grad().is_none());                          // .grad untouched
-/// # Ok::<(), ember_autograd::AutogradError>(())
+/// # Ok::<(), ember_autograd::Error>(())
 /// ```
 pub fn grad(
     outputs: &[Tensor],
@@ -406,7 +412,7 @@ pub fn grad(
         .map(|(i, g)| match g {
             Some(g) => Ok(Some(Tensor::wrap(g))),
             None if opts.allow_unused => Ok(None),
-            None => Err(AutogradError::UnusedInput { index: i }),
+            None => Err(AutogradError::UnusedInput { index: i }.into()),
         })
         .collect()
 }

@@ -63,7 +63,7 @@ fn projected(out: &Raw, v: &[f64]) -> Result<f64> {
 /// use ember_tensor::Device;
 /// let x = Tensor::from_vec(vec![0.3f64, -1.2, 2.0], [3], &Device::Cpu)?.requires_grad_(true)?;
 /// gradcheck(|xs| xs[0].tanh()?.mul(&xs[0]), &[x], GradcheckOptions::default())?;
-/// # Ok::<(), ember_autograd::AutogradError>(())
+/// # Ok::<(), ember_autograd::Error>(())
 /// ```
 pub fn gradcheck<F>(f: F, inputs: &[Tensor], opts: GradcheckOptions) -> Result<()>
 where
@@ -77,7 +77,8 @@ where
                     "input {i} is {} but gradcheck needs f64 inputs for its finite differences",
                     t.dtype()
                 ),
-            ));
+            )
+            .into());
         }
     }
     let out = f(inputs)?;
@@ -92,15 +93,13 @@ where
         .filter(|&i| inputs[i].requires_grad())
         .collect();
     if checked.is_empty() {
-        return Err(AutogradError::invalid(
-            "gradcheck",
-            "no input requires grad",
-        ));
+        return Err(AutogradError::invalid("gradcheck", "no input requires grad").into());
     }
     if !out.requires_grad() {
         return Err(AutogradError::Gradcheck(
             "the output does not require grad, but an input does: the op recorded nothing".into(),
-        ));
+        )
+        .into());
     }
     let wrt: Vec<Tensor> = checked.iter().map(|&i| inputs[i].clone()).collect();
     let analytical = grad(
@@ -137,7 +136,7 @@ where
                 return Err(AutogradError::Gradcheck(format!(
                     "Jacobian mismatch for input {i}, element {j}: numerical {num:.10e}, analytical {ana:.10e} (atol {}, rtol {})",
                     opts.atol, opts.rtol
-                )));
+                )).into());
             }
         }
     }

@@ -150,7 +150,7 @@ impl Saved {
     /// Saves an autograd tensor's data, refusing inference tensors.
     pub(crate) fn of(node: &'static str, t: &Tensor) -> Result<Saved> {
         if t.is_inference() {
-            return Err(AutogradError::InferenceTensor { node });
+            return Err(AutogradError::InferenceTensor { node }.into());
         }
         Ok(Saved::new(node, &t.data()))
     }
@@ -164,7 +164,8 @@ impl Saved {
                 shape: self.t.shape().clone(),
                 expected: self.version,
                 found,
-            });
+            }
+            .into());
         }
         Ok(self.t.clone())
     }

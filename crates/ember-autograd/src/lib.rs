@@ -16,7 +16,7 @@
 //!     let _g = no_grad();                       // an optimizer step: not recorded
 //!     w.sub_(&w.grad().unwrap().mul(0.1)?)?;
 //! }
-//! # Ok::<(), ember_autograd::AutogradError>(())
+//! # Ok::<(), ember_autograd::Error>(())
 //! ```
 //!
 //! Modules:
@@ -39,12 +39,13 @@ mod ops;
 mod tensor;
 
 pub use checkpoint::checkpoint;
+pub use ember_device::ErrorKind;
 pub use engine::{GradOptions, backward, grad};
-pub use error::{AutogradError, Result};
+pub use error::{AutogradError, Error, Result};
 pub use gradcheck::{GradcheckOptions, gradcheck};
 pub use mode::{
     GradModeGuard, enable_grad, inference_mode, is_grad_enabled, is_inference_mode_enabled,
     no_grad, set_grad_enabled, with_no_grad,
 };
-pub use ops::Operand;
+pub use ops::{Operand, r#where};
 pub use tensor::{HookHandle, Tensor};

@@ -10,7 +10,7 @@
 //!     assert!(!y.requires_grad());
 //! }
 //! assert!(w.mul(2.0)?.requires_grad());
-//! # Ok::<(), ember_autograd::AutogradError>(())
+//! # Ok::<(), ember_autograd::Error>(())
 //! ```
 
 use std::cell::Cell;

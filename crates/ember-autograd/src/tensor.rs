@@ -22,7 +22,7 @@ use crate::graph::{Hook, Next, Node, lock};
 /// y.backward()?;
 /// assert_eq!(x.grad().unwrap().to_vec::<f32>()?, vec![2., 4., 6.]);
 /// assert_eq!(y.grad_fn_name(), Some("SumBackward0"));
-/// # Ok::<(), ember_autograd::AutogradError>(())
+/// # Ok::<(), ember_autograd::Error>(())
 /// ```
 #[derive(Clone)]
 pub struct Tensor(pub(crate) Arc<Impl>);
@@ -232,7 +232,7 @@ impl Tensor {
             return Err(AutogradError::invalid(
                 "requires_grad_",
                 "you can only change requires_grad flags of leaf variables. If you want to use a computed variable in a subgraph that doesn't require differentiation use detach()",
-            ));
+            ).into());
         }
         if requires_grad && !self.dtype().is_float() {
             return Err(AutogradError::invalid(
@@ -241,13 +241,15 @@ impl Tensor {
                     "only Tensors of floating point dtype can require gradients (got {})",
                     self.dtype()
                 ),
-            ));
+            )
+            .into());
         }
         if requires_grad && self.0.inference {
             return Err(AutogradError::invalid(
                 "requires_grad_",
                 "an inference tensor cannot require grad outside inference_mode; clone it first",
-            ));
+            )
+            .into());
         }
         self.0.requires_grad.store(requires_grad, Ordering::Relaxed);
         Ok(self.clone())
@@ -292,7 +294,8 @@ impl Tensor {
                             d.shape(),
                             d.device()
                         ),
-                    ));
+                    )
+                    .into());
                 }
                 Some(gd)
             }
@@ -338,7 +341,8 @@ impl Tensor {
             return Err(AutogradError::invalid(
                 "register_hook",
                 "cannot register a hook on a tensor that doesn't require gradient",
-            ));
+            )
+            .into());
         }
         lock(&self.0.leaf).hooks.push((id, hook));
         Ok(HookHandle {
@@ -357,7 +361,7 @@ impl Tensor {
             return Err(AutogradError::invalid(
                 "register_post_accumulate_grad_hook",
                 "post accumulate grad hooks can only be registered on leaf tensors that require grad",
-            ));
+            ).into());
         }
         let id = HOOK_ID.fetch_add(1, Ordering::Relaxed);
         lock(&self.0.leaf).post_hooks.push((id, Arc::new(hook)));
@@ -453,7 +457,8 @@ impl Tensor {
         self.data().version()
     }
 
-    /// The elements in row-major order (`T` is the dtype).
+    /// The elements in row-major order, as `T` (another dtype than the tensor's is
+    /// converted first, as `x.to(dtype).tolist()`).
     pub fn to_vec<T: WithDType>(&self) -> Result<Vec<T>> {
         Ok(self.data().to_vec::<T>()?)
     }
@@ -463,7 +468,8 @@ impl Tensor {
         Ok(self.data().to_vec2::<T>()?)
     }
 
-    /// The one element of a one-element tensor, as `T` (the dtype; PyTorch's `item()`).
+    /// The one element of a one-element tensor, as `T` (PyTorch's `item()`; converted as
+    /// [`to_vec`](Tensor::to_vec) converts).
     pub fn item<T: WithDType>(&self) -> Result<T> {
         Ok(self.data().item::<T>()?)
     }

@@ -21,7 +21,7 @@ fn saved_tensors_are_freed_as_backward_runs() {
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     let dev = CPU;
-    let x = Tensor::randn([256, 256], (DType::F32, &dev))
+    let x = Tensor::randn([256, 256], (&dev, DType::F32))
         .unwrap()
         .requires_grad_(true)
         .unwrap();
@@ -52,8 +52,8 @@ fn checkpoint_matches_and_saves_memory() {
         Ok(h)
     }
     let dev = CPU;
-    let x = Tensor::randn([64, 128], (DType::F64, &dev)).unwrap();
-    let w = Tensor::randn([128, 128], (DType::F64, &dev))
+    let x = Tensor::randn([64, 128], (&dev, DType::F64)).unwrap();
+    let w = Tensor::randn([128, 128], (&dev, DType::F64))
         .unwrap()
         .mul(0.05)
         .unwrap()

@@ -107,8 +107,8 @@ proptest! {
             check("cos", dev, std::slice::from_ref(&x), |v| v[0].cos());
             check("tanh", dev, std::slice::from_ref(&x), |v| v[0].tanh());
             check("sigmoid", dev, std::slice::from_ref(&x), |v| v[0].sigmoid());
-            check("gelu", dev, std::slice::from_ref(&x), |v| v[0].gelu());
-            check("gelu_tanh", dev, std::slice::from_ref(&x), |v| v[0].gelu_tanh());
+            check("gelu", dev, std::slice::from_ref(&x), |v| v[0].gelu(()));
+            check("gelu_tanh", dev, std::slice::from_ref(&x), |v| v[0].gelu(ember_tensor::Approximate::Tanh));
             check("silu", dev, std::slice::from_ref(&x), |v| v[0].silu());
             check("softplus", dev, std::slice::from_ref(&x), |v| v[0].softplus());
             check("square", dev, std::slice::from_ref(&x), |v| v[0].square());
@@ -145,7 +145,7 @@ proptest! {
             check("minimum", dev, &[x.clone(), y.clone()], |v| v[0].minimum(&v[1]));
             check("scalar ops", dev, std::slice::from_ref(&x), |v| v[0].mul(1.5)?.sub(0.25)?.div(3.0)?.pow(2.0));
             check("where", dev, &[x.clone(), y.clone()], |v| {
-                Tensor::where_(&v[0].gt(0.0)?, &v[0], &v[1])
+                ember_autograd::r#where(&v[0].gt(0.0)?, &v[0], &v[1])
             });
         }
     }
@@ -157,23 +157,23 @@ proptest! {
             let x = input(&s, seed, -2.0, 2.0, dev);
             check("sum_all", dev, std::slice::from_ref(&x), |v| v[0].sum_all());
             check("mean_all", dev, std::slice::from_ref(&x), |v| v[0].mean_all());
-            check("sum", dev, std::slice::from_ref(&x), |v| v[0].sum(d, keep));
-            check("mean", dev, std::slice::from_ref(&x), |v| v[0].mean(d, keep));
-            check("prod", dev, std::slice::from_ref(&x), |v| v[0].prod(d, keep));
+            check("sum", dev, std::slice::from_ref(&x), |v| v[0].sum((d, keep)));
+            check("mean", dev, std::slice::from_ref(&x), |v| v[0].mean((d, keep)));
+            check("prod", dev, std::slice::from_ref(&x), |v| v[0].prod((d, keep)));
             check("prod_all", dev, std::slice::from_ref(&x), |v| v[0].prod_all());
-            check("amax", dev, std::slice::from_ref(&x), |v| v[0].amax(d, keep));
-            check("amin", dev, std::slice::from_ref(&x), |v| v[0].amin(d, keep));
+            check("amax", dev, std::slice::from_ref(&x), |v| v[0].amax((d, keep)));
+            check("amin", dev, std::slice::from_ref(&x), |v| v[0].amin((d, keep)));
             check("max_all", dev, std::slice::from_ref(&x), |v| v[0].max_all());
-            check("max_dim", dev, std::slice::from_ref(&x), |v| Ok(v[0].max_dim(d, keep)?.0));
-            check("min_dim", dev, std::slice::from_ref(&x), |v| Ok(v[0].min_dim(d, keep)?.0));
-            check("logsumexp", dev, std::slice::from_ref(&x), |v| v[0].logsumexp(d, keep));
-            check("norm2", dev, std::slice::from_ref(&x), |v| v[0].norm(2.0, d, keep));
-            check("norm3", dev, std::slice::from_ref(&x), |v| v[0].norm(3.0, d, keep));
+            check("max_dim", dev, std::slice::from_ref(&x), |v| Ok(v[0].max_dim((d, keep))?.0));
+            check("min_dim", dev, std::slice::from_ref(&x), |v| Ok(v[0].min_dim((d, keep))?.0));
+            check("logsumexp", dev, std::slice::from_ref(&x), |v| v[0].logsumexp((d, keep)));
+            check("norm2", dev, std::slice::from_ref(&x), |v| v[0].norm(2.0, (d, keep)));
+            check("norm3", dev, std::slice::from_ref(&x), |v| v[0].norm(3.0, (d, keep)));
             check("softmax", dev, std::slice::from_ref(&x), |v| v[0].softmax(d));
             check("log_softmax", dev, std::slice::from_ref(&x), |v| v[0].log_softmax(d));
             if s[d] > 1 {
-                check("var", dev, std::slice::from_ref(&x), |v| v[0].var(d, 1.0, keep));
-                check("std", dev, std::slice::from_ref(&x), |v| v[0].std(d, 1.0, keep));
+                check("var", dev, std::slice::from_ref(&x), |v| v[0].var((d, keep)));
+                check("std", dev, std::slice::from_ref(&x), |v| v[0].std((d, keep)));
                 check("var_all", dev, std::slice::from_ref(&x), |v| v[0].var_all(0.0));
             }
         }
@@ -231,7 +231,7 @@ proptest! {
             check("matmul batched·2-D", dev, &[a3.clone(), b2.clone()], |v| v[0].matmul(&v[1]));
             check("matmul broadcast batch", dev, &[a4.clone(), b3.clone()], |v| v[0].matmul(&v[1]));
             check("bmm", dev, &[a3.clone(), b3.clone()], |v| v[0].bmm(&v[1]));
-            check("addmm", dev, &[c.clone(), a2.clone(), b2.clone()], |v| v[0].addmm(&v[1], &v[2], 0.5, 2.0));
+            check("addmm", dev, &[c.clone(), a2.clone(), b2.clone()], |v| v[0].addmm_scaled(&v[1], &v[2], 0.5, 2.0));
             // Transposed (column-major) operands, as `Linear` passes `weight.t()`: their
             // gradients are computed transposed (PyTorch's mm_mat1/mat2_backward).
             let at = input(&[k, m], seed ^ 8, -1.0, 1.0, dev);
@@ -355,7 +355,7 @@ proptest! {
                 Ok(t)
             });
             check("copy_", dev, &[x.clone(), y.clone()], |v| {
-                let z = Tensor::zeros(s.clone(), (DType::F64, &dev))?;
+                let z = Tensor::zeros(s.clone(), (&dev, DType::F64))?;
                 z.copy_(&v[0].mul(&v[1])?)?;
                 z.exp()
             });
@@ -370,7 +370,7 @@ proptest! {
 
 #[test]
 fn float32_inputs_are_refused() {
-    let x = Tensor::ones([2], (DType::F32, &Device::Cpu))
+    let x = Tensor::ones([2], (&Device::Cpu, DType::F32))
         .unwrap()
         .requires_grad_(true)
         .unwrap();

@@ -30,7 +30,7 @@ pub fn run(opts: &Options, out: &mut Vec<Record>) -> Result<(), String> {
     if !opts.wants(name) || !opts.cpu() {
         return Ok(());
     }
-    let x = Tensor::randn([4], (DType::F32, &Device::Cpu))
+    let x = Tensor::randn([4], (&Device::Cpu, DType::F32))
         .and_then(|t| t.requires_grad_(true))
         .map_err(err)?;
     chain(&x).map_err(err)?;

@@ -85,7 +85,7 @@ fn model_and_input(
     device: Device,
 ) -> Result<(Sequential, Tensor), String> {
     let model = mlp(widths, device)?;
-    let x = Tensor::randn([batch, widths[0]], (DType::F32, device)).map_err(err)?;
+    let x = Tensor::randn([batch, widths[0]], (device, DType::F32)).map_err(err)?;
     Ok((model, x))
 }
 
@@ -98,7 +98,7 @@ fn train_case(
     let (model, x) = model_and_input(widths, batch, device)?;
     let mut opt = Adam::new(model.parameters(), AdamOptions::default()).map_err(err)?;
     let classes = *widths.last().unwrap_or(&1) as i64;
-    let y = Tensor::randint(0, classes, [batch], (DType::I64, device)).map_err(err)?;
+    let y = Tensor::randint(0, classes, [batch], (device, DType::I64)).map_err(err)?;
     let loss_fn = CrossEntropyLoss::new();
     let ns = time(device, || {
         opt.zero_grad(true).map_err(err)?;

@@ -120,7 +120,7 @@ const CASES: [(&str, Case); 9] = [
     }),
     ("softmax_ce_4096x1000", |e| {
         let logits = randn(e, &[e.rows, 1000])?;
-        let target = Tensor::randint(0, 1000, [e.rows], (DType::I64, e.device)).map_err(err)?;
+        let target = Tensor::randint(0, 1000, [e.rows], (e.device, DType::I64)).map_err(err)?;
         let opts = CrossEntropyOptions::new();
         // log-softmax reads and writes the logits, the NLL reads one element per row.
         let bytes = 8.0 * (e.rows * 1000) as f64;

@@ -19,4 +19,4 @@ mod error;
 pub mod trace;
 
 pub use device::{Device, try_all_gpus, try_gpu};
-pub use error::{DeviceError, Result};
+pub use error::{DeviceError, ErrorKind, Result};

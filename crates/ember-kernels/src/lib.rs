@@ -63,6 +63,17 @@ pub enum KernelsError {
     Device(#[from] DeviceError),
 }
 
+impl KernelsError {
+    /// What kind of failure this is (see [`ErrorKind`](ember_device::ErrorKind)).
+    pub fn kind(&self) -> ember_device::ErrorKind {
+        match self {
+            KernelsError::NoFatbin => ember_device::ErrorKind::Unsupported,
+            KernelsError::TooManyDims { .. } => ember_device::ErrorKind::Shape,
+            KernelsError::Device(e) => e.kind(),
+        }
+    }
+}
+
 /// The most dimensions a [`StridedLayout`] holds (`ember::MAX_DIMS` in `kernels/ember.cuh`).
 pub const MAX_DIMS: usize = 8;
 

@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use ember_device::{Device, DeviceError};
+use ember_device::{Device, DeviceError, ErrorKind};
 use thiserror::Error;
 
 use crate::stats::format_size;
@@ -189,9 +189,20 @@ pub enum MemoryError {
 }
 
 impl MemoryError {
-    /// `true` for [`MemoryError::OutOfMemory`].
+    /// `true` for [`MemoryError::OutOfMemory`] (and a device's own out-of-memory).
     pub fn is_out_of_memory(&self) -> bool {
-        matches!(self, MemoryError::OutOfMemory { .. })
+        self.kind() == ErrorKind::OutOfMemory
+    }
+
+    /// What kind of failure this is (see [`ErrorKind`]).
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            MemoryError::OutOfMemory { .. } => ErrorKind::OutOfMemory,
+            MemoryError::Raw { .. } => ErrorKind::Driver,
+            MemoryError::InvalidFraction { .. } => ErrorKind::InvalidArgument,
+            MemoryError::Device(e) => e.kind(),
+            MemoryError::Serialize { .. } => ErrorKind::Other,
+        }
     }
 }
 

@@ -1,15 +1,14 @@
-//! [`NnError`]: what modules, optimizers and data loading report.
+//! [`NnError`]: what modules, optimizers and data loading report, carried by the one
+//! [`Error`] (Note [One error] in `ember-autograd`).
 
-use ember_autograd::AutogradError;
-use ember_tensor::{Shape, TensorError};
+pub use ember_autograd::{Error, ErrorKind};
+use ember_tensor::Shape;
 
-/// Errors of `ember-nn`. Failures of the layers below pass through transparently.
+/// Errors of `ember-nn` itself. Every call of the crate returns [`Error`], which carries
+/// these and the failures of the layers below.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum NnError {
-    /// An autograd-level failure (which carries tensor-level ones too).
-    #[error(transparent)]
-    Autograd(#[from] AutogradError),
     /// A call with an argument that is not valid, named in the message.
     #[error("{op}: {msg}")]
     Invalid {
@@ -57,21 +56,9 @@ pub enum NnError {
     Data(String),
 }
 
-impl From<TensorError> for NnError {
-    fn from(e: TensorError) -> Self {
-        NnError::Autograd(AutogradError::Tensor(e))
-    }
-}
-
-impl From<ember_device::DeviceError> for NnError {
-    fn from(e: ember_device::DeviceError) -> Self {
-        TensorError::from(e).into()
-    }
-}
-
-impl From<ember_memory::MemoryError> for NnError {
-    fn from(e: ember_memory::MemoryError) -> Self {
-        TensorError::from(e).into()
+impl From<NnError> for Error {
+    fn from(e: NnError) -> Self {
+        Error::new(e.kind(), e)
     }
 }
 
@@ -81,6 +68,17 @@ impl NnError {
         NnError::Invalid {
             op,
             msg: msg.into(),
+        }
+    }
+
+    /// What kind of failure this is (see [`ErrorKind`]).
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            NnError::Invalid { .. } => ErrorKind::InvalidArgument,
+            NnError::DeviceMismatch { .. } => ErrorKind::DeviceMismatch,
+            NnError::StateDict { .. } => ErrorKind::StateDict,
+            NnError::Io { .. } => ErrorKind::Io,
+            NnError::Data(_) => ErrorKind::Data,
         }
     }
 }
@@ -114,5 +112,5 @@ fn state_dict_details(
     out
 }
 
-/// `Result` with [`NnError`].
-pub type Result<T, E = NnError> = std::result::Result<T, E>;
+/// `Result` with the one [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -50,7 +50,7 @@ pub fn calculate_fan_in_and_fan_out(t: &Tensor) -> Result<(usize, usize)> {
                 "Fan in and fan out can not be computed for tensor with fewer than 2 dimensions (got shape {})",
                 t.shape()
             ),
-        ));
+        ).into());
     }
     let receptive: usize = dims[2..].iter().product();
     Ok((dims[1] * receptive, dims[0] * receptive))
@@ -62,7 +62,8 @@ fn fill(t: &Tensor, op: &'static str, values: impl FnOnce(&Raw) -> Result<Raw>) 
         return Err(NnError::invalid(
             op,
             format!("expected a floating-point tensor, found {}", data.dtype()),
-        ));
+        )
+        .into());
     }
     let _guard = ember_autograd::no_grad();
     let v = values(&data)?;
@@ -76,10 +77,11 @@ pub fn uniform_(t: &Tensor, low: f64, high: f64) -> Result<()> {
         return Err(NnError::invalid(
             "uniform_",
             format!("expected low <= high and both finite, found low={low}, high={high}"),
-        ));
+        )
+        .into());
     }
     fill(t, "uniform_", |d| {
-        let r = Raw::rand(d.shape().clone(), (d.dtype(), d.device()))?;
+        let r = Raw::rand(d.shape().clone(), (d.device(), d.dtype()))?;
         Ok(r.mul(high - low)?.add(low)?)
     })
 }
@@ -87,13 +89,10 @@ pub fn uniform_(t: &Tensor, low: f64, high: f64) -> Result<()> {
 /// Fills with values drawn from `N(mean, std²)`.
 pub fn normal_(t: &Tensor, mean: f64, std: f64) -> Result<()> {
     if std.is_nan() || std < 0.0 {
-        return Err(NnError::invalid(
-            "normal_",
-            format!("expected std >= 0, found {std}"),
-        ));
+        return Err(NnError::invalid("normal_", format!("expected std >= 0, found {std}")).into());
     }
     fill(t, "normal_", |d| {
-        let r = Raw::randn(d.shape().clone(), (d.dtype(), d.device()))?;
+        let r = Raw::randn(d.shape().clone(), (d.device(), d.dtype()))?;
         Ok(r.mul(std)?.add(mean)?)
     })
 }
@@ -126,7 +125,8 @@ fn kaiming_std(t: &Tensor, a: f64, mode: FanMode, nonlinearity: Nonlinearity) ->
                 "cannot initialise a tensor with zero fan (shape {})",
                 t.shape()
             ),
-        ));
+        )
+        .into());
     }
     let gain = match nonlinearity {
         Nonlinearity::LeakyRelu(_) => calculate_gain(Nonlinearity::LeakyRelu(a)),

@@ -2,7 +2,7 @@
 //! `Embedding`, `LayerNorm`, `BatchNorm1d`/`BatchNorm2d`, `Conv2d`, pooling.
 //!
 //! Constructors take PyTorch's arguments plus `opts` (`()` for f32 on the cpu, a `Device`,
-//! a `DType`, or `(DType, Device)`), as `device=` and `dtype=` in PyTorch. Initialisation is
+//! a `DType`, or `(Device, DType)`), as `device=` and `dtype=` in PyTorch. Initialisation is
 //! PyTorch's: `Linear` and `Conv2d` draw weight and bias from `U(-1/√fan_in, 1/√fan_in)`,
 //! `Embedding` from `N(0, 1)`, norms start at weight 1 and bias 0.
 
@@ -25,7 +25,8 @@ fn float_options(
         return Err(NnError::invalid(
             op,
             format!("parameters must be floating point, found dtype {dtype}"),
-        ));
+        )
+        .into());
     }
     Ok((dtype, o.device))
 }
@@ -59,7 +60,7 @@ impl Linear {
         opts: impl Into<Options>,
     ) -> Result<Self> {
         let (dtype, device) = float_options("Linear", opts)?;
-        let weight = parameter(Raw::empty([out_features, in_features], (dtype, device))?)?;
+        let weight = parameter(Raw::empty([out_features, in_features], (device, dtype))?)?;
         if in_features > 0 {
             init::kaiming_uniform_(
                 &weight,
@@ -69,7 +70,7 @@ impl Linear {
             )?;
         }
         let bias = if bias {
-            let b = parameter(Raw::zeros([out_features], (dtype, device))?)?;
+            let b = parameter(Raw::zeros([out_features], (device, dtype))?)?;
             if in_features > 0 {
                 let bound = 1.0 / (in_features as f64).sqrt();
                 init::uniform_(&b, -bound, bound)?;
@@ -99,7 +100,8 @@ impl Module for Linear {
                     self.in_features,
                     x.shape()
                 ),
-            ));
+            )
+            .into());
         }
         let y = x.matmul(&self.weight.t()?)?;
         Ok(match &self.bias {
@@ -184,7 +186,7 @@ impl GELU {
 
 impl Module for GELU {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        Ok(if self.tanh { x.gelu_tanh()? } else { x.gelu()? })
+        Ok(if self.tanh { x.gelu(ember_tensor::Approximate::Tanh)? } else { x.gelu(())? })
     }
     fn name(&self) -> &'static str {
         "GELU"
@@ -209,7 +211,8 @@ impl Dropout {
             return Err(NnError::invalid(
                 "Dropout",
                 format!("dropout probability has to be between 0 and 1, but got {p}"),
-            ));
+            )
+            .into());
         }
         Ok(Dropout {
             p,
@@ -220,7 +223,7 @@ impl Dropout {
 
 impl Module for Dropout {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        Ok(x.dropout(self.p, self.training.get())?)
+        x.dropout(self.p, self.training.get())
     }
     fn name(&self) -> &'static str {
         "Dropout"
@@ -263,7 +266,7 @@ impl Flatten {
 
 impl Module for Flatten {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        Ok(x.flatten(self.start, self.end)?)
+        x.flatten(self.start, self.end)
     }
     fn name(&self) -> &'static str {
         "Flatten"
@@ -360,7 +363,7 @@ impl Embedding {
         let (dtype, device) = float_options("Embedding", opts)?;
         let weight = parameter(Raw::randn(
             [num_embeddings, embedding_dim],
-            (dtype, device),
+            (device, dtype),
         )?)?;
         Ok(Embedding { weight })
     }
@@ -369,7 +372,7 @@ impl Embedding {
 impl Module for Embedding {
     fn forward(&self, indices: &Tensor) -> Result<Tensor> {
         check_device("Embedding", "weight", &self.weight, indices)?;
-        Ok(self.weight.embedding(indices)?)
+        self.weight.embedding(indices)
     }
     fn name(&self) -> &'static str {
         "Embedding"
@@ -410,15 +413,12 @@ impl LayerNorm {
     ) -> Result<Self> {
         let (dtype, device) = float_options("LayerNorm", opts)?;
         if normalized_shape.is_empty() {
-            return Err(NnError::invalid(
-                "LayerNorm",
-                "normalized_shape must not be empty",
-            ));
+            return Err(NnError::invalid("LayerNorm", "normalized_shape must not be empty").into());
         }
         let (weight, bias) = if elementwise_affine {
             (
-                Some(parameter(Raw::ones(normalized_shape, (dtype, device))?)?),
-                Some(parameter(Raw::zeros(normalized_shape, (dtype, device))?)?),
+                Some(parameter(Raw::ones(normalized_shape, (device, dtype))?)?),
+                Some(parameter(Raw::zeros(normalized_shape, (device, dtype))?)?),
             )
         } else {
             (None, None)
@@ -448,14 +448,15 @@ impl Module for LayerNorm {
                         .join(", "),
                     x.shape()
                 ),
-            ));
+            )
+            .into());
         }
         if let Some(w) = &self.weight {
             check_device("LayerNorm", "weight", w, x)?;
         }
         let axes: Vec<usize> = (dims.len() - k..dims.len()).collect();
-        let mean = x.mean(axes.as_slice(), true)?;
-        let var = x.var(axes.as_slice(), 0.0, true)?;
+        let mean = x.mean((axes.as_slice(), true))?;
+        let var = x.var_correction((axes.as_slice(), true), 0.0)?;
         let mut y = x.sub(&mean)?.mul(&var.add(self.eps)?.rsqrt()?)?;
         if let (Some(w), Some(b)) = (&self.weight, &self.bias) {
             y = y.mul(w)?.add(b)?;
@@ -538,7 +539,8 @@ impl BatchNorm {
                 format!(
                     "expected eps >= 0 and momentum in [0, 1], found eps={eps}, momentum={momentum}"
                 ),
-            ));
+            )
+            .into());
         }
         self.eps = eps;
         self.momentum = momentum;
@@ -556,11 +558,11 @@ impl BatchNorm {
         let (dtype, device) = float_options(name, opts)?;
         let buffer = |r: Raw| Tensor::wrap(r);
         Ok(BatchNorm {
-            weight: Some(parameter(Raw::ones([c], (dtype, device))?)?),
-            bias: Some(parameter(Raw::zeros([c], (dtype, device))?)?),
-            running_mean: buffer(Raw::zeros([c], (dtype, device))?),
-            running_var: buffer(Raw::ones([c], (dtype, device))?),
-            num_batches_tracked: buffer(Raw::zeros([], (DType::I64, device))?),
+            weight: Some(parameter(Raw::ones([c], (device, dtype))?)?),
+            bias: Some(parameter(Raw::zeros([c], (device, dtype))?)?),
+            running_mean: buffer(Raw::zeros([c], (device, dtype))?),
+            running_var: buffer(Raw::ones([c], (device, dtype))?),
+            num_batches_tracked: buffer(Raw::zeros([], (device, DType::I64))?),
             num_features: c,
             eps,
             momentum,
@@ -587,7 +589,8 @@ impl Module for BatchNorm {
                     self.num_features,
                     x.shape()
                 ),
-            ));
+            )
+            .into());
         }
         check_device(self.name, "running_mean", &self.running_mean, x)?;
         let mut bshape = vec![1usize; dims.len()];
@@ -602,10 +605,11 @@ impl Module for BatchNorm {
                         "Expected more than 1 value per channel when training, got input size {}",
                         x.shape()
                     ),
-                ));
+                )
+                .into());
             }
-            let mean = x.mean(axes.as_slice(), true)?;
-            let var = x.var(axes.as_slice(), 0.0, true)?;
+            let mean = x.mean((axes.as_slice(), true))?;
+            let var = x.var_correction((axes.as_slice(), true), 0.0)?;
             {
                 let _guard = ember_autograd::no_grad();
                 let m = self.momentum;
@@ -744,10 +748,10 @@ impl Conv2d {
                 format!(
                     "in_channels ({in_channels}) and out_channels ({out_channels}) must be divisible by groups ({g})"
                 ),
-            ));
+            ).into());
         }
         let shape = [out_channels, in_channels / g, kernel.0, kernel.1];
-        let weight = parameter(Raw::empty(shape, (dtype, device))?)?;
+        let weight = parameter(Raw::empty(shape, (device, dtype))?)?;
         let fan_in = in_channels / g * kernel.0 * kernel.1;
         if fan_in > 0 {
             init::kaiming_uniform_(
@@ -758,7 +762,7 @@ impl Conv2d {
             )?;
         }
         let bias = if config.bias {
-            let b = parameter(Raw::zeros([out_channels], (dtype, device))?)?;
+            let b = parameter(Raw::zeros([out_channels], (device, dtype))?)?;
             if fan_in > 0 {
                 let bound = 1.0 / (fan_in as f64).sqrt();
                 init::uniform_(&b, -bound, bound)?;
@@ -787,7 +791,7 @@ impl Module for Conv2d {
             dilation: self.config.dilation,
             groups: self.config.groups,
         };
-        Ok(x.conv2d(&self.weight, self.bias.as_ref(), &opts)?)
+        x.conv2d(&self.weight, self.bias.as_ref(), &opts)
     }
     fn name(&self) -> &'static str {
         "Conv2d"
@@ -848,7 +852,7 @@ impl MaxPool2d {
 
 impl Module for MaxPool2d {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        Ok(x.max_pool2d(&self.opts)?)
+        x.max_pool2d(&self.opts)
     }
     fn name(&self) -> &'static str {
         "MaxPool2d"
@@ -885,7 +889,7 @@ impl AvgPool2d {
 
 impl Module for AvgPool2d {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        Ok(x.avg_pool2d(&self.opts)?)
+        x.avg_pool2d(&self.opts)
     }
     fn name(&self) -> &'static str {
         "AvgPool2d"

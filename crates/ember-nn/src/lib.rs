@@ -16,7 +16,7 @@ mod module;
 pub mod optim;
 
 pub use ember_autograd::Tensor;
-pub use error::{NnError, Result};
+pub use error::{Error, ErrorKind, NnError, Result};
 pub use loss::Loss;
 pub use module::{
     IncompatibleKeys, Module, ModuleTarget, StateDict, TrainingFlag, check_device, checkpoint,

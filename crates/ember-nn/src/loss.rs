@@ -30,7 +30,7 @@ fn same_shape(op: &'static str, input: &Tensor, target: &Tensor) -> Result<()> {
                 target.shape(),
                 input.shape()
             ),
-        ));
+        ).into());
     }
     Ok(())
 }
@@ -78,7 +78,7 @@ impl Loss for CrossEntropyLoss {
             },
             label_smoothing: self.label_smoothing,
         };
-        Ok(input.cross_entropy(target, &opts)?)
+        input.cross_entropy(target, &opts)
     }
 }
 
@@ -118,7 +118,7 @@ impl Loss for NLLLoss {
             ignore_index: self.ignore_index,
             reduction: self.reduction,
         };
-        Ok(input.nll_loss(target, &opts)?)
+        input.nll_loss(target, &opts)
     }
 }
 

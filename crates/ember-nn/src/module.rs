@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use ember_device::Device;
 use ember_tensor::DType;
 
-use crate::{NnError, Result, Tensor};
+use crate::{Error, NnError, Result, Tensor};
 
 /// Named tensors, as `state_dict()` returns them: parameters and buffers of a module by their
 /// dotted names (`0.weight`), or an optimizer's state. Saveable with safetensors as is.
@@ -220,7 +220,8 @@ pub trait Module: Send + Sync + std::fmt::Debug {
                 missing,
                 unexpected,
                 mismatched,
-            });
+            }
+            .into());
         }
         let _guard = ember_autograd::no_grad();
         for (name, t) in &own {
@@ -340,7 +341,7 @@ impl TrainingFlag {
 
 /// Makes a parameter: a leaf that requires grad, holding `data`.
 pub fn parameter(data: ember_tensor::Tensor) -> Result<Tensor> {
-    Ok(Tensor::wrap(data).requires_grad_(true)?)
+    Tensor::wrap(data).requires_grad_(true)
 }
 
 /// The same-device check a layer makes before using its parameter `param` (named `name`)
@@ -360,25 +361,34 @@ pub fn check_device(
         param: name.to_string(),
         param_device: pd,
         input_device: id,
-    })
+    }
+    .into())
 }
 
 /// Adds a child's name in front of the parameter named by a device-mismatch error, so
 /// the error coming out of a model names `0.weight`.
-pub fn prefix_error(child: &str, e: NnError) -> NnError {
-    match e {
-        NnError::DeviceMismatch {
+pub fn prefix_error(child: &str, e: Error) -> Error {
+    if !matches!(
+        e.downcast_ref::<NnError>(),
+        Some(NnError::DeviceMismatch { .. })
+    ) {
+        return e;
+    }
+    match e.downcast::<NnError>() {
+        Ok(NnError::DeviceMismatch {
             module,
             param,
             param_device,
             input_device,
-        } => NnError::DeviceMismatch {
+        }) => NnError::DeviceMismatch {
             module,
             param: join(child, &param),
             param_device,
             input_device,
-        },
-        e => e,
+        }
+        .into(),
+        Ok(other) => other.into(),
+        Err(e) => e,
     }
 }
 
@@ -388,14 +398,6 @@ pub fn prefix_error(child: &str, e: NnError) -> NnError {
 /// without checkpointing. When `input` does not require grad there is nothing to save
 /// memory on and the module runs normally (gradients still reach its parameters).
 pub fn checkpoint(module: Arc<dyn Module>, input: &Tensor) -> Result<Tensor> {
-    let f = move |xs: &[Tensor]| {
-        module.forward(&xs[0]).map_err(|e| match e {
-            NnError::Autograd(e) => e,
-            other => ember_autograd::AutogradError::Invalid {
-                op: "checkpoint",
-                msg: other.to_string(),
-            },
-        })
-    };
-    Ok(ember_autograd::checkpoint(f, std::slice::from_ref(input))?)
+    let f = move |xs: &[Tensor]| module.forward(&xs[0]);
+    ember_autograd::checkpoint(f, std::slice::from_ref(input))
 }

@@ -179,7 +179,7 @@ fn worker_info_and_worker_init_fn() {
                     if failure == "panic" {
                         panic!("no setup for {id}");
                     }
-                    return Err(NnError::Data(format!("no setup for {id}")));
+                    return Err(NnError::Data(format!("no setup for {id}")).into());
                 }
                 Ok(())
             });

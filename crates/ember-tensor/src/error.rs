@@ -219,6 +219,41 @@ pub enum TensorError {
 pub type Result<T, E = TensorError> = std::result::Result<T, E>;
 
 impl TensorError {
+    /// What kind of failure this is (see [`ErrorKind`](ember_device::ErrorKind)).
+    pub fn kind(&self) -> ember_device::ErrorKind {
+        use ember_device::ErrorKind as K;
+        match self {
+            TensorError::Broadcast { .. }
+            | TensorError::MatmulShape { .. }
+            | TensorError::ElementCount { .. }
+            | TensorError::ViewStrides
+            | TensorError::ShapeMismatch { .. }
+            | TensorError::NotOneElement { .. }
+            | TensorError::TooLarge { .. } => K::Shape,
+            TensorError::DimOutOfRange { .. }
+            | TensorError::DuplicateDim { .. }
+            | TensorError::IndexOutOfRange { .. } => K::Index,
+            TensorError::InvalidArgument { .. } | TensorError::InPlaceOverlap { .. } => {
+                K::InvalidArgument
+            }
+            TensorError::DTypeMismatch { .. }
+            | TensorError::UnsupportedDType { .. }
+            | TensorError::IndexDType { .. }
+            | TensorError::InPlaceDType { .. } => K::DType,
+            TensorError::DeviceMismatch { .. } => K::DeviceMismatch,
+            TensorError::CudaUnavailable { .. } => K::Device,
+            TensorError::File { .. } => K::Io,
+            TensorError::Device(e) => e.kind(),
+            TensorError::Memory(e) => e.kind(),
+            TensorError::Kernels(e) => e.kind(),
+        }
+    }
+
+    /// `true` when an allocation failed for lack of memory.
+    pub fn is_out_of_memory(&self) -> bool {
+        self.kind() == ember_device::ErrorKind::OutOfMemory
+    }
+
     pub(crate) fn invalid(op: &'static str, msg: impl Into<String>) -> Self {
         TensorError::InvalidArgument {
             op,

@@ -60,6 +60,38 @@ impl Scalar {
     }
 }
 
+/// One bound of `clamp(min, max)`: a number, `()` for no bound (PyTorch's `None`), or an
+/// `Option` of a number.
+///
+/// ```
+/// use ember_tensor::Tensor;
+/// let x = Tensor::arange(-3, 4, ())?;
+/// assert_eq!(x.clamp(-1, 2)?.to_vec::<i64>()?, vec![-1, -1, -1, 0, 1, 2, 2]);
+/// assert_eq!(x.clamp((), 0)?.to_vec::<i64>()?, vec![-3, -2, -1, 0, 0, 0, 0]);
+/// assert_eq!(x.to_dtype(ember_tensor::DType::F32)?.clamp(0.5, ())?.to_vec::<f32>()?[6], 3.0);
+/// # Ok::<(), ember_tensor::TensorError>(())
+/// ```
+pub trait ClampBound {
+    /// The bound, or `None` for none.
+    fn bound(self) -> Option<Scalar>;
+}
+
+impl ClampBound for () {
+    fn bound(self) -> Option<Scalar> {
+        None
+    }
+}
+impl<T: Into<Scalar>> ClampBound for T {
+    fn bound(self) -> Option<Scalar> {
+        Some(self.into())
+    }
+}
+impl<T: Into<Scalar>> ClampBound for Option<T> {
+    fn bound(self) -> Option<Scalar> {
+        self.map(Into::into)
+    }
+}
+
 macro_rules! scalar_from {
     ($($t:ty => $v:ident, $conv:expr);* $(;)?) => {
         $(impl From<$t> for Scalar {

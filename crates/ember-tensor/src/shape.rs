@@ -239,6 +239,49 @@ impl<D: Dim> Dims for Vec<D> {
     }
 }
 
+/// What a reduction reduces over, as PyTorch's `dim=` and `keepdim=` arguments: `()` for
+/// every element (`dim=None`), one dim (`1`, `-1`), several (`[0, 1]`, a slice, a `Vec`),
+/// and any of these paired with `keepdim` (`(1, true)`, `([0, 1], true)`, `((), true)`),
+/// as PyTorch's positional `x.sum((1, True))`. `keepdim` is false unless given.
+///
+/// ```
+/// use ember_tensor::Tensor;
+/// let t = Tensor::arange(0, 6, ())?.reshape([2, 3])?;
+/// assert_eq!(t.sum(())?.item::<i64>()?, 15);
+/// assert_eq!(t.sum(1)?.to_vec::<i64>()?, vec![3, 12]);
+/// assert_eq!(t.sum((-1, true))?.dims(), &[2, 1]);
+/// assert_eq!(t.sum(([0, 1], true))?.dims(), &[1, 1]);
+/// # Ok::<(), ember_tensor::TensorError>(())
+/// ```
+pub trait ReduceDims {
+    /// The dims to reduce over; `None` for all of them.
+    fn dims(&self) -> Option<&dyn Dims>;
+
+    /// Whether reduced dims stay as size 1.
+    fn keepdim(&self) -> bool {
+        false
+    }
+}
+
+impl ReduceDims for () {
+    fn dims(&self) -> Option<&dyn Dims> {
+        None
+    }
+}
+impl<D: Dims> ReduceDims for D {
+    fn dims(&self) -> Option<&dyn Dims> {
+        Some(self)
+    }
+}
+impl<R: ReduceDims> ReduceDims for (R, bool) {
+    fn dims(&self) -> Option<&dyn Dims> {
+        self.0.dims()
+    }
+    fn keepdim(&self) -> bool {
+        self.1
+    }
+}
+
 /// NumPy/PyTorch broadcasting: align trailing dims; each pair must be equal or contain a 1.
 ///
 /// ```

@@ -92,7 +92,7 @@ fn matmul_dtypes_and_addmm() {
             .is_err()
     );
     let bias = Tensor::new(&[1i64, 2], &CPU).unwrap();
-    let r = bias.addmm(&a, &b, 1, 2).unwrap();
+    let r = bias.addmm_scaled(&a, &b, 1, 2).unwrap();
     assert_eq!(r.to_vec::<i64>().unwrap(), vec![21, 28, 57, 82]);
 }
 

@@ -17,12 +17,12 @@ fn f(t: &Tensor) -> Vec<f32> {
 fn sum_prod_mean_and_dtypes() {
     let t = m23();
     assert_eq!(t.sum_all().unwrap().item::<f32>().unwrap(), 21.);
-    assert_eq!(f(&t.sum(0, false).unwrap()), vec![5., 7., 9.]);
-    assert_eq!(f(&t.sum(-1, false).unwrap()), vec![9., 12.]);
-    assert_eq!(t.sum(1, true).unwrap().dims(), &[2, 1]);
-    assert_eq!(t.sum([0, 1], false).unwrap().rank(), 0);
-    assert_eq!(f(&t.prod(1, false).unwrap()), vec![15., 48.]);
-    assert_eq!(f(&t.mean(0, false).unwrap()), vec![2.5, 3.5, 4.5]);
+    assert_eq!(f(&t.sum(0).unwrap()), vec![5., 7., 9.]);
+    assert_eq!(f(&t.sum(-1).unwrap()), vec![9., 12.]);
+    assert_eq!(t.sum((1, true)).unwrap().dims(), &[2, 1]);
+    assert_eq!(t.sum([0, 1]).unwrap().rank(), 0);
+    assert_eq!(f(&t.prod(1).unwrap()), vec![15., 48.]);
+    assert_eq!(f(&t.mean(0).unwrap()), vec![2.5, 3.5, 4.5]);
     assert_eq!(t.mean_all().unwrap().item::<f32>().unwrap(), 3.5);
     let i = Tensor::new(&[1i32, 2, 3], &CPU).unwrap();
     assert_eq!(i.sum_all().unwrap().dtype(), DType::I64);
@@ -56,7 +56,7 @@ fn sum_prod_mean_and_dtypes() {
     assert_eq!(
         Tensor::zeros([0, 3], ())
             .unwrap()
-            .sum(0, false)
+            .sum(0)
             .unwrap()
             .to_vec::<f32>()
             .unwrap(),
@@ -80,23 +80,23 @@ fn sum_prod_mean_and_dtypes() {
             .unwrap(),
         1.
     );
-    assert!(t.sum(2, false).is_err());
-    assert!(t.sum([0, -2], false).is_err());
+    assert!(t.sum(2).is_err());
+    assert!(t.sum([0, -2]).is_err());
     // scalars reduce over dim 0 / -1
     let s = Tensor::scalar(4f32, &CPU).unwrap();
-    assert_eq!(s.sum(0, false).unwrap().item::<f32>().unwrap(), 4.);
-    assert_eq!(s.sum(-1, true).unwrap().rank(), 0);
+    assert_eq!(s.sum(0).unwrap().item::<f32>().unwrap(), 4.);
+    assert_eq!(s.sum((-1, true)).unwrap().rank(), 0);
 }
 
 #[test]
 fn max_min_arg() {
     let t = m23();
-    let (v, i) = t.max_dim(1, false).unwrap();
+    let (v, i) = t.max_dim(1).unwrap();
     assert_eq!(
         (f(&v), i.to_vec::<i64>().unwrap()),
         (vec![5., 6.], vec![1, 2])
     );
-    let (v, i) = t.min_dim(0, true).unwrap();
+    let (v, i) = t.min_dim((0, true)).unwrap();
     assert_eq!(v.dims(), &[1, 3]);
     assert_eq!(
         (f(&v), i.to_vec::<i64>().unwrap()),
@@ -105,15 +105,15 @@ fn max_min_arg() {
     assert_eq!(t.argmax_all().unwrap().item::<i64>().unwrap(), 5);
     assert_eq!(t.argmin_all().unwrap().item::<i64>().unwrap(), 0);
     assert_eq!(
-        t.argmax(0, false).unwrap().to_vec::<i64>().unwrap(),
+        t.argmax(0).unwrap().to_vec::<i64>().unwrap(),
         vec![1, 0, 1]
     );
     assert_eq!(
-        t.argmin(1, false).unwrap().to_vec::<i64>().unwrap(),
+        t.argmin(1).unwrap().to_vec::<i64>().unwrap(),
         vec![0, 1]
     );
-    assert_eq!(f(&t.amax([0, 1], false).unwrap()), vec![6.]);
-    assert_eq!(f(&t.amin(1, false).unwrap()), vec![1., 2.]);
+    assert_eq!(f(&t.amax([0, 1]).unwrap()), vec![6.]);
+    assert_eq!(f(&t.amin(1).unwrap()), vec![1., 2.]);
     // ties: first occurrence; NaN wins
     let n = Tensor::new(&[1f32, 3., 3., f32::NAN, 7.], &CPU).unwrap();
     assert_eq!(
@@ -134,13 +134,13 @@ fn max_min_arg() {
     assert!(
         Tensor::zeros([2, 0], ())
             .unwrap()
-            .max_dim(1, false)
+            .max_dim(1)
             .is_err()
     );
     assert_eq!(
         Tensor::zeros([2, 0], ())
             .unwrap()
-            .max_dim(0, false)
+            .max_dim(0)
             .unwrap()
             .0
             .dims(),
@@ -152,9 +152,9 @@ fn max_min_arg() {
 fn var_std_with_correction() {
     let t = m23();
     // row 0: 1, 5, 3 -> mean 3, squared deviations 4 + 4 + 0 = 8
-    assert_eq!(f(&t.var(1, 1.0, false).unwrap()), vec![4., 4.]);
-    assert_eq!(f(&t.var(1, 0.0, false).unwrap()), vec![8. / 3., 8. / 3.]);
-    assert_eq!(f(&t.std(1, 1.0, true).unwrap()), vec![2., 2.]);
+    assert_eq!(f(&t.var(1).unwrap()), vec![4., 4.]);
+    assert_eq!(f(&t.var_correction(1, 0.0).unwrap()), vec![8. / 3., 8. / 3.]);
+    assert_eq!(f(&t.std((1, true)).unwrap()), vec![2., 2.]);
     let all = t.var_all(1.0).unwrap().item::<f32>().unwrap();
     assert!((all - 3.5).abs() < 1e-6);
     assert!((t.std_all(0.0).unwrap().item::<f32>().unwrap() - (35f32 / 12.).sqrt()).abs() < 1e-6);
@@ -173,15 +173,15 @@ fn var_std_with_correction() {
 #[test]
 fn logsumexp_and_norm() {
     let t = Tensor::new(&[1000f32, 1000., f32::NEG_INFINITY], &CPU).unwrap();
-    let l = t.logsumexp(0, false).unwrap().item::<f32>().unwrap();
+    let l = t.logsumexp(0).unwrap().item::<f32>().unwrap();
     assert!((l - (1000. + 2f32.ln())).abs() < 1e-3, "{l}");
     let inf = Tensor::new(&[f32::NEG_INFINITY, f32::NEG_INFINITY], &CPU).unwrap();
     assert_eq!(
-        inf.logsumexp(0, false).unwrap().item::<f32>().unwrap(),
+        inf.logsumexp(0).unwrap().item::<f32>().unwrap(),
         f32::NEG_INFINITY
     );
     let i = Tensor::new(&[0i64, 0], &CPU).unwrap();
-    let li = i.logsumexp(0, true).unwrap();
+    let li = i.logsumexp((0, true)).unwrap();
     assert_eq!(li.dtype(), DType::F32);
     assert!((li.to_vec::<f32>().unwrap()[0] - 2f32.ln()).abs() < 1e-6);
     let v = Tensor::new(&[3f64, -4.], &CPU).unwrap();
@@ -193,7 +193,7 @@ fn logsumexp_and_norm() {
     );
     assert_eq!(v.norm_all(0.0).unwrap().item::<f64>().unwrap(), 2.);
     assert!((v.norm_all(3.0).unwrap().item::<f64>().unwrap() - 91f64.cbrt()).abs() < 1e-12);
-    assert_eq!(m23().norm(2.0, 0, false).unwrap().dims(), &[3]);
+    assert_eq!(m23().norm(2.0, 0).unwrap().dims(), &[3]);
 }
 
 #[test]
@@ -216,7 +216,7 @@ fn softmax_is_stable() {
     let rows = m
         .softmax(1)
         .unwrap()
-        .sum(1, false)
+        .sum(1)
         .unwrap()
         .to_vec::<f64>()
         .unwrap();
@@ -243,12 +243,12 @@ fn large_reductions_split_across_threads() {
     );
     assert_eq!(a.argmax_all().unwrap().item::<i64>().unwrap(), n as i64 - 1);
     let m = a.reshape([1024, 1024]).unwrap();
-    let cols = m.sum(0, false).unwrap().to_vec::<i64>().unwrap();
+    let cols = m.sum(0).unwrap().to_vec::<i64>().unwrap();
     assert_eq!(cols[3], (0..1024).map(|r| r * 1024 + 3).sum::<i64>());
     let rows = m
         .t()
         .unwrap()
-        .sum(0, false)
+        .sum(0)
         .unwrap()
         .to_vec::<i64>()
         .unwrap();
@@ -274,7 +274,7 @@ fn long_f32_runs_sum_and_argmax_across_pieces() {
         // Three rows of the same run: a reduction to few outputs, each run split.
         let rows =
             Tensor::from_slice(&[xs.clone(), xs.clone(), xs].concat(), [3, n], &CPU).unwrap();
-        let per_row = f(&rows.sum(1, false).unwrap());
+        let per_row = f(&rows.sum(1).unwrap());
         assert!(
             per_row
                 .iter()

@@ -130,6 +130,6 @@ fn softmax_edge_cases() {
         .unwrap()
         .softmax(1)
         .unwrap();
-    let sums = p.sum(1, false).unwrap().to_vec::<f32>().unwrap();
+    let sums = p.sum(1).unwrap().to_vec::<f32>().unwrap();
     assert!(sums.iter().all(|s| (s - 1.0).abs() < 1e-5), "{sums:?}");
 }

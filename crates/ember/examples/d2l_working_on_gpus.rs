@@ -14,7 +14,7 @@ fn ensure(ok: bool, what: &str) -> Result<(), Error> {
     if ok {
         Ok(())
     } else {
-        Err(ember::nn::NnError::invalid("walk-through", what))
+        Err(ember::nn::NnError::invalid("walk-through", what).into())
     }
 }
 

@@ -17,7 +17,7 @@ fn ensure(ok: bool, what: &str) -> Result<(), Error> {
     if ok {
         Ok(())
     } else {
-        Err(ember::nn::NnError::invalid("walk-through", what))
+        Err(ember::nn::NnError::invalid("walk-through", what).into())
     }
 }
 
@@ -142,7 +142,7 @@ pub fn run(device: Device, second: Device) -> Result<(), Error> {
     // A learnable task: the labels are the arg-max of a fixed linear map of the inputs.
     let inputs = Tensor::randn([512, 100], ())?;
     let teacher = Tensor::randn([100, 10], ())?;
-    let labels = inputs.mm(&teacher)?.argmax(1, false)?;
+    let labels = inputs.mm(&teacher)?.argmax(1)?;
     let dataset: Arc<dyn Dataset> =
         Arc::new(TensorDataset::new(vec![inputs.clone(), labels.clone()])?);
     let train_loader = DataLoader::new(dataset)
@@ -185,7 +185,7 @@ pub fn run(device: Device, second: Device) -> Result<(), Error> {
         "no graph under no_grad",
     )?;
     let correct = predictions
-        .argmax(1, false)?
+        .argmax(1)?
         .eq(&labels.to(device)?)?
         .to_dtype(ember::DType::F32)?
         .mean_all()?

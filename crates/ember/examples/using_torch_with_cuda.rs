@@ -12,7 +12,7 @@ fn ensure(ok: bool, what: &str) -> Result<(), Error> {
     if ok {
         Ok(())
     } else {
-        Err(NnError::invalid("walk-through", what))
+        Err(NnError::invalid("walk-through", what).into())
     }
 }
 

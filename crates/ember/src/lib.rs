@@ -18,7 +18,7 @@
 //!
 //! ```
 //! use ember::{DType, Device, Tensor};
-//! let x = Tensor::ones([2, 3], (DType::F32, &Device::Cpu))?.requires_grad_(true)?;
+//! let x = Tensor::ones([2, 3], (&Device::Cpu, DType::F32))?.requires_grad_(true)?;
 //! let y = x.matmul(&x.t()?)?;
 //! assert_eq!(y.to_vec::<f32>()?, vec![3.0, 3.0, 3.0, 3.0]);
 //! y.sum_all()?.backward()?;
@@ -41,10 +41,11 @@ pub mod info;
 pub mod train;
 
 pub use ember_autograd::{
-    AutogradError, Tensor, enable_grad, inference_mode, no_grad, set_grad_enabled,
+    AutogradError, Error, ErrorKind, Result, Tensor, enable_grad, inference_mode, no_grad,
+    set_grad_enabled,
 };
 pub use ember_device::{Device, DeviceError, cuda, driver, trace, try_all_gpus, try_gpu};
-pub use ember_nn::{NnError as Error, data, optim};
+pub use ember_nn::{data, optim};
 pub use ember_tensor::DType;
 
 /// The tensor core without a tape (`ember-tensor`): dtypes, shapes, the eager

@@ -19,7 +19,7 @@ use ember_nn::data::{DataLoader, Dataset, TensorDataset, digits};
 use ember_nn::layers::{Conv2d, Conv2dConfig, Flatten, Linear, MaxPool2d, ReLU, Sequential};
 use ember_nn::loss::{CrossEntropyLoss, Loss};
 use ember_nn::optim::{Adam, AdamOptions, Optimizer};
-use ember_nn::{Module, NnError, StateDict};
+use ember_nn::{Error, Module, NnError, StateDict};
 use ember_tensor::random::{GeneratorState, default_generator};
 use serde::Serialize;
 
@@ -155,7 +155,7 @@ pub struct TrainSummary {
 }
 
 /// Picks the device for a choice, with the reason in words.
-pub fn resolve_device(choice: DeviceChoice) -> Result<(Device, String), NnError> {
+pub fn resolve_device(choice: DeviceChoice) -> Result<(Device, String), Error> {
     match choice {
         DeviceChoice::Auto => {
             if cuda::is_available() {
@@ -179,14 +179,16 @@ pub fn resolve_device(choice: DeviceChoice) -> Result<(Device, String), NnError>
                 return Err(NnError::invalid(
                     "ember train",
                     format!("--device cuda:{i} was asked for, but CUDA is not available: {why}"),
-                ));
+                )
+                .into());
             }
             let n = cuda::device_count();
             if i >= n {
                 return Err(NnError::invalid(
                     "ember train",
                     format!("--device cuda:{i} was asked for, but there are {n} CUDA device(s)"),
-                ));
+                )
+                .into());
             }
             let name = cuda::get_device_name(i).unwrap_or_else(|_| "unknown".into());
             Ok((Device::Cuda(i), format!("--device cuda:{i} ({name})")))
@@ -196,7 +198,7 @@ pub fn resolve_device(choice: DeviceChoice) -> Result<(Device, String), NnError>
 
 /// Builds the model on `device` (initialised from the seeded CPU generator, then moved, as
 /// `model = Net().to(device)` does in PyTorch).
-pub fn build_model(kind: ModelKind, device: Device) -> Result<Sequential, NnError> {
+pub fn build_model(kind: ModelKind, device: Device) -> Result<Sequential, Error> {
     let m = match kind {
         ModelKind::Mlp => Sequential::new()
             .add(Linear::new(64, 128, ())?)
@@ -245,7 +247,7 @@ impl Progress for Silent {
 const FORMAT: &str = "ember-train-checkpoint-v1";
 
 /// Trains as `cfg` says and returns the summary.
-pub fn train(cfg: &TrainConfig, progress: &mut dyn Progress) -> Result<TrainSummary, NnError> {
+pub fn train(cfg: &TrainConfig, progress: &mut dyn Progress) -> Result<TrainSummary, Error> {
     if cfg.batch_size == 0 || cfg.epochs == 0 {
         return Err(NnError::invalid(
             "ember train",
@@ -253,20 +255,22 @@ pub fn train(cfg: &TrainConfig, progress: &mut dyn Progress) -> Result<TrainSumm
                 "expected --epochs and --batch-size of at least 1, found {} and {}",
                 cfg.epochs, cfg.batch_size
             ),
-        ));
+        )
+        .into());
     }
     if !(cfg.lr > 0.0 && cfg.lr.is_finite()) {
         return Err(NnError::invalid(
             "ember train",
             format!("expected a positive --lr, found {}", cfg.lr),
-        ));
+        )
+        .into());
     }
     let (device, device_reason) = resolve_device(cfg.device)?;
     ember_tensor::random::manual_seed(cfg.seed);
 
     // Data: the shipped digits, pixels scaled to [0, 1], a seeded split.
     let (train_part, val_part) = digits::load()?.split(cfg.val_fraction, cfg.seed)?;
-    let shape = |x: Tensor| -> Result<Tensor, NnError> {
+    let shape = |x: Tensor| -> Result<Tensor, Error> {
         let x = x.div(16.0)?;
         Ok(match cfg.model {
             ModelKind::Mlp => x,
@@ -308,7 +312,7 @@ pub fn train(cfg: &TrainConfig, progress: &mut dyn Progress) -> Result<TrainSumm
                     path.display(),
                     cfg.epochs
                 ),
-            ));
+            ).into());
         }
     }
 
@@ -374,13 +378,13 @@ pub fn train(cfg: &TrainConfig, progress: &mut dyn Progress) -> Result<TrainSumm
 }
 
 /// Share of `x`'s rows whose arg-max class is `y`, without recording history.
-fn accuracy(model: &dyn Module, x: &Tensor, y: &Tensor) -> Result<f64, NnError> {
+fn accuracy(model: &dyn Module, x: &Tensor, y: &Tensor) -> Result<f64, Error> {
     if y.numel() == 0 {
         return Ok(f64::NAN);
     }
     let _g = ember_autograd::no_grad();
     model.eval();
-    let pred = model.forward(x)?.argmax(1, false)?;
+    let pred = model.forward(x)?.argmax(1)?;
     let correct = pred
         .eq(y)?
         .to_dtype(ember_tensor::DType::F64)?
@@ -396,7 +400,7 @@ fn save_checkpoint(
     epoch: usize,
     model: &dyn Module,
     opt: &dyn Optimizer,
-) -> Result<(), NnError> {
+) -> Result<(), Error> {
     let mut tensors: BTreeMap<String, ember_tensor::Tensor> = BTreeMap::new();
     for (k, v) in model.state_dict() {
         tensors.insert(format!("model.{k}"), v.data());
@@ -436,9 +440,9 @@ fn load_checkpoint(
     cfg: &TrainConfig,
     model: &dyn Module,
     opt: &mut dyn Optimizer,
-) -> Result<usize, NnError> {
-    let bad = |msg: String| {
-        NnError::invalid("ember train --resume", format!("{}: {msg}", path.display()))
+) -> Result<usize, Error> {
+    let bad = |msg: String| -> Error {
+        NnError::invalid("ember train --resume", format!("{}: {msg}", path.display())).into()
     };
     let (tensors, meta) = ember_tensor::io::load_with_metadata(path, &Device::Cpu)?;
     let meta = &meta;

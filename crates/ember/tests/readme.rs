@@ -15,7 +15,7 @@ fn readme_snippet_runs() -> Result<(), Box<dyn std::error::Error>> {
     memory::empty_cache(device)?;
 
     let x = Tensor::randn([64, 784], ())?.pin_memory()?;
-    let w = Tensor::randn([784, 10], (DType::F32, device))?.requires_grad_(true)?;
+    let w = Tensor::randn([784, 10], (device, DType::F32))?.requires_grad_(true)?;
     let logits = x.to_non_blocking(device)?.matmul(&w)?;
     let target = Tensor::randint(0, 10, [64], device)?;
     let loss = logits.cross_entropy(&target, &ember::tensor::CrossEntropyOptions::new())?;

@@ -1,7 +1,7 @@
 //! Elementwise ops: binary with broadcasting and promotion, unary, clamp, `where`, casts,
 //! device moves, and the in-place forms.
 
-use ember_tensor::{DType, Device, Scalar, Tensor as Raw};
+use ember_tensor::{ClampBound, DType, Device, Scalar, Tensor as Raw};
 
 use crate::error::{AutogradError, Result};
 use crate::graph::{BackwardFn, Saved, maybe_record, needs_grad, record};
@@ -91,8 +91,8 @@ fn binary_grads(op: Bin, g: &Raw, a: &Raw, b: &Raw, y: &Raw) -> Result<(Raw, Raw
             };
             let tie = a.eq(b)?;
             let half = g.mul(0.5)?;
-            let ga = Raw::where_(&win_a, g, &Raw::where_(&tie, &half, 0.0)?)?;
-            let gb = Raw::where_(&win_b, g, &Raw::where_(&tie, &half, 0.0)?)?;
+            let ga = ember_tensor::r#where(&win_a, g, &ember_tensor::r#where(&tie, &half, 0.0)?)?;
+            let gb = ember_tensor::r#where(&win_b, g, &ember_tensor::r#where(&tie, &half, 0.0)?)?;
             (ga, gb)
         }
     })
@@ -101,14 +101,14 @@ fn binary_grads(op: Bin, g: &Raw, a: &Raw, b: &Raw, y: &Raw) -> Result<(Raw, Raw
 /// `d(a^b)/da = b·a^(b-1)`, 0 where `b == 0`.
 fn pow_base_grad(g: &Raw, a: &Raw, b: &Raw) -> Result<Raw> {
     let d = b.mul(&a.pow(&b.sub(1.0)?)?)?;
-    let d = Raw::where_(&b.eq(0.0)?, 0.0, &d)?;
+    let d = ember_tensor::r#where(&b.eq(0.0)?, 0.0, &d)?;
     Ok(g.mul(&d)?)
 }
 
 /// `d(a^b)/db = a^b·ln a`, 0 where `a == 0` and `b >= 0` (PyTorch's convention).
 fn pow_exp_grad(g: &Raw, a: &Raw, y: &Raw) -> Result<Raw> {
     let d = y.mul(&a.log()?)?;
-    let d = Raw::where_(&a.eq(0.0)?, 0.0, &d)?;
+    let d = ember_tensor::r#where(&a.eq(0.0)?, 0.0, &d)?;
     Ok(g.mul(&d)?)
 }
 
@@ -140,7 +140,7 @@ impl Tensor {
                             Some(s) => s.get()?.to_dtype(dt)?,
                             None => g.clone(),
                         };
-                        let b = Raw::full([], s, (dt, g.device()))?;
+                        let b = Raw::full([], s, (g.device(), dt))?;
                         Ok(binary_grads(op, g, &a, &b, g)?.0)
                     }))
                 })
@@ -327,15 +327,17 @@ unary_methods! {
     /// `1 / x`.
     reciprocal, "ReciprocalBackward0", [false, true], |g, x, y| Ok(g.mul(&y.square()?.neg()?)?);
     /// `max(x, 0)`.
-    relu, "ReluBackward0", [false, true], |g, x, y| Ok(Raw::where_(&y.gt(0.0)?, g, 0.0)?);
-    /// Exact GELU.
-    gelu, "GeluBackward0", [true, true], |g, x, y| {
+    relu, "ReluBackward0", [false, true], |g, x, y| Ok(ember_tensor::r#where(&y.gt(0.0)?, g, 0.0)?);
+    /// Exact GELU: `gelu(Approximate::None)`.
+    #[doc(hidden)]
+    gelu_erf, "GeluBackward0", [true, true], |g, x, y| {
         // Φ(x) = gelu(x) / x (½ at 0); φ(x) = e^(-x²/2) / √(2π).
-        let cdf = Raw::where_(&x.eq(0.0)?, 0.5, &y.div(&x)?)?;
+        let cdf = ember_tensor::r#where(&x.eq(0.0)?, 0.5, &y.div(&x)?)?;
         let pdf = x.square()?.mul(-0.5)?.exp()?.mul(0.398_942_280_401_432_7)?;
         Ok(g.mul(&cdf.add(&x.mul(&pdf)?)?)?)
     };
-    /// GELU, tanh approximation.
+    /// GELU, tanh approximation: `gelu(Approximate::Tanh)`.
+    #[doc(hidden)]
     gelu_tanh, "GeluBackward0", [true, false], |g, x, y| {
         let x2 = x.square()?;
         let u = x.mul(&x2.mul(GELU_C)?.add(1.0)?)?.mul(SQRT_2_OVER_PI)?;
@@ -352,7 +354,7 @@ unary_methods! {
     };
     /// `ln(1 + e^x)`, linear above 20.
     softplus, "SoftplusBackward0", [true, false], |g, x, y| {
-        Ok(Raw::where_(&x.gt(20.0)?, g, &g.mul(&x.sigmoid()?)?)?)
+        Ok(ember_tensor::r#where(&x.gt(20.0)?, g, &g.mul(&x.sigmoid()?)?)?)
     };
 }
 
@@ -365,7 +367,7 @@ fn clamp_grad(g: &Raw, x: &Raw, min: Option<Scalar>, max: Option<Scalar>) -> Res
     if let Some(hi) = max {
         keep = keep.logical_and(&x.le(hi)?)?;
     }
-    Ok(Raw::where_(&keep, g, 0.0)?)
+    Ok(ember_tensor::r#where(&keep, g, 0.0)?)
 }
 
 impl Tensor {
@@ -377,7 +379,8 @@ impl Tensor {
             return Err(AutogradError::invalid(
                 "dropout",
                 format!("dropout probability has to be between 0 and 1, but got {p}"),
-            ));
+            )
+            .into());
         }
         if !training || p == 0.0 {
             return Ok(self.clone());
@@ -386,7 +389,7 @@ impl Tensor {
         let m = if p == 1.0 {
             x.zeros_like()?
         } else {
-            Raw::dropout_mask(x.shape().clone(), p, (x.dtype(), x.device()))?
+            Raw::dropout_mask(x.shape().clone(), p, (x.device(), x.dtype()))?
                 .mul(1.0 / (1.0 - p))?
         };
         let y = x.mul(&m)?;
@@ -401,7 +404,16 @@ impl Tensor {
     }
 
     /// Clamps into `[min, max]`; the gradient passes where `min <= x <= max`.
-    pub fn clamp(&self, min: Option<Scalar>, max: Option<Scalar>) -> Result<Tensor> {
+    ///
+    /// ```
+    /// use ember_autograd::Tensor;
+    /// let x = Tensor::from_vec(vec![-2f32, 0.5, 9.0], [3], ())?;
+    /// assert_eq!(x.clamp(0.0, 6.0)?.to_vec::<f32>()?, vec![0.0, 0.5, 6.0]);
+    /// assert_eq!(x.clamp((), 1)?.to_vec::<f32>()?, vec![-2.0, 0.5, 1.0]);
+    /// # Ok::<(), ember_autograd::Error>(())
+    /// ```
+    pub fn clamp(&self, min: impl ClampBound, max: impl ClampBound) -> Result<Tensor> {
+        let (min, max) = (min.bound(), max.bound());
         let x = self.data();
         let y = x.clamp(min, max)?;
         maybe_record("ClampBackward1", y.clone(), &[self], || {
@@ -412,58 +424,27 @@ impl Tensor {
 
     /// `clamp(min, None)`.
     pub fn clamp_min(&self, min: impl Into<Scalar>) -> Result<Tensor> {
-        self.clamp(Some(min.into()), None)
+        self.clamp(min.into(), ())
     }
 
     /// `clamp(None, max)`.
     pub fn clamp_max(&self, max: impl Into<Scalar>) -> Result<Tensor> {
-        self.clamp(None, Some(max.into()))
+        self.clamp((), max.into())
     }
 
-    /// `cond ? on_true : on_false` elementwise with broadcasting (`torch.where`).
-    pub fn where_<'a, 'b>(
-        cond: &Tensor,
-        on_true: impl Into<Operand<'a>>,
-        on_false: impl Into<Operand<'b>>,
-    ) -> Result<Tensor> {
-        let (t, f) = (on_true.into(), on_false.into());
-        let (ht, hf) = (
-            match t {
-                Operand::Tensor(x) => Some(x.data()),
-                _ => None,
-            },
-            match f {
-                Operand::Tensor(x) => Some(x.data()),
-                _ => None,
-            },
-        );
-        let c = cond.data();
-        let y = Raw::where_(&c, raw_operand(&t, &ht), raw_operand(&f, &hf))?;
-        let mut inputs: Vec<&Tensor> = Vec::new();
-        let mut which = Vec::new();
-        if let Operand::Tensor(x) = t {
-            inputs.push(x);
-            which.push(true);
+    /// GELU: exact with `Approximate::None` (or `()`), the tanh approximation with
+    /// `Approximate::Tanh` (PyTorch's `approximate='tanh'`).
+    pub fn gelu(&self, approximate: impl Into<ember_tensor::Approximate>) -> Result<Tensor> {
+        match approximate.into() {
+            ember_tensor::Approximate::None => self.gelu_erf(),
+            ember_tensor::Approximate::Tanh => self.gelu_tanh(),
         }
-        if let Operand::Tensor(x) = f {
-            inputs.push(x);
-            which.push(false);
-        }
-        maybe_record("WhereBackward0", y.clone(), &inputs, || {
-            Ok(Box::new(move |g: &Raw| {
-                which
-                    .iter()
-                    .map(|&on_true| {
-                        let r = if on_true {
-                            Raw::where_(&c, g, 0.0)?
-                        } else {
-                            Raw::where_(&c, 0.0, g)?
-                        };
-                        Ok(Some(r))
-                    })
-                    .collect()
-            }) as BackwardFn)
-        })
+    }
+
+    /// `torch.Tensor.where(condition, other)`: `self` where `cond` is true, `other`
+    /// elsewhere ([`r#where(cond, self, other)`](crate::r#where)).
+    pub fn r#where<'b>(&self, cond: &Tensor, other: impl Into<Operand<'b>>) -> Result<Tensor> {
+        r#where(cond, self, other)
     }
 
     /// A copy in another dtype; the gradient comes back in this tensor's dtype.
@@ -573,12 +554,12 @@ impl Tensor {
         if self.is_leaf() && self.requires_grad() {
             return Err(AutogradError::Inplace(format!(
                 "{op}: a leaf Variable that requires grad is being used in an in-place operation (wrap the update in no_grad())"
-            )));
+            )).into());
         }
         if self.is_view() {
             return Err(AutogradError::Inplace(format!(
                 "{op}: an in-place operation on a view of a tensor in the autograd graph is not supported yet (PyTorch rewrites the base's history; Ember would not); use the out-of-place op, e.g. `y = y.mul(2)`"
-            )));
+            )).into());
         }
         Ok(true)
     }
@@ -607,7 +588,7 @@ impl Tensor {
             Bin::Sub => d.sub_(raw_operand(&rhs, &hold))?,
             Bin::Mul => d.mul_(raw_operand(&rhs, &hold))?,
             Bin::Div => d.div_(raw_operand(&rhs, &hold))?,
-            _ => return Err(AutogradError::invalid(name, "no in-place form")),
+            _ => return Err(AutogradError::invalid(name, "no in-place form").into()),
         };
         if !rec {
             return Ok(self);
@@ -621,7 +602,7 @@ impl Tensor {
         let f: BackwardFn = Box::new(move |g: &Raw| {
             let b = match (&saved_other, scalar) {
                 (Some(s), _) => Some(s.get()?),
-                (None, Some(s)) => Some(Raw::full([], s, (g.dtype(), g.device()))?),
+                (None, Some(s)) => Some(Raw::full([], s, (g.device(), g.dtype()))?),
                 _ => None,
             };
             let ga = match op {
@@ -645,12 +626,12 @@ impl Tensor {
                     Bin::Sub => g.neg()?,
                     Bin::Mul => match &saved_self {
                         Some(a) => g.mul(&a.get()?)?,
-                        None => return Err(AutogradError::invalid(name, "lost operand")),
+                        None => return Err(AutogradError::invalid(name, "lost operand").into()),
                     },
                     _ => {
                         return Err(AutogradError::Inplace(format!(
                             "{name}: the gradient of an in-place division with respect to the divisor needs the old value; use div() instead"
-                        )));
+                        )).into());
                     }
                 };
                 out.push(Some(gb));
@@ -728,7 +709,8 @@ impl Tensor {
     }
 
     /// In-place clamp.
-    pub fn clamp_(&self, min: Option<Scalar>, max: Option<Scalar>) -> Result<&Tensor> {
+    pub fn clamp_(&self, min: impl ClampBound, max: impl ClampBound) -> Result<&Tensor> {
+        let (min, max) = (min.bound(), max.bound());
         let rec = self.inplace_check(&[], "clamp_")?;
         let d = self.data();
         let before = if rec { Some(d.copy()?) } else { None };
@@ -740,4 +722,59 @@ impl Tensor {
         }
         Ok(self)
     }
+}
+
+/// `torch.where(cond, on_true, on_false)`: `cond ? on_true : on_false` elementwise with
+/// broadcasting; gradients flow to the tensor operands where each was picked.
+///
+/// ```
+/// use ember_autograd::Tensor;
+/// let x = Tensor::from_vec(vec![-1f32, 2., -3.], [3], ())?;
+/// let r = ember_autograd::r#where(&x.gt(0)?, &x, 0.0)?;
+/// assert_eq!(r.to_vec::<f32>()?, vec![0., 2., 0.]);
+/// # Ok::<(), ember_autograd::Error>(())
+/// ```
+pub fn r#where<'a, 'b>(
+    cond: &Tensor,
+    on_true: impl Into<Operand<'a>>,
+    on_false: impl Into<Operand<'b>>,
+) -> Result<Tensor> {
+    let (t, f) = (on_true.into(), on_false.into());
+    let (ht, hf) = (
+        match t {
+            Operand::Tensor(x) => Some(x.data()),
+            _ => None,
+        },
+        match f {
+            Operand::Tensor(x) => Some(x.data()),
+            _ => None,
+        },
+    );
+    let c = cond.data();
+    let y = ember_tensor::r#where(&c, raw_operand(&t, &ht), raw_operand(&f, &hf))?;
+    let mut inputs: Vec<&Tensor> = Vec::new();
+    let mut which = Vec::new();
+    if let Operand::Tensor(x) = t {
+        inputs.push(x);
+        which.push(true);
+    }
+    if let Operand::Tensor(x) = f {
+        inputs.push(x);
+        which.push(false);
+    }
+    maybe_record("WhereBackward0", y.clone(), &inputs, || {
+        Ok(Box::new(move |g: &Raw| {
+            which
+                .iter()
+                .map(|&on_true| {
+                    let r = if on_true {
+                        ember_tensor::r#where(&c, g, 0.0)?
+                    } else {
+                        ember_tensor::r#where(&c, 0.0, g)?
+                    };
+                    Ok(Some(r))
+                })
+                .collect()
+        }) as BackwardFn)
+    })
 }

@@ -25,7 +25,7 @@ impl Tensor {
                 let mut view = vec![1usize; g.rank()];
                 view[d] = idx.numel();
                 let full = idx.reshape(&view[..])?.expand(g.dims())?;
-                let z = Raw::zeros(shape.clone(), (g.dtype(), g.device()))?;
+                let z = Raw::zeros(shape.clone(), (g.device(), g.dtype()))?;
                 Ok(z.scatter_add(d, &full, g)?)
             }))
         })
@@ -40,7 +40,7 @@ impl Tensor {
         let shape = x.shape().clone();
         maybe_record("GatherBackward0", y, &[self], || {
             Ok(bw1(move |g| {
-                let z = Raw::zeros(shape.clone(), (g.dtype(), g.device()))?;
+                let z = Raw::zeros(shape.clone(), (g.device(), g.dtype()))?;
                 Ok(z.scatter_add(d, &idx, g)?)
             }))
         })
@@ -94,7 +94,7 @@ impl Tensor {
                 let n = idx.numel();
                 let rows = g.reshape([n, dim])?;
                 let full = idx.reshape([n, 1])?.expand([n, dim])?;
-                let z = Raw::zeros(shape.clone(), (g.dtype(), g.device()))?;
+                let z = Raw::zeros(shape.clone(), (g.device(), g.dtype()))?;
                 Ok(z.scatter_add(0, &full, &rows)?)
             }))
         })

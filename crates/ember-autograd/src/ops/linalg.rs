@@ -130,15 +130,33 @@ impl Tensor {
         Ok(record(name, y, &[self, rhs], f))
     }
 
-    /// `beta * self + alpha * (m1 @ m2)`.
-    pub fn addmm(
+    /// `self + m1 @ m2`, as `torch.addmm` with its default `beta = alpha = 1` (`self`
+    /// broadcasts to the product's shape).
+    pub fn addmm(&self, m1: &Tensor, m2: &Tensor) -> Result<Tensor> {
+        self.addmm_scaled(m1, m2, 1, 1)
+    }
+
+    /// `beta * self + alpha * (m1 @ m2)`, as `torch.addmm(self, m1, m2, beta=, alpha=)`.
+    pub fn addmm_scaled(
         &self,
         m1: &Tensor,
         m2: &Tensor,
         beta: impl Into<Scalar>,
         alpha: impl Into<Scalar>,
     ) -> Result<Tensor> {
-        let p = m1.mm(m2)?.mul(alpha.into())?;
-        p.add(&self.mul(beta.into())?)
+        let (beta, alpha) = (beta.into(), alpha.into());
+        let one = |s: Scalar| s.to_f64() == 1.0;
+        let p = m1.mm(m2)?;
+        let p = if one(alpha) { p } else { p.mul(alpha)? };
+        let r = if one(beta) { p.add(self)? } else { p.add(&self.mul(beta)?)? };
+        if r.dims() != p.dims() {
+            return Err(ember_tensor::TensorError::Broadcast {
+                op: "addmm",
+                lhs: self.shape(),
+                rhs: p.shape(),
+            }
+            .into());
+        }
+        Ok(r)
     }
 }

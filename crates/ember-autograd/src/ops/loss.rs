@@ -40,7 +40,7 @@ fn three_d(x: &Raw) -> Result<(Raw, usize, usize, usize)> {
 fn coefficients(spec: &LossSpec, dtype: DType, n: usize, c: usize, l: usize) -> Result<(Raw, Raw)> {
     let t = spec.target.reshape([n, l])?.to_dtype(DType::I64)?;
     let valid = t.ne(spec.ignore_index)?;
-    let tc = Raw::where_(&valid, &t, 0)?.to_dtype(DType::I64)?;
+    let tc = ember_tensor::r#where(&valid, &t, 0)?.to_dtype(DType::I64)?;
     let validf = valid.to_dtype(dtype)?;
     let w_t = match &spec.weight {
         Some(w) => w
@@ -60,7 +60,7 @@ fn coefficients(spec: &LossSpec, dtype: DType, n: usize, c: usize, l: usize) -> 
         a = a.mul(1.0 - spec.smoothing)?;
         let wc = match &spec.weight {
             Some(w) => w.to_dtype(dtype)?.reshape([1, c, 1])?,
-            None => Raw::ones([1, c, 1], (dtype, t.device()))?,
+            None => Raw::ones([1, c, 1], (t.device(), dtype))?,
         };
         let smooth = wc
             .mul(spec.smoothing / c as f64)?
@@ -140,7 +140,7 @@ impl Tensor {
                 let p = x3.softmax(1)?;
                 let (a, total) = coefficients(&spec, x.dtype(), n, c, l)?;
                 let s = scale(&spec, &g.to_dtype(x.dtype())?, &total, n, l)?;
-                let d = p.mul(&a.sum(1, true)?)?.sub(&a)?;
+                let d = p.mul(&a.sum((1, true))?)?.sub(&a)?;
                 Ok(d.mul(&s)?.reshape(x.shape())?)
             }))
         })

@@ -10,7 +10,7 @@ mod nn;
 mod reduce;
 mod view;
 
-pub use elementwise::Operand;
+pub use elementwise::{Operand, r#where};
 
 use ember_tensor::Tensor as Raw;
 

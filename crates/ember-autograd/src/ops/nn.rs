@@ -95,7 +95,7 @@ fn conv_backward(
         let wg = wt.reshape([groups, og, cg * kk])?.transpose(1, 2)?;
         let cols = wg.matmul(&g4)?.reshape([n, m])?;
         let full = idx.unsqueeze(0)?.expand([n, m])?;
-        let z = Raw::zeros([n, c * geo.hb * geo.wb], (g.dtype(), dev))?;
+        let z = Raw::zeros([n, c * geo.hb * geo.wb], (dev, g.dtype()))?;
         let padded = z
             .scatter_add(1, &full, &cols)?
             .reshape([n, c, geo.hb, geo.wb])?;
@@ -109,7 +109,7 @@ fn conv_backward(
         None
     };
     let gw = if need.1 {
-        let xp = Raw::zeros([n, c, geo.hb, geo.wb], (x.dtype(), dev))?;
+        let xp = Raw::zeros([n, c, geo.hb, geo.wb], (dev, x.dtype()))?;
         xp.narrow(2, geo.pad.0, h)?
             .narrow(3, geo.pad.1, w)?
             .copy_(x)?;
@@ -117,13 +117,13 @@ fn conv_backward(
             .reshape([n, c * geo.hb * geo.wb])?
             .index_select(1, &idx)?
             .reshape([n, groups, cg * kk, l])?;
-        let gw = g4.matmul(&cols.transpose(2, 3)?)?.sum(0, false)?;
+        let gw = g4.matmul(&cols.transpose(2, 3)?)?.sum(0)?;
         Some(gw.reshape([o, cg, kh, kw])?)
     } else {
         None
     };
     let gb = if need.2 {
-        Some(g.sum([0usize, 2, 3], false)?)
+        Some(g.sum([0usize, 2, 3])?)
     } else {
         None
     };
@@ -226,7 +226,7 @@ impl Tensor {
         let y = self.pool_record("MaxPool2DWithIndicesBackward0", y, move |g, shape| {
             let (p, hw) = planes(shape);
             let l = g.numel() / p.max(1);
-            let z = Raw::zeros([p, hw], (g.dtype(), g.device()))?;
+            let z = Raw::zeros([p, hw], (g.device(), g.dtype()))?;
             let r = z.scatter_add(1, &i.reshape([p, l])?, &g.reshape([p, l])?)?;
             Ok(r.reshape(shape)?)
         })?;
@@ -255,7 +255,7 @@ impl Tensor {
                 .to_device(&dev)?;
             let l = out.0 * out.1;
             let vals = g.reshape([p, l])?.index_select(1, &src)?.mul(&coef)?;
-            let z = Raw::zeros([p, hw], (g.dtype(), dev))?;
+            let z = Raw::zeros([p, hw], (dev, g.dtype()))?;
             let full = dst.unsqueeze(0)?.expand([p, e])?;
             Ok(z.scatter_add(1, &full, &vals)?.reshape(shape)?)
         })

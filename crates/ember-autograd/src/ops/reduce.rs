@@ -1,7 +1,7 @@
 //! Reductions, softmax and log-softmax. A reduced gradient is brought back over the
 //! reduced dims by unsqueezing them (when `keepdim` dropped them) and expanding.
 
-use ember_tensor::{DType, Dim, Dims, Tensor as Raw};
+use ember_tensor::{DType, Dim, ReduceDims, Tensor as Raw};
 
 use crate::error::Result;
 use crate::graph::{Saved, maybe_record};
@@ -25,67 +25,78 @@ fn count(shape: &[usize], dims: &[usize]) -> usize {
 }
 
 impl Tensor {
-    /// The reduced dims, normalised (none for a scalar, whose one "dim" is not a dim).
-    fn reduce_dims(&self, dims: &impl Dims, op: &'static str) -> Result<Vec<usize>> {
-        let ds = dims.indices(self.rank(), op)?;
-        Ok(if self.rank() == 0 { Vec::new() } else { ds })
+    /// The reduced dims, normalised (all for `()`; none for a scalar, whose one "dim" is
+    /// not a dim).
+    fn reduce_dims(&self, dims: &impl ReduceDims, op: &'static str) -> Result<Vec<usize>> {
+        match dims.dims() {
+            _ if self.rank() == 0 => {
+                if let Some(d) = dims.dims() {
+                    d.indices(0, op)?;
+                }
+                Ok(Vec::new())
+            }
+            None => Ok((0..self.rank()).collect()),
+            Some(d) => Ok(d.indices(self.rank(), op)?),
+        }
     }
 
-    /// Sum over all elements.
+    /// Sum over all elements; `sum(())`.
     pub fn sum_all(&self) -> Result<Tensor> {
-        let x = self.data();
-        let y = x.sum_all()?;
-        let shape = x.dims().to_vec();
-        maybe_record("SumBackward0", y, &[self], || {
-            Ok(bw1(move |g| Ok(g.expand(&shape[..])?)))
-        })
+        self.sum(())
     }
 
-    /// Sum over `dims`.
-    pub fn sum(&self, dims: impl Dims, keepdim: bool) -> Result<Tensor> {
+    /// Sum over `dims` (`()` for all; `(dims, true)` keeps them, see
+    /// [`ReduceDims`]).
+    ///
+    /// ```
+    /// use ember_autograd::Tensor;
+    /// let t = Tensor::from_vec(vec![1f32, 2., 3., 4.], [2, 2], ())?;
+    /// assert_eq!(t.sum(())?.item::<f32>()?, 10.0);
+    /// assert_eq!(t.sum(0)?.to_vec::<f32>()?, vec![4.0, 6.0]);
+    /// assert_eq!(t.sum((1, true))?.dims(), vec![2, 1]);
+    /// # Ok::<(), ember_autograd::Error>(())
+    /// ```
+    pub fn sum(&self, dims: impl ReduceDims) -> Result<Tensor> {
         let x = self.data();
+        let (keepdim, all) = (dims.keepdim(), dims.dims().is_none());
         let ds = self.reduce_dims(&dims, "sum")?;
-        let y = x.sum(dims, keepdim)?;
+        let y = x.sum(dims)?;
         let shape = x.dims().to_vec();
-        maybe_record("SumBackward1", y, &[self], || {
+        let name = if all { "SumBackward0" } else { "SumBackward1" };
+        maybe_record(name, y, &[self], || {
             Ok(bw1(move |g| unreduce(g, &ds, keepdim, &shape)))
         })
     }
 
-    /// Mean over all elements.
+    /// Mean over all elements; `mean(())`.
     pub fn mean_all(&self) -> Result<Tensor> {
-        let x = self.data();
-        let y = x.mean_all()?;
-        let shape = x.dims().to_vec();
-        let n = x.numel() as f64;
-        maybe_record("MeanBackward0", y, &[self], || {
-            Ok(bw1(move |g| Ok(g.div(n)?.expand(&shape[..])?)))
-        })
+        self.mean(())
     }
 
     /// Mean over `dims`.
-    pub fn mean(&self, dims: impl Dims, keepdim: bool) -> Result<Tensor> {
+    pub fn mean(&self, dims: impl ReduceDims) -> Result<Tensor> {
         let x = self.data();
+        let (keepdim, all) = (dims.keepdim(), dims.dims().is_none());
         let ds = self.reduce_dims(&dims, "mean")?;
-        let y = x.mean(dims, keepdim)?;
+        let y = x.mean(dims)?;
         let shape = x.dims().to_vec();
         let n = count(&shape, &ds) as f64;
-        maybe_record("MeanBackward1", y, &[self], || {
+        let name = if all { "MeanBackward0" } else { "MeanBackward1" };
+        maybe_record(name, y, &[self], || {
             Ok(bw1(move |g| unreduce(&g.div(n)?, &ds, keepdim, &shape)))
         })
     }
 
-    /// Product over all elements.
+    /// Product over all elements; `prod(())`.
     pub fn prod_all(&self) -> Result<Tensor> {
-        let y = self.data().prod_all()?;
-        let ds: Vec<usize> = (0..self.rank()).collect();
-        self.prod_like(y, ds, false)
+        self.prod(())
     }
 
     /// Product over `dims`. The gradient is exact with zeros among the factors.
-    pub fn prod(&self, dims: impl Dims, keepdim: bool) -> Result<Tensor> {
+    pub fn prod(&self, dims: impl ReduceDims) -> Result<Tensor> {
+        let keepdim = dims.keepdim();
         let ds = self.reduce_dims(&dims, "prod")?;
-        let y = self.data().prod(dims, keepdim)?;
+        let y = self.data().prod(dims)?;
         self.prod_like(y, ds, keepdim)
     }
 
@@ -101,15 +112,15 @@ impl Tensor {
                 }
                 let zero = x.eq(0.0)?;
                 // Product of the non-zero factors, and how many zeros each output saw.
-                let nonzero = Raw::where_(&zero, 1.0, &x)?.to_dtype(x.dtype())?;
-                let pn = unreduce(&nonzero.prod(&ds[..], true)?, &ds, true, &shape)?;
-                let zeros = zero.to_dtype(DType::I64)?.sum(&ds[..], true)?;
+                let nonzero = ember_tensor::r#where(&zero, 1.0, &x)?.to_dtype(x.dtype())?;
+                let pn = unreduce(&nonzero.prod((&ds[..], true))?, &ds, true, &shape)?;
+                let zeros = zero.to_dtype(DType::I64)?.sum((&ds[..], true))?;
                 let zeros = unreduce(&zeros, &ds, true, &shape)?;
                 // No zero: p / x. One zero: at the zero the others' product, else 0.
                 let none = pn.div(&x)?;
-                let one = Raw::where_(&zero, &pn, 0.0)?;
-                let some = Raw::where_(&zeros.eq(1)?, &one, 0.0)?;
-                let d = Raw::where_(&zeros.eq(0)?, &none, &some)?;
+                let one = ember_tensor::r#where(&zero, &pn, 0.0)?;
+                let some = ember_tensor::r#where(&zeros.eq(1)?, &one, 0.0)?;
+                let d = ember_tensor::r#where(&zeros.eq(0)?, &none, &some)?;
                 Ok(g.mul(&d)?)
             }))
         })
@@ -140,23 +151,20 @@ impl Tensor {
     }
 
     /// `amax` over `dims` (ties share the gradient evenly, as PyTorch).
-    pub fn amax(&self, dims: impl Dims, keepdim: bool) -> Result<Tensor> {
-        self.amaxmin(dims, keepdim, true)
+    pub fn amax(&self, dims: impl ReduceDims) -> Result<Tensor> {
+        self.amaxmin(dims, true)
     }
 
     /// `amin` over `dims`.
-    pub fn amin(&self, dims: impl Dims, keepdim: bool) -> Result<Tensor> {
-        self.amaxmin(dims, keepdim, false)
+    pub fn amin(&self, dims: impl ReduceDims) -> Result<Tensor> {
+        self.amaxmin(dims, false)
     }
 
-    fn amaxmin(&self, dims: impl Dims, keepdim: bool, max: bool) -> Result<Tensor> {
+    fn amaxmin(&self, dims: impl ReduceDims, max: bool) -> Result<Tensor> {
         let x = self.data();
-        let ds = self.reduce_dims(&dims, "amax")?;
-        let y = if max {
-            x.amax(dims, keepdim)?
-        } else {
-            x.amin(dims, keepdim)?
-        };
+        let keepdim = dims.keepdim();
+        let ds = self.reduce_dims(&dims, if max { "amax" } else { "amin" })?;
+        let y = if max { x.amax(dims)? } else { x.amin(dims)? };
         let shape = x.dims().to_vec();
         let name = if max {
             "AmaxBackward0"
@@ -169,31 +177,36 @@ impl Tensor {
                 let x = sx.get()?;
                 let yk = unreduce(&sy.get()?, &ds, keepdim, &shape)?;
                 let hit = x.eq(&yk)?.to_dtype(g.dtype())?;
-                let n = unreduce(&hit.sum(&ds[..], true)?, &ds, true, &shape)?;
+                let n = unreduce(&hit.sum((&ds[..], true))?, &ds, true, &shape)?;
                 let g = unreduce(g, &ds, keepdim, &shape)?;
                 Ok(hit.mul(&g)?.div(&n)?)
             }))
         })
     }
 
-    /// Max along `dim` with the indices (the gradient goes to the index taken).
-    pub fn max_dim(&self, dim: impl Dim, keepdim: bool) -> Result<(Tensor, Tensor)> {
-        self.extremum_dim(dim, keepdim, true)
+    /// Max along one dim with the indices, as `torch.max(x, dim)`: `x.max_dim(1)`,
+    /// `x.max_dim((1, true))` (the gradient goes to the index taken).
+    pub fn max_dim(&self, dim: impl ReduceDims) -> Result<(Tensor, Tensor)> {
+        self.extremum_dim(dim, true)
     }
 
-    /// Min along `dim` with the indices.
-    pub fn min_dim(&self, dim: impl Dim, keepdim: bool) -> Result<(Tensor, Tensor)> {
-        self.extremum_dim(dim, keepdim, false)
+    /// Min along one dim with the indices.
+    pub fn min_dim(&self, dim: impl ReduceDims) -> Result<(Tensor, Tensor)> {
+        self.extremum_dim(dim, false)
     }
 
-    fn extremum_dim(&self, dim: impl Dim, keepdim: bool, max: bool) -> Result<(Tensor, Tensor)> {
+    fn extremum_dim(&self, dim: impl ReduceDims, max: bool) -> Result<(Tensor, Tensor)> {
         let x = self.data();
-        let d = dim.index(x.rank(), "max")?;
+        let keepdim = dim.keepdim();
+        let op = if max { "max" } else { "min" };
+        let listed = dim.dims().map(|ds| ds.indices(x.rank(), op)).transpose()?;
         let (v, i) = if max {
-            x.max_dim(d, keepdim)?
+            x.max_dim(dim)?
         } else {
-            x.min_dim(d, keepdim)?
+            x.min_dim(dim)?
         };
+        // The one dim (the core checked that exactly one was given).
+        let d = listed.and_then(|ds| ds.first().copied()).unwrap_or(0);
         let name = if max { "MaxBackward0" } else { "MinBackward0" };
         let shape = x.shape().clone();
         let idx = i.clone();
@@ -208,21 +221,22 @@ impl Tensor {
                 } else {
                     (g.unsqueeze(d)?, idx.unsqueeze(d)?)
                 };
-                let z = Raw::zeros(shape.clone(), (g.dtype(), g.device()))?;
+                let z = Raw::zeros(shape.clone(), (g.device(), g.dtype()))?;
                 Ok(z.scatter_add(d, &idx, &g)?)
             }))
         })?;
         Ok((values, Tensor::wrap(i)))
     }
 
-    /// Index of the largest element along `dim` (not differentiable).
-    pub fn argmax(&self, dim: impl Dim, keepdim: bool) -> Result<Tensor> {
-        Ok(Tensor::wrap(self.data().argmax(dim, keepdim)?))
+    /// Index of the largest element along one dim (`()`: of the flattened tensor; not
+    /// differentiable).
+    pub fn argmax(&self, dim: impl ReduceDims) -> Result<Tensor> {
+        Ok(Tensor::wrap(self.data().argmax(dim)?))
     }
 
-    /// Index of the smallest element along `dim`.
-    pub fn argmin(&self, dim: impl Dim, keepdim: bool) -> Result<Tensor> {
-        Ok(Tensor::wrap(self.data().argmin(dim, keepdim)?))
+    /// Index of the smallest element along one dim (`()`: of the flattened tensor).
+    pub fn argmin(&self, dim: impl ReduceDims) -> Result<Tensor> {
+        Ok(Tensor::wrap(self.data().argmin(dim)?))
     }
 
     /// Flat index of the largest element.
@@ -235,34 +249,40 @@ impl Tensor {
         Ok(Tensor::wrap(self.data().argmin_all()?))
     }
 
-    /// Variance over `dims` with `correction` (1: unbiased).
-    pub fn var(&self, dims: impl Dims, correction: f64, keepdim: bool) -> Result<Tensor> {
-        let x = self.data();
+    /// Variance over `dims` with Bessel's correction (PyTorch's default).
+    pub fn var(&self, dims: impl ReduceDims) -> Result<Tensor> {
+        self.var_correction(dims, 1.0)
+    }
+
+    /// Variance over `dims` with `correction` (1: unbiased, 0: the population variance).
+    pub fn var_correction(&self, dims: impl ReduceDims, correction: f64) -> Result<Tensor> {
+        let keepdim = dims.keepdim();
         let ds = self.reduce_dims(&dims, "var")?;
-        let y = x.var(dims, correction, keepdim)?;
+        let y = self.data().var_correction(dims, correction)?;
         self.var_like("VarBackward0", y, ds, correction, keepdim, false)
     }
 
-    /// Variance over all elements.
+    /// Variance over all elements with `correction`.
     pub fn var_all(&self, correction: f64) -> Result<Tensor> {
-        let ds: Vec<usize> = (0..self.rank()).collect();
-        let y = self.data().var_all(correction)?;
-        self.var_like("VarBackward0", y, ds, correction, false, false)
+        self.var_correction((), correction)
+    }
+
+    /// Standard deviation over `dims` with Bessel's correction.
+    pub fn std(&self, dims: impl ReduceDims) -> Result<Tensor> {
+        self.std_correction(dims, 1.0)
     }
 
     /// Standard deviation over `dims` with `correction`.
-    pub fn std(&self, dims: impl Dims, correction: f64, keepdim: bool) -> Result<Tensor> {
-        let x = self.data();
+    pub fn std_correction(&self, dims: impl ReduceDims, correction: f64) -> Result<Tensor> {
+        let keepdim = dims.keepdim();
         let ds = self.reduce_dims(&dims, "std")?;
-        let y = x.std(dims, correction, keepdim)?;
+        let y = self.data().std_correction(dims, correction)?;
         self.var_like("StdBackward0", y, ds, correction, keepdim, true)
     }
 
-    /// Standard deviation over all elements.
+    /// Standard deviation over all elements with `correction`.
     pub fn std_all(&self, correction: f64) -> Result<Tensor> {
-        let ds: Vec<usize> = (0..self.rank()).collect();
-        let y = self.data().std_all(correction)?;
-        self.var_like("StdBackward0", y, ds, correction, false, true)
+        self.std_correction((), correction)
     }
 
     /// `dvar/dx = 2 (x - mean) / (N - correction)`; `dstd = dvar / (2 std)`.
@@ -284,7 +304,7 @@ impl Tensor {
                 let centered = if ds.is_empty() {
                     x.sub(&x)?
                 } else {
-                    x.sub(&x.mean(&ds[..], true)?)?
+                    x.sub(&x.mean((&ds[..], true))?)?
                 };
                 let g = unreduce(g, &ds, keepdim, &shape)?;
                 let mut d = centered.mul(2.0 / (n - correction))?;
@@ -298,10 +318,11 @@ impl Tensor {
     }
 
     /// `log Σ exp` over `dims`.
-    pub fn logsumexp(&self, dims: impl Dims, keepdim: bool) -> Result<Tensor> {
+    pub fn logsumexp(&self, dims: impl ReduceDims) -> Result<Tensor> {
         let x = self.data();
+        let keepdim = dims.keepdim();
         let ds = self.reduce_dims(&dims, "logsumexp")?;
-        let y = x.logsumexp(dims, keepdim)?;
+        let y = x.logsumexp(dims)?;
         let shape = x.dims().to_vec();
         maybe_record("LogsumexpBackward0", y.clone(), &[self], || {
             let (sx, sy) = (
@@ -317,18 +338,17 @@ impl Tensor {
     }
 
     /// p-norm over `dims` (p > 0; at a zero norm the gradient is 0, as PyTorch).
-    pub fn norm(&self, p: f64, dims: impl Dims, keepdim: bool) -> Result<Tensor> {
+    pub fn norm(&self, p: f64, dims: impl ReduceDims) -> Result<Tensor> {
         let x = self.data();
+        let keepdim = dims.keepdim();
         let ds = self.reduce_dims(&dims, "norm")?;
-        let y = x.norm(p, dims, keepdim)?;
+        let y = x.norm(p, dims)?;
         self.norm_like(y, p, ds, keepdim)
     }
 
-    /// p-norm of all elements.
+    /// p-norm of all elements; `norm(p, ())`.
     pub fn norm_all(&self, p: f64) -> Result<Tensor> {
-        let y = self.data().norm_all(p)?;
-        let ds: Vec<usize> = (0..self.rank()).collect();
-        self.norm_like(y, p, ds, false)
+        self.norm(p, ())
     }
 
     fn norm_like(&self, y: Raw, p: f64, ds: Vec<usize>, keepdim: bool) -> Result<Tensor> {
@@ -350,7 +370,7 @@ impl Tensor {
                 } else {
                     x.mul(&x.abs()?.pow(p - 2.0)?)?.div(&yk.pow(p - 1.0)?)?
                 };
-                let d = Raw::where_(&yk.eq(0.0)?, 0.0, &d)?;
+                let d = ember_tensor::r#where(&yk.eq(0.0)?, 0.0, &d)?;
                 Ok(g.mul(&d)?)
             }))
         })
@@ -366,7 +386,7 @@ impl Tensor {
             Ok(bw1(move |g| {
                 let y = sy.get()?;
                 let gy = g.mul(&y)?;
-                Ok(gy.sub(&y.mul(&gy.sum(d, true)?)?)?)
+                Ok(gy.sub(&y.mul(&gy.sum((d, true))?)?)?)
             }))
         })
     }
@@ -380,7 +400,7 @@ impl Tensor {
             let sy = Saved::new("LogSoftmaxBackward0", &y);
             Ok(bw1(move |g| {
                 let p = sy.get()?.exp()?;
-                Ok(g.sub(&p.mul(&g.sum(d, true)?)?)?)
+                Ok(g.sub(&p.mul(&g.sum((d, true))?)?)?)
             }))
         })
     }

@@ -17,7 +17,7 @@ fn scatter_into(
     g: &Raw,
     view: impl Fn(&Raw) -> ember_tensor::Result<Raw>,
 ) -> Result<Raw> {
-    let z = Raw::zeros(shape.clone(), (g.dtype(), g.device()))?;
+    let z = Raw::zeros(shape.clone(), (g.device(), g.dtype()))?;
     view(&z)?.copy_(g)?;
     Ok(z)
 }

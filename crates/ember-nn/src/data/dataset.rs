@@ -45,7 +45,8 @@ pub fn check_index(index: usize, len: usize) -> Result<()> {
         Err(NnError::invalid(
             "Dataset::get",
             format!("index {index} is out of range for a dataset of length {len}"),
-        ))
+        )
+        .into())
     }
 }
 
@@ -55,10 +56,7 @@ pub fn check_index(index: usize, len: usize) -> Result<()> {
 /// errors.
 pub fn default_collate(samples: Vec<Vec<Tensor>>) -> Result<Vec<Tensor>> {
     let Some(first) = samples.first() else {
-        return Err(NnError::invalid(
-            "default_collate",
-            "cannot collate an empty batch",
-        ));
+        return Err(NnError::invalid("default_collate", "cannot collate an empty batch").into());
     };
     let fields = first.len();
     if let Some((i, s)) = samples.iter().enumerate().find(|(_, s)| s.len() != fields) {
@@ -68,12 +66,12 @@ pub fn default_collate(samples: Vec<Vec<Tensor>>) -> Result<Vec<Tensor>> {
                 "each sample in a batch should have the same number of fields: sample 0 has {fields}, sample {i} has {}",
                 s.len()
             ),
-        ));
+        ).into());
     }
     (0..fields)
         .map(|k| {
             let column: Vec<&Tensor> = samples.iter().map(|s| &s[k]).collect();
-            Tensor::stack(&column, 0).map_err(NnError::from)
+            Tensor::stack(&column, 0)
         })
         .collect()
 }
@@ -93,10 +91,7 @@ impl TensorDataset {
     /// sizes).
     pub fn new(tensors: Vec<Tensor>) -> Result<TensorDataset> {
         let Some(first) = tensors.first() else {
-            return Err(NnError::invalid(
-                "TensorDataset::new",
-                "needs at least one tensor",
-            ));
+            return Err(NnError::invalid("TensorDataset::new", "needs at least one tensor").into());
         };
         if let Some((i, t)) = tensors.iter().enumerate().find(|(_, t)| t.rank() == 0) {
             return Err(NnError::invalid(
@@ -105,7 +100,7 @@ impl TensorDataset {
                     "tensor {i} is 0-dimensional (shape {}); every tensor needs a first dimension to index",
                     t.shape()
                 ),
-            ));
+            ).into());
         }
         let len = first.dims()[0];
         if tensors.iter().any(|t| t.dims()[0] != len) {
@@ -115,7 +110,7 @@ impl TensorDataset {
                 format!(
                     "Size mismatch between tensors: their first dimensions are {sizes:?}, but must all be equal"
                 ),
-            ));
+            ).into());
         }
         Ok(TensorDataset { tensors, len })
     }
@@ -141,10 +136,7 @@ impl Dataset for TensorDataset {
         check_index(index, self.len)?;
         let i = isize::try_from(index)
             .map_err(|_| NnError::invalid("Dataset::get", format!("index {index} too large")))?;
-        self.tensors
-            .iter()
-            .map(|t| t.select(0, i).map_err(NnError::from))
-            .collect()
+        self.tensors.iter().map(|t| t.select(0, i)).collect()
     }
 
     /// One `index_select(0, indices)` per tensor.

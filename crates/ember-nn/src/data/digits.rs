@@ -90,7 +90,8 @@ pub fn parse(gz_bytes: &[u8]) -> Result<Digits> {
                 .map(|b| format!("{b:02x}"))
                 .collect::<Vec<_>>()
                 .join(" ")
-        )));
+        ))
+        .into());
     }
     let mut text = Vec::new();
     flate2::read::GzDecoder::new(gz_bytes)
@@ -105,7 +106,7 @@ pub fn parse(gz_bytes: &[u8]) -> Result<Digits> {
     if text.len() as u64 > MAX_DECOMPRESSED {
         return Err(NnError::Data(format!(
             "digits: the decompressed data is larger than {MAX_DECOMPRESSED} bytes; not a digits file"
-        )));
+        )).into());
     }
     parse_csv(&text)
 }
@@ -128,7 +129,7 @@ pub fn parse_csv(text: &[u8]) -> Result<Digits> {
             return Err(NnError::Data(format!(
                 "digits: line {line_no}: expected {} comma-separated numbers (64 pixels and the label), found {fields}",
                 NUM_PIXELS + 1
-            )));
+            )).into());
         }
         for (k, field) in line.split(|&b| b == b',').enumerate() {
             let is_label = k == NUM_PIXELS;
@@ -153,7 +154,8 @@ pub fn parse_csv(text: &[u8]) -> Result<Digits> {
                 return Err(NnError::Data(format!(
                     "digits: line {line_no}: field {} ({what}) is {v}, outside 0..={max}",
                     k + 1
-                )));
+                ))
+                .into());
             }
             if is_label {
                 labels.push(v as i64);
@@ -163,7 +165,7 @@ pub fn parse_csv(text: &[u8]) -> Result<Digits> {
         }
     }
     if labels.is_empty() {
-        return Err(NnError::Data("digits: no samples in the file".into()));
+        return Err(NnError::Data("digits: no samples in the file".into()).into());
     }
     let n = labels.len();
     Ok(Digits {
@@ -232,12 +234,13 @@ impl Digits {
             .map(|&i| {
                 if i < n {
                     i64::try_from(i)
-                        .map_err(|_| NnError::invalid("Digits::subset", "index too large"))
+                        .map_err(|_| NnError::invalid("Digits::subset", "index too large").into())
                 } else {
                     Err(NnError::invalid(
                         "Digits::subset",
                         format!("index {i} is out of range for {n} samples"),
-                    ))
+                    )
+                    .into())
                 }
             })
             .collect::<Result<Vec<i64>>>()?;
@@ -257,7 +260,8 @@ impl Digits {
             return Err(NnError::invalid(
                 "Digits::split",
                 format!("val_fraction must be in [0, 1], got {val_fraction}"),
-            ));
+            )
+            .into());
         }
         let n = self.len();
         let n_val = ((n as f64) * val_fraction).round() as usize;

@@ -375,7 +375,8 @@ impl DataLoader {
             return Err(NnError::invalid(
                 "DataLoader",
                 "batch_size should be a positive integer value, but got batch_size=0",
-            ));
+            )
+            .into());
         }
         if self.num_workers > 0 && self.prefetch_factor == 0 {
             return Err(NnError::invalid(
@@ -384,7 +385,7 @@ impl DataLoader {
                     "prefetch_factor should be a positive integer when num_workers > 0, but got prefetch_factor=0 with num_workers={}",
                     self.num_workers
                 ),
-            ));
+            ).into());
         }
         Ok(())
     }
@@ -406,10 +407,7 @@ fn guarded<T>(what: impl FnOnce() -> String, f: impl FnOnce() -> Result<T>) -> R
             .map(|s| s.to_string())
             .or_else(|| panic.downcast_ref::<String>().cloned())
             .unwrap_or_else(|| "a non-string panic payload".into());
-        Err(NnError::Data(format!(
-            "DataLoader: {} panicked: {payload}",
-            what()
-        )))
+        Err(NnError::Data(format!("DataLoader: {} panicked: {payload}", what())).into())
     })
 }
 
@@ -451,7 +449,7 @@ impl Job {
             .map(|t| {
                 let raw = t.data();
                 if raw.device() == Device::Cpu && !raw.is_pinned() {
-                    t.pin_memory().map_err(NnError::from)
+                    t.pin_memory()
                 } else {
                     Ok(t)
                 }
@@ -557,7 +555,7 @@ fn worker_loop(
         }
         let r = match &init {
             Ok(()) => job.make(batch, &indices),
-            Err(e) => Err(NnError::Data(e.clone())),
+            Err(e) => Err(NnError::Data(e.clone()).into()),
         };
         if done.send((batch, r)).is_err() {
             return;
@@ -635,7 +633,8 @@ impl Iterator for DataLoaderIter {
                     Err(_) => {
                         break Err(NnError::Data(format!(
                             "DataLoader: the worker threads stopped before batch {i} was made"
-                        )));
+                        ))
+                        .into());
                     }
                 }
             },

@@ -1,6 +1,6 @@
 //! Gradient clipping (`torch.nn.utils.clip_grad_norm_`, `clip_grad_value_`).
 
-use ember_tensor::{Device, Scalar, Tensor as Raw, promote_types};
+use ember_tensor::{Device, Tensor as Raw, promote_types};
 
 use crate::{NnError, Result, Tensor};
 
@@ -37,7 +37,7 @@ pub fn get_total_norm(
             format!(
                 "The total norm of order {norm_type} for gradients from `parameters` is non-finite, so it cannot be clipped. To disable this error and scale the gradients by the non-finite norm anyway, set `error_if_nonfinite=False`"
             ),
-        ));
+        ).into());
     }
     Ok(Tensor::wrap(total))
 }
@@ -96,10 +96,7 @@ pub fn clip_grad_norm_opts(
 /// (`torch.nn.utils.clip_grad_value_`).
 pub fn clip_grad_value_(params: &[Tensor], clip_value: f64) -> Result<()> {
     for g in params.iter().filter_map(Tensor::grad) {
-        g.data().clamp_(
-            Some(Scalar::from(-clip_value)),
-            Some(Scalar::from(clip_value)),
-        )?;
+        g.data().clamp_(-clip_value, clip_value)?;
     }
     Ok(())
 }

@@ -161,7 +161,8 @@ impl<'a> Fields<'a> {
             other => Err(NnError::invalid(
                 "load_state_dict",
                 format!("{key}: expected a whole number, found {other:?}"),
-            )),
+            )
+            .into()),
         }
     }
 
@@ -189,7 +190,8 @@ impl<'a> Fields<'a> {
             _ => Err(NnError::invalid(
                 self.scheduler,
                 format!("{key} must be positive, found {v} in the loaded state dict"),
-            )),
+            )
+            .into()),
         }
     }
 
@@ -209,7 +211,8 @@ impl<'a> Fields<'a> {
             missing: self.missing,
             unexpected,
             mismatched: self.mismatched,
-        })
+        }
+        .into())
     }
 }
 
@@ -242,7 +245,8 @@ impl Base {
                     "the optimizer has {n} parameter groups but the scheduler was built for {}",
                     self.base_lrs.len()
                 ),
-            ));
+            )
+            .into());
         }
         Ok(())
     }
@@ -301,7 +305,8 @@ impl Base {
                 format!(
                     "last_epoch must be at least 0, found {last_epoch} in the loaded state dict"
                 ),
-            ));
+            )
+            .into());
         }
         Ok(Base {
             name: self.name,
@@ -329,10 +334,7 @@ impl StepLR {
     /// A StepLR on `optimizer` (its first step is taken: the learning rates stay).
     pub fn new(optimizer: &mut dyn Optimizer, step_size: usize, gamma: f64) -> Result<StepLR> {
         if step_size == 0 {
-            return Err(NnError::invalid(
-                "StepLR",
-                "step_size must be positive, got 0",
-            ));
+            return Err(NnError::invalid("StepLR", "step_size must be positive, got 0").into());
         }
         let mut s = StepLR {
             base: Base::new("StepLR", current_lrs(optimizer)),
@@ -409,10 +411,9 @@ impl CosineAnnealingLR {
         eta_min: f64,
     ) -> Result<CosineAnnealingLR> {
         if t_max == 0 {
-            return Err(NnError::invalid(
-                "CosineAnnealingLR",
-                "T_max must be positive, got 0",
-            ));
+            return Err(
+                NnError::invalid("CosineAnnealingLR", "T_max must be positive, got 0").into(),
+            );
         }
         let mut s = CosineAnnealingLR {
             base: Base::new("CosineAnnealingLR", current_lrs(optimizer)),
@@ -609,7 +610,7 @@ impl OneCycleLR {
         total_steps: usize,
         options: OneCycleLrOptions,
     ) -> Result<OneCycleLR> {
-        let bad = |msg: String| Err(NnError::invalid("OneCycleLR", msg));
+        let bad = |msg: String| Err(NnError::invalid("OneCycleLR", msg).into());
         if total_steps == 0 {
             return bad(format!(
                 "Expected positive integer total_steps, but got {total_steps}"
@@ -667,7 +668,8 @@ fn check_pct_start(pct_start: f64) -> Result<()> {
         Err(NnError::invalid(
             "OneCycleLR",
             format!("Expected float between 0 and 1 pct_start, but got {pct_start}"),
-        ))
+        )
+        .into())
     }
 }
 
@@ -726,7 +728,8 @@ impl LrScheduler for OneCycleLR {
                     "Tried to step {step_num} times. The specified number of total steps is {}",
                     self.total_steps
                 ),
-            ));
+            )
+            .into());
         }
         self.base.last_epoch = step_num;
         let anneal = self.options.anneal_strategy;
@@ -822,7 +825,8 @@ impl LrScheduler for OneCycleLR {
                     "last_epoch {} is past total_steps {total_steps} in the loaded state dict",
                     base.last_epoch
                 ),
-            ));
+            )
+            .into());
         }
         *self = OneCycleLR {
             base,

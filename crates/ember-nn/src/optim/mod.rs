@@ -155,7 +155,7 @@ impl ParamGroup {
 
     /// Checks the hyperparameters with PyTorch's messages (`Invalid learning rate: -1`).
     fn validate(&self, op: &'static str) -> Result<()> {
-        let bad = |msg: String| Err(NnError::invalid(op, msg));
+        let bad = |msg: String| Err(NnError::invalid(op, msg).into());
         if !non_negative(self.lr) {
             return bad(format!("Invalid learning rate: {}", self.lr));
         }
@@ -265,7 +265,7 @@ impl ParamGroupSpec {
         group.validate(op)?;
         for p in &group.params {
             if !p.is_leaf() {
-                return Err(NnError::invalid(op, "can't optimize a non-leaf Tensor"));
+                return Err(NnError::invalid(op, "can't optimize a non-leaf Tensor").into());
             }
             if !p.dtype().is_float() {
                 return Err(NnError::invalid(
@@ -274,7 +274,8 @@ impl ParamGroupSpec {
                         "can only optimize floating-point tensors, got {}",
                         p.dtype()
                     ),
-                ));
+                )
+                .into());
             }
         }
         Ok(group)
@@ -303,10 +304,7 @@ impl<S> Groups<S> {
     ) -> Result<Groups<S>> {
         defaults.validate(name)?;
         if specs.iter().all(|s| s.params.is_empty()) {
-            return Err(NnError::invalid(
-                name,
-                "optimizer got an empty parameter list",
-            ));
+            return Err(NnError::invalid(name, "optimizer got an empty parameter list").into());
         }
         let mut out = Groups {
             name,
@@ -329,13 +327,15 @@ impl<S> Groups<S> {
                 return Err(NnError::invalid(
                     self.name,
                     "optimizer contains a parameter group with duplicate parameters",
-                ));
+                )
+                .into());
             }
             if known.clone().any(|q| q.same(p)) {
                 return Err(NnError::invalid(
                     self.name,
                     "some parameters appear in more than one parameter group",
-                ));
+                )
+                .into());
             }
         }
         self.groups.push(group);
@@ -358,7 +358,7 @@ impl<S> Groups<S> {
 
 /// The error for a group whose hyperparameters belong to another optimizer family (set
 /// through `param_groups_mut`).
-pub(crate) fn foreign_hyper(op: &'static str, group: &ParamGroup) -> NnError {
+pub(crate) fn foreign_hyper(op: &'static str, group: &ParamGroup) -> crate::Error {
     NnError::invalid(
         op,
         format!(
@@ -366,6 +366,7 @@ pub(crate) fn foreign_hyper(op: &'static str, group: &ParamGroup) -> NnError {
             group.hyper
         ),
     )
+    .into()
 }
 
 /// `zero_grad` over groups: drop the gradients, or zero them in place.

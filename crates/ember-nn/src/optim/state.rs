@@ -89,6 +89,7 @@ pub(super) fn scalar_of(key: &str, t: &Raw) -> Result<Scalar> {
             "load_state_dict",
             format!("{key}: expected one value, found shape {}", t.shape()),
         )
+        .into()
     })
 }
 
@@ -153,7 +154,8 @@ fn load_group(
                         return Err(NnError::invalid(
                             "load_state_dict",
                             format!("{k}: expected two values, found shape {}", t.shape()),
-                        ));
+                        )
+                        .into());
                     }
                 }
             }
@@ -225,7 +227,7 @@ impl<S: ParamState> Groups<S> {
 
     /// See [`Optimizer::load_state_dict`](super::Optimizer::load_state_dict).
     pub(crate) fn load_state_dict(&mut self, sd: &StateDict) -> Result<()> {
-        let invalid = |msg: &str| Err(NnError::invalid("load_state_dict", msg.to_string()));
+        let invalid = |msg: &str| Err(NnError::invalid("load_state_dict", msg.to_string()).into());
         let (mut missing, mut unexpected, mut mismatched) = (Vec::new(), Vec::new(), Vec::new());
         let mut group_entries: BTreeMap<usize, BTreeMap<String, Raw>> = BTreeMap::new();
         let mut state_entries: BTreeMap<usize, Vec<(&String, &str, Raw)>> = BTreeMap::new();
@@ -333,7 +335,8 @@ impl<S: ParamState> Groups<S> {
                 missing,
                 unexpected,
                 mismatched,
-            });
+            }
+            .into());
         }
         for g in &groups {
             g.validate(self.name)?;

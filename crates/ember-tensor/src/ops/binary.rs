@@ -222,45 +222,58 @@ impl Tensor {
         self.logical_xor(true)
     }
 
-    /// `torch.where(cond, on_true, on_false)`: picks from the two operands (broadcast
-    /// together with `cond`, promoted to one dtype). `cond` must be bool.
+    /// `torch.Tensor.where(condition, other)`: `self` where `cond` is true, `other`
+    /// elsewhere (the same as [`r#where(cond, self, other)`](crate::r#where)).
     ///
     /// ```
     /// use ember_tensor::{Device, Tensor};
     /// let x = Tensor::new(&[-1f32, 2., -3.], &Device::Cpu)?;
-    /// let r = Tensor::where_(&x.gt(0)?, &x, 0.0)?;
-    /// assert_eq!(r.to_vec::<f32>()?, vec![0., 2., 0.]);
+    /// assert_eq!(x.r#where(&x.gt(0)?, 0.0)?.to_vec::<f32>()?, vec![0., 2., 0.]);
     /// # Ok::<(), ember_tensor::TensorError>(())
     /// ```
-    pub fn where_<'a, 'b>(
-        cond: &Tensor,
-        on_true: impl Into<Operand<'a>>,
-        on_false: impl Into<Operand<'b>>,
-    ) -> Result<Tensor> {
-        if cond.dtype() != DType::Bool {
-            return Err(TensorError::DTypeMismatch {
-                op: "where",
-                expected: DType::Bool,
-                found: cond.dtype(),
-            });
-        }
-        let (t, f) = (on_true.into(), on_false.into());
-        let dtype = result_type(&[promo(&t), promo(&f)]);
-        let t = operand_tensor(t, dtype, cond.device())?;
-        let f = operand_tensor(f, dtype, cond.device())?;
-        same_device(&[cond, &t, &f])?;
-        let shape = broadcast_shape("where", cond.shape(), t.shape())?;
-        let shape = broadcast_shape("where", &shape, f.shape())?;
-        shape.checked_numel("where")?;
-        let (t, f) = (t.to_dtype(dtype)?, f.to_dtype(dtype)?);
-        let lc = cond.layout().broadcast_as("where", &shape)?;
-        let lt = t.layout().broadcast_as("where", &shape)?;
-        let lf = f.layout().broadcast_as("where", &shape)?;
-        let s = read_many(&[cond.cell(), t.cell(), f.cell()], |s| {
-            s[0].where_cond(&lc, s[1], &lt, s[2], &lf)
-        })?;
-        Ok(Tensor::from_storage(s, shape))
+    pub fn r#where<'b>(&self, cond: &Tensor, other: impl Into<Operand<'b>>) -> Result<Tensor> {
+        r#where(cond, self, other)
     }
+}
+
+/// `torch.where(cond, on_true, on_false)`: picks from the two operands (broadcast
+/// together with `cond`, promoted to one dtype). `cond` must be bool.
+///
+/// ```
+/// use ember_tensor::{Device, Tensor};
+/// let x = Tensor::new(&[-1f32, 2., -3.], &Device::Cpu)?;
+/// let r = ember_tensor::r#where(&x.gt(0)?, &x, 0.0)?;
+/// assert_eq!(r.to_vec::<f32>()?, vec![0., 2., 0.]);
+/// # Ok::<(), ember_tensor::TensorError>(())
+/// ```
+pub fn r#where<'a, 'b>(
+    cond: &Tensor,
+    on_true: impl Into<Operand<'a>>,
+    on_false: impl Into<Operand<'b>>,
+) -> Result<Tensor> {
+    if cond.dtype() != DType::Bool {
+        return Err(TensorError::DTypeMismatch {
+            op: "where",
+            expected: DType::Bool,
+            found: cond.dtype(),
+        });
+    }
+    let (t, f) = (on_true.into(), on_false.into());
+    let dtype = result_type(&[promo(&t), promo(&f)]);
+    let t = operand_tensor(t, dtype, cond.device())?;
+    let f = operand_tensor(f, dtype, cond.device())?;
+    same_device(&[cond, &t, &f])?;
+    let shape = broadcast_shape("where", cond.shape(), t.shape())?;
+    let shape = broadcast_shape("where", &shape, f.shape())?;
+    shape.checked_numel("where")?;
+    let (t, f) = (t.to_dtype(dtype)?, f.to_dtype(dtype)?);
+    let lc = cond.layout().broadcast_as("where", &shape)?;
+    let lt = t.layout().broadcast_as("where", &shape)?;
+    let lf = f.layout().broadcast_as("where", &shape)?;
+    let s = read_many(&[cond.cell(), t.cell(), f.cell()], |s| {
+        s[0].where_cond(&lc, s[1], &lt, s[2], &lf)
+    })?;
+    Ok(Tensor::from_storage(s, shape))
 }
 
 macro_rules! std_op {

@@ -157,7 +157,7 @@ impl Tensor {
             });
         }
         let v = Tensor::scalar_of(value.into(), self.dtype(), self.device())?;
-        let r = Tensor::where_(mask, &v, self)?;
+        let r = crate::r#where(mask, &v, self)?;
         if r.shape() != self.shape() {
             return Err(TensorError::Broadcast {
                 op: "masked_fill",
@@ -207,7 +207,7 @@ impl Tensor {
             }
             None => (max + 1) as usize,
         };
-        let classes = Tensor::arange(0, c as i64, (DType::I64, self.device()))?;
+        let classes = Tensor::arange(0, c as i64, (self.device(), DType::I64))?;
         self.unsqueeze(-1)?.eq(&classes)?.to_dtype(DType::I64)
     }
 

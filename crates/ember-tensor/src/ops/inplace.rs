@@ -9,7 +9,7 @@
 use crate::dtype::{DType, Operand as Promo, result_type};
 use crate::error::{Result, TensorError};
 use crate::op::{self, BinaryOpT, FusedOp};
-use crate::scalar::{Operand, Scalar};
+use crate::scalar::{ClampBound, Operand, Scalar};
 use crate::storage::{same, write_read, write_read_many};
 use crate::tensor::{Tensor, same_device};
 
@@ -232,7 +232,8 @@ impl Tensor {
     }
 
     /// Clamps every element into `[min, max]` in place (either bound optional).
-    pub fn clamp_(&self, min: Option<Scalar>, max: Option<Scalar>) -> Result<&Tensor> {
+    pub fn clamp_(&self, min: impl ClampBound, max: impl ClampBound) -> Result<&Tensor> {
+        let (min, max) = (min.bound(), max.bound());
         self.writable("clamp_")?;
         let dt = self.dtype();
         let mut ops = vec![Promo::Tensor(dt, self.rank())];

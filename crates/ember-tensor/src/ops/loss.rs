@@ -341,9 +341,9 @@ impl Tensor {
             Some(wc) => p.x.mul(&wc.reshape([1, p.classes, 1])?)?,
             None => p.x.clone(),
         };
-        let smooth = weighted.sum(1, false)?.neg()?;
+        let smooth = weighted.sum(1)?.neg()?;
         let ignored = p.target.eq(nll.ignore_index)?;
-        let smooth = Tensor::where_(&ignored, 0.0, &smooth)?.to_dtype(p.x.dtype())?;
+        let smooth = crate::r#where(&ignored, 0.0, &smooth)?.to_dtype(p.x.dtype())?;
         let scale = eps / p.classes as f64;
         let r = match nll.reduction {
             Reduction::None => loss

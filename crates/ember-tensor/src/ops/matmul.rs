@@ -116,9 +116,22 @@ impl Tensor {
         self.matmul(rhs)
     }
 
-    /// `beta * self + alpha * (m1 @ m2)`, as `torch.addmm` (`self` broadcasts to the
-    /// product's shape).
-    pub fn addmm(
+    /// `self + m1 @ m2`, as `torch.addmm` with its default `beta = alpha = 1` (`self`
+    /// broadcasts to the product's shape).
+    ///
+    /// ```
+    /// use ember_tensor::Tensor;
+    /// let bias = Tensor::ones([2], ())?;
+    /// let r = bias.addmm(&Tensor::eye(2, ())?, &Tensor::full([2, 2], 3.0, ())?)?;
+    /// assert_eq!(r.to_vec::<f32>()?, vec![4.0; 4]);
+    /// # Ok::<(), ember_tensor::TensorError>(())
+    /// ```
+    pub fn addmm(&self, m1: &Tensor, m2: &Tensor) -> Result<Tensor> {
+        self.addmm_scaled(m1, m2, 1, 1)
+    }
+
+    /// `beta * self + alpha * (m1 @ m2)`, as `torch.addmm(self, m1, m2, beta=, alpha=)`.
+    pub fn addmm_scaled(
         &self,
         m1: &Tensor,
         m2: &Tensor,

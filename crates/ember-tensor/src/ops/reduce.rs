@@ -10,7 +10,7 @@
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
 use crate::op::ReduceOp;
-use crate::shape::{Dim, Dims};
+use crate::shape::{Dim, Dims, ReduceDims};
 use crate::tensor::Tensor;
 
 impl Tensor {
@@ -60,48 +60,45 @@ impl Tensor {
         }
     }
 
-    /// Sum of all elements (a 0-dim tensor; i64 for integer and bool inputs).
+    /// Sum of all elements (a 0-dim tensor; i64 for integer and bool inputs); `sum(())`.
     pub fn sum_all(&self) -> Result<Tensor> {
-        let d = self.reduce_dims(None, "sum")?;
-        self.reduce_op(ReduceOp::Sum, &d, false)
+        self.sum(())
     }
 
-    /// Sum over `dims`.
+    /// Sum over `dims` (`()` for all; see [`ReduceDims`] for `keepdim`).
     ///
     /// ```
     /// use ember_tensor::Tensor;
     /// let t = Tensor::arange(0, 6, ())?.reshape([2, 3])?;
-    /// assert_eq!(t.sum(1, false)?.to_vec::<i64>()?, vec![3, 12]);
-    /// assert_eq!(t.sum([0, 1], true)?.dims(), &[1, 1]);
+    /// assert_eq!(t.sum(1)?.to_vec::<i64>()?, vec![3, 12]);
+    /// assert_eq!(t.sum(([0, 1], true))?.dims(), &[1, 1]);
     /// # Ok::<(), ember_tensor::TensorError>(())
     /// ```
-    pub fn sum(&self, dims: impl Dims, keepdim: bool) -> Result<Tensor> {
-        let d = self.reduce_dims(Some(&dims), "sum")?;
-        self.reduce_op(ReduceOp::Sum, &d, keepdim)
+    pub fn sum(&self, dims: impl ReduceDims) -> Result<Tensor> {
+        let d = self.reduce_dims(dims.dims(), "sum")?;
+        self.reduce_op(ReduceOp::Sum, &d, dims.keepdim())
     }
 
-    /// Product of all elements.
+    /// Product of all elements; `prod(())`.
     pub fn prod_all(&self) -> Result<Tensor> {
-        let d = self.reduce_dims(None, "prod")?;
-        self.reduce_op(ReduceOp::Prod, &d, false)
+        self.prod(())
     }
 
     /// Product over `dims`.
-    pub fn prod(&self, dims: impl Dims, keepdim: bool) -> Result<Tensor> {
-        let d = self.reduce_dims(Some(&dims), "prod")?;
-        self.reduce_op(ReduceOp::Prod, &d, keepdim)
+    pub fn prod(&self, dims: impl ReduceDims) -> Result<Tensor> {
+        let d = self.reduce_dims(dims.dims(), "prod")?;
+        self.reduce_op(ReduceOp::Prod, &d, dims.keepdim())
     }
 
-    /// Mean of all elements (floating tensors only).
+    /// Mean of all elements (floating tensors only); `mean(())`.
     pub fn mean_all(&self) -> Result<Tensor> {
-        let d = self.reduce_dims(None, "mean")?;
-        self.mean_impl(&d, false)
+        self.mean(())
     }
 
     /// Mean over `dims` (floating tensors only).
-    pub fn mean(&self, dims: impl Dims, keepdim: bool) -> Result<Tensor> {
-        let d = self.reduce_dims(Some(&dims), "mean")?;
-        self.mean_impl(&d, keepdim)
+    pub fn mean(&self, dims: impl ReduceDims) -> Result<Tensor> {
+        let d = self.reduce_dims(dims.dims(), "mean")?;
+        self.mean_impl(&d, dims.keepdim())
     }
 
     fn mean_impl(&self, dims: &[usize], keepdim: bool) -> Result<Tensor> {
@@ -124,58 +121,85 @@ impl Tensor {
         self.reduce_op(ReduceOp::Min, &d, false)
     }
 
-    /// Maxima along `dim` and their indices (first occurrence), as `torch.max(x, dim)`.
-    pub fn max_dim(&self, dim: impl Dim, keepdim: bool) -> Result<(Tensor, Tensor)> {
-        let d = self.reduce_dims(Some(&dim), "max")?;
+    /// The one dim a `dim=`-only reduction (`max(dim)`, `argmax(dim)`) takes: `None` for
+    /// all (where `all` is allowed), an error naming the op for a list of several.
+    fn single_dim(
+        &self,
+        dims: &impl ReduceDims,
+        all_allowed: bool,
+        op: &'static str,
+    ) -> Result<Vec<usize>> {
+        let Some(given) = dims.dims() else {
+            if all_allowed {
+                return self.reduce_dims(None, op);
+            }
+            return Err(TensorError::invalid(
+                op,
+                "expected a dim (use max_all()/min_all() for all elements)",
+            ));
+        };
+        let d = self.reduce_dims(Some(given), op)?;
+        let listed = given.indices(self.rank(), op)?.len();
+        if listed != 1 {
+            return Err(TensorError::invalid(
+                op,
+                format!("expected a single dim, found {listed}"),
+            ));
+        }
+        Ok(d)
+    }
+
+    /// Maxima along one dim and their indices (first occurrence), as `torch.max(x, dim)`:
+    /// `x.max_dim(1)`, `x.max_dim((1, true))`.
+    pub fn max_dim(&self, dim: impl ReduceDims) -> Result<(Tensor, Tensor)> {
+        let d = self.single_dim(&dim, false, "max")?;
         Ok((
-            self.reduce_op(ReduceOp::Max, &d, keepdim)?,
-            self.reduce_op(ReduceOp::ArgMax, &d, keepdim)?,
+            self.reduce_op(ReduceOp::Max, &d, dim.keepdim())?,
+            self.reduce_op(ReduceOp::ArgMax, &d, dim.keepdim())?,
         ))
     }
 
-    /// Minima along `dim` and their indices.
-    pub fn min_dim(&self, dim: impl Dim, keepdim: bool) -> Result<(Tensor, Tensor)> {
-        let d = self.reduce_dims(Some(&dim), "min")?;
+    /// Minima along one dim and their indices.
+    pub fn min_dim(&self, dim: impl ReduceDims) -> Result<(Tensor, Tensor)> {
+        let d = self.single_dim(&dim, false, "min")?;
         Ok((
-            self.reduce_op(ReduceOp::Min, &d, keepdim)?,
-            self.reduce_op(ReduceOp::ArgMin, &d, keepdim)?,
+            self.reduce_op(ReduceOp::Min, &d, dim.keepdim())?,
+            self.reduce_op(ReduceOp::ArgMin, &d, dim.keepdim())?,
         ))
     }
 
     /// Maximum over several dims (no indices), `torch.amax`.
-    pub fn amax(&self, dims: impl Dims, keepdim: bool) -> Result<Tensor> {
-        let d = self.reduce_dims(Some(&dims), "amax")?;
-        self.reduce_op(ReduceOp::Max, &d, keepdim)
+    pub fn amax(&self, dims: impl ReduceDims) -> Result<Tensor> {
+        let d = self.reduce_dims(dims.dims(), "amax")?;
+        self.reduce_op(ReduceOp::Max, &d, dims.keepdim())
     }
 
     /// Minimum over several dims, `torch.amin`.
-    pub fn amin(&self, dims: impl Dims, keepdim: bool) -> Result<Tensor> {
-        let d = self.reduce_dims(Some(&dims), "amin")?;
-        self.reduce_op(ReduceOp::Min, &d, keepdim)
+    pub fn amin(&self, dims: impl ReduceDims) -> Result<Tensor> {
+        let d = self.reduce_dims(dims.dims(), "amin")?;
+        self.reduce_op(ReduceOp::Min, &d, dims.keepdim())
     }
 
-    /// Index of the largest element of the flattened tensor.
+    /// Index of the largest element of the flattened tensor; `argmax(())`.
     pub fn argmax_all(&self) -> Result<Tensor> {
-        let d = self.reduce_dims(None, "argmax")?;
-        self.reduce_op(ReduceOp::ArgMax, &d, false)
+        self.argmax(())
     }
 
-    /// Indices of the maxima along `dim`.
-    pub fn argmax(&self, dim: impl Dim, keepdim: bool) -> Result<Tensor> {
-        let d = self.reduce_dims(Some(&dim), "argmax")?;
-        self.reduce_op(ReduceOp::ArgMax, &d, keepdim)
+    /// Indices of the maxima along one dim (`()`: of the flattened tensor).
+    pub fn argmax(&self, dim: impl ReduceDims) -> Result<Tensor> {
+        let d = self.single_dim(&dim, true, "argmax")?;
+        self.reduce_op(ReduceOp::ArgMax, &d, dim.keepdim())
     }
 
-    /// Index of the smallest element of the flattened tensor.
+    /// Index of the smallest element of the flattened tensor; `argmin(())`.
     pub fn argmin_all(&self) -> Result<Tensor> {
-        let d = self.reduce_dims(None, "argmin")?;
-        self.reduce_op(ReduceOp::ArgMin, &d, false)
+        self.argmin(())
     }
 
-    /// Indices of the minima along `dim`.
-    pub fn argmin(&self, dim: impl Dim, keepdim: bool) -> Result<Tensor> {
-        let d = self.reduce_dims(Some(&dim), "argmin")?;
-        self.reduce_op(ReduceOp::ArgMin, &d, keepdim)
+    /// Indices of the minima along one dim (`()`: of the flattened tensor).
+    pub fn argmin(&self, dim: impl ReduceDims) -> Result<Tensor> {
+        let d = self.single_dim(&dim, true, "argmin")?;
+        self.reduce_op(ReduceOp::ArgMin, &d, dim.keepdim())
     }
 
     fn var_impl(
@@ -194,41 +218,47 @@ impl Tensor {
             .div((n - correction).max(0.0))
     }
 
-    /// Variance over `dims` with `correction` (1 = Bessel's, PyTorch's default; 0 = the
-    /// population variance). `n - correction <= 0` gives inf or NaN, as PyTorch.
-    pub fn var(&self, dims: impl Dims, correction: f64, keepdim: bool) -> Result<Tensor> {
-        let d = self.reduce_dims(Some(&dims), "var")?;
-        self.var_impl(&d, correction, keepdim, "var")?
+    /// Variance over `dims` with Bessel's correction (PyTorch's default).
+    pub fn var(&self, dims: impl ReduceDims) -> Result<Tensor> {
+        self.var_correction(dims, 1.0)
+    }
+
+    /// Variance over `dims` with `correction` (1 = Bessel's; 0 = the population variance).
+    /// `n - correction <= 0` gives inf or NaN, as PyTorch.
+    pub fn var_correction(&self, dims: impl ReduceDims, correction: f64) -> Result<Tensor> {
+        let d = self.reduce_dims(dims.dims(), "var")?;
+        self.var_impl(&d, correction, dims.keepdim(), "var")?
             .to_dtype(self.dtype())
     }
 
-    /// Variance of all elements.
+    /// Variance of all elements with `correction`.
     pub fn var_all(&self, correction: f64) -> Result<Tensor> {
-        let d = self.reduce_dims(None, "var")?;
-        self.var_impl(&d, correction, false, "var")?
-            .to_dtype(self.dtype())
+        self.var_correction((), correction)
+    }
+
+    /// Standard deviation over `dims` with Bessel's correction.
+    pub fn std(&self, dims: impl ReduceDims) -> Result<Tensor> {
+        self.std_correction(dims, 1.0)
     }
 
     /// Standard deviation over `dims` with `correction`.
-    pub fn std(&self, dims: impl Dims, correction: f64, keepdim: bool) -> Result<Tensor> {
-        let d = self.reduce_dims(Some(&dims), "std")?;
-        self.var_impl(&d, correction, keepdim, "std")?
+    pub fn std_correction(&self, dims: impl ReduceDims, correction: f64) -> Result<Tensor> {
+        let d = self.reduce_dims(dims.dims(), "std")?;
+        self.var_impl(&d, correction, dims.keepdim(), "std")?
             .sqrt()?
             .to_dtype(self.dtype())
     }
 
-    /// Standard deviation of all elements.
+    /// Standard deviation of all elements with `correction`.
     pub fn std_all(&self, correction: f64) -> Result<Tensor> {
-        let d = self.reduce_dims(None, "std")?;
-        self.var_impl(&d, correction, false, "std")?
-            .sqrt()?
-            .to_dtype(self.dtype())
+        self.std_correction((), correction)
     }
 
     /// `log(sum(exp(x)))` over `dims`, computed stably (max subtracted first). Integer
     /// inputs compute in f32.
-    pub fn logsumexp(&self, dims: impl Dims, keepdim: bool) -> Result<Tensor> {
-        let d = self.reduce_dims(Some(&dims), "logsumexp")?;
+    pub fn logsumexp(&self, dims: impl ReduceDims) -> Result<Tensor> {
+        let keepdim = dims.keepdim();
+        let d = self.reduce_dims(dims.dims(), "logsumexp")?;
         let out_dtype = if self.dtype().is_float() {
             self.dtype()
         } else {
@@ -246,7 +276,7 @@ impl Tensor {
         }
         let m = x.reduce_op(ReduceOp::Max, &d, true)?;
         // An infinite max would turn x - m into NaN; shift by 0 there instead.
-        let m = Tensor::where_(&m.abs()?.eq(f64::INFINITY)?, 0.0, &m)?;
+        let m = crate::r#where(&m.abs()?.eq(f64::INFINITY)?, 0.0, &m)?;
         let s = x
             .sub(&m)?
             .exp()?
@@ -258,15 +288,14 @@ impl Tensor {
 
     /// The `p`-norm over `dims` (`f64::INFINITY` for the max-abs norm, 0 for the count of
     /// non-zeros). Floating tensors only.
-    pub fn norm(&self, p: f64, dims: impl Dims, keepdim: bool) -> Result<Tensor> {
-        let d = self.reduce_dims(Some(&dims), "norm")?;
-        self.norm_impl(p, &d, keepdim)
+    pub fn norm(&self, p: f64, dims: impl ReduceDims) -> Result<Tensor> {
+        let d = self.reduce_dims(dims.dims(), "norm")?;
+        self.norm_impl(p, &d, dims.keepdim())
     }
 
-    /// The `p`-norm of all elements.
+    /// The `p`-norm of all elements; `norm(p, ())`.
     pub fn norm_all(&self, p: f64) -> Result<Tensor> {
-        let d = self.reduce_dims(None, "norm")?;
-        self.norm_impl(p, &d, false)
+        self.norm(p, ())
     }
 
     fn norm_impl(&self, p: f64, dims: &[usize], keepdim: bool) -> Result<Tensor> {

@@ -3,7 +3,7 @@
 use crate::dtype::{DType, Operand as Promo, result_type};
 use crate::error::{Result, TensorError};
 use crate::op::{self, UnaryOpT, unary_compute_dtype};
-use crate::scalar::Scalar;
+use crate::scalar::{ClampBound, Scalar};
 use crate::tensor::Tensor;
 
 impl Tensor {
@@ -62,9 +62,11 @@ unary_methods! {
     reciprocal => op::Reciprocal;
     /// `max(x, 0)`; NaN stays NaN.
     relu => op::Relu;
-    /// Exact GELU, `x/2 (1 + erf(x / sqrt 2))` (floating dtypes only).
-    gelu => op::GeluErf;
-    /// GELU with the tanh approximation (PyTorch's `approximate='tanh'`).
+    /// Exact GELU, `x/2 (1 + erf(x / sqrt 2))`: `gelu(Approximate::None)`.
+    #[doc(hidden)]
+    gelu_erf => op::GeluErf;
+    /// GELU with the tanh approximation: `gelu(Approximate::Tanh)`.
+    #[doc(hidden)]
     gelu_tanh => op::GeluTanh;
     /// `x * sigmoid(x)` (floating dtypes only).
     silu => op::Silu;
@@ -72,7 +74,54 @@ unary_methods! {
     softplus => op::Softplus;
 }
 
+/// GELU's `approximate` argument (PyTorch's `'none'` and `'tanh'`); `()` means `None`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Approximate {
+    /// The exact form, `x/2 (1 + erf(x / sqrt 2))`.
+    #[default]
+    None,
+    /// The tanh approximation, `x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`.
+    Tanh,
+}
+
+impl From<()> for Approximate {
+    fn from(_: ()) -> Self {
+        Approximate::None
+    }
+}
+
+impl std::str::FromStr for Approximate {
+    type Err = TensorError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "none" => Ok(Approximate::None),
+            "tanh" => Ok(Approximate::Tanh),
+            other => Err(TensorError::invalid(
+                "gelu",
+                format!("approximate argument must be either none or tanh, found {other:?}"),
+            )),
+        }
+    }
+}
+
 impl Tensor {
+    /// GELU (floating dtypes only): exact with `Approximate::None` (or `()`), the tanh
+    /// approximation with `Approximate::Tanh`, as PyTorch's `F.gelu(x, approximate=...)`.
+    ///
+    /// ```
+    /// use ember_tensor::{Approximate, Device, Tensor};
+    /// let x = Tensor::new(&[1f32], &Device::Cpu)?;
+    /// assert!((x.gelu(())?.item::<f32>()? - 0.841_344_7).abs() < 1e-6);
+    /// assert!((x.gelu(Approximate::Tanh)?.item::<f32>()? - 0.841_192).abs() < 1e-6);
+    /// # Ok::<(), ember_tensor::TensorError>(())
+    /// ```
+    pub fn gelu(&self, approximate: impl Into<Approximate>) -> Result<Tensor> {
+        match approximate.into() {
+            Approximate::None => self.gelu_erf(),
+            Approximate::Tanh => self.gelu_tanh(),
+        }
+    }
+
     /// `x * x`.
     pub fn square(&self) -> Result<Tensor> {
         self.mul(self)
@@ -84,11 +133,12 @@ impl Tensor {
     /// ```
     /// use ember_tensor::{Device, Scalar, Tensor};
     /// let x = Tensor::new(&[-2i64, 0, 5], &Device::Cpu)?;
-    /// let c = x.clamp(Some(Scalar::Int(-1)), Some(Scalar::Int(3)))?;
+    /// let c = x.clamp(-1, 3)?;
     /// assert_eq!(c.to_vec::<i64>()?, vec![-1, 0, 3]);
     /// # Ok::<(), ember_tensor::TensorError>(())
     /// ```
-    pub fn clamp(&self, min: Option<Scalar>, max: Option<Scalar>) -> Result<Tensor> {
+    pub fn clamp(&self, min: impl ClampBound, max: impl ClampBound) -> Result<Tensor> {
+        let (min, max) = (min.bound(), max.bound());
         if min.is_none() && max.is_none() {
             return Err(TensorError::invalid(
                 "clamp",
@@ -108,11 +158,11 @@ impl Tensor {
 
     /// `clamp(min, None)`.
     pub fn clamp_min(&self, min: impl Into<Scalar>) -> Result<Tensor> {
-        self.clamp(Some(min.into()), None)
+        self.clamp(min.into(), ())
     }
 
     /// `clamp(None, max)`.
     pub fn clamp_max(&self, max: impl Into<Scalar>) -> Result<Tensor> {
-        self.clamp(None, Some(max.into()))
+        self.clamp((), max.into())
     }
 }

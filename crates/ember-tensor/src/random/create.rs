@@ -317,22 +317,22 @@ impl Tensor {
 
     /// [`Tensor::rand`] with this tensor's shape, dtype and device.
     pub fn rand_like(&self) -> Result<Tensor> {
-        Tensor::rand(self.shape(), (self.dtype(), self.device()))
+        Tensor::rand(self.shape(), (self.device(), self.dtype()))
     }
 
     /// [`Tensor::randn`] with this tensor's shape, dtype and device.
     pub fn randn_like(&self) -> Result<Tensor> {
-        Tensor::randn(self.shape(), (self.dtype(), self.device()))
+        Tensor::randn(self.shape(), (self.device(), self.dtype()))
     }
 
     /// [`Tensor::rand_like`] from `generator`.
     pub fn rand_like_with(&self, generator: &Generator) -> Result<Tensor> {
-        Tensor::rand_with(self.shape(), (self.dtype(), self.device()), generator)
+        Tensor::rand_with(self.shape(), (self.device(), self.dtype()), generator)
     }
 
     /// [`Tensor::randn_like`] from `generator`.
     pub fn randn_like_with(&self, generator: &Generator) -> Result<Tensor> {
-        Tensor::randn_with(self.shape(), (self.dtype(), self.device()), generator)
+        Tensor::randn_with(self.shape(), (self.device(), self.dtype()), generator)
     }
 
     /// Independent Bernoulli(`p`) samples: 1 (true) with probability `p` (bool unless told;

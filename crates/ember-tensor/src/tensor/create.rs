@@ -13,13 +13,14 @@ use crate::tensor::{Tensor, host_tensor, on_device};
 /// Where and as what to create a tensor: PyTorch's `dtype=` and `device=` keywords.
 ///
 /// Anything that converts into it works: `()` (defaults: f32 or the value's dtype, cpu), a
-/// [`DType`], a [`Device`] (by value or reference), or a `(DType, Device)` pair.
+/// [`DType`], a [`Device`] (by value or reference), or a `(Device, DType)` pair (the order
+/// of `to(device, dtype)`, everywhere in Ember).
 ///
 /// ```
 /// use ember_tensor::{DType, Device, Tensor};
 /// let a = Tensor::zeros([2, 3], ())?;                      // f32 on cpu
 /// let b = Tensor::ones([2], DType::I64)?;                  // i64
-/// let c = Tensor::full([2], 0.5, (DType::F64, &Device::Cpu))?;
+/// let c = Tensor::full([2], 0.5, (&Device::Cpu, DType::F64))?;
 /// assert_eq!((a.dtype(), b.dtype(), c.dtype()), (DType::F32, DType::I64, DType::F64));
 /// # Ok::<(), ember_tensor::TensorError>(())
 /// ```
@@ -79,13 +80,13 @@ impl From<&Device> for Options {
         Options::new().device(*d)
     }
 }
-impl From<(DType, Device)> for Options {
-    fn from((t, d): (DType, Device)) -> Self {
+impl From<(Device, DType)> for Options {
+    fn from((d, t): (Device, DType)) -> Self {
         Options::new().dtype(t).device(d)
     }
 }
-impl From<(DType, &Device)> for Options {
-    fn from((t, d): (DType, &Device)) -> Self {
+impl From<(&Device, DType)> for Options {
+    fn from((d, t): (&Device, DType)) -> Self {
         Options::new().dtype(t).device(*d)
     }
 }
@@ -304,17 +305,17 @@ impl Tensor {
 
     /// Zeros with this tensor's shape, dtype and device.
     pub fn zeros_like(&self) -> Result<Tensor> {
-        Tensor::zeros(self.shape(), (self.dtype(), self.device()))
+        Tensor::zeros(self.shape(), (self.device(), self.dtype()))
     }
 
     /// Ones with this tensor's shape, dtype and device.
     pub fn ones_like(&self) -> Result<Tensor> {
-        Tensor::ones(self.shape(), (self.dtype(), self.device()))
+        Tensor::ones(self.shape(), (self.device(), self.dtype()))
     }
 
     /// `value` with this tensor's shape, dtype and device.
     pub fn full_like(&self, value: impl Into<Scalar>) -> Result<Tensor> {
-        Tensor::full(self.shape(), value, (self.dtype(), self.device()))
+        Tensor::full(self.shape(), value, (self.device(), self.dtype()))
     }
 
     /// [`Tensor::empty`] with this tensor's shape, dtype and device.

@@ -158,25 +158,26 @@ impl Tensor {
 
     // --- reading back --------------------------------------------------------------------
 
-    fn check_dtype<T: WithDType>(&self, op: &'static str) -> Result<()> {
-        if self.dtype() == T::DTYPE {
-            Ok(())
-        } else {
-            Err(TensorError::DTypeMismatch {
-                op,
-                expected: T::DTYPE,
-                found: self.dtype(),
-            })
-        }
-    }
-
-    /// The elements in row-major order. `T` must be the tensor's dtype.
+    /// The elements in row-major order, as `T`: the tensor's own dtype is read as is,
+    /// another is converted first by [`to_dtype`](Tensor::to_dtype)'s rules (so an f32
+    /// tensor reads back as `f64` exactly, as PyTorch's `tolist()` gives Python floats).
+    ///
+    /// ```
+    /// use ember_tensor::{Device, Tensor};
+    /// let x = Tensor::new(&[0.1f32, 2.5], &Device::Cpu)?;
+    /// assert_eq!(x.to_vec::<f64>()?, vec![0.1f32 as f64, 2.5]);
+    /// assert_eq!(x.to_vec::<i64>()?, vec![0, 2]);
+    /// # Ok::<(), ember_tensor::TensorError>(())
+    /// ```
     pub fn to_vec<T: WithDType>(&self) -> Result<Vec<T>> {
-        self.check_dtype::<T>("to_vec")?;
         self.host_elements::<T>()
     }
 
+    /// The elements as `T`, converted on the tensor's device when the dtype differs.
     fn host_elements<T: WithDType>(&self) -> Result<Vec<T>> {
+        if self.dtype() != T::DTYPE {
+            return self.to_dtype(T::DTYPE)?.host_elements::<T>();
+        }
         self.with_storage(|s, l| match s {
             Storage::Cpu(c) => host_view::<T>(c, l),
             // The whole storage comes over (views rarely cover a small part of a large
@@ -216,9 +217,9 @@ impl Tensor {
         }
     }
 
-    /// The value of a one-element tensor. `T` must be the tensor's dtype.
+    /// The value of a one-element tensor, as `T` (converted as [`to_vec`](Tensor::to_vec)
+    /// converts).
     pub fn item<T: WithDType>(&self) -> Result<T> {
-        self.check_dtype::<T>("item")?;
         if self.numel() != 1 {
             return Err(TensorError::NotOneElement {
                 numel: self.numel(),

@@ -373,7 +373,7 @@ impl Tensor {
                 .collect::<Vec<_>>(),
         );
         let Some(&reference) = parts.first() else {
-            return Tensor::zeros([0usize], (dtype, device));
+            return Tensor::zeros([0usize], (device, dtype));
         };
         if reference.rank() == 0 {
             return Err(TensorError::invalid(
@@ -404,7 +404,7 @@ impl Tensor {
             out_dims[d] += t.dims()[d];
         }
         let _ = first;
-        let out = Tensor::zeros(out_dims, (dtype, device))?;
+        let out = Tensor::zeros(out_dims, (device, dtype))?;
         let mut start = 0;
         for t in parts {
             let n = t.dims()[d];

@@ -10,7 +10,7 @@
 //! # Ok::<(), ember_autograd::Error>(())
 //! ```
 
-use ember_tensor::{Device, Options, Scalar, Shape, Tensor as Raw, WithDType};
+use ember_tensor::{Options, Scalar, Shape, Tensor as Raw, WithDType};
 
 use crate::error::Result;
 use crate::tensor::Tensor;
@@ -35,32 +35,42 @@ fn leaf(
 }
 
 impl Tensor {
-    /// From a slice with a shape, on `device`.
+    /// From a slice with a shape, as `torch.tensor(data, dtype=, device=, requires_grad=)`:
+    /// `opts` is `()`, a device (by value or reference), a dtype to convert to, a
+    /// `(device, dtype)` pair, or [`Options`].
+    ///
+    /// ```
+    /// use ember_autograd::Tensor;
+    /// use ember_tensor::{DType, Device};
+    /// let x = Tensor::from_slice(&[1f32, 2.], [2], (Device::Cpu, DType::F64))?;
+    /// assert_eq!((x.dtype(), x.to_vec::<f64>()?), (DType::F64, vec![1.0, 2.0]));
+    /// # Ok::<(), ember_autograd::Error>(())
+    /// ```
     pub fn from_slice<T: WithDType>(
         data: &[T],
         shape: impl Into<Shape>,
-        device: &Device,
+        opts: impl Into<Options>,
     ) -> Result<Tensor> {
-        w(Raw::from_slice(data, shape, device))
+        leaf(opts, |o| Raw::from_slice(data, shape, o))
     }
 
-    /// From a `Vec` with a shape, on `device`.
+    /// From a `Vec` with a shape (`opts` as [`from_slice`](Tensor::from_slice)).
     pub fn from_vec<T: WithDType>(
         data: Vec<T>,
         shape: impl Into<Shape>,
-        device: &Device,
+        opts: impl Into<Options>,
     ) -> Result<Tensor> {
-        w(Raw::from_vec(data, shape, device))
+        leaf(opts, |o| Raw::from_vec(data, shape, o))
     }
 
-    /// A 1-D tensor of `data`.
-    pub fn new<T: WithDType>(data: &[T], device: &Device) -> Result<Tensor> {
-        w(Raw::new(data, device))
+    /// A 1-D tensor of `data` (`opts` as [`from_slice`](Tensor::from_slice)).
+    pub fn new<T: WithDType>(data: &[T], opts: impl Into<Options>) -> Result<Tensor> {
+        leaf(opts, |o| Raw::new(data, o))
     }
 
-    /// A 0-dim tensor.
-    pub fn scalar<T: WithDType>(value: T, device: &Device) -> Result<Tensor> {
-        w(Raw::scalar(value, device))
+    /// A 0-dim tensor (`opts` as [`from_slice`](Tensor::from_slice)).
+    pub fn scalar<T: WithDType>(value: T, opts: impl Into<Options>) -> Result<Tensor> {
+        leaf(opts, |o| Raw::scalar(value, o))
     }
 
     /// Filled with `value`.

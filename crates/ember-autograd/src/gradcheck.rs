@@ -85,9 +85,9 @@ where
     let od = out.data();
     let v = projection(od.numel(), 0x5eed);
     let vt = Tensor::wrap(
-        Raw::from_vec(v.clone(), od.shape().clone(), &Device::Cpu)?
+        Raw::from_vec(v.clone(), od.shape().clone(), Device::Cpu)?
             .to_dtype(od.dtype())?
-            .to_device(&od.device())?,
+            .to_device(od.device())?,
     );
     let checked: Vec<usize> = (0..inputs.len())
         .filter(|&i| inputs[i].requires_grad())
@@ -124,7 +124,7 @@ where
             let at = |delta: f64| -> Result<f64> {
                 let mut p = base.clone();
                 p[j] += delta;
-                let xp = Raw::from_vec(p, x.shape().clone(), &Device::Cpu)?.to_device(&dev)?;
+                let xp = Raw::from_vec(p, x.shape().clone(), Device::Cpu)?.to_device(dev)?;
                 let mut args: Vec<Tensor> = inputs.to_vec();
                 args[i] = Tensor::wrap(xp);
                 projected(&f(&args)?.data(), &v)

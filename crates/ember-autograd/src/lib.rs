@@ -40,6 +40,7 @@ mod tensor;
 
 pub use checkpoint::checkpoint;
 pub use ember_device::ErrorKind;
+pub use ember_tensor::Reduction;
 pub use engine::{GradOptions, backward, grad};
 pub use error::{AutogradError, Error, Result};
 pub use gradcheck::{GradcheckOptions, gradcheck};
@@ -47,5 +48,5 @@ pub use mode::{
     GradModeGuard, enable_grad, inference_mode, is_grad_enabled, is_inference_mode_enabled,
     no_grad, set_grad_enabled, with_no_grad,
 };
-pub use ops::{Operand, r#where};
+pub use ops::{CrossEntropyOptions, NllLossOptions, Operand, r#where};
 pub use tensor::{HookHandle, Tensor};

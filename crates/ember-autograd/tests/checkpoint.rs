@@ -106,11 +106,11 @@ fn captured_parameters_get_their_gradients() {
     let _s = SERIAL
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let w = Tensor::from_vec(vec![0.5f64, -1.0, 2.0, 0.25], [2, 2], &CPU)
+    let w = Tensor::from_vec(vec![0.5f64, -1.0, 2.0, 0.25], [2, 2], CPU)
         .unwrap()
         .requires_grad_(true)
         .unwrap();
-    let x = Tensor::from_vec(vec![1.0f64, 2.0, -3.0, 0.5], [2, 2], &CPU)
+    let x = Tensor::from_vec(vec![1.0f64, 2.0, -3.0, 0.5], [2, 2], CPU)
         .unwrap()
         .requires_grad_(true)
         .unwrap();

@@ -15,7 +15,7 @@ use ember_tensor::{DType, Device};
 const CPU: Device = Device::Cpu;
 
 fn leaf(v: &[f64], shape: &[usize]) -> Tensor {
-    Tensor::from_vec(v.to_vec(), shape.to_vec(), &CPU)
+    Tensor::from_vec(v.to_vec(), shape.to_vec(), CPU)
         .unwrap()
         .requires_grad_(true)
         .unwrap()
@@ -35,7 +35,7 @@ fn a_transposed_weight_gets_a_contiguous_gradient() {
     let gv: Vec<f64> = (0..n * m).map(|i| 1.0 + i as f64).collect();
     let x = leaf(&xv, &[n, k]);
     let w = leaf(&wv, &[m, k]);
-    let g = Tensor::from_vec(gv.clone(), [n, m], &CPU).unwrap();
+    let g = Tensor::from_vec(gv.clone(), [n, m], CPU).unwrap();
     x.matmul(&w.t().unwrap())
         .unwrap()
         .backward_with(&g)
@@ -99,7 +99,7 @@ fn leaf_flags_and_names() {
     assert!(x.to_string().ends_with("requires_grad=True)"), "{x}");
     // Only leaves can be switched off; only floats can require grad.
     assert!(y.requires_grad_(false).is_err());
-    let i = Tensor::new(&[1i64], &CPU).unwrap();
+    let i = Tensor::new(&[1i64], CPU).unwrap();
     let e = i.requires_grad_(true).unwrap_err().to_string();
     assert!(e.contains("floating point"), "{e}");
 }
@@ -120,7 +120,7 @@ fn non_scalar_backward_needs_a_gradient() {
         e.to_string()
             .contains("grad can be implicitly created only for scalar outputs")
     );
-    y.backward_with(&Tensor::from_vec(vec![1.0f64, 10.0], [2], &CPU).unwrap())
+    y.backward_with(&Tensor::from_vec(vec![1.0f64, 10.0], [2], CPU).unwrap())
         .unwrap();
     assert_eq!(vals(&x.grad().unwrap()), vec![2.0, 20.0]);
     // Not part of any graph.
@@ -350,8 +350,8 @@ fn gradient_comes_back_in_the_input_dtype() {
 fn gradient_flows_back_across_devices() {
     cuda::use_emulator(EmulatorConfig::devices(2)).unwrap();
     let x = leaf(&[1.0, 2.0, 3.0], &[3]);
-    let on_gpu = x.to_device(&Device::Cuda(0)).unwrap();
-    let on_other = on_gpu.to_device(&Device::Cuda(1)).unwrap();
+    let on_gpu = x.to_device(Device::Cuda(0)).unwrap();
+    let on_other = on_gpu.to_device(Device::Cuda(1)).unwrap();
     let y = on_other.mul(&on_other).unwrap().sum_all().unwrap();
     assert_eq!(y.device(), Device::Cuda(1));
     y.backward().unwrap();

@@ -3,12 +3,13 @@
 //! proptest-chosen shapes, on `cpu` and on the emulated `cuda:0` (the real kernels of
 //! `kernels/*.cu` run on the CPU).
 
-use ember_autograd::{GradcheckOptions, Result, Tensor, gradcheck};
+use ember_autograd::{
+    CrossEntropyOptions, GradcheckOptions, NllLossOptions, Result, Tensor, gradcheck,
+};
 use ember_device::cuda;
 use ember_device::driver::emulator::EmulatorConfig;
 use ember_tensor::{
-    AvgPool2dOptions, Conv2dOptions, CrossEntropyOptions, DType, Device, MaxPool2dOptions,
-    NllLossOptions, Padding, Reduction, Scalar,
+    AvgPool2dOptions, Conv2dOptions, DType, Device, MaxPool2dOptions, Padding, Reduction, Scalar,
 };
 use proptest::prelude::*;
 
@@ -66,9 +67,9 @@ fn input_on_grid(shape: &[usize], seed: u64, lo: f64, hi: f64, dev: Device) -> T
 }
 
 fn leaf(v: Vec<f64>, shape: &[usize], dev: Device) -> Tensor {
-    Tensor::from_vec(v, shape.to_vec(), &Device::Cpu)
+    Tensor::from_vec(v, shape.to_vec(), Device::Cpu)
         .unwrap()
-        .to_device(&dev)
+        .to_device(dev)
         .unwrap()
         .requires_grad_(true)
         .unwrap()
@@ -246,16 +247,16 @@ proptest! {
     fn indexing(rows in 2usize..5, cols in 1usize..4, seed in any::<u64>()) {
         for dev in devices() {
             let x = input(&[rows, cols], seed, -2.0, 2.0, dev);
-            let idx = Tensor::new(&[0i64, (rows - 1) as i64, 0], &Device::Cpu).unwrap().to_device(&dev).unwrap();
+            let idx = Tensor::new(&[0i64, (rows - 1) as i64, 0], Device::Cpu).unwrap().to_device(dev).unwrap();
             check("index_select", dev, std::slice::from_ref(&x), |v| v[0].index_select(0, &idx));
             let gi: Vec<i64> = values(rows * cols, seed, 0.0, rows as f64).iter().map(|v| *v as i64).collect();
-            let gidx = Tensor::from_vec(gi, [rows, cols], &Device::Cpu).unwrap().to_device(&dev).unwrap();
+            let gidx = Tensor::from_vec(gi, [rows, cols], Device::Cpu).unwrap().to_device(dev).unwrap();
             check("gather", dev, std::slice::from_ref(&x), |v| v[0].gather(0, &gidx));
             let src = input(&[rows, cols], seed ^ 9, -1.0, 1.0, dev);
             check("scatter_add", dev, &[x.clone(), src.clone()], |v| v[0].scatter_add(0, &gidx, &v[1]));
             let mask = x.gt(0.0).unwrap();
             check("masked_fill", dev, std::slice::from_ref(&x), |v| v[0].masked_fill(&mask, 3.0));
-            let tokens = Tensor::from_vec(vec![1i64, 0, 1, (rows - 1) as i64], [2, 2], &Device::Cpu).unwrap().to_device(&dev).unwrap();
+            let tokens = Tensor::from_vec(vec![1i64, 0, 1, (rows - 1) as i64], [2, 2], Device::Cpu).unwrap().to_device(dev).unwrap();
             check("embedding", dev, std::slice::from_ref(&x), |v| v[0].embedding(&tokens));
         }
     }
@@ -268,9 +269,9 @@ proptest! {
             let t: Vec<i64> = (0..n).map(|i| ((seed as usize + i) % c) as i64).collect();
             let mut t_ign = t.clone();
             t_ign[0] = -100;
-            let t = Tensor::new(&t, &Device::Cpu).unwrap().to_device(&dev).unwrap();
-            let t_ign = Tensor::new(&t_ign, &Device::Cpu).unwrap().to_device(&dev).unwrap();
-            let w = ember_tensor::Tensor::from_vec(values(c, seed, 0.5, 2.0), [c], &Device::Cpu).unwrap().to_device(&dev).unwrap();
+            let t = Tensor::new(&t, Device::Cpu).unwrap().to_device(dev).unwrap();
+            let t_ign = Tensor::new(&t_ign, Device::Cpu).unwrap().to_device(dev).unwrap();
+            let w = Tensor::from_vec(values(c, seed, 0.5, 2.0), [c], Device::Cpu).unwrap().to_device(dev).unwrap();
             let o = CrossEntropyOptions::new().label_smoothing(smooth).reduction(reduction);
             check("cross_entropy", dev, std::slice::from_ref(&x), |v| v[0].cross_entropy(&t, &o));
             let ow = CrossEntropyOptions::new().label_smoothing(smooth).reduction(reduction).weight(&w);
@@ -279,7 +280,7 @@ proptest! {
                 check("cross_entropy ignore_index", dev, std::slice::from_ref(&x), |v| v[0].cross_entropy(&t_ign, &ow));
             }
             let x3 = input(&[n, c, 2], seed ^ 3, -2.0, 2.0, dev);
-            let t3 = Tensor::from_vec((0..2 * n).map(|i| (i % c) as i64).collect::<Vec<_>>(), [n, 2], &Device::Cpu).unwrap().to_device(&dev).unwrap();
+            let t3 = Tensor::from_vec((0..2 * n).map(|i| (i % c) as i64).collect::<Vec<_>>(), [n, 2], Device::Cpu).unwrap().to_device(dev).unwrap();
             check("cross_entropy [N, C, d]", dev, std::slice::from_ref(&x3), |v| v[0].cross_entropy(&t3, &o));
             let no = NllLossOptions::new().weight(&w).reduction(reduction);
             check("nll_loss", dev, std::slice::from_ref(&x), |v| v[0].log_softmax(1)?.nll_loss(&t, &no));
@@ -341,7 +342,7 @@ proptest! {
             let y = input(&s, seed ^ 11, 0.5, 2.0, dev);
             let other = if dev == Device::Cpu { Device::Cuda(0) } else { Device::Cpu };
             check("to_device", dev, std::slice::from_ref(&x), |v| {
-                v[0].to_device(&other)?.exp()?.to_device(&dev)
+                v[0].to_device(other)?.exp()?.to_device(dev)
             });
             check("to_dtype round trip", dev, std::slice::from_ref(&x), |v| {
                 v[0].to_dtype(DType::F64)?.mul(2.0)
@@ -382,7 +383,7 @@ fn float32_inputs_are_refused() {
 /// the gradient of the input) fails it.
 #[test]
 fn gradcheck_catches_a_wrong_gradient() {
-    let x = Tensor::from_vec(vec![0.5f64, 1.0], [2], &Device::Cpu)
+    let x = Tensor::from_vec(vec![0.5f64, 1.0], [2], Device::Cpu)
         .unwrap()
         .requires_grad_(true)
         .unwrap();

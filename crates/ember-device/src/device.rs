@@ -31,6 +31,14 @@ pub enum Device {
     Cuda(usize),
 }
 
+/// A device by reference where one is taken by value: every call that takes a device
+/// takes `device` or `&device`.
+impl From<&Device> for Device {
+    fn from(d: &Device) -> Device {
+        *d
+    }
+}
+
 impl Device {
     /// `true` for `cuda:N`.
     pub fn is_cuda(&self) -> bool {

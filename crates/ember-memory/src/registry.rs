@@ -28,8 +28,8 @@ fn immortal(a: Arc<CachingAllocator>) -> Arc<CachingAllocator> {
 /// The caching allocator of `device`, created on first use. `cuda:N` fails when CUDA is
 /// unavailable (the error says why) or `N` is out of range (the error names the index and
 /// the count).
-pub fn allocator(device: Device) -> Result<Arc<CachingAllocator>, MemoryError> {
-    match device {
+pub fn allocator(device: impl Into<Device>) -> Result<Arc<CachingAllocator>, MemoryError> {
+    match device.into() {
         Device::Cpu => {
             Ok(Arc::clone(CPU.get_or_init(|| {
                 immortal(CachingAllocator::new(Arc::new(HostAllocator)))
@@ -65,74 +65,77 @@ pub fn pinned_allocator() -> Arc<CachingAllocator> {
 }
 
 /// Bytes in live allocations on `device` (`torch.cuda.memory_allocated`).
-pub fn memory_allocated(device: Device) -> Result<u64, MemoryError> {
+pub fn memory_allocated(device: impl Into<Device>) -> Result<u64, MemoryError> {
     Ok(allocator(device)?.memory_allocated())
 }
 
 /// Peak of [`memory_allocated`] since creation or the last peak reset.
-pub fn max_memory_allocated(device: Device) -> Result<u64, MemoryError> {
+pub fn max_memory_allocated(device: impl Into<Device>) -> Result<u64, MemoryError> {
     let s = allocator(device)?.stats();
     Ok(s.allocated_bytes[StatType::Aggregate].peak.max(0) as u64)
 }
 
 /// Bytes reserved from the device by the allocator (`torch.cuda.memory_reserved`).
-pub fn memory_reserved(device: Device) -> Result<u64, MemoryError> {
+pub fn memory_reserved(device: impl Into<Device>) -> Result<u64, MemoryError> {
     Ok(allocator(device)?.memory_reserved())
 }
 
 /// Peak of [`memory_reserved`] since creation or the last peak reset.
-pub fn max_memory_reserved(device: Device) -> Result<u64, MemoryError> {
+pub fn max_memory_reserved(device: impl Into<Device>) -> Result<u64, MemoryError> {
     let s = allocator(device)?.stats();
     Ok(s.reserved_bytes[StatType::Aggregate].peak.max(0) as u64)
 }
 
 /// Set every peak statistic of `device` to its current value.
-pub fn reset_peak_memory_stats(device: Device) -> Result<(), MemoryError> {
+pub fn reset_peak_memory_stats(device: impl Into<Device>) -> Result<(), MemoryError> {
     allocator(device)?.reset_peak_stats();
     Ok(())
 }
 
 /// Zero the accumulated totals and counters of `device`.
-pub fn reset_accumulated_memory_stats(device: Device) -> Result<(), MemoryError> {
+pub fn reset_accumulated_memory_stats(device: impl Into<Device>) -> Result<(), MemoryError> {
     allocator(device)?.reset_accumulated_stats();
     Ok(())
 }
 
 /// Return `device`'s cached, unused segments to the device (`torch.cuda.empty_cache`).
-pub fn empty_cache(device: Device) -> Result<(), MemoryError> {
+pub fn empty_cache(device: impl Into<Device>) -> Result<(), MemoryError> {
     allocator(device)?.empty_cache()
 }
 
 /// `torch.cuda.memory_stats`: PyTorch's flattened keys.
-pub fn memory_stats(device: Device) -> Result<MemoryStats, MemoryError> {
+pub fn memory_stats(device: impl Into<Device>) -> Result<MemoryStats, MemoryError> {
     Ok(allocator(device)?.memory_stats())
 }
 
 /// `torch.cuda.memory_summary`: a readable table.
-pub fn memory_summary(device: Device) -> Result<String, MemoryError> {
+pub fn memory_summary(device: impl Into<Device>) -> Result<String, MemoryError> {
     Ok(allocator(device)?.summary())
 }
 
 /// Cap what the allocator of `device` may reserve at `fraction` of its total memory
 /// (`torch.cuda.set_per_process_memory_fraction`). Rejects values outside `0..=1` and NaN.
 /// On `cpu` the total is unknown, so the fraction is accepted but does not limit anything.
-pub fn set_per_process_memory_fraction(fraction: f64, device: Device) -> Result<(), MemoryError> {
+pub fn set_per_process_memory_fraction(
+    fraction: f64,
+    device: impl Into<Device>,
+) -> Result<(), MemoryError> {
     allocator(device)?.set_memory_fraction(fraction)
 }
 
 /// `torch.cuda.memory_snapshot`: every segment and its blocks.
-pub fn memory_snapshot(device: Device) -> Result<MemorySnapshot, MemoryError> {
+pub fn memory_snapshot(device: impl Into<Device>) -> Result<MemorySnapshot, MemoryError> {
     Ok(allocator(device)?.snapshot())
 }
 
 /// Switch allocation history recording of `device` on (keeping the last
 /// [`DEFAULT_HISTORY_ENTRIES`] events) or off.
-pub fn record_memory_history(device: Device, enabled: bool) -> Result<(), MemoryError> {
+pub fn record_memory_history(device: impl Into<Device>, enabled: bool) -> Result<(), MemoryError> {
     allocator(device)?.record_history(enabled, DEFAULT_HISTORY_ENTRIES);
     Ok(())
 }
 
 /// The recorded allocation history of `device`, oldest first.
-pub fn memory_history(device: Device) -> Result<Vec<HistoryEntry>, MemoryError> {
+pub fn memory_history(device: impl Into<Device>) -> Result<Vec<HistoryEntry>, MemoryError> {
     Ok(allocator(device)?.history())
 }

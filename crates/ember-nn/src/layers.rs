@@ -186,7 +186,11 @@ impl GELU {
 
 impl Module for GELU {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        Ok(if self.tanh { x.gelu(ember_tensor::Approximate::Tanh)? } else { x.gelu(())? })
+        Ok(if self.tanh {
+            x.gelu(ember_tensor::Approximate::Tanh)?
+        } else {
+            x.gelu(())?
+        })
     }
     fn name(&self) -> &'static str {
         "GELU"

@@ -9,7 +9,9 @@
 mod error;
 
 pub mod data;
+pub mod functional;
 pub mod init;
+pub mod io;
 pub mod layers;
 pub mod loss;
 mod module;

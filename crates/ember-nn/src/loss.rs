@@ -1,38 +1,17 @@
 //! Losses (`torch.nn.CrossEntropyLoss` and friends): modules of two inputs, the prediction
 //! and the target, implementing [`Loss`].
 
-use ember_tensor::{CrossEntropyOptions, NllLossOptions};
+use ember_autograd::{CrossEntropyOptions, NllLossOptions};
 
 pub use ember_tensor::Reduction;
 
-use crate::{NnError, Result, Tensor};
+use crate::functional as F;
+use crate::{Result, Tensor};
 
 /// A loss: `loss.forward(&input, &target)`.
 pub trait Loss: Send + Sync + std::fmt::Debug {
     /// The loss of `input` against `target`.
     fn forward(&self, input: &Tensor, target: &Tensor) -> Result<Tensor>;
-}
-
-fn reduce(x: Tensor, reduction: Reduction) -> Result<Tensor> {
-    Ok(match reduction {
-        Reduction::None => x,
-        Reduction::Mean => x.mean_all()?,
-        Reduction::Sum => x.sum_all()?,
-    })
-}
-
-fn same_shape(op: &'static str, input: &Tensor, target: &Tensor) -> Result<()> {
-    if input.shape() != target.shape() {
-        return Err(NnError::invalid(
-            op,
-            format!(
-                "Using a target size ({}) that is different to the input size ({}) is not supported",
-                target.shape(),
-                input.shape()
-            ),
-        ).into());
-    }
-    Ok(())
 }
 
 /// Cross-entropy of unnormalised scores `[N, C]` (or `[C]`, or `[N, C, d...]`) at class
@@ -69,16 +48,15 @@ impl CrossEntropyLoss {
 
 impl Loss for CrossEntropyLoss {
     fn forward(&self, input: &Tensor, target: &Tensor) -> Result<Tensor> {
-        let w = self.weight.as_ref().map(Tensor::data);
         let opts = CrossEntropyOptions {
             nll: NllLossOptions {
-                weight: w.as_ref(),
+                weight: self.weight.as_ref(),
                 ignore_index: self.ignore_index,
                 reduction: self.reduction,
             },
             label_smoothing: self.label_smoothing,
         };
-        input.cross_entropy(target, &opts)
+        F::cross_entropy(input, target, opts)
     }
 }
 
@@ -112,13 +90,12 @@ impl NLLLoss {
 
 impl Loss for NLLLoss {
     fn forward(&self, input: &Tensor, target: &Tensor) -> Result<Tensor> {
-        let w = self.weight.as_ref().map(Tensor::data);
         let opts = NllLossOptions {
-            weight: w.as_ref(),
+            weight: self.weight.as_ref(),
             ignore_index: self.ignore_index,
             reduction: self.reduction,
         };
-        input.nll_loss(target, &opts)
+        F::nll_loss(input, target, opts)
     }
 }
 
@@ -138,8 +115,7 @@ impl MSELoss {
 
 impl Loss for MSELoss {
     fn forward(&self, input: &Tensor, target: &Tensor) -> Result<Tensor> {
-        same_shape("MSELoss", input, target)?;
-        reduce(input.sub(target)?.square()?, self.reduction)
+        F::mse_loss(input, target, self.reduction)
     }
 }
 
@@ -163,21 +139,6 @@ impl BCEWithLogitsLoss {
 
 impl Loss for BCEWithLogitsLoss {
     fn forward(&self, x: &Tensor, y: &Tensor) -> Result<Tensor> {
-        same_shape("BCEWithLogitsLoss", x, y)?;
-        // softplus(-x) = log(1 + e^{-x}) = max(-x, 0) + log1p(e^{-|x|}).
-        let sp_neg = x
-            .neg()?
-            .clamp_min(0.0)?
-            .add(&x.abs()?.neg()?.exp()?.log1p()?)?;
-        let l = match &self.pos_weight {
-            // (1 - y)·x + (1 + (pw - 1)·y)·softplus(-x)
-            Some(pw) => {
-                let coef = pw.sub(1.0)?.mul(y)?.add(1.0)?;
-                y.neg()?.add(1.0)?.mul(x)?.add(&coef.mul(&sp_neg)?)?
-            }
-            // x - x·y + softplus(-x)
-            None => x.sub(&x.mul(y)?)?.add(&sp_neg)?,
-        };
-        reduce(l, self.reduction)
+        F::binary_cross_entropy_with_logits(x, y, self.pos_weight.as_ref(), self.reduction)
     }
 }

@@ -30,8 +30,8 @@ fn ramp(n: usize) -> TensorDataset {
     let x: Vec<f32> = (0..n).flat_map(|i| [i as f32, 10.0 * i as f32]).collect();
     let y: Vec<i64> = (0..n as i64).collect();
     TensorDataset::new(vec![
-        Tensor::from_vec(x, [n, 2], &CPU).unwrap(),
-        Tensor::from_vec(y, [n], &CPU).unwrap(),
+        Tensor::from_vec(x, [n, 2], CPU).unwrap(),
+        Tensor::from_vec(y, [n], CPU).unwrap(),
     ])
     .unwrap()
 }
@@ -111,7 +111,7 @@ fn tensor_dataset_size_mismatch() {
     assert!(msg.contains("Size mismatch between tensors"), "{msg}");
     assert!(msg.contains("[10, 9]"), "{msg}");
     assert!(TensorDataset::new(vec![]).is_err());
-    let s = Tensor::scalar(1.0f32, &CPU).unwrap();
+    let s = Tensor::scalar(1.0f32, CPU).unwrap();
     let msg = TensorDataset::new(vec![a, s]).unwrap_err().to_string();
     assert!(msg.contains("0-dimensional"), "{msg}");
 }
@@ -126,7 +126,7 @@ impl Dataset for Squares {
     fn get(&self, index: usize) -> ember_nn::Result<Vec<Tensor>> {
         check_index(index, self.0)?;
         let v = (index * index) as f32;
-        Ok(vec![Tensor::from_vec(vec![v, -v], [2], &CPU)?])
+        Ok(vec![Tensor::from_vec(vec![v, -v], [2], CPU)?])
     }
 }
 
@@ -299,7 +299,7 @@ impl Dataset for Slow {
         if Some(index) == self.fail_at {
             return Err(NnError::Data(format!("sample {index} is broken")).into());
         }
-        Ok(vec![Tensor::scalar(index as i64, &CPU)?])
+        Ok(vec![Tensor::scalar(index as i64, CPU)?])
     }
 }
 
@@ -387,7 +387,7 @@ impl Dataset for Panics {
         if index == 2 {
             panic!("boom at {index}");
         }
-        Ok(vec![Tensor::scalar(index as i64, &CPU)?])
+        Ok(vec![Tensor::scalar(index as i64, CPU)?])
     }
 }
 
@@ -436,7 +436,7 @@ fn custom_collate_receives_the_samples() {
                     for s in &samples {
                         sum += s[1].item::<i64>()?;
                     }
-                    Ok(vec![Tensor::scalar(sum, &CPU)?, Tensor::scalar(n, &CPU)?])
+                    Ok(vec![Tensor::scalar(sum, CPU)?, Tensor::scalar(n, CPU)?])
                 });
         let got: Vec<(i64, i64)> = l
             .iter()

@@ -44,7 +44,7 @@ fn values(n: usize, seed: u64, lo: f64, hi: f64) -> Vec<f64> {
 }
 
 fn tensor(v: Vec<f64>, shape: &[usize], dtype: DType, d: Device) -> Tensor {
-    Tensor::from_vec(v, shape, &d)
+    Tensor::from_vec(v, shape, d)
         .unwrap()
         .to_dtype(dtype)
         .unwrap()
@@ -430,7 +430,7 @@ fn losses_match_naive_references() {
         assert!((mse - want).abs() < 1e-12);
         let e = MSELoss::new().forward(&x, &tensor(vec![0.0; 3], &[3], DType::F64, d));
         assert!(e.unwrap_err().to_string().contains("target size ([3])"));
-        let t = Tensor::from_vec(vec![2i64, 0], [2], &d).unwrap();
+        let t = Tensor::from_vec(vec![2i64, 0], [2], d).unwrap();
         let ce = CrossEntropyLoss::new()
             .forward(&x, &t)
             .unwrap()
@@ -475,7 +475,7 @@ fn a_small_cnn_runs_forward_and_backward_on_every_device() {
         let x = Tensor::randn([3, 1, 8, 8], d).unwrap();
         let y = m.forward(&x).unwrap();
         assert_eq!(y.dims(), [3, 10]);
-        let t = Tensor::from_vec(vec![1i64, 2, 3], [3], &d).unwrap();
+        let t = Tensor::from_vec(vec![1i64, 2, 3], [3], d).unwrap();
         CrossEntropyLoss::new()
             .forward(&y, &t)
             .unwrap()
@@ -487,7 +487,7 @@ fn a_small_cnn_runs_forward_and_backward_on_every_device() {
             assert_eq!(g.device(), d);
         }
         let emb = Embedding::new(10, 3, d).unwrap();
-        let idx = Tensor::from_vec(vec![1i64, 1, 4], [3], &d).unwrap();
+        let idx = Tensor::from_vec(vec![1i64, 1, 4], [3], d).unwrap();
         let e = emb.forward(&idx).unwrap();
         assert_eq!(e.dims(), [3, 3]);
         e.sum_all().unwrap().backward().unwrap();

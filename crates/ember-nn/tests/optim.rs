@@ -525,7 +525,7 @@ fn optimizer_state_follows_params_to_another_device() {
         let mut opt = make(params.clone());
         run_steps(opt.as_mut(), &params, 0, 5);
         for p in &params {
-            p.set_data(p.data().to_device(&gpu).unwrap());
+            p.set_data(p.data().to_device(gpu).unwrap());
         }
         run_steps(opt.as_mut(), &params, 5, 7);
         for (p, e) in params.iter().zip(&expected) {
@@ -581,11 +581,11 @@ fn gradient_accumulation_equals_full_batch() {
     // y = x w on 8 rows; loss = mean((x w - y_true)^2).
     let xs: Vec<f64> = (0..24).map(|i| ((i * 7 % 11) as f64 - 5.0) / 4.0).collect();
     let ys: Vec<f64> = (0..8).map(|i| (i as f64 - 3.5) / 2.0).collect();
-    let x = Tensor::from_vec(xs, [8, 3], &CPU)
+    let x = Tensor::from_vec(xs, [8, 3], CPU)
         .unwrap()
         .to_dtype(DType::F32)
         .unwrap();
-    let y = Tensor::from_vec(ys, [8, 1], &CPU)
+    let y = Tensor::from_vec(ys, [8, 1], CPU)
         .unwrap()
         .to_dtype(DType::F32)
         .unwrap();

@@ -304,8 +304,8 @@ fn scheduler_load_state_dict_errors_leave_it_unchanged() {
         assert!(e.contains(want), "{e}\nshould contain: {want}");
         assert_eq!(values(&sched.state_dict().unwrap()), before);
     };
-    let scalar = |v: f64| Tensor::scalar(v, &CPU).unwrap();
-    let int = |v: i64| Tensor::scalar(v, &CPU).unwrap();
+    let scalar = |v: f64| Tensor::scalar(v, CPU).unwrap();
+    let int = |v: i64| Tensor::scalar(v, CPU).unwrap();
 
     let mut sd = good.clone();
     sd.remove("gamma");
@@ -323,7 +323,7 @@ fn scheduler_load_state_dict_errors_leave_it_unchanged() {
     let mut sd = good.clone();
     sd.insert(
         "gamma".into(),
-        Tensor::from_vec(vec![0.5, 0.5], [2], &CPU).unwrap(),
+        Tensor::from_vec(vec![0.5, 0.5], [2], CPU).unwrap(),
     );
     check(&mut step, &sd, "gamma: expected one value, found shape [2]");
 
@@ -333,7 +333,7 @@ fn scheduler_load_state_dict_errors_leave_it_unchanged() {
     let mut sd = cos.state_dict().unwrap();
     sd.insert(
         "base_lrs".into(),
-        Tensor::from_vec(vec![0.1, 0.2], [2], &CPU).unwrap(),
+        Tensor::from_vec(vec![0.1, 0.2], [2], CPU).unwrap(),
     );
     check(&mut cos, &sd, "size mismatch for base_lrs");
     // Another kind of scheduler's dict.
@@ -442,7 +442,7 @@ fn clip_grad_norm_edge_cases() {
         vec![0.0]
     );
     // A non-finite norm: NaN gradients, or an error when asked for.
-    let g = Tensor::from_vec(vec![f32::INFINITY, 1.0], [2], &CPU).unwrap();
+    let g = Tensor::from_vec(vec![f32::INFINITY, 1.0], [2], CPU).unwrap();
     let q = param(&[0.0, 0.0], &[2], CPU);
     q.set_grad(Some(&g)).unwrap();
     let e = clip_grad_norm_opts(std::slice::from_ref(&q), 1.0, 2.0, true).unwrap_err();

@@ -33,8 +33,8 @@ impl Dataset for Noisy {
         let u = Tensor::rand([1], DType::F64)?.to_vec::<f64>()?[0];
         let id = get_worker_info().map_or(-1, |w| w.id as i64);
         Ok(vec![
-            Tensor::scalar(index as f64 + u, &CPU)?,
-            Tensor::scalar(id, &CPU)?,
+            Tensor::scalar(index as f64 + u, CPU)?,
+            Tensor::scalar(id, CPU)?,
         ])
     }
 }

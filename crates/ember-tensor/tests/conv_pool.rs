@@ -299,8 +299,8 @@ fn conv2d_unbatched_and_known_values() {
         .unwrap()
         .reshape([1, 4, 4])
         .unwrap();
-    let w = Tensor::from_vec(vec![1f32, 0., 0., -1.], [1, 1, 2, 2], &CPU).unwrap();
-    let b = Tensor::new(&[2f32], &CPU).unwrap();
+    let w = Tensor::from_vec(vec![1f32, 0., 0., -1.], [1, 1, 2, 2], CPU).unwrap();
+    let b = Tensor::new(&[2f32], CPU).unwrap();
     let y = x.conv2d(&w, Some(&b), &Conv2dOptions::new()).unwrap();
     assert_eq!(y.dims(), &[1, 3, 3]);
     assert_eq!(y.to_vec::<f32>().unwrap(), vec![-3.0; 9]);
@@ -312,8 +312,8 @@ fn conv2d_unbatched_and_known_values() {
         .unwrap();
     assert_eq!(y.to_vec::<f32>().unwrap(), vec![4., 4., 4., 4.]);
     // Depthwise (groups = C): each channel scaled by its own weight.
-    let x = Tensor::from_vec(vec![1f64, 2., 3., 4.], [1, 2, 1, 2], &CPU).unwrap();
-    let w = Tensor::from_vec(vec![10f64, 100.], [2, 1, 1, 1], &CPU).unwrap();
+    let x = Tensor::from_vec(vec![1f64, 2., 3., 4.], [1, 2, 1, 2], CPU).unwrap();
+    let w = Tensor::from_vec(vec![10f64, 100.], [2, 1, 1, 1], CPU).unwrap();
     let y = x.conv2d(&w, None, &Conv2dOptions::new().groups(2)).unwrap();
     assert_eq!(y.to_vec::<f64>().unwrap(), vec![10., 20., 300., 400.]);
     // Empty batch.
@@ -502,7 +502,7 @@ fn pools_known_values() {
         vec![0.5, 1., 0.5, 1., 2., 1., 0.5, 1., 0.5]
     );
     // NaN wins a max-pool window, as in PyTorch.
-    let x = Tensor::from_vec(vec![1f32, f32::NAN, 3., 2.], [1, 1, 4], &CPU).unwrap();
+    let x = Tensor::from_vec(vec![1f32, f32::NAN, 3., 2.], [1, 1, 4], CPU).unwrap();
     let (v, i) = x
         .max_pool2d_with_indices(&MaxPool2dOptions::new((1, 4)))
         .unwrap();

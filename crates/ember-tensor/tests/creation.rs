@@ -8,7 +8,7 @@ const CPU: Device = Device::Cpu;
 
 #[test]
 fn from_vec_and_read_back() {
-    let t = Tensor::from_vec(vec![1f32, 2., 3., 4., 5., 6.], [2, 3], &CPU).unwrap();
+    let t = Tensor::from_vec(vec![1f32, 2., 3., 4., 5., 6.], [2, 3], CPU).unwrap();
     assert_eq!(t.dims(), &[2, 3]);
     assert_eq!(t.strides(), &[3, 1]);
     assert_eq!((t.rank(), t.numel(), t.storage_offset()), (2, 6, 0));
@@ -22,7 +22,7 @@ fn from_vec_and_read_back() {
         "to_vec: expected dtype torch.int64, but found torch.float32"
     );
     assert!(matches!(
-        Tensor::from_vec(vec![1f32; 5], [2, 3], &CPU).unwrap_err(),
+        Tensor::from_vec(vec![1f32; 5], [2, 3], CPU).unwrap_err(),
         TensorError::ElementCount { numel: 5, .. }
     ));
     assert!(t.to_vec3::<f32>().is_err());
@@ -32,7 +32,7 @@ fn from_vec_and_read_back() {
 
 #[test]
 fn item_and_scalar() {
-    let s = Tensor::scalar(2.5f64, &CPU).unwrap();
+    let s = Tensor::scalar(2.5f64, CPU).unwrap();
     assert_eq!(s.rank(), 0);
     assert_eq!(s.item::<f64>().unwrap(), 2.5);
     assert!(s.item::<f32>().is_err());
@@ -136,7 +136,7 @@ fn eye() {
 
 #[test]
 fn casts_round_and_truncate_as_pytorch() {
-    let t = Tensor::new(&[-2.7f32, -0.5, 0.0, 0.5, 2.7, f32::NAN], &CPU).unwrap();
+    let t = Tensor::new(&[-2.7f32, -0.5, 0.0, 0.5, 2.7, f32::NAN], CPU).unwrap();
     assert_eq!(
         t.to_dtype(DType::I64).unwrap().to_vec::<i64>().unwrap(),
         vec![-2, 0, 0, 0, 2, 0]
@@ -145,18 +145,18 @@ fn casts_round_and_truncate_as_pytorch() {
         t.to_dtype(DType::Bool).unwrap().to_vec::<bool>().unwrap(),
         vec![true, true, false, true, true, true]
     );
-    let u = Tensor::new(&[-1.0f64, 256.0, 3.9], &CPU).unwrap();
+    let u = Tensor::new(&[-1.0f64, 256.0, 3.9], CPU).unwrap();
     assert_eq!(
         u.to_dtype(DType::U8).unwrap().to_vec::<u8>().unwrap(),
         vec![255, 0, 3]
     );
     // ties to even into bf16: 1 + 2^-8 is halfway between 1 and 1 + 2^-7
-    let h = Tensor::new(&[1.0f32 + 2f32.powi(-8), 1.0 + 3.0 * 2f32.powi(-8)], &CPU).unwrap();
+    let h = Tensor::new(&[1.0f32 + 2f32.powi(-8), 1.0 + 3.0 * 2f32.powi(-8)], CPU).unwrap();
     assert_eq!(
         h.to_dtype(DType::Bf16).unwrap().to_vec::<bf16>().unwrap(),
         vec![bf16::from_f32(1.0), bf16::from_f32(1.0 + 2f32.powi(-6))]
     );
-    let big = Tensor::new(&[i64::MAX, -1], &CPU).unwrap();
+    let big = Tensor::new(&[i64::MAX, -1], CPU).unwrap();
     assert_eq!(
         big.to_dtype(DType::I32).unwrap().to_vec::<i32>().unwrap(),
         vec![-1, -1]
@@ -189,7 +189,7 @@ fn casts_round_and_truncate_as_pytorch() {
 #[test]
 fn devices() {
     let t = Tensor::ones([2], ()).unwrap();
-    let same = t.to_device(&CPU).unwrap();
+    let same = t.to_device(CPU).unwrap();
     assert!(same.shares_storage(&t));
     assert!(t.cpu().unwrap().shares_storage(&t));
     // CUDA targets work where CUDA (or the emulator, EMBER_CUDA_EMULATOR=N) is available,
@@ -233,17 +233,17 @@ fn show(t: &Tensor) -> String {
 
 #[test]
 fn display_like_pytorch() {
-    let f = |v: &[f32], s: &[usize]| Tensor::from_slice(v, s, &CPU).unwrap();
+    let f = |v: &[f32], s: &[usize]| Tensor::from_slice(v, s, CPU).unwrap();
     assert_eq!(
         show(&Tensor::ones([1, 3], ()).unwrap()),
         "tensor([[1., 1., 1.]])"
     );
     assert_eq!(
-        show(&Tensor::new(&[1i64, 2, 3], &CPU).unwrap()),
+        show(&Tensor::new(&[1i64, 2, 3], CPU).unwrap()),
         "tensor([1, 2, 3])"
     );
     assert_eq!(
-        show(&Tensor::new(&[true, false], &CPU).unwrap()),
+        show(&Tensor::new(&[true, false], CPU).unwrap()),
         "tensor([ True, False])"
     );
     assert_eq!(show(&f(&[1.5, 2.25], &[2])), "tensor([1.5000, 2.2500])");
@@ -261,13 +261,13 @@ fn display_like_pytorch() {
         "tensor([nan, 1., -inf])"
     );
     assert_eq!(show(&f(&[0.0, 0.0], &[2])), "tensor([0., 0.])");
-    assert_eq!(show(&Tensor::scalar(3f32, &CPU).unwrap()), "tensor(3.)");
+    assert_eq!(show(&Tensor::scalar(3f32, CPU).unwrap()), "tensor(3.)");
     assert_eq!(
-        show(&Tensor::scalar(3i32, &CPU).unwrap()),
+        show(&Tensor::scalar(3i32, CPU).unwrap()),
         "tensor(3, dtype=torch.int32)"
     );
     assert_eq!(
-        show(&Tensor::new(&[1f64, 2.], &CPU).unwrap()),
+        show(&Tensor::new(&[1f64, 2.], CPU).unwrap()),
         "tensor([1., 2.], dtype=torch.float64)"
     );
     assert_eq!(show(&Tensor::zeros([0], ()).unwrap()), "tensor([])");

@@ -47,7 +47,7 @@ fn assert_matches_within(what: &str, cpu: &Tensor, gpu: &Tensor, slack: f64) {
     assert_eq!(gpu.device(), GPU, "{what}: device");
     assert_eq!(cpu.dtype(), gpu.dtype(), "{what}: dtype");
     assert_eq!(cpu.dims(), gpu.dims(), "{what}: shape");
-    let g = gpu.to_device(&CPU).unwrap();
+    let g = gpu.to_device(CPU).unwrap();
     if cpu.dtype().is_float() {
         let (a, b) = (
             cpu.to_dtype(DType::F64).unwrap().to_vec::<f64>().unwrap(),
@@ -102,7 +102,7 @@ fn same_within(
         .read()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     let cpu: Vec<Tensor> = inputs.iter().map(|t| (*t).clone()).collect();
-    let gpu: Vec<Tensor> = inputs.iter().map(|t| t.to_device(&GPU).unwrap()).collect();
+    let gpu: Vec<Tensor> = inputs.iter().map(|t| t.to_device(GPU).unwrap()).collect();
     match (f(&cpu), f(&gpu)) {
         (Ok(c), Ok(g)) => assert_matches_within(what, &c, &g, slack),
         (Err(c), Err(g)) => assert_eq!(c.to_string(), g.to_string(), "{what}: errors"),
@@ -131,7 +131,7 @@ fn values(dtype: DType, n: usize, seed: u64, specials: bool) -> Tensor {
             }
         })
         .collect();
-    Tensor::from_slice(&v, [n], &CPU)
+    Tensor::from_slice(&v, [n], CPU)
         .unwrap()
         .to_dtype(dtype)
         .unwrap()
@@ -341,12 +341,9 @@ fn creation_on_cuda_matches_cpu() {
     assert_matches("arange", &Tensor::arange(0, 10, ()).unwrap(), &a);
     let e = Tensor::eye(3, GPU).unwrap();
     assert_matches("eye", &Tensor::eye(3, ()).unwrap(), &e);
-    let t = Tensor::from_slice(&[1.5f32, 2.5], [2], &GPU).unwrap();
+    let t = Tensor::from_slice(&[1.5f32, 2.5], [2], GPU).unwrap();
     assert_eq!(t.to_vec::<f32>().unwrap(), vec![1.5, 2.5]);
-    assert_eq!(
-        Tensor::scalar(7i64, &GPU).unwrap().item::<i64>().unwrap(),
-        7
-    );
+    assert_eq!(Tensor::scalar(7i64, GPU).unwrap().item::<i64>().unwrap(), 7);
 }
 
 /// The Philox kernels draw, bit for bit, what the CPU generator draws for the same seed
@@ -356,7 +353,7 @@ fn same_seed_same_numbers_on_cpu_and_cuda() {
     setup();
     use ember_tensor::random::Generator;
     let bits = |t: &Tensor| -> Vec<i64> {
-        let t = t.to_device(&CPU).unwrap();
+        let t = t.to_device(CPU).unwrap();
         match t.dtype() {
             DType::F32 => t
                 .to_vec::<f32>()
@@ -458,7 +455,7 @@ fn matmul_precision_switch_and_int_matmul_error() {
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         ember_tensor::set_float32_matmul_precision("high").unwrap();
-        let g = a.to_device(&GPU).unwrap();
+        let g = a.to_device(GPU).unwrap();
         let gpu = g.matmul(&g.t().unwrap());
         ember_tensor::set_float32_matmul_precision("highest").unwrap();
         (a.matmul(&a.t().unwrap()).unwrap(), gpu.unwrap())
@@ -523,7 +520,7 @@ proptest! {
         if bad {
             picks[3] = size + 2;
         }
-        let idx = Tensor::from_slice(&picks, [5], &CPU).unwrap();
+        let idx = Tensor::from_slice(&picks, [5], CPU).unwrap();
         let idx = if i32_idx { idx.to_dtype(DType::I32).unwrap() } else { idx };
         same("index_select", &[&x, &idx], |t| t[0].index_select(dim, &t[1]));
         // gather/scatter_add: an index of x's shape with dim shrunk.
@@ -531,7 +528,7 @@ proptest! {
         gdims[dim] = gdims[dim].min(2);
         let n: usize = gdims.iter().product();
         let g: Vec<i64> = (0..n as i64).map(|i| if bad && i == 1 { -1 } else { (i * 5 + seed as i64) % size }).collect();
-        let gi = Tensor::from_slice(&g, gdims.as_slice(), &CPU).unwrap();
+        let gi = Tensor::from_slice(&g, gdims.as_slice(), CPU).unwrap();
         same("gather", &[&x, &gi], |t| t[0].gather(dim, &t[1]));
         let src = view(dt, &gdims, seed + 9, false);
         // Up to two adds land on one element, in an order a real GPU's atomics leave open;
@@ -541,7 +538,7 @@ proptest! {
         same_within("scatter_add", &[&x, &gi, &src], slack, |t| t[0].scatter_add(dim, &t[1], &t[2]));
         let mask = x.gt(0).unwrap();
         same("masked_fill", &[&x, &mask], |t| t[0].masked_fill(&t[1], 2));
-        let cls = Tensor::from_slice(&picks.iter().map(|p| p.rem_euclid(4)).collect::<Vec<_>>(), [5], &CPU).unwrap();
+        let cls = Tensor::from_slice(&picks.iter().map(|p| p.rem_euclid(4)).collect::<Vec<_>>(), [5], CPU).unwrap();
         same("one_hot", &[&cls], |t| t[0].one_hot(Some(4)));
         if dt.is_float() && dims.len() == 2 {
             same("embedding", &[&x, &idx], |t| t[0].embedding(&t[1]));
@@ -558,7 +555,7 @@ proptest! {
         setup();
         let x = view(dt, &[n, c], seed, true);
         let t: Vec<i64> = (0..n as i64).map(|i| if bad && i == 1 { c as i64 } else if i == 2 { -100 } else { (i + seed as i64) % c as i64 }).collect();
-        let t = Tensor::from_slice(&t, [n], &CPU).unwrap();
+        let t = Tensor::from_slice(&t, [n], CPU).unwrap();
         let w = view(dt, &[c], seed + 1, false).abs().unwrap();
         same("cross_entropy", &[&x, &t, &w], |a| {
             let mut o = ember_tensor::CrossEntropyOptions::new().reduction(reduction).label_smoothing(smoothing);
@@ -613,14 +610,14 @@ fn empty_inputs_match() {
     same("prod over an empty dim", &[&e], |t| t[0].prod((0, true)));
     same("amax over an empty dim", &[&e], |t| t[0].amax(0));
     same("sum_all of empty", &[&e], |t| t[0].sum_all());
-    let idx = Tensor::from_slice(&[0i64, 1], [2], &CPU).unwrap();
+    let idx = Tensor::from_slice(&[0i64, 1], [2], CPU).unwrap();
     same("index_select from empty", &[&e, &idx], |t| {
         t[0].index_select(0, &t[1])
     });
     let i2 = Tensor::zeros([1, 3], DType::I64).unwrap();
     same("gather from empty", &[&e, &i2], |t| t[0].gather(0, &t[1]));
     let x = Tensor::zeros([2, 0], ()).unwrap();
-    let target = Tensor::from_slice(&[-100i64, 0], [2], &CPU).unwrap();
+    let target = Tensor::from_slice(&[-100i64, 0], [2], CPU).unwrap();
     same("nll_loss without classes", &[&x, &target], |t| {
         t[0].nll_loss(&t[1], &ember_tensor::NllLossOptions::new())
     });

@@ -7,7 +7,7 @@ use half::f16;
 const CPU: Device = Device::Cpu;
 
 fn f32s(v: &[f32], s: &[usize]) -> Tensor {
-    Tensor::from_slice(v, s, &CPU).unwrap()
+    Tensor::from_slice(v, s, CPU).unwrap()
 }
 
 #[test]
@@ -22,9 +22,9 @@ fn broadcasting_and_promotion() {
     );
     assert_eq!(a.add(0.5).unwrap().dtype(), DType::F32);
     assert_eq!(a.mul(2).unwrap().to_vec::<i64>().unwrap(), vec![0, 2, 4]);
-    let u8t = Tensor::new(&[250u8, 10], &CPU).unwrap();
+    let u8t = Tensor::new(&[250u8, 10], CPU).unwrap();
     assert_eq!(u8t.add(10).unwrap().to_vec::<u8>().unwrap(), vec![4, 20]); // stays u8, wraps
-    let bools = Tensor::new(&[true, false], &CPU).unwrap();
+    let bools = Tensor::new(&[true, false], CPU).unwrap();
     assert_eq!(bools.add(1).unwrap().dtype(), DType::I64);
     assert_eq!(
         bools.add(&bools).unwrap().to_vec::<bool>().unwrap(),
@@ -35,7 +35,7 @@ fn broadcasting_and_promotion() {
         TensorError::UnsupportedDType { .. }
     ));
     // a 0-dim f64 tensor does not promote an f32 tensor (same category)
-    let s = Tensor::scalar(2.0f64, &CPU).unwrap();
+    let s = Tensor::scalar(2.0f64, CPU).unwrap();
     assert_eq!(f32s(&[1., 2.], &[2]).mul(&s).unwrap().dtype(), DType::F32);
     let e = f32s(&[1.; 6], &[2, 3])
         .add(&f32s(&[1.; 4], &[4]))
@@ -48,8 +48,8 @@ fn broadcasting_and_promotion() {
 
 #[test]
 fn true_division_and_pow() {
-    let a = Tensor::new(&[7i64, -7, 1], &CPU).unwrap();
-    let b = Tensor::new(&[2i64, 2, 0], &CPU).unwrap();
+    let a = Tensor::new(&[7i64, -7, 1], CPU).unwrap();
+    let b = Tensor::new(&[2i64, 2, 0], CPU).unwrap();
     let q = a.div(&b).unwrap();
     assert_eq!(q.dtype(), DType::F32);
     assert_eq!(q.to_vec::<f32>().unwrap(), vec![3.5, -3.5, f32::INFINITY]);
@@ -80,7 +80,7 @@ fn comparisons_logical_where() {
         a.le(2).unwrap().to_vec::<bool>().unwrap(),
         vec![true, true, false]
     );
-    let i = Tensor::new(&[0i64, 3, -1], &CPU).unwrap();
+    let i = Tensor::new(&[0i64, 3, -1], CPU).unwrap();
     assert_eq!(
         i.lt(&a).unwrap().to_vec::<bool>().unwrap(),
         vec![true, false, false]
@@ -110,7 +110,7 @@ fn comparisons_logical_where() {
     assert_eq!(w.to_vec::<f32>().unwrap(), vec![0.5, 3., 0.5]);
     let e = ember_tensor::r#where(&i, &i, &i).unwrap_err().to_string();
     assert_eq!(e, "where: expected dtype torch.bool, but found torch.int64");
-    let cond = Tensor::new(&[true, false], &CPU)
+    let cond = Tensor::new(&[true, false], CPU)
         .unwrap()
         .reshape([2, 1])
         .unwrap();
@@ -240,14 +240,14 @@ fn unary_against_f64_references() {
 
 #[test]
 fn unary_dtype_rules() {
-    let i = Tensor::new(&[-2i64, 0, 3], &CPU).unwrap();
+    let i = Tensor::new(&[-2i64, 0, 3], CPU).unwrap();
     assert_eq!(i.exp().unwrap().dtype(), DType::F32);
     assert_eq!(i.neg().unwrap().to_vec::<i64>().unwrap(), vec![2, 0, -3]);
     assert_eq!(i.relu().unwrap().to_vec::<i64>().unwrap(), vec![0, 0, 3]);
     assert_eq!(i.sign().unwrap().to_vec::<i64>().unwrap(), vec![-1, 0, 1]);
     assert_eq!(i.abs().unwrap().to_vec::<i64>().unwrap(), vec![2, 0, 3]);
     assert!(i.gelu(()).is_err());
-    let b = Tensor::new(&[true], &CPU).unwrap();
+    let b = Tensor::new(&[true], CPU).unwrap();
     assert_eq!(
         b.neg().unwrap_err().to_string(),
         "neg: not implemented for torch.bool"
@@ -281,7 +281,7 @@ fn clamp_rules() {
     assert_eq!(&v[..3], &[-1., 0.5, 1.]);
     assert!(v[3].is_nan());
     assert!(t.clamp((), ()).is_err());
-    let i = Tensor::new(&[-5i64, 5], &CPU).unwrap();
+    let i = Tensor::new(&[-5i64, 5], CPU).unwrap();
     assert_eq!(
         i.clamp_min(0.5).unwrap().to_vec::<f32>().unwrap(),
         vec![0.5, 5.]
@@ -329,7 +329,7 @@ fn in_place_ops() {
         .map(|&x| if x > 0.0 { x } else { 0.0 })
         .collect();
     assert_eq!(kept.to_vec::<f32>().unwrap(), want);
-    let i = Tensor::new(&[1i64, 2], &CPU).unwrap();
+    let i = Tensor::new(&[1i64, 2], CPU).unwrap();
     let e = i.add_(0.5).unwrap_err();
     assert_eq!(
         e.to_string(),
@@ -341,7 +341,7 @@ fn in_place_ops() {
     assert_eq!(i.to_vec::<i64>().unwrap(), vec![7, -1]);
     i.zero_().unwrap();
     assert_eq!(i.to_vec::<i64>().unwrap(), vec![0, 0]);
-    assert!(Tensor::new(&[true], &CPU).unwrap().sub_(true).is_err());
+    assert!(Tensor::new(&[true], CPU).unwrap().sub_(true).is_err());
 }
 
 #[test]

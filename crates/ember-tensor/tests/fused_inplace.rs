@@ -10,7 +10,7 @@ use proptest::prelude::*;
 const CPU: Device = Device::Cpu;
 
 fn tensor(v: &[f64], dims: &[usize], dtype: DType) -> Tensor {
-    Tensor::from_slice(v, dims, &CPU)
+    Tensor::from_slice(v, dims, CPU)
         .unwrap()
         .to_dtype(dtype)
         .unwrap()
@@ -162,7 +162,7 @@ fn bad_operands_are_errors() {
     let d = tensor(&[1.0, 2.0], &[2], DType::F64);
     let e = s.lerp_(&d, 0.5).unwrap_err().to_string();
     assert!(e.contains("lerp_"), "{e}");
-    let i = Tensor::new(&[1i64, 2], &CPU).unwrap();
+    let i = Tensor::new(&[1i64, 2], CPU).unwrap();
     assert!(i.lerp_(&i, 0.5).is_err(), "lerp_ on integers");
     // Writing into an expanded view is refused, as for every in-place op.
     let e = s.reshape([2, 1]).unwrap().expand([2, 3]).unwrap();

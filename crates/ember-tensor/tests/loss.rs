@@ -83,10 +83,10 @@ proptest! {
         let tv: Vec<i64> = rand_vec(n * l, seed ^ 5).iter().enumerate().map(|(i, r)| {
             if i % 4 == 3 && ign_i == 0 { -100 } else { ((r + 1.0) / 2.0 * c as f64) as i64 % c as i64 }
         }).collect();
-        let t = Tensor::from_vec(tv.clone(), tshape.clone(), &CPU).unwrap();
+        let t = Tensor::from_vec(tv.clone(), tshape.clone(), CPU).unwrap();
         let t = if i32_target { t.to_dtype(DType::I32).unwrap() } else { t };
         let wv: Vec<f64> = rand_vec(c, seed ^ 9).iter().map(|v| v + 1.5).collect();
-        let w = Tensor::from_vec(wv.clone(), [c], &CPU).unwrap().to_dtype(dtype).unwrap();
+        let w = Tensor::from_vec(wv.clone(), [c], CPU).unwrap().to_dtype(dtype).unwrap();
         let wv = values(&w);
         let wopt = weighted.then_some(wv.as_slice());
 
@@ -156,14 +156,14 @@ fn fused_cross_entropy_matches_log_softmax_then_nll() {
                 }
             })
             .collect();
-        let t = Tensor::from_vec(tv.clone(), [n], &CPU).unwrap();
+        let t = Tensor::from_vec(tv.clone(), [n], CPU).unwrap();
         let wv: Vec<f64> = rand_vec(c, seed ^ 9).iter().map(|v| v + 1.5).collect();
         for dtype in [DType::F32, DType::F64] {
-            let x = Tensor::from_vec(logits.clone(), [n, c], &CPU)
+            let x = Tensor::from_vec(logits.clone(), [n, c], CPU)
                 .unwrap()
                 .to_dtype(dtype)
                 .unwrap();
-            let w = Tensor::from_vec(wv.clone(), [c], &CPU)
+            let w = Tensor::from_vec(wv.clone(), [c], CPU)
                 .unwrap()
                 .to_dtype(dtype)
                 .unwrap();
@@ -218,8 +218,8 @@ fn cross_entropy_known_values() {
     // logp = [-2.4076059644, -1.4076059644, -0.4076059644]; nll = 2.4076059644.
     // With ε = 0.1: smooth = Σ -logp = 4.2228178933, loss = 0.9·2.4076059644 +
     // (0.1/3)·4.2228178933 = 2.1668453680 + 0.1407605964 = 2.3076059644.
-    let x = Tensor::from_vec(vec![1f64, 2., 3.], [1, 3], &CPU).unwrap();
-    let t = Tensor::new(&[0i64], &CPU).unwrap();
+    let x = Tensor::from_vec(vec![1f64, 2., 3.], [1, 3], CPU).unwrap();
+    let t = Tensor::new(&[0i64], CPU).unwrap();
     let l = x.cross_entropy(&t, &CrossEntropyOptions::new()).unwrap();
     assert!((l.item::<f64>().unwrap() - 2.4076059644).abs() < 1e-9);
     let l = x
@@ -231,7 +231,7 @@ fn cross_entropy_known_values() {
         .reshape([3])
         .unwrap()
         .cross_entropy(
-            &Tensor::scalar(0i64, &CPU).unwrap(),
+            &Tensor::scalar(0i64, CPU).unwrap(),
             &CrossEntropyOptions::new(),
         )
         .unwrap();
@@ -239,19 +239,19 @@ fn cross_entropy_known_values() {
     assert!((l.item::<f64>().unwrap() - 2.4076059644).abs() < 1e-9);
     // Weighted mean divides by the summed weights of the targets: targets 0 and 2 with
     // weights 2 and 0.5 on logp rows: loss = (2·2.4076 + 0.5·0.4076) / 2.5.
-    let x2 = Tensor::from_vec(vec![1f64, 2., 3., 1., 2., 3.], [2, 3], &CPU).unwrap();
-    let t2 = Tensor::new(&[0i64, 2], &CPU).unwrap();
-    let w = Tensor::new(&[2f64, 1., 0.5], &CPU).unwrap();
+    let x2 = Tensor::from_vec(vec![1f64, 2., 3., 1., 2., 3.], [2, 3], CPU).unwrap();
+    let t2 = Tensor::new(&[0i64, 2], CPU).unwrap();
+    let w = Tensor::new(&[2f64, 1., 0.5], CPU).unwrap();
     let l = x2
         .cross_entropy(&t2, &CrossEntropyOptions::new().weight(&w))
         .unwrap();
     let want = (2.0 * 2.4076059644 + 0.5 * 0.4076059644) / 2.5;
     assert!((l.item::<f64>().unwrap() - want).abs() < 1e-9);
     // Ignored targets drop out of the mean; all ignored gives NaN (as PyTorch).
-    let ti = Tensor::new(&[0i64, -100], &CPU).unwrap();
+    let ti = Tensor::new(&[0i64, -100], CPU).unwrap();
     let l = x2.cross_entropy(&ti, &CrossEntropyOptions::new()).unwrap();
     assert!((l.item::<f64>().unwrap() - 2.4076059644).abs() < 1e-9);
-    let ta = Tensor::new(&[-100i64, -100], &CPU).unwrap();
+    let ta = Tensor::new(&[-100i64, -100], CPU).unwrap();
     for eps in [0.0, 0.2] {
         let o = CrossEntropyOptions::new().label_smoothing(eps);
         assert!(
@@ -275,7 +275,7 @@ fn loss_errors() {
     let x = Tensor::zeros([2, 3], ()).unwrap();
     let e = x
         .cross_entropy(
-            &Tensor::new(&[0i64, 5], &CPU).unwrap(),
+            &Tensor::new(&[0i64, 5], CPU).unwrap(),
             &CrossEntropyOptions::new(),
         )
         .unwrap_err()
@@ -283,7 +283,7 @@ fn loss_errors() {
     assert!(e.contains("target 5 is out of bounds"), "{e}");
     let e = x
         .nll_loss(
-            &Tensor::new(&[-1i64, 0], &CPU).unwrap(),
+            &Tensor::new(&[-1i64, 0], CPU).unwrap(),
             &NllLossOptions::new(),
         )
         .unwrap_err()
@@ -299,7 +299,7 @@ fn loss_errors() {
     assert!(e.contains("torch.float32"), "{e}");
     let e = x
         .cross_entropy(
-            &Tensor::new(&[0i64, 1, 2], &CPU).unwrap(),
+            &Tensor::new(&[0i64, 1, 2], CPU).unwrap(),
             &CrossEntropyOptions::new(),
         )
         .unwrap_err()
@@ -320,7 +320,7 @@ fn loss_errors() {
         e.contains("[2, 4]") && e.contains("[2, 5]") && e.contains("[2, 3, 4]"),
         "{e}"
     );
-    let t = Tensor::new(&[0i64, 1], &CPU).unwrap();
+    let t = Tensor::new(&[0i64, 1], CPU).unwrap();
     let e = x
         .cross_entropy(&t, &CrossEntropyOptions::new().label_smoothing(1.5))
         .unwrap_err()
@@ -339,10 +339,10 @@ fn loss_errors() {
             .is_err()
     );
     assert!(
-        Tensor::scalar(1f32, &CPU)
+        Tensor::scalar(1f32, CPU)
             .unwrap()
             .cross_entropy(
-                &Tensor::scalar(0i64, &CPU).unwrap(),
+                &Tensor::scalar(0i64, CPU).unwrap(),
                 &CrossEntropyOptions::new()
             )
             .is_err()

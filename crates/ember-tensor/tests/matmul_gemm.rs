@@ -15,7 +15,7 @@ use proptest::prelude::*;
 /// non-zero offset); 3 the first row along dim 0 expanded (stride 0; the values change).
 fn operand(vals: &[f64], shape: &[usize], dtype: DType, kind: u8) -> Tensor {
     let plain = || {
-        Tensor::from_vec(vals.to_vec(), shape.to_vec(), &CPU)
+        Tensor::from_vec(vals.to_vec(), shape.to_vec(), CPU)
             .unwrap()
             .to_dtype(dtype)
             .unwrap()
@@ -40,7 +40,7 @@ fn operand(vals: &[f64], shape: &[usize], dtype: DType, kind: u8) -> Tensor {
                 }
                 data[at] = v;
             }
-            let mut t = Tensor::from_vec(data, wide, &CPU)
+            let mut t = Tensor::from_vec(data, wide, CPU)
                 .unwrap()
                 .to_dtype(dtype)
                 .unwrap();

@@ -45,12 +45,7 @@ fn matmul_shapes_follow_pytorch() {
             .matmul(&Tensor::ones([2, 2], DType::F64).unwrap())
             .is_err()
     );
-    assert!(
-        Tensor::scalar(1f32, &CPU)
-            .unwrap()
-            .matmul(&v(&[1]))
-            .is_err()
-    );
+    assert!(Tensor::scalar(1f32, CPU).unwrap().matmul(&v(&[1])).is_err());
     assert!(v(&[2, 3]).bmm(&v(&[3, 4])).is_err());
     assert_eq!(
         v(&[2, 2, 3]).bmm(&v(&[2, 3, 4])).unwrap().dims(),
@@ -91,7 +86,7 @@ fn matmul_dtypes_and_addmm() {
             .matmul(&Tensor::ones([2, 2], DType::Bool).unwrap())
             .is_err()
     );
-    let bias = Tensor::new(&[1i64, 2], &CPU).unwrap();
+    let bias = Tensor::new(&[1i64, 2], CPU).unwrap();
     let r = bias.addmm_scaled(&a, &b, 1, 2).unwrap();
     assert_eq!(r.to_vec::<i64>().unwrap(), vec![21, 28, 57, 82]);
 }
@@ -105,12 +100,12 @@ proptest! {
         let (av, bv) = (data(batch.max(1) * m * k, 1), data(k * n, 2));
         // build possibly transposed (non-contiguous) operands with the same values
         let a = if ta {
-            Tensor::from_slice(&av, [batch.max(1), m, k], &CPU).unwrap().transpose(1, 2).unwrap().contiguous().unwrap().transpose(1, 2).unwrap()
+            Tensor::from_slice(&av, [batch.max(1), m, k], CPU).unwrap().transpose(1, 2).unwrap().contiguous().unwrap().transpose(1, 2).unwrap()
         } else {
-            Tensor::from_slice(&av, [batch.max(1), m, k], &CPU).unwrap()
+            Tensor::from_slice(&av, [batch.max(1), m, k], CPU).unwrap()
         };
         let a = if batch == 0 { a.squeeze_dim(0).unwrap() } else { a };
-        let b = Tensor::from_slice(&bv, [k, n], &CPU).unwrap();
+        let b = Tensor::from_slice(&bv, [k, n], CPU).unwrap();
         let b = if tb { b.t().unwrap().contiguous().unwrap().t().unwrap() } else { b };
         let c = a.to_dtype(dtype).unwrap().matmul(&b.to_dtype(dtype).unwrap()).unwrap();
         let got = c.to_dtype(DType::F64).unwrap().to_vec::<f64>().unwrap();
@@ -146,7 +141,7 @@ fn large_matmul_runs_in_parallel() {
 #[test]
 fn index_select_gather_scatter() {
     let t = Tensor::arange(0, 12, ()).unwrap().reshape([3, 4]).unwrap();
-    let i = Tensor::new(&[2i32, 0, 2], &CPU).unwrap();
+    let i = Tensor::new(&[2i32, 0, 2], CPU).unwrap();
     assert_eq!(t.index_select(0, &i).unwrap().dims(), &[3, 4]);
     assert_eq!(
         t.index_select(1, &i).unwrap().to_vec2::<i64>().unwrap()[1],
@@ -161,18 +156,18 @@ fn index_select_gather_scatter() {
             .unwrap()[0],
         vec![8, 0, 8]
     );
-    let bad = Tensor::new(&[3i64], &CPU).unwrap();
+    let bad = Tensor::new(&[3i64], CPU).unwrap();
     assert_eq!(
         t.index_select(0, &bad).unwrap_err().to_string(),
         "index_select: index 3 is out of bounds for dimension 0 with size 3"
     );
-    let f = Tensor::new(&[0f32], &CPU).unwrap();
+    let f = Tensor::new(&[0f32], CPU).unwrap();
     assert_eq!(
         t.index_select(0, &f).unwrap_err().to_string(),
         "index_select: expected indices of dtype torch.int64 or torch.int32, but found torch.float32"
     );
     assert!(
-        t.index_select(0, &Tensor::new(&[-1i64], &CPU).unwrap())
+        t.index_select(0, &Tensor::new(&[-1i64], CPU).unwrap())
             .is_err()
     );
     assert_eq!(
@@ -182,8 +177,8 @@ fn index_select_gather_scatter() {
         &[0, 4]
     );
 
-    let g = Tensor::from_slice(&[0i64, 0, 1, 0], [2, 2], &CPU).unwrap();
-    let m = Tensor::from_slice(&[1f32, 2., 3., 4.], [2, 2], &CPU).unwrap();
+    let g = Tensor::from_slice(&[0i64, 0, 1, 0], [2, 2], CPU).unwrap();
+    let m = Tensor::from_slice(&[1f32, 2., 3., 4.], [2, 2], CPU).unwrap();
     assert_eq!(
         m.gather(1, &g).unwrap().to_vec::<f32>().unwrap(),
         vec![1., 1., 4., 3.]
@@ -192,16 +187,16 @@ fn index_select_gather_scatter() {
         m.gather(0, &g).unwrap().to_vec::<f32>().unwrap(),
         vec![1., 2., 3., 2.]
     );
-    assert!(m.gather(1, &Tensor::new(&[0i64], &CPU).unwrap()).is_err());
+    assert!(m.gather(1, &Tensor::new(&[0i64], CPU).unwrap()).is_err());
     assert!(matches!(
-        m.gather(1, &Tensor::from_slice(&[2i64], [1, 1], &CPU).unwrap())
+        m.gather(1, &Tensor::from_slice(&[2i64], [1, 1], CPU).unwrap())
             .unwrap_err(),
         TensorError::IndexOutOfRange { index: 2, .. }
     ));
 
     let z = Tensor::zeros([3], ()).unwrap();
-    let idx = Tensor::new(&[0i64, 2, 0, 1], &CPU).unwrap();
-    let src = Tensor::new(&[1f32, 2., 3., 4.], &CPU).unwrap();
+    let idx = Tensor::new(&[0i64, 2, 0, 1], CPU).unwrap();
+    let src = Tensor::new(&[1f32, 2., 3., 4.], CPU).unwrap();
     assert_eq!(
         z.scatter_add(0, &idx, &src)
             .unwrap()
@@ -211,8 +206,8 @@ fn index_select_gather_scatter() {
     );
     assert_eq!(z.to_vec::<f32>().unwrap(), vec![0.; 3], "out of place");
     let zi = Tensor::zeros([2, 2], DType::I64).unwrap();
-    let ix = Tensor::from_slice(&[1i64, 1], [1, 2], &CPU).unwrap();
-    let sv = Tensor::from_slice(&[5i64, 6, 7, 8], [2, 2], &CPU).unwrap();
+    let ix = Tensor::from_slice(&[1i64, 1], [1, 2], CPU).unwrap();
+    let sv = Tensor::from_slice(&[5i64, 6, 7, 8], [2, 2], CPU).unwrap();
     assert_eq!(
         zi.scatter_add(0, &ix, &sv)
             .unwrap()
@@ -231,7 +226,7 @@ fn masked_fill_one_hot_embedding() {
         vec![0, 1, 9, 9]
     );
     assert!(t.masked_fill(&t, 0).is_err());
-    let oh = Tensor::new(&[0i64, 2], &CPU)
+    let oh = Tensor::new(&[0i64, 2], CPU)
         .unwrap()
         .one_hot(Some(3))
         .unwrap();
@@ -240,30 +235,25 @@ fn masked_fill_one_hot_embedding() {
         vec![vec![1, 0, 0], vec![0, 0, 1]]
     );
     assert_eq!(
-        Tensor::new(&[1i64, 3], &CPU)
+        Tensor::new(&[1i64, 3], CPU)
             .unwrap()
             .one_hot(None)
             .unwrap()
             .dims(),
         &[2, 4]
     );
-    assert!(
-        Tensor::new(&[3i64], &CPU)
-            .unwrap()
-            .one_hot(Some(3))
-            .is_err()
-    );
-    assert!(Tensor::new(&[-1i64], &CPU).unwrap().one_hot(None).is_err());
+    assert!(Tensor::new(&[3i64], CPU).unwrap().one_hot(Some(3)).is_err());
+    assert!(Tensor::new(&[-1i64], CPU).unwrap().one_hot(None).is_err());
     let w = Tensor::arange(0, 6, DType::F32)
         .unwrap()
         .reshape([3, 2])
         .unwrap();
-    let ids = Tensor::from_slice(&[2i64, 0, 1, 2], [2, 2], &CPU).unwrap();
+    let ids = Tensor::from_slice(&[2i64, 0, 1, 2], [2, 2], CPU).unwrap();
     let e = w.embedding(&ids).unwrap();
     assert_eq!(e.dims(), &[2, 2, 2]);
     assert_eq!(
         e.to_vec3::<f32>().unwrap()[0],
         vec![vec![4., 5.], vec![0., 1.]]
     );
-    assert!(w.embedding(&Tensor::new(&[3i64], &CPU).unwrap()).is_err());
+    assert!(w.embedding(&Tensor::new(&[3i64], CPU).unwrap()).is_err());
 }

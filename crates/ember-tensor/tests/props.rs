@@ -220,8 +220,8 @@ proptest! {
         let nb: usize = sb.iter().product();
         let a: Vec<f64> = (0..na as i64).map(|i| ((i * 7 + seed) % 11 - 5) as f64).collect();
         let b: Vec<f64> = (0..nb as i64).map(|i| ((i * 3 + seed) % 13 - 6) as f64).collect();
-        let ta = Tensor::from_slice(&a, sa.as_slice(), &CPU).unwrap();
-        let tb = Tensor::from_slice(&b, sb.as_slice(), &CPU).unwrap();
+        let ta = Tensor::from_slice(&a, sa.as_slice(), CPU).unwrap();
+        let tb = Tensor::from_slice(&b, sb.as_slice(), CPU).unwrap();
         for (name, f) in [("add", (|x, y| x + y) as fn(f64, f64) -> f64), ("mul", |x, y| x * y), ("sub", |x, y| x - y)] {
             let got = match name { "add" => ta.add(&tb), "mul" => ta.mul(&tb), _ => ta.sub(&tb) }.unwrap();
             let (shape, want) = broadcast_ref(&a, &sa, &b, &sb, f);
@@ -234,7 +234,7 @@ proptest! {
     fn sum_and_max_match_reference(dims in prop::collection::vec(0usize..=4, 1..=4), mask in prop::collection::vec(any::<bool>(), 4), keep in any::<bool>()) {
         let n: usize = dims.iter().product();
         let data: Vec<f64> = (0..n).map(|i| ((i * 37) % 17) as f64 - 8.0).collect();
-        let t = Tensor::from_slice(&data, dims.as_slice(), &CPU).unwrap();
+        let t = Tensor::from_slice(&data, dims.as_slice(), CPU).unwrap();
         let red: Vec<usize> = (0..dims.len()).filter(|&i| mask[i]).collect();
         if red.is_empty() { return Ok(()); }
         let got = t.sum((red.clone(), keep)).unwrap();

@@ -6,7 +6,7 @@ use ember_tensor::{DType, Device, Tensor};
 const CPU: Device = Device::Cpu;
 
 fn m23() -> Tensor {
-    Tensor::from_slice(&[1f32, 5., 3., 4., 2., 6.], [2, 3], &CPU).unwrap()
+    Tensor::from_slice(&[1f32, 5., 3., 4., 2., 6.], [2, 3], CPU).unwrap()
 }
 
 fn f(t: &Tensor) -> Vec<f32> {
@@ -24,11 +24,11 @@ fn sum_prod_mean_and_dtypes() {
     assert_eq!(f(&t.prod(1).unwrap()), vec![15., 48.]);
     assert_eq!(f(&t.mean(0).unwrap()), vec![2.5, 3.5, 4.5]);
     assert_eq!(t.mean_all().unwrap().item::<f32>().unwrap(), 3.5);
-    let i = Tensor::new(&[1i32, 2, 3], &CPU).unwrap();
+    let i = Tensor::new(&[1i32, 2, 3], CPU).unwrap();
     assert_eq!(i.sum_all().unwrap().dtype(), DType::I64);
     assert_eq!(i.prod_all().unwrap().item::<i64>().unwrap(), 6);
     assert_eq!(
-        Tensor::new(&[true, true, false], &CPU)
+        Tensor::new(&[true, true, false], CPU)
             .unwrap()
             .sum_all()
             .unwrap()
@@ -83,7 +83,7 @@ fn sum_prod_mean_and_dtypes() {
     assert!(t.sum(2).is_err());
     assert!(t.sum([0, -2]).is_err());
     // scalars reduce over dim 0 / -1
-    let s = Tensor::scalar(4f32, &CPU).unwrap();
+    let s = Tensor::scalar(4f32, CPU).unwrap();
     assert_eq!(s.sum(0).unwrap().item::<f32>().unwrap(), 4.);
     assert_eq!(s.sum((-1, true)).unwrap().rank(), 0);
 }
@@ -104,18 +104,12 @@ fn max_min_arg() {
     );
     assert_eq!(t.argmax_all().unwrap().item::<i64>().unwrap(), 5);
     assert_eq!(t.argmin_all().unwrap().item::<i64>().unwrap(), 0);
-    assert_eq!(
-        t.argmax(0).unwrap().to_vec::<i64>().unwrap(),
-        vec![1, 0, 1]
-    );
-    assert_eq!(
-        t.argmin(1).unwrap().to_vec::<i64>().unwrap(),
-        vec![0, 1]
-    );
+    assert_eq!(t.argmax(0).unwrap().to_vec::<i64>().unwrap(), vec![1, 0, 1]);
+    assert_eq!(t.argmin(1).unwrap().to_vec::<i64>().unwrap(), vec![0, 1]);
     assert_eq!(f(&t.amax([0, 1]).unwrap()), vec![6.]);
     assert_eq!(f(&t.amin(1).unwrap()), vec![1., 2.]);
     // ties: first occurrence; NaN wins
-    let n = Tensor::new(&[1f32, 3., 3., f32::NAN, 7.], &CPU).unwrap();
+    let n = Tensor::new(&[1f32, 3., 3., f32::NAN, 7.], CPU).unwrap();
     assert_eq!(
         n.narrow(0, 0, 3)
             .unwrap()
@@ -128,15 +122,10 @@ fn max_min_arg() {
     assert!(n.max_all().unwrap().item::<f32>().unwrap().is_nan());
     assert_eq!(n.argmax_all().unwrap().item::<i64>().unwrap(), 3);
     assert_eq!(n.argmin_all().unwrap().item::<i64>().unwrap(), 3);
-    let ints = Tensor::new(&[i64::MAX, i64::MAX - 1], &CPU).unwrap();
+    let ints = Tensor::new(&[i64::MAX, i64::MAX - 1], CPU).unwrap();
     assert_eq!(ints.min_all().unwrap().item::<i64>().unwrap(), i64::MAX - 1);
     assert!(Tensor::zeros([0], ()).unwrap().max_all().is_err());
-    assert!(
-        Tensor::zeros([2, 0], ())
-            .unwrap()
-            .max_dim(1)
-            .is_err()
-    );
+    assert!(Tensor::zeros([2, 0], ()).unwrap().max_dim(1).is_err());
     assert_eq!(
         Tensor::zeros([2, 0], ())
             .unwrap()
@@ -153,7 +142,10 @@ fn var_std_with_correction() {
     let t = m23();
     // row 0: 1, 5, 3 -> mean 3, squared deviations 4 + 4 + 0 = 8
     assert_eq!(f(&t.var(1).unwrap()), vec![4., 4.]);
-    assert_eq!(f(&t.var_correction(1, 0.0).unwrap()), vec![8. / 3., 8. / 3.]);
+    assert_eq!(
+        f(&t.var_correction(1, 0.0).unwrap()),
+        vec![8. / 3., 8. / 3.]
+    );
     assert_eq!(f(&t.std((1, true)).unwrap()), vec![2., 2.]);
     let all = t.var_all(1.0).unwrap().item::<f32>().unwrap();
     assert!((all - 3.5).abs() < 1e-6);
@@ -172,19 +164,19 @@ fn var_std_with_correction() {
 
 #[test]
 fn logsumexp_and_norm() {
-    let t = Tensor::new(&[1000f32, 1000., f32::NEG_INFINITY], &CPU).unwrap();
+    let t = Tensor::new(&[1000f32, 1000., f32::NEG_INFINITY], CPU).unwrap();
     let l = t.logsumexp(0).unwrap().item::<f32>().unwrap();
     assert!((l - (1000. + 2f32.ln())).abs() < 1e-3, "{l}");
-    let inf = Tensor::new(&[f32::NEG_INFINITY, f32::NEG_INFINITY], &CPU).unwrap();
+    let inf = Tensor::new(&[f32::NEG_INFINITY, f32::NEG_INFINITY], CPU).unwrap();
     assert_eq!(
         inf.logsumexp(0).unwrap().item::<f32>().unwrap(),
         f32::NEG_INFINITY
     );
-    let i = Tensor::new(&[0i64, 0], &CPU).unwrap();
+    let i = Tensor::new(&[0i64, 0], CPU).unwrap();
     let li = i.logsumexp((0, true)).unwrap();
     assert_eq!(li.dtype(), DType::F32);
     assert!((li.to_vec::<f32>().unwrap()[0] - 2f32.ln()).abs() < 1e-6);
-    let v = Tensor::new(&[3f64, -4.], &CPU).unwrap();
+    let v = Tensor::new(&[3f64, -4.], CPU).unwrap();
     assert_eq!(v.norm_all(2.0).unwrap().item::<f64>().unwrap(), 5.);
     assert_eq!(v.norm_all(1.0).unwrap().item::<f64>().unwrap(), 7.);
     assert_eq!(
@@ -198,7 +190,7 @@ fn logsumexp_and_norm() {
 
 #[test]
 fn softmax_is_stable() {
-    let x = Tensor::new(&[1000f32, 1001., 1002.], &CPU).unwrap();
+    let x = Tensor::new(&[1000f32, 1001., 1002.], CPU).unwrap();
     let s = f(&x.softmax(0).unwrap());
     let e: Vec<f64> = [0f64, 1., 2.].iter().map(|v| v.exp()).collect();
     let z: f64 = e.iter().sum();
@@ -245,13 +237,7 @@ fn large_reductions_split_across_threads() {
     let m = a.reshape([1024, 1024]).unwrap();
     let cols = m.sum(0).unwrap().to_vec::<i64>().unwrap();
     assert_eq!(cols[3], (0..1024).map(|r| r * 1024 + 3).sum::<i64>());
-    let rows = m
-        .t()
-        .unwrap()
-        .sum(0)
-        .unwrap()
-        .to_vec::<i64>()
-        .unwrap();
+    let rows = m.t().unwrap().sum(0).unwrap().to_vec::<i64>().unwrap();
     assert_eq!(rows[2], (0..1024).map(|c| 2 * 1024 + c).sum::<i64>());
 }
 
@@ -264,7 +250,7 @@ fn long_f32_runs_sum_and_argmax_across_pieces() {
         let xs: Vec<f32> = (0..n)
             .map(|i| ((i * 7919) % 1000) as f32 / 64.0 - 7.0)
             .collect();
-        let t = Tensor::from_slice(&xs, [n], &CPU).unwrap();
+        let t = Tensor::from_slice(&xs, [n], CPU).unwrap();
         let want: f64 = xs.iter().map(|&x| x as f64).sum();
         let got = t.sum_all().unwrap().item::<f32>().unwrap() as f64;
         assert!(
@@ -272,8 +258,7 @@ fn long_f32_runs_sum_and_argmax_across_pieces() {
             "n = {n}: {got} against {want}"
         );
         // Three rows of the same run: a reduction to few outputs, each run split.
-        let rows =
-            Tensor::from_slice(&[xs.clone(), xs.clone(), xs].concat(), [3, n], &CPU).unwrap();
+        let rows = Tensor::from_slice(&[xs.clone(), xs.clone(), xs].concat(), [3, n], CPU).unwrap();
         let per_row = f(&rows.sum(1).unwrap());
         assert!(
             per_row
@@ -282,7 +267,7 @@ fn long_f32_runs_sum_and_argmax_across_pieces() {
         );
         let mut ys = vec![0f32; n];
         ys[n - 2] = 1.0;
-        let y = Tensor::from_slice(&ys, [n], &CPU).unwrap();
+        let y = Tensor::from_slice(&ys, [n], CPU).unwrap();
         assert_eq!(y.argmax_all().unwrap().item::<i64>().unwrap(), n as i64 - 2);
     }
 }

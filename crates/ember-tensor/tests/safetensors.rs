@@ -26,7 +26,7 @@ fn all_dtypes() -> Vec<(String, Tensor)> {
             Tensor::from_vec(
                 v(vec![1.5, -0.0, f32::INFINITY, f32::NAN, 1e-40, 3.0]),
                 [2, 3],
-                &CPU,
+                CPU,
             )
             .unwrap(),
         ),
@@ -35,7 +35,7 @@ fn all_dtypes() -> Vec<(String, Tensor)> {
             Tensor::from_vec(
                 vec![std::f64::consts::PI, -1e300, f64::MIN_POSITIVE],
                 [3],
-                &CPU,
+                CPU,
             )
             .unwrap(),
         ),
@@ -44,31 +44,31 @@ fn all_dtypes() -> Vec<(String, Tensor)> {
             Tensor::from_vec(
                 vec![f16::from_f32(0.1), f16::MAX, f16::from_bits(0x7e01)],
                 [3, 1],
-                &CPU,
+                CPU,
             )
             .unwrap(),
         ),
         (
             "bf16".into(),
-            Tensor::from_vec(vec![bf16::from_f32(-2.5), bf16::MIN_POSITIVE], [2], &CPU).unwrap(),
+            Tensor::from_vec(vec![bf16::from_f32(-2.5), bf16::MIN_POSITIVE], [2], CPU).unwrap(),
         ),
         (
             "i64".into(),
-            Tensor::from_vec(vec![i64::MIN, 0, i64::MAX], [3], &CPU).unwrap(),
+            Tensor::from_vec(vec![i64::MIN, 0, i64::MAX], [3], CPU).unwrap(),
         ),
         (
             "i32".into(),
-            Tensor::from_vec(vec![i32::MIN, -1, 7, i32::MAX], [2, 2], &CPU).unwrap(),
+            Tensor::from_vec(vec![i32::MIN, -1, 7, i32::MAX], [2, 2], CPU).unwrap(),
         ),
         (
             "u8".into(),
-            Tensor::from_vec(vec![0u8, 255, 17], [3], &CPU).unwrap(),
+            Tensor::from_vec(vec![0u8, 255, 17], [3], CPU).unwrap(),
         ),
         (
             "bool".into(),
-            Tensor::from_vec(vec![true, false, true], [3], &CPU).unwrap(),
+            Tensor::from_vec(vec![true, false, true], [3], CPU).unwrap(),
         ),
-        ("scalar".into(), Tensor::scalar(42i32, &CPU).unwrap()),
+        ("scalar".into(), Tensor::scalar(42i32, CPU).unwrap()),
         ("empty".into(), Tensor::zeros([0, 4], ()).unwrap()),
     ]
 }

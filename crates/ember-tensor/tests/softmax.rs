@@ -98,7 +98,7 @@ proptest! {
 fn softmax_edge_cases() {
     // Rows of NaN or infinities give NaN rows, as PyTorch; -inf entries give zeros.
     let x =
-        Tensor::from_slice(&[f32::NAN, 1., 2., f32::NEG_INFINITY, 0., 0.], [2, 3], &CPU).unwrap();
+        Tensor::from_slice(&[f32::NAN, 1., 2., f32::NEG_INFINITY, 0., 0.], [2, 3], CPU).unwrap();
     let s = x.softmax(1).unwrap().to_vec::<f32>().unwrap();
     assert!(s[..3].iter().all(|v| v.is_nan()));
     assert_eq!(s[3], 0.0);
@@ -107,7 +107,7 @@ fn softmax_edge_cases() {
     assert_eq!(l[3], f32::NEG_INFINITY);
     assert!((l[4] + std::f32::consts::LN_2).abs() < 1e-7);
     // A 0-dim tensor is a row of one; empty tensors pass through; bad dims are errors.
-    let s = Tensor::scalar(3.0f32, &CPU).unwrap();
+    let s = Tensor::scalar(3.0f32, CPU).unwrap();
     assert_eq!(s.softmax(0).unwrap().item::<f32>().unwrap(), 1.0);
     assert_eq!(s.log_softmax(-1).unwrap().item::<f32>().unwrap(), 0.0);
     assert_eq!(

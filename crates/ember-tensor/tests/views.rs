@@ -74,7 +74,7 @@ fn reshape_views_when_possible_and_copies_otherwise() {
         t.view([7]).unwrap_err().to_string(),
         "view: shape [7] is invalid for input of size 24"
     );
-    let s = Tensor::scalar(5i64, &Device::Cpu).unwrap();
+    let s = Tensor::scalar(5i64, Device::Cpu).unwrap();
     assert_eq!(s.reshape([1, 1]).unwrap().dims(), &[1, 1]);
     assert_eq!(
         Tensor::zeros([0, 3], ())
@@ -129,7 +129,7 @@ fn narrow_slice_select() {
         "select: index 2 is out of bounds for dimension 0 with size 2"
     );
     assert!(
-        Tensor::scalar(1f32, &Device::Cpu)
+        Tensor::scalar(1f32, Device::Cpu)
             .unwrap()
             .select(0, 0)
             .is_err()
@@ -164,7 +164,7 @@ fn squeeze_unsqueeze_expand_flatten() {
     assert_eq!(f.flatten(0, -2).unwrap().dims(), &[6, 4]);
     assert!(f.flatten(2, 1).is_err());
     assert_eq!(
-        Tensor::scalar(1f32, &Device::Cpu)
+        Tensor::scalar(1f32, Device::Cpu)
             .unwrap()
             .flatten_all()
             .unwrap()

@@ -32,7 +32,7 @@ pub fn run(gpu0: Device, gpu1: Device) -> Result<(), Error> {
     );
 
     // Tensors live on a device; a new one lives on the CPU.
-    let x = Tensor::from_vec(vec![1i64, 2, 3], [3], &Device::Cpu)?;
+    let x = Tensor::from_vec(vec![1i64, 2, 3], [3], Device::Cpu)?;
     ensure(x.device() == Device::Cpu, "a new tensor lives on the CPU")?;
 
     // X = torch.ones(2, 3, device=try_gpu()); Y = torch.rand(2, 3, device=try_gpu(1))

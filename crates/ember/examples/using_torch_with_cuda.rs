@@ -30,7 +30,7 @@ pub fn run(device: Device, second: Device) -> Result<(), Error> {
         "moved",
     )?;
 
-    let x = Tensor::from_vec(vec![1.0f32, 2.0], [2], &Device::Cpu)?;
+    let x = Tensor::from_vec(vec![1.0f32, 2.0], [2], Device::Cpu)?;
     let x_cuda = x.to(device)?;
     let x_cpu = x_cuda.to("cpu")?;
     ensure(x_cpu.to_vec::<f32>()? == [1.0, 2.0], "there and back")?;

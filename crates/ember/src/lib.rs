@@ -35,18 +35,53 @@
 //!   `DataLoader`, the shipped digits (all `ember-nn`).
 //! - [`info`] — what `ember info` prints, as a value; [`train`] — what `ember train` runs.
 //!
-//! [`Error`] is the error of all of these: every lower crate's error converts into it with `?`.
+//! - [`prelude`] — what a training loop uses, in one `use ember::prelude::*`.
+//! - [`io`] — `save`/`load` of state dicts (safetensors); [`half`] — `f16` and `bf16`.
+//!
+//! [`Error`] is the one error of all of these: every call returns [`Result`], and
+//! [`Error::kind`] says what went wrong ([`ErrorKind::OutOfMemory`], `DeviceMismatch`,
+//! `Shape`, `DType`, ...) whichever crate it came from:
+//!
+//! ```
+//! use ember::prelude::*;
+//! let a = Tensor::zeros([2, 3], ())?;
+//! match a.matmul(&a) {
+//!     Err(e) if e.kind() == ErrorKind::Shape => println!("{e}"), // cannot multiply [2, 3] by [2, 3]
+//!     Err(e) if e.is_out_of_memory() => println!("out of memory: {e}"),
+//!     other => { other?; }
+//! }
+//! # Ok::<(), ember::Error>(())
+//! ```
 
 pub mod info;
 pub mod train;
 
 pub use ember_autograd::{
     AutogradError, Error, ErrorKind, Result, Tensor, enable_grad, inference_mode, no_grad,
-    set_grad_enabled,
+    set_grad_enabled, r#where,
 };
 pub use ember_device::{Device, DeviceError, cuda, driver, trace, try_all_gpus, try_gpu};
-pub use ember_nn::{data, optim};
-pub use ember_tensor::DType;
+pub use ember_nn::{data, io, optim};
+pub use ember_tensor::{Approximate, DType, Options, Reduction};
+/// `f16` and `bf16` (the `half` crate Ember uses), for reading 16-bit tensors:
+/// `x.to_vec::<ember::half::bf16>()`.
+pub use half;
+
+/// What a training loop uses: `use ember::prelude::*;`.
+///
+/// ```
+/// use ember::prelude::*;
+/// let model = nn::Sequential::new().add(nn::Linear::new(4, 2, ())?);
+/// let x = Tensor::randn([3, 4], ())?;
+/// let loss = F::cross_entropy(&model.forward(&x)?, &Tensor::from_vec(vec![0i64, 1, 1], [3], ())?, ())?;
+/// loss.backward()?;
+/// # Ok::<(), ember::Error>(())
+/// ```
+pub mod prelude {
+    pub use crate::nn::{self, Loss, Module, functional as F};
+    pub use crate::optim::Optimizer;
+    pub use crate::{DType, Device, Error, ErrorKind, Result, Tensor, no_grad};
+}
 
 /// The tensor core without a tape (`ember-tensor`): dtypes, shapes, the eager
 /// `tensor::Tensor` and its ops, random numbers, safetensors, op options.
@@ -91,11 +126,11 @@ pub mod memory {
 /// # Ok::<(), ember::Error>(())
 /// ```
 pub mod nn {
-    pub use ember_nn::init;
     pub use ember_nn::layers::*;
     pub use ember_nn::loss::*;
     pub use ember_nn::{
         IncompatibleKeys, Module, ModuleTarget, NnError, StateDict, TrainingFlag, checkpoint,
         parameter,
     };
+    pub use ember_nn::{functional, init};
 }

@@ -401,12 +401,12 @@ fn save_checkpoint(
     model: &dyn Module,
     opt: &dyn Optimizer,
 ) -> Result<(), Error> {
-    let mut tensors: BTreeMap<String, ember_tensor::Tensor> = BTreeMap::new();
+    let mut tensors = StateDict::new();
     for (k, v) in model.state_dict() {
-        tensors.insert(format!("model.{k}"), v.data());
+        tensors.insert(format!("model.{k}"), v);
     }
     for (k, v) in opt.state_dict()? {
-        tensors.insert(format!("optimizer.{k}"), v.data());
+        tensors.insert(format!("optimizer.{k}"), v);
     }
     let mut meta = BTreeMap::new();
     meta.insert("format".to_string(), FORMAT.to_string());
@@ -420,11 +420,7 @@ fn save_checkpoint(
             format!("{}:{}", st.seed, st.offset),
         );
     }
-    ember_tensor::io::save_with_metadata(
-        tensors.iter().map(|(k, v)| (k.as_str(), v)),
-        &meta,
-        path,
-    )?;
+    ember_nn::io::save_with_metadata(&tensors, &meta, path)?;
     Ok(())
 }
 
@@ -444,7 +440,7 @@ fn load_checkpoint(
     let bad = |msg: String| -> Error {
         NnError::invalid("ember train --resume", format!("{}: {msg}", path.display())).into()
     };
-    let (tensors, meta) = ember_tensor::io::load_with_metadata(path, &Device::Cpu)?;
+    let (tensors, meta) = ember_nn::io::load_with_metadata(path, Device::Cpu)?;
     let meta = &meta;
     if meta.get("format").map(String::as_str) != Some(FORMAT) {
         return Err(bad(format!(
@@ -465,9 +461,9 @@ fn load_checkpoint(
     let (mut model_sd, mut opt_sd) = (StateDict::new(), StateDict::new());
     for (k, v) in &tensors {
         if let Some(rest) = k.strip_prefix("model.") {
-            model_sd.insert(rest.to_string(), Tensor::wrap(v.clone()));
+            model_sd.insert(rest.to_string(), v.clone());
         } else if let Some(rest) = k.strip_prefix("optimizer.") {
-            opt_sd.insert(rest.to_string(), Tensor::wrap(v.clone()));
+            opt_sd.insert(rest.to_string(), v.clone());
         } else {
             return Err(bad(format!("unexpected tensor {k:?}")));
         }

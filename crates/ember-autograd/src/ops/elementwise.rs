@@ -465,8 +465,8 @@ impl Tensor {
 
     /// This tensor on `device` (itself if already there); the gradient flows back to the
     /// source device.
-    pub fn to_device(&self, device: &Device) -> Result<Tensor> {
-        self.to_with(*device, false)
+    pub fn to_device(&self, device: impl Into<Device>) -> Result<Tensor> {
+        self.to_with(device.into(), false)
     }
 
     /// `to(device)`, `to(dtype)` or `to((device, dtype))`, as `ember_tensor::Tensor::to`.
@@ -508,17 +508,17 @@ impl Tensor {
         let y = if non_blocking {
             x.to_non_blocking(device)?
         } else {
-            x.to_device(&device)?
+            x.to_device(device)?
         };
         let from = x.device();
         maybe_record("ToCopyBackward0", y, &[self], || {
-            Ok(bw1(move |g| Ok(g.to_device(&from)?)))
+            Ok(bw1(move |g| Ok(g.to_device(from)?)))
         })
     }
 
     /// `to(Device::Cpu)`.
     pub fn cpu(&self) -> Result<Tensor> {
-        self.to_device(&Device::Cpu)
+        self.to_device(Device::Cpu)
     }
 
     /// To the current CUDA device (`cuda:0` unless `set_device` or a `DeviceGuard` chose
@@ -694,7 +694,7 @@ impl Tensor {
             let f: BackwardFn = Box::new(move |g: &Raw| {
                 let mut out = vec![self_grad.then(|| zeros_like(g)).transpose()?];
                 if src_grad {
-                    out.push(Some(g.to_dtype(sdt)?.to_device(&sdev)?));
+                    out.push(Some(g.to_dtype(sdt)?.to_device(sdev)?));
                 }
                 Ok(out)
             });

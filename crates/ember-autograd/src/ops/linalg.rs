@@ -148,7 +148,11 @@ impl Tensor {
         let one = |s: Scalar| s.to_f64() == 1.0;
         let p = m1.mm(m2)?;
         let p = if one(alpha) { p } else { p.mul(alpha)? };
-        let r = if one(beta) { p.add(self)? } else { p.add(&self.mul(beta)?)? };
+        let r = if one(beta) {
+            p.add(self)?
+        } else {
+            p.add(&self.mul(beta)?)?
+        };
         if r.dims() != p.dims() {
             return Err(ember_tensor::TensorError::Broadcast {
                 op: "addmm",

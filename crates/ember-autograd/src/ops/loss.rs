@@ -8,13 +8,31 @@
 //! as stable as the forward. Mean reduction divides by `Σ_i valid_i·w_{t_i}`, as the
 //! forward does. For `nll_loss` (input already log-probabilities) it is `-a_ij` with ε = 0.
 
-use ember_tensor::{CrossEntropyOptions, DType, NllLossOptions, Reduction, Tensor as Raw};
+use ember_tensor::{DType, Reduction, Tensor as Raw};
 
 use crate::error::Result;
 use crate::graph::{Saved, maybe_record};
 use crate::mode::autocast_dtype;
 use crate::ops::bw1;
 use crate::tensor::Tensor;
+
+/// Options of [`Tensor::nll_loss`] (`weight`, `ignore_index`, `reduction`), with the weight
+/// an autograd tensor.
+pub type NllLossOptions<'a> = ember_tensor::NllLossOptions<'a, Tensor>;
+
+/// Options of [`Tensor::cross_entropy`] (those of [`NllLossOptions`] and
+/// `label_smoothing`), with the weight an autograd tensor.
+///
+/// ```
+/// use ember_autograd::{CrossEntropyOptions, Tensor};
+/// let x = Tensor::from_vec(vec![2f32, 0.5, 0.1, 3.0], [2, 2], ())?;
+/// let t = Tensor::from_vec(vec![0i64, 1], [2], ())?;
+/// let w = Tensor::from_vec(vec![1f32, 2.0], [2], ())?;
+/// let loss = x.cross_entropy(&t, &CrossEntropyOptions::new().weight(&w).label_smoothing(0.1))?;
+/// assert!(loss.item::<f32>()? > 0.0);
+/// # Ok::<(), ember_autograd::Error>(())
+/// ```
+pub type CrossEntropyOptions<'a> = ember_tensor::CrossEntropyOptions<'a, Tensor>;
 
 /// What the backward needs besides the saved input.
 struct LossSpec {
@@ -81,15 +99,15 @@ fn scale(spec: &LossSpec, g: &Raw, total: &Raw, n: usize, l: usize) -> Result<Ra
 
 impl Tensor {
     /// `torch.nn.functional.nll_loss` of log-probabilities (`[C]`, `[N, C]` or
-    /// `[N, C, d...]`) at class indices `target`. The options' `weight` is a plain
-    /// `ember_tensor::Tensor` (it gets no gradient).
+    /// `[N, C, d...]`) at class indices `target` (the weight gets no gradient).
     pub fn nll_loss(&self, target: &Tensor, opts: &NllLossOptions<'_>) -> Result<Tensor> {
         let x = self.data();
         let t = target.data();
-        let y = x.nll_loss(&t, opts)?;
+        let weight = opts.weight.map(Tensor::data);
+        let y = x.nll_loss(&t, &opts.with_weight(weight.as_ref()))?;
         let spec = LossSpec {
             target: t,
-            weight: opts.weight.cloned(),
+            weight,
             ignore_index: opts.ignore_index,
             reduction: opts.reduction,
             smoothing: 0.0,
@@ -124,10 +142,11 @@ impl Tensor {
         }
         let x = self.data();
         let t = target.data();
-        let y = x.cross_entropy(&t, opts)?;
+        let weight = opts.nll.weight.map(Tensor::data);
+        let y = x.cross_entropy(&t, &opts.with_weight(weight.as_ref()))?;
         let spec = LossSpec {
             target: t,
-            weight: opts.nll.weight.cloned(),
+            weight,
             ignore_index: opts.nll.ignore_index,
             reduction: opts.nll.reduction,
             smoothing: opts.label_smoothing,

@@ -11,6 +11,7 @@ mod reduce;
 mod view;
 
 pub use elementwise::{Operand, r#where};
+pub use loss::{CrossEntropyOptions, NllLossOptions};
 
 use ember_tensor::Tensor as Raw;
 

@@ -21,7 +21,7 @@ use crate::tensor::Tensor;
 
 fn i64_tensor(v: Vec<i64>, device: Device) -> Result<Raw> {
     let n = v.len();
-    Ok(Raw::from_vec(v, [n], &Device::Cpu)?.to_device(&device)?)
+    Ok(Raw::from_vec(v, [n], Device::Cpu)?.to_device(device)?)
 }
 
 /// Geometry of one convolution, batched form.
@@ -250,9 +250,9 @@ impl Tensor {
             let e = src.len();
             let src = i64_tensor(src, dev)?;
             let dst = i64_tensor(dst, dev)?;
-            let coef = Raw::from_vec(coef, [1, e], &Device::Cpu)?
+            let coef = Raw::from_vec(coef, [1, e], Device::Cpu)?
                 .to_dtype(g.dtype())?
-                .to_device(&dev)?;
+                .to_device(dev)?;
             let l = out.0 * out.1;
             let vals = g.reshape([p, l])?.index_select(1, &src)?.mul(&coef)?;
             let z = Raw::zeros([p, hw], (dev, g.dtype()))?;

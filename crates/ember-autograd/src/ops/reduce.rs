@@ -81,7 +81,11 @@ impl Tensor {
         let y = x.mean(dims)?;
         let shape = x.dims().to_vec();
         let n = count(&shape, &ds) as f64;
-        let name = if all { "MeanBackward0" } else { "MeanBackward1" };
+        let name = if all {
+            "MeanBackward0"
+        } else {
+            "MeanBackward1"
+        };
         maybe_record(name, y, &[self], || {
             Ok(bw1(move |g| unreduce(&g.div(n)?, &ds, keepdim, &shape)))
         })

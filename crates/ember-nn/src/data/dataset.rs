@@ -155,7 +155,7 @@ impl Dataset for TensorDataset {
             let index = match on.iter().find(|(d, _)| *d == device) {
                 Some((_, index)) => index.clone(),
                 None => {
-                    let index = Tensor::from_slice(&idx, [idx.len()], &device)?;
+                    let index = Tensor::from_slice(&idx, [idx.len()], device)?;
                     on.push((device, index.clone()));
                     index
                 }

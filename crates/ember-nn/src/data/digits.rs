@@ -169,8 +169,8 @@ pub fn parse_csv(text: &[u8]) -> Result<Digits> {
     }
     let n = labels.len();
     Ok(Digits {
-        images: Tensor::from_vec(pixels, [n, NUM_PIXELS], &Device::Cpu)?,
-        labels: Tensor::from_vec(labels, [n], &Device::Cpu)?,
+        images: Tensor::from_vec(pixels, [n, NUM_PIXELS], Device::Cpu)?,
+        labels: Tensor::from_vec(labels, [n], Device::Cpu)?,
     })
 }
 
@@ -244,7 +244,7 @@ impl Digits {
                 }
             })
             .collect::<Result<Vec<i64>>>()?;
-        let idx = Tensor::from_vec(idx, [indices.len()], &self.labels.device())?;
+        let idx = Tensor::from_vec(idx, [indices.len()], self.labels.device())?;
         Ok(Digits {
             images: self.images.index_select(0, &idx)?,
             labels: self.labels.index_select(0, &idx)?,

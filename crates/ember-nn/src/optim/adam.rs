@@ -106,7 +106,7 @@ impl ParamState for AdamState {
 
     fn entries(&self) -> Result<Vec<(&'static str, Raw)>> {
         let mut out = vec![
-            ("step", Raw::scalar(self.step as f32, &Device::Cpu)?),
+            ("step", Raw::scalar(self.step as f32, Device::Cpu)?),
             ("exp_avg", self.exp_avg.clone()),
             ("exp_avg_sq", self.exp_avg_sq.clone()),
         ];

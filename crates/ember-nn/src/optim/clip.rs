@@ -14,12 +14,12 @@ pub fn get_total_norm(
     error_if_nonfinite: bool,
 ) -> Result<Tensor> {
     let Some(first) = tensors.first() else {
-        return Ok(Tensor::wrap(Raw::scalar(0f32, &Device::Cpu)?));
+        return Ok(Tensor::wrap(Raw::scalar(0f32, Device::Cpu)?));
     };
     let device = first.device();
     let norms = tensors
         .iter()
-        .map(|t| Ok(t.data().norm_all(norm_type)?.to_device(&device)?))
+        .map(|t| Ok(t.data().norm_all(norm_type)?.to_device(device)?))
         .collect::<Result<Vec<Raw>>>()?;
     let dtype = norms
         .iter()
@@ -87,7 +87,7 @@ pub fn clip_grad_norm_opts(
         .clamp_max(1.0)?;
     for g in &grads {
         let g = g.data();
-        g.mul_(&coef.to_device(&g.device())?)?;
+        g.mul_(&coef.to_device(g.device())?)?;
     }
     Ok(total)
 }

@@ -90,11 +90,11 @@ pub trait LrScheduler: std::fmt::Debug {
 }
 
 fn i64_entry(v: i64) -> Result<Raw> {
-    Ok(Raw::scalar(v, &Device::Cpu)?)
+    Ok(Raw::scalar(v, Device::Cpu)?)
 }
 
 fn f64s_entry(v: &[f64]) -> Result<Raw> {
-    Ok(Raw::from_vec(v.to_vec(), [v.len()], &Device::Cpu)?)
+    Ok(Raw::from_vec(v.to_vec(), [v.len()], Device::Cpu)?)
 }
 
 /// Named fields into a state dict (as [`Tensor`]s without history).

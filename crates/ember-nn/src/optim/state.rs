@@ -37,11 +37,11 @@ fn owned(t: &Raw) -> Result<Raw> {
 }
 
 pub(super) fn f64_entry(v: f64) -> Result<Raw> {
-    Ok(Raw::scalar(v, &Device::Cpu)?)
+    Ok(Raw::scalar(v, Device::Cpu)?)
 }
 
 pub(super) fn bool_entry(v: bool) -> Result<Raw> {
-    Ok(Raw::scalar(v, &Device::Cpu)?)
+    Ok(Raw::scalar(v, Device::Cpu)?)
 }
 
 /// The hyperparameters of a group as named tensors.
@@ -69,7 +69,7 @@ fn group_entries(g: &ParamGroup) -> Result<Vec<(&'static str, Raw)>> {
         } => out.extend([
             (
                 "betas",
-                Raw::from_vec(vec![betas.0, betas.1], [2], &Device::Cpu)?,
+                Raw::from_vec(vec![betas.0, betas.1], [2], Device::Cpu)?,
             ),
             ("eps", f64_entry(eps)?),
             ("amsgrad", bool_entry(amsgrad)?),
@@ -215,7 +215,7 @@ impl<S: ParamState> Groups<S> {
             let n = ids.len();
             out.insert(
                 format!("param_groups.{g}.params"),
-                Tensor::wrap(Raw::from_vec(ids, [n], &Device::Cpu)?),
+                Tensor::wrap(Raw::from_vec(ids, [n], Device::Cpu)?),
             );
             for (name, t) in group_entries(group)? {
                 out.insert(format!("param_groups.{g}.{name}"), Tensor::wrap(t));

@@ -53,11 +53,11 @@ pub fn shapes() -> Vec<Vec<usize>> {
 
 /// An f32 tensor of `values` on `dev`.
 pub fn f32_tensor(values: &[f64], shape: &[usize], dev: Device) -> Tensor {
-    Tensor::from_vec(values.to_vec(), shape.to_vec(), &CPU)
+    Tensor::from_vec(values.to_vec(), shape.to_vec(), CPU)
         .unwrap()
         .to_dtype(DType::F32)
         .unwrap()
-        .to_device(&dev)
+        .to_device(dev)
         .unwrap()
 }
 

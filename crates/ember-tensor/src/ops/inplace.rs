@@ -60,7 +60,7 @@ impl Tensor {
     pub fn copy_(&self, src: &Tensor) -> Result<&Tensor> {
         self.writable("copy_")?;
         // The one op that crosses devices, as PyTorch's: the source comes over first.
-        let src = &src.to_device(&self.device())?;
+        let src = &src.to_device(self.device())?;
         let s = self.inplace_source("copy_", src, self.dtype())?;
         write_read(self.cell(), s.cell(), |d, sv| {
             d.copy_from(self.layout(), sv, s.layout())

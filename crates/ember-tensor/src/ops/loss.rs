@@ -28,19 +28,45 @@ pub enum Reduction {
     Sum,
 }
 
+/// `()` is PyTorch's default reduction, the mean.
+impl From<()> for Reduction {
+    fn from(_: ()) -> Self {
+        Reduction::Mean
+    }
+}
+
 /// Options of [`Tensor::nll_loss`]: per-class `weight` (`[C]`), `ignore_index` (default
-/// -100), `reduction` (default mean).
-#[derive(Clone, Copy, Debug)]
-pub struct NllLossOptions<'a> {
+/// -100), `reduction` (default mean). `T` is the tensor type of the weight: this crate's
+/// tensor here, the autograd tensor for `ember::Tensor`'s losses.
+#[derive(Debug)]
+pub struct NllLossOptions<'a, T = Tensor> {
     /// A weight per class, `[C]`, floating.
-    pub weight: Option<&'a Tensor>,
+    pub weight: Option<&'a T>,
     /// Targets equal to this contribute nothing (loss 0, weight 0).
     pub ignore_index: i64,
     /// How to reduce.
     pub reduction: Reduction,
 }
 
-impl Default for NllLossOptions<'_> {
+impl<T> Clone for NllLossOptions<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for NllLossOptions<'_, T> {}
+
+impl<T> From<()> for NllLossOptions<'_, T> {
+    fn from(_: ()) -> Self {
+        Self::default()
+    }
+}
+impl<'a, T> From<&NllLossOptions<'a, T>> for NllLossOptions<'a, T> {
+    fn from(o: &NllLossOptions<'a, T>) -> Self {
+        *o
+    }
+}
+
+impl<T> Default for NllLossOptions<'_, T> {
     fn default() -> Self {
         NllLossOptions {
             weight: None,
@@ -50,14 +76,24 @@ impl Default for NllLossOptions<'_> {
     }
 }
 
-impl<'a> NllLossOptions<'a> {
+impl<'a, T> NllLossOptions<'a, T> {
     /// PyTorch's defaults.
     pub fn new() -> Self {
         Self::default()
     }
 
+    /// The same options with the weight mapped to another tensor type (`weight` is where
+    /// the mapped weight lives).
+    pub fn with_weight<'b, U>(&self, weight: Option<&'b U>) -> NllLossOptions<'b, U> {
+        NllLossOptions {
+            weight,
+            ignore_index: self.ignore_index,
+            reduction: self.reduction,
+        }
+    }
+
     /// Sets the per-class weight.
-    pub fn weight(mut self, w: &'a Tensor) -> Self {
+    pub fn weight(mut self, w: &'a T) -> Self {
         self.weight = Some(w);
         self
     }
@@ -77,22 +113,57 @@ impl<'a> NllLossOptions<'a> {
 
 /// Options of [`Tensor::cross_entropy`]: those of [`NllLossOptions`] plus
 /// `label_smoothing` in `[0, 1]` (default 0).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct CrossEntropyOptions<'a> {
+#[derive(Debug)]
+pub struct CrossEntropyOptions<'a, T = Tensor> {
     /// Weight, `ignore_index` and reduction, as for `nll_loss`.
-    pub nll: NllLossOptions<'a>,
+    pub nll: NllLossOptions<'a, T>,
     /// The target becomes `(1 - ε)·one_hot + ε / C` (ε in `[0, 1]`).
     pub label_smoothing: f64,
 }
 
-impl<'a> CrossEntropyOptions<'a> {
+impl<T> Clone for CrossEntropyOptions<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for CrossEntropyOptions<'_, T> {}
+
+impl<T> From<()> for CrossEntropyOptions<'_, T> {
+    fn from(_: ()) -> Self {
+        Self::default()
+    }
+}
+impl<'a, T> From<&CrossEntropyOptions<'a, T>> for CrossEntropyOptions<'a, T> {
+    fn from(o: &CrossEntropyOptions<'a, T>) -> Self {
+        *o
+    }
+}
+
+impl<T> Default for CrossEntropyOptions<'_, T> {
+    fn default() -> Self {
+        CrossEntropyOptions {
+            nll: NllLossOptions::default(),
+            label_smoothing: 0.0,
+        }
+    }
+}
+
+impl<'a, T> CrossEntropyOptions<'a, T> {
     /// PyTorch's defaults.
     pub fn new() -> Self {
         Self::default()
     }
 
+    /// The same options with the weight mapped to another tensor type.
+    pub fn with_weight<'b, U>(&self, weight: Option<&'b U>) -> CrossEntropyOptions<'b, U> {
+        CrossEntropyOptions {
+            nll: self.nll.with_weight(weight),
+            label_smoothing: self.label_smoothing,
+        }
+    }
+
     /// Sets the per-class weight.
-    pub fn weight(mut self, w: &'a Tensor) -> Self {
+    pub fn weight(mut self, w: &'a T) -> Self {
         self.nll.weight = Some(w);
         self
     }

@@ -91,6 +91,14 @@ impl From<(&Device, DType)> for Options {
     }
 }
 
+/// `t` converted to `dtype` when one was asked for.
+fn with_dtype(t: Tensor, dtype: Option<DType>) -> Result<Tensor> {
+    match dtype {
+        Some(d) if d != t.dtype() => t.to_dtype(d),
+        _ => Ok(t),
+    }
+}
+
 /// A new contiguous tensor of `numel` elements of `dtype`, element `i` = `f(i)` (as f64 or
 /// i64 by the dtype's category).
 fn generate(
@@ -110,20 +118,25 @@ fn generate(
 }
 
 impl Tensor {
-    /// A tensor holding a copy of `data`, laid out as `shape`.
+    /// A tensor holding a copy of `data`, laid out as `shape`, as `torch.tensor(data,
+    /// dtype=, device=)`: `opts` is `()` (the cpu), a device (by value or reference), a
+    /// dtype to convert to, or `(device, dtype)`; without a dtype the data's own is kept.
     ///
     /// ```
-    /// use ember_tensor::{Device, Tensor};
+    /// use ember_tensor::{DType, Device, Tensor};
     /// let t = Tensor::from_slice(&[1i64, 2, 3], [3], &Device::Cpu)?;
     /// assert_eq!(t.to_string(), "tensor([1, 2, 3])");
-    /// assert!(Tensor::from_slice(&[1f32, 2.], [3], &Device::Cpu).is_err());
+    /// assert!(Tensor::from_slice(&[1f32, 2.], [3], ()).is_err());
+    /// let h = Tensor::from_slice(&[1f32, 2.], [2], DType::F16)?;
+    /// assert_eq!(h.dtype(), DType::F16);
     /// # Ok::<(), ember_tensor::TensorError>(())
     /// ```
     pub fn from_slice<T: WithDType>(
         data: &[T],
         shape: impl Into<Shape>,
-        device: &Device,
+        opts: impl Into<Options>,
     ) -> Result<Tensor> {
+        let opts = opts.into();
         let shape = shape.into();
         let n = shape.checked_numel("from_slice")?;
         if n != data.len() {
@@ -133,26 +146,30 @@ impl Tensor {
                 numel: data.len(),
             });
         }
-        host_tensor(data, shape, device)
+        with_dtype(host_tensor(data, shape, &opts.device)?, opts.dtype)
     }
 
-    /// A tensor from a `Vec`, laid out as `shape`.
+    /// A tensor from a `Vec`, laid out as `shape` (`opts` as [`from_slice`](Tensor::from_slice)).
     pub fn from_vec<T: WithDType>(
         data: Vec<T>,
         shape: impl Into<Shape>,
-        device: &Device,
+        opts: impl Into<Options>,
     ) -> Result<Tensor> {
-        Tensor::from_slice(&data, shape, device)
+        Tensor::from_slice(&data, shape, opts)
     }
 
-    /// A 1-D tensor of `data`.
-    pub fn new<T: WithDType>(data: &[T], device: &Device) -> Result<Tensor> {
-        Tensor::from_slice(data, [data.len()], device)
+    /// A 1-D tensor of `data` (`opts` as [`from_slice`](Tensor::from_slice)).
+    pub fn new<T: WithDType>(data: &[T], opts: impl Into<Options>) -> Result<Tensor> {
+        Tensor::from_slice(data, [data.len()], opts)
     }
 
-    /// A zero-dimensional tensor holding `value`.
-    pub fn scalar<T: WithDType>(value: T, device: &Device) -> Result<Tensor> {
-        host_tensor(&[value], Shape::scalar(), device)
+    /// A zero-dimensional tensor holding `value` (`opts` as [`from_slice`](Tensor::from_slice)).
+    pub fn scalar<T: WithDType>(value: T, opts: impl Into<Options>) -> Result<Tensor> {
+        let opts = opts.into();
+        with_dtype(
+            host_tensor(&[value], Shape::scalar(), &opts.device)?,
+            opts.dtype,
+        )
     }
 
     /// A zero-dimensional tensor of a [`Scalar`] in `dtype`.

@@ -275,8 +275,8 @@ impl Tensor {
     /// This tensor on `device`: the same tensor (sharing storage) if it is already there.
     /// Otherwise a contiguous copy on `device` (through the driver's copies for CUDA); a
     /// CUDA device that is unavailable or out of range is an error naming why.
-    pub fn to_device(&self, device: &Device) -> Result<Tensor> {
-        self.to_device_with(device, false)
+    pub fn to_device(&self, device: impl Into<Device>) -> Result<Tensor> {
+        self.to_device_with(&device.into(), false)
     }
 
     fn to_device_with(&self, device: &Device, non_blocking: bool) -> Result<Tensor> {
@@ -330,7 +330,7 @@ impl Tensor {
     pub fn to(&self, target: impl ToTarget) -> Result<Tensor> {
         let (device, dtype) = target.target()?;
         let t = match device {
-            Some(d) => self.to_device(&d)?,
+            Some(d) => self.to_device(d)?,
             None => self.clone(),
         };
         match dtype {
@@ -423,14 +423,14 @@ impl Tensor {
 
     /// This tensor on the CPU.
     pub fn cpu(&self) -> Result<Tensor> {
-        self.to_device(&Device::Cpu)
+        self.to_device(Device::Cpu)
     }
 
     /// This tensor on the current CUDA device (`cuda:0` unless `set_device` or a
     /// `DeviceGuard` chose another), as `tensor.cuda()`; an error naming why where CUDA is
     /// unavailable.
     pub fn cuda(&self) -> Result<Tensor> {
-        self.to_device(&current_cuda())
+        self.to_device(current_cuda())
     }
 }
 

@@ -24,7 +24,7 @@ pub fn rand_vec(n: usize, seed: u64) -> Vec<f64> {
 /// 0: contiguous, 1: every dim reversed in memory (permuted view), 2: narrowed out of a
 /// wider last dim (non-contiguous).
 pub fn make(vals: &[f64], shape: &[usize], dtype: DType, layout: u8) -> Tensor {
-    let t = Tensor::from_vec(vals.to_vec(), shape.to_vec(), &CPU)
+    let t = Tensor::from_vec(vals.to_vec(), shape.to_vec(), CPU)
         .unwrap()
         .to_dtype(dtype)
         .unwrap();
@@ -57,7 +57,7 @@ pub fn make(vals: &[f64], shape: &[usize], dtype: DType, layout: u8) -> Tensor {
                     data[i * (last + 3) + 1 + j] = vals[i * last + j];
                 }
             }
-            Tensor::from_vec(data, wide, &CPU)
+            Tensor::from_vec(data, wide, CPU)
                 .unwrap()
                 .to_dtype(dtype)
                 .unwrap()

@@ -1,0 +1,323 @@
+//! `torch.nn.functional` (imported as `F` by `ember::prelude`): the layers and losses as
+//! functions of [`Tensor`]s, with PyTorch's argument order. The modules in
+//! [`layers`](crate::layers) and [`loss`](crate::loss) hold parameters and options and call
+//! these.
+//!
+//! ```
+//! use ember_nn::functional as F;
+//! use ember_nn::Tensor;
+//! let x = Tensor::from_vec(vec![-1f32, 0.5, 2.0, -3.0], [2, 2], ())?;
+//! let w = Tensor::ones([3, 2], ())?;
+//! let h = F::relu(&F::linear(&x, &w, None)?)?;                 // [2, 3]
+//! let target = Tensor::from_vec(vec![0i64, 2], [2], ())?;
+//! let loss = F::cross_entropy(&h, &target, ())?;
+//! assert_eq!(loss.dims(), Vec::<usize>::new());
+//! let mse = F::mse_loss(&x, &x.zeros_like()?, ())?;          // mean of squares
+//! assert_eq!(mse.item::<f32>()?, (1.0 + 0.25 + 4.0 + 9.0) / 4.0);
+//! # Ok::<(), ember_nn::Error>(())
+//! ```
+
+use ember_autograd::{CrossEntropyOptions, NllLossOptions};
+use ember_tensor::{Approximate, AvgPool2dOptions, Conv2dOptions, Dim, MaxPool2dOptions};
+
+pub use ember_tensor::Reduction;
+
+use crate::{NnError, Result, Tensor};
+
+/// `F.relu`: `max(x, 0)`.
+pub fn relu(x: &Tensor) -> Result<Tensor> {
+    x.relu()
+}
+
+/// `F.gelu(x, approximate=...)`: `()` or `Approximate::None` for the exact form,
+/// `Approximate::Tanh` for the tanh approximation.
+pub fn gelu(x: &Tensor, approximate: impl Into<Approximate>) -> Result<Tensor> {
+    x.gelu(approximate)
+}
+
+/// `F.silu`: `x · sigmoid(x)`.
+pub fn silu(x: &Tensor) -> Result<Tensor> {
+    x.silu()
+}
+
+/// `F.sigmoid`.
+pub fn sigmoid(x: &Tensor) -> Result<Tensor> {
+    x.sigmoid()
+}
+
+/// `F.tanh`.
+pub fn tanh(x: &Tensor) -> Result<Tensor> {
+    x.tanh()
+}
+
+/// `F.softmax(x, dim)`.
+pub fn softmax(x: &Tensor, dim: impl Dim) -> Result<Tensor> {
+    x.softmax(dim)
+}
+
+/// `F.log_softmax(x, dim)`.
+pub fn log_softmax(x: &Tensor, dim: impl Dim) -> Result<Tensor> {
+    x.log_softmax(dim)
+}
+
+/// `F.dropout(x, p, training)`: zeroes elements with probability `p` and scales the rest
+/// by `1 / (1 - p)` when `training`; the identity otherwise.
+pub fn dropout(x: &Tensor, p: f64, training: bool) -> Result<Tensor> {
+    x.dropout(p, training)
+}
+
+/// `F.linear(x, weight, bias)`: `x @ weight.T + bias`, `weight` `[out, in]`.
+pub fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+    let in_features = weight.dims().get(1).copied();
+    if weight.rank() != 2 || x.dims().last().copied() != in_features {
+        return Err(NnError::invalid(
+            "linear",
+            format!(
+                "expected a weight [out_features, in_features] and an input whose last dimension is in_features, found weight {} and input {}",
+                weight.shape(),
+                x.shape()
+            ),
+        )
+        .into());
+    }
+    let y = x.matmul(&weight.t()?)?;
+    match bias {
+        Some(b) => y.add(b),
+        None => Ok(y),
+    }
+}
+
+/// `F.conv2d(x, weight, bias, stride, padding, dilation, groups)`, the options in
+/// [`Conv2dOptions`].
+pub fn conv2d(
+    x: &Tensor,
+    weight: &Tensor,
+    bias: Option<&Tensor>,
+    opts: &Conv2dOptions,
+) -> Result<Tensor> {
+    x.conv2d(weight, bias, opts)
+}
+
+/// `F.max_pool2d`.
+pub fn max_pool2d(x: &Tensor, opts: &MaxPool2dOptions) -> Result<Tensor> {
+    x.max_pool2d(opts)
+}
+
+/// `F.avg_pool2d`.
+pub fn avg_pool2d(x: &Tensor, opts: &AvgPool2dOptions) -> Result<Tensor> {
+    x.avg_pool2d(opts)
+}
+
+/// `F.embedding(indices, weight)`: the rows of `weight` at `indices`.
+pub fn embedding(indices: &Tensor, weight: &Tensor) -> Result<Tensor> {
+    weight.embedding(indices)
+}
+
+/// `F.one_hot(indices, num_classes)` (`None`: one more than the largest index).
+pub fn one_hot(indices: &Tensor, num_classes: Option<usize>) -> Result<Tensor> {
+    indices.one_hot(num_classes)
+}
+
+/// `F.layer_norm(x, normalized_shape, weight, bias, eps)`: normalises over the last
+/// `normalized_shape.len()` dims (biased variance), then scales and shifts.
+pub fn layer_norm(
+    x: &Tensor,
+    normalized_shape: &[usize],
+    weight: Option<&Tensor>,
+    bias: Option<&Tensor>,
+    eps: f64,
+) -> Result<Tensor> {
+    let dims = x.dims();
+    let k = normalized_shape.len();
+    if k == 0 || dims.len() < k || dims[dims.len() - k..] != *normalized_shape {
+        return Err(NnError::invalid(
+            "layer_norm",
+            format!(
+                "expected input with shape [*, {}], found {}",
+                normalized_shape
+                    .iter()
+                    .map(usize::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                x.shape()
+            ),
+        )
+        .into());
+    }
+    let axes: Vec<usize> = (dims.len() - k..dims.len()).collect();
+    let mean = x.mean((axes.as_slice(), true))?;
+    let var = x.var_correction((axes.as_slice(), true), 0.0)?;
+    let mut y = x.sub(&mean)?.mul(&var.add(eps)?.rsqrt()?)?;
+    if let Some(w) = weight {
+        y = y.mul(w)?;
+    }
+    if let Some(b) = bias {
+        y = y.add(b)?;
+    }
+    Ok(y)
+}
+
+/// `F.batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)` over
+/// the channel dim 1 of `[N, C, *]`: with the batch's statistics when `training` (and then,
+/// where running statistics are given, `running = (1 - momentum)·running + momentum·batch`
+/// with the unbiased batch variance, outside autograd), with the running statistics
+/// otherwise (they must be given then).
+#[allow(clippy::too_many_arguments)]
+pub fn batch_norm(
+    x: &Tensor,
+    running_mean: Option<&Tensor>,
+    running_var: Option<&Tensor>,
+    weight: Option<&Tensor>,
+    bias: Option<&Tensor>,
+    training: bool,
+    momentum: f64,
+    eps: f64,
+) -> Result<Tensor> {
+    let dims = x.dims();
+    if dims.len() < 2 {
+        return Err(NnError::invalid(
+            "batch_norm",
+            format!(
+                "expected input [N, C, *] with at least 2 dims, found {}",
+                x.shape()
+            ),
+        )
+        .into());
+    }
+    let c = dims[1];
+    let mut bshape = vec![1usize; dims.len()];
+    bshape[1] = c;
+    let axes: Vec<usize> = (0..dims.len()).filter(|&d| d != 1).collect();
+    let (mean, var) = if training {
+        let n: usize = axes.iter().map(|&d| dims[d]).product();
+        if n <= 1 {
+            return Err(NnError::invalid(
+                "batch_norm",
+                format!(
+                    "Expected more than 1 value per channel when training, got input size {}",
+                    x.shape()
+                ),
+            )
+            .into());
+        }
+        let mean = x.mean((axes.as_slice(), true))?;
+        let var = x.var_correction((axes.as_slice(), true), 0.0)?;
+        let _guard = ember_autograd::no_grad();
+        if let Some(rm) = running_mean {
+            let rm = rm.data();
+            let bm = mean.data().reshape([c])?;
+            rm.copy_(&rm.mul(1.0 - momentum)?.add(&bm.mul(momentum)?)?)?;
+        }
+        if let Some(rv) = running_var {
+            let rv = rv.data();
+            let bv = var.data().reshape([c])?.mul(n as f64 / (n - 1) as f64)?;
+            rv.copy_(&rv.mul(1.0 - momentum)?.add(&bv.mul(momentum)?)?)?;
+        }
+        (mean, var)
+    } else {
+        match (running_mean, running_var) {
+            (Some(m), Some(v)) => (m.reshape(bshape.as_slice())?, v.reshape(bshape.as_slice())?),
+            _ => {
+                return Err(NnError::invalid(
+                    "batch_norm",
+                    "running_mean and running_var must be given when training is false",
+                )
+                .into());
+            }
+        }
+    };
+    let mut y = x.sub(&mean)?.mul(&var.add(eps)?.rsqrt()?)?;
+    if let Some(w) = weight {
+        y = y.mul(&w.reshape(bshape.as_slice())?)?;
+    }
+    if let Some(b) = bias {
+        y = y.add(&b.reshape(bshape.as_slice())?)?;
+    }
+    Ok(y)
+}
+
+/// `F.cross_entropy(x, target, weight=, ignore_index=, reduction=, label_smoothing=)`:
+/// `()` for PyTorch's defaults, or [`CrossEntropyOptions`] (by value or reference).
+pub fn cross_entropy<'a>(
+    x: &Tensor,
+    target: &Tensor,
+    opts: impl Into<CrossEntropyOptions<'a>>,
+) -> Result<Tensor> {
+    x.cross_entropy(target, &opts.into())
+}
+
+/// `F.nll_loss(log_probs, target, weight=, ignore_index=, reduction=)`: `()` for the
+/// defaults, or [`NllLossOptions`].
+pub fn nll_loss<'a>(
+    x: &Tensor,
+    target: &Tensor,
+    opts: impl Into<NllLossOptions<'a>>,
+) -> Result<Tensor> {
+    x.nll_loss(target, &opts.into())
+}
+
+/// `input` and `target` must have one shape (PyTorch's elementwise losses warn and
+/// broadcast; a silent broadcast is almost always a bug, so here it is an error).
+fn same_shape(op: &'static str, input: &Tensor, target: &Tensor) -> Result<()> {
+    if input.dims() != target.dims() {
+        return Err(NnError::invalid(
+            op,
+            format!(
+                "Using a target size ({}) that is different to the input size ({}) is not supported",
+                target.shape(),
+                input.shape()
+            ),
+        )
+        .into());
+    }
+    Ok(())
+}
+
+/// The per-element losses `l` reduced as asked.
+pub(crate) fn reduce(l: Tensor, reduction: Reduction) -> Result<Tensor> {
+    match reduction {
+        Reduction::None => Ok(l),
+        Reduction::Mean => l.mean_all(),
+        Reduction::Sum => l.sum_all(),
+    }
+}
+
+/// `F.mse_loss(x, target, reduction=)`: `(x - target)²` reduced (`()` for the mean).
+pub fn mse_loss(x: &Tensor, target: &Tensor, reduction: impl Into<Reduction>) -> Result<Tensor> {
+    same_shape("mse_loss", x, target)?;
+    reduce(x.sub(target)?.square()?, reduction.into())
+}
+
+/// `F.l1_loss(x, target, reduction=)`: `|x - target|` reduced (`()` for the mean).
+pub fn l1_loss(x: &Tensor, target: &Tensor, reduction: impl Into<Reduction>) -> Result<Tensor> {
+    same_shape("l1_loss", x, target)?;
+    reduce(x.sub(target)?.abs()?, reduction.into())
+}
+
+/// `F.binary_cross_entropy_with_logits(x, target, pos_weight=, reduction=)` for targets in
+/// `[0, 1]`, in the stable form `max(x, 0) - x·y + log(1 + e^{-|x|})`; `pos_weight`
+/// weights the positive term, broadcast over the last dimension.
+pub fn binary_cross_entropy_with_logits(
+    x: &Tensor,
+    target: &Tensor,
+    pos_weight: Option<&Tensor>,
+    reduction: impl Into<Reduction>,
+) -> Result<Tensor> {
+    same_shape("binary_cross_entropy_with_logits", x, target)?;
+    let y = target;
+    // softplus(-x) = log(1 + e^{-x}) = max(-x, 0) + log1p(e^{-|x|}).
+    let sp_neg = x
+        .neg()?
+        .clamp_min(0.0)?
+        .add(&x.abs()?.neg()?.exp()?.log1p()?)?;
+    let l = match pos_weight {
+        // (1 - y)·x + (1 + (pw - 1)·y)·softplus(-x)
+        Some(pw) => {
+            let coef = pw.sub(1.0)?.mul(y)?.add(1.0)?;
+            y.neg()?.add(1.0)?.mul(x)?.add(&coef.mul(&sp_neg)?)?
+        }
+        // x - x·y + softplus(-x)
+        None => x.sub(&x.mul(y)?)?.add(&sp_neg)?,
+    };
+    reduce(l, reduction.into())
+}

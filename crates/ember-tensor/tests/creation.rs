@@ -16,11 +16,9 @@ fn from_vec_and_read_back() {
         t.to_vec2::<f32>().unwrap(),
         vec![vec![1., 2., 3.], vec![4., 5., 6.]]
     );
-    let e = t.to_vec::<i64>().unwrap_err();
-    assert_eq!(
-        e.to_string(),
-        "to_vec: expected dtype torch.int64, but found torch.float32"
-    );
+    // Another dtype is converted as `to_dtype` converts (PyTorch's `x.long().tolist()`).
+    assert_eq!(t.to_vec::<i64>().unwrap(), vec![1, 2, 3, 4, 5, 6]);
+    assert_eq!(t.to_vec::<f64>().unwrap(), vec![1., 2., 3., 4., 5., 6.]);
     assert!(matches!(
         Tensor::from_vec(vec![1f32; 5], [2, 3], CPU).unwrap_err(),
         TensorError::ElementCount { numel: 5, .. }
@@ -35,7 +33,8 @@ fn item_and_scalar() {
     let s = Tensor::scalar(2.5f64, CPU).unwrap();
     assert_eq!(s.rank(), 0);
     assert_eq!(s.item::<f64>().unwrap(), 2.5);
-    assert!(s.item::<f32>().is_err());
+    assert_eq!(s.item::<f32>().unwrap(), 2.5);
+    assert_eq!(s.item::<i64>().unwrap(), 2);
     let e = Tensor::ones([2, 3], ()).unwrap().item::<f32>().unwrap_err();
     assert_eq!(
         e.to_string(),

@@ -98,7 +98,7 @@ pub mod tensor {
 /// let x = Tensor::from_vec(vec![1f32, 2.], [2], &Device::Cpu)?.requires_grad_(true)?;
 /// x.mul(&x)?.sum_all()?.backward()?;
 /// assert_eq!(x.grad().unwrap().to_vec::<f32>()?, vec![2., 4.]);
-/// # Ok::<(), ember::autograd::AutogradError>(())
+/// # Ok::<(), ember::Error>(())
 /// ```
 pub mod autograd {
     pub use ember_autograd::*;

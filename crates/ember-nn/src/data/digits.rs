@@ -16,7 +16,7 @@
 //! assert_eq!(d.labels.dims(), vec![1797]);
 //! let (train, val) = d.split(0.2, 0)?;
 //! assert_eq!((train.len(), val.len()), (1438, 359));
-//! # Ok::<(), ember_nn::NnError>(())
+//! # Ok::<(), ember_nn::Error>(())
 //! ```
 
 use std::io::Read;

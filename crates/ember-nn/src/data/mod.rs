@@ -30,7 +30,7 @@
 //!     seen += batch[1].numel();
 //! }
 //! assert_eq!(seen, 10);
-//! # Ok::<(), ember_nn::NnError>(())
+//! # Ok::<(), ember_nn::Error>(())
 //! ```
 
 mod dataset;

@@ -58,7 +58,7 @@ pub fn get_total_norm(
 /// assert_eq!(total.item::<f32>()?, 5.0);
 /// let g = p.grad().unwrap().to_vec::<f32>()?;
 /// assert!((g[0] - 0.6).abs() < 1e-6 && (g[1] - 0.8).abs() < 1e-6);
-/// # Ok::<(), ember_nn::NnError>(())
+/// # Ok::<(), ember_nn::Error>(())
 /// ```
 pub fn clip_grad_norm_(params: &[Tensor], max_norm: f64, norm_type: f64) -> Result<Tensor> {
     clip_grad_norm_opts(params, max_norm, norm_type, false)

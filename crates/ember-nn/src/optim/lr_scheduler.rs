@@ -23,7 +23,7 @@
 //!     lrs.extend(sched.get_last_lr());
 //! }
 //! assert_eq!(lrs, vec![0.1, 0.05, 0.05, 0.025]);
-//! # Ok::<(), ember_nn::NnError>(())
+//! # Ok::<(), ember_nn::Error>(())
 //! ```
 
 use std::collections::BTreeSet;
@@ -84,7 +84,7 @@ pub trait LrScheduler: std::fmt::Debug {
     /// sched2.step(&mut opt2)?;
     /// assert_eq!(sched2.get_last_lr(), sched.get_last_lr());
     /// assert_eq!(sched2.last_epoch(), 4);
-    /// # Ok::<(), ember_nn::NnError>(())
+    /// # Ok::<(), ember_nn::Error>(())
     /// ```
     fn load_state_dict(&mut self, state_dict: &StateDict) -> Result<()>;
 }

@@ -16,7 +16,7 @@
 //! assert_eq!(w.to_vec::<f32>()?, vec![0.8, 1.6]);
 //! opt.zero_grad(true)?;
 //! assert!(w.grad().is_none());
-//! # Ok::<(), ember_nn::NnError>(())
+//! # Ok::<(), ember_nn::Error>(())
 //! ```
 //!
 //! An optimizer holds its parameters as [`Tensor`] clones (the same tensors), so moving a
@@ -206,7 +206,7 @@ impl ParamGroup {
 ///     vec![ParamGroupSpec::new(vec![a]), ParamGroupSpec::new(vec![b]).lr(0.1)],
 ///     SgdOptions { lr: 0.01, momentum: 0.9, ..Default::default() },
 /// )?;
-/// # Ok::<(), ember_nn::NnError>(())
+/// # Ok::<(), ember_nn::Error>(())
 /// ```
 #[derive(Clone, Debug, Default)]
 pub struct ParamGroupSpec {

@@ -303,12 +303,13 @@ pub type Loaded = (BTreeMap<String, Tensor>, BTreeMap<String, String>);
 /// Loads every tensor of a safetensors file onto `device`, by name. Malformed files
 /// (truncated, corrupted or oversized headers, sizes beyond the file, unsupported dtypes,
 /// duplicate names) are errors naming the file and the problem.
-pub fn load(path: impl AsRef<Path>, device: &Device) -> Result<BTreeMap<String, Tensor>> {
+pub fn load(path: impl AsRef<Path>, device: impl Into<Device>) -> Result<BTreeMap<String, Tensor>> {
     Ok(load_with_metadata(path, device)?.0)
 }
 
 /// [`load`], also returning the file's string metadata (empty if none).
-pub fn load_with_metadata(path: impl AsRef<Path>, device: &Device) -> Result<Loaded> {
+pub fn load_with_metadata(path: impl AsRef<Path>, device: impl Into<Device>) -> Result<Loaded> {
+    let device = &device.into();
     let path = path.as_ref();
     let ctx = Ctx { op: "load", path };
     let bytes = fs::read(path).map_err(|e| ctx.io("read", &e))?;
@@ -316,7 +317,8 @@ pub fn load_with_metadata(path: impl AsRef<Path>, device: &Device) -> Result<Loa
 }
 
 /// [`load_with_metadata`] from the bytes of a file.
-pub fn load_from_bytes(bytes: &[u8], device: &Device) -> Result<Loaded> {
+pub fn load_from_bytes(bytes: &[u8], device: impl Into<Device>) -> Result<Loaded> {
+    let device = &device.into();
     let ctx = Ctx {
         op: "load",
         path: Path::new("<bytes>"),

@@ -119,14 +119,14 @@ impl Clone for Generator {
 
 impl Generator {
     /// A generator for `device` seeded with [`DEFAULT_SEED`].
-    pub fn new(device: Device) -> Generator {
+    pub fn new(device: impl Into<Device>) -> Generator {
         Generator::with_seed(DEFAULT_SEED, device)
     }
 
     /// A generator for `device` seeded with `seed`.
-    pub fn with_seed(seed: u64, device: Device) -> Generator {
+    pub fn with_seed(seed: u64, device: impl Into<Device>) -> Generator {
         Generator {
-            device,
+            device: device.into(),
             inner: Mutex::new(Inner {
                 initial_seed: seed,
                 state: GeneratorState { seed, offset: 0 },
@@ -226,7 +226,8 @@ fn defaults() -> MutexGuard<'static, Defaults> {
 ///
 /// On a thread inside [`ThreadGenerator`]'s scope, the CPU's default generator is that
 /// thread's own.
-pub fn default_generator(device: Device) -> Arc<Generator> {
+pub fn default_generator(device: impl Into<Device>) -> Arc<Generator> {
+    let device = device.into();
     if device == Device::Cpu
         && let Some(g) = thread_cpu_generator()
     {

@@ -48,8 +48,8 @@ impl Options {
     }
 
     /// With this device.
-    pub fn device(mut self, device: Device) -> Self {
-        self.device = device;
+    pub fn device(mut self, device: impl Into<Device>) -> Self {
+        self.device = device.into();
         self
     }
 

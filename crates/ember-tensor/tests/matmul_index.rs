@@ -6,14 +6,9 @@ use proptest::prelude::*;
 
 const CPU: Device = Device::Cpu;
 
+/// `a @ b` of `[m, k]` and `[k, n]` row-major matrices (`reference::matmul`).
 fn naive(a: &[f64], b: &[f64], m: usize, k: usize, n: usize) -> Vec<f64> {
-    let mut c = vec![0.0; m * n];
-    for i in 0..m {
-        for j in 0..n {
-            c[i * n + j] = (0..k).map(|p| a[i * k + p] * b[p * n + j]).sum();
-        }
-    }
-    c
+    ember_testing::reference::matmul(a, &[m, k], b, &[k, n]).1
 }
 
 fn data(n: usize, seed: usize) -> Vec<f64> {

@@ -6,8 +6,10 @@
 
 mod common;
 
-use common::{B, Buf, Dt, Lcg, close, gathered, layouts, setup, values};
+use common::{B, Buf, Dt, gathered, layouts, setup, values};
 use ember_kernels::{KernelArgs, StridedLayout};
+use ember_testing::reference::{int_pow, span};
+use ember_testing::{Lcg, is_close};
 use half::{bf16, f16};
 
 /// Runs kernel `name` (a binary-shaped kernel: n, la, lb, a, b, out) over every layout with
@@ -21,13 +23,13 @@ fn run_binary<T: Dt, O: Dt>(name: &str, xa: &[T], xb: &[T], check: &dyn Fn(T, T,
             .iter()
             .copied()
             .cycle()
-            .take(va.offset + common::span(&shape, &va.strides))
+            .take(va.offset + span(&shape, &va.strides))
             .collect();
         let b: Vec<T> = xb
             .iter()
             .copied()
             .cycle()
-            .take(vb.offset + common::span(&shape, &vb.strides))
+            .take(vb.offset + span(&shape, &vb.strides))
             .collect();
         let (da, db) = (Buf::from_slice(&d, 0, &a), Buf::from_slice(&d, 0, &b));
         let out = Buf::<O>::zeros(&d, 0, n + vo.offset);
@@ -109,7 +111,7 @@ fn float_binary<T: Dt>() {
     let xb = values::<T>(&mut rng, 200, 6.0, true);
     run_binary::<T, T>(&format!("bpow_{}", T::SUFFIX), &xa, &xb, &|a, b, y| {
         let want = T::from_f64(a.to_f64().powf(b.to_f64())).to_f64();
-        close(y.to_f64(), want, 2.0 * T::TOL, T::TOL * 1e-3)
+        is_close(y.to_f64(), want, 2.0 * T::TOL, T::TOL * 1e-3)
     });
 }
 
@@ -131,32 +133,6 @@ fn float_binary_f16() {
 #[test]
 fn float_binary_bf16() {
     float_binary::<bf16>();
-}
-
-/// PyTorch's integer pow (crates/ember-tensor/src/op.rs `int_pow`).
-fn int_pow(mut base: i64, exp: i64) -> i64 {
-    if exp < 0 {
-        return match base {
-            1 => 1,
-            -1 => {
-                if exp % 2 == 0 {
-                    1
-                } else {
-                    -1
-                }
-            }
-            _ => 0,
-        };
-    }
-    let (mut e, mut acc) = (exp as u64, 1i64);
-    while e > 0 {
-        if e & 1 == 1 {
-            acc = acc.wrapping_mul(base);
-        }
-        base = base.wrapping_mul(base);
-        e >>= 1;
-    }
-    acc
 }
 
 type IntOp = fn(i64, i64) -> i64;
@@ -294,7 +270,7 @@ fn where_case<T: Dt>() {
             x.iter()
                 .copied()
                 .cycle()
-                .take(v.offset + common::span(&shape, &v.strides))
+                .take(v.offset + span(&shape, &v.strides))
                 .collect()
         };
         let (a, b) = (take(&xa, va), take(&xb, vb));
@@ -302,7 +278,7 @@ fn where_case<T: Dt>() {
             .iter()
             .copied()
             .cycle()
-            .take(vc.offset + common::span(&shape, &vc.strides))
+            .take(vc.offset + span(&shape, &vc.strides))
             .collect();
         let (dc, da, db) = (
             Buf::from_slice(&d, 0, &c),

@@ -6,8 +6,9 @@
 
 mod common;
 
-use common::{B, Buf, Dt, Lcg, gathered, setup, values};
+use common::{B, Buf, Dt, gathered, setup, values};
 use ember_kernels::{KernelArgs, StridedLayout};
+use ember_testing::Lcg;
 use half::{bf16, f16};
 
 /// The CPU's `cast_elem::<S, D>`.

@@ -1,15 +1,17 @@
 //! conv2d on the device as the host will run it (`kernels/conv.cu`'s header): the bias
 //! broadcast with `cast_{T}_{T}`, `im2col_{T}` per chunk of samples, one `Driver::gemm` per
-//! group, against a naive f64 convolution; and im2col's columns exactly. Strided input with
-//! an offset, groups > 1 (depthwise too), stride, padding, dilation, non-square geometry,
-//! chunks of samples, with and without bias; f32 f64 f16 bf16.
+//! group, against a naive f64 convolution (`reference::conv2d`); and im2col's columns
+//! exactly. Strided input with an offset, groups > 1 (depthwise too), stride, padding,
+//! dilation, non-square geometry, chunks of samples, with and without bias; f32 f64 f16 bf16.
 #![allow(clippy::unwrap_used)]
 
 mod common;
 
-use common::{Buf, Dt, Lcg, close, contiguous_strides, offset_of, setup};
+use common::{Buf, Dt, setup};
 use ember_device::driver::{GemmDesc, GemmType};
 use ember_kernels::{KernelArgs, StridedLayout};
+use ember_testing::reference::{self, contiguous_strides, offset_of};
+use ember_testing::{Lcg, is_close};
 use half::{bf16, f16};
 
 #[derive(Clone, Copy, Debug)]
@@ -27,19 +29,25 @@ struct Conv {
 }
 
 impl Conv {
-    fn out(&self) -> (usize, usize) {
-        let (_, _, h, w) = self.nchw;
-        let o = |len: usize, k: usize, s: usize, p: usize, d: usize| {
-            (len + 2 * p - d * (k - 1) - 1) / s + 1
-        };
-        (
-            o(h, self.kernel.0, self.stride.0, self.pad.0, self.dil.0),
-            o(w, self.kernel.1, self.stride.1, self.pad.1, self.dil.1),
+    /// The geometry of `reference::conv2d`.
+    fn geometry(&self) -> reference::Conv2d {
+        reference::Conv2d::symmetric(
+            self.nchw,
+            self.out_ch,
+            self.kernel,
+            self.stride,
+            self.pad,
+            self.dil,
+            self.groups,
         )
+    }
+
+    fn out(&self) -> (usize, usize) {
+        self.geometry().out().unwrap()
     }
 }
 
-/// x[s, c, h, w] with zero padding outside.
+/// x[s, c, h, w] with zero padding outside (im2col's expected columns).
 fn at(
     x: &[f64],
     (_, c, h, w): (usize, usize, usize, usize),
@@ -52,41 +60,6 @@ fn at(
         return 0.0;
     }
     x[((s * c + ci) * h + iy as usize) * w + ix as usize]
-}
-
-/// The naive convolution in f64: (values, magnitudes Σ|terms| for the tolerance).
-fn conv_ref(p: &Conv, x: &[f64], wt: &[f64], bias: &[f64]) -> (Vec<f64>, Vec<f64>) {
-    let (n, c, _, _) = p.nchw;
-    let (oh, ow) = p.out();
-    let (kh, kw) = p.kernel;
-    let (cg, og) = (c / p.groups, p.out_ch / p.groups);
-    let (mut out, mut mag) = (Vec::new(), Vec::new());
-    for s in 0..n {
-        for o in 0..p.out_ch {
-            let g = o / og;
-            for y in 0..oh {
-                for xo in 0..ow {
-                    let (mut acc, mut m) = (bias[o], bias[o].abs());
-                    for ci in 0..cg {
-                        for i in 0..kh {
-                            for j in 0..kw {
-                                let iy = (y * p.stride.0 + i * p.dil.0) as isize - p.pad.0 as isize;
-                                let ix =
-                                    (xo * p.stride.1 + j * p.dil.1) as isize - p.pad.1 as isize;
-                                let v = at(x, p.nchw, s, g * cg + ci, iy, ix)
-                                    * wt[((o * cg + ci) * kh + i) * kw + j];
-                                acc += v;
-                                m += v.abs();
-                            }
-                        }
-                    }
-                    out.push(acc);
-                    mag.push(m);
-                }
-            }
-        }
-    }
-    (out, mag)
 }
 
 fn gemm_type<T: Dt>() -> GemmType {
@@ -213,13 +186,13 @@ fn run<T: Dt>(p: &Conv, rng: &mut Lcg) {
     }
 
     let f = |v: &[T]| v.iter().map(|x| x.to_f64()).collect::<Vec<f64>>();
-    let bias = if p.bias { f(&bv) } else { vec![0.0; o_ch] };
-    let (want, mag) = conv_ref(p, &f(&xv), &f(&wv), &bias);
+    let bias = p.bias.then(|| f(&bv));
+    let (want, mag) = reference::conv2d(&p.geometry(), &f(&xv), &f(&wv), bias.as_deref());
     let got = out.to_vec();
     assert_eq!(got.len(), want.len());
     for (i, g) in got.iter().enumerate() {
         assert!(
-            close(g.to_f64(), want[i], T::TOL, 1e-12 * mag[i] + 1e-7),
+            is_close(g.to_f64(), want[i], T::TOL, 1e-12 * mag[i] + 1e-7),
             "{what}: output {i}: {g:?}, want {}",
             want[i]
         );

@@ -8,8 +8,9 @@ mod common;
 
 use std::process::Command;
 
-use common::{Buf, Lcg, launch, setup};
+use common::{Buf, launch, setup};
 use ember_kernels::{KernelArgs, emulated_kernel_names};
+use ember_testing::Lcg;
 use half::{bf16, f16};
 
 #[test]

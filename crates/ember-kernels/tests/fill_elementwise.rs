@@ -6,8 +6,10 @@
 
 mod common;
 
-use common::{Buf, Elem, Lcg, launch, setup};
+use common::{Buf, Elem, launch, setup};
 use ember_kernels::{KernelArgs, Module, StridedLayout, launch_config_1d};
+use ember_testing::Lcg;
+use ember_testing::reference::{contiguous_strides, offset_of};
 use half::{bf16, f16};
 
 /// A float dtype of the kernels: its suffix and conversions through f32/f64.
@@ -189,27 +191,6 @@ fn arange_i64_wraps_like_the_cpu() {
     }
 }
 
-/// Row-major strides of `shape`.
-fn contiguous_strides(shape: &[usize]) -> Vec<isize> {
-    let mut s = vec![0isize; shape.len()];
-    let mut acc = 1isize;
-    for d in (0..shape.len()).rev() {
-        s[d] = acc;
-        acc *= shape[d] as isize;
-    }
-    s
-}
-
-/// Element offset of linear index `i` of `shape` under `strides`.
-fn offset_of(mut i: usize, shape: &[usize], strides: &[isize]) -> isize {
-    let mut off = 0isize;
-    for d in (0..shape.len()).rev() {
-        off += (i % shape[d]) as isize * strides[d];
-        i /= shape[d];
-    }
-    off
-}
-
 /// One binary case: inputs of `a_len`/`b_len` elements viewed with the given strides over
 /// `shape`, starting `a_off`/`b_off` elements in.
 struct Case<'a> {
@@ -252,8 +233,8 @@ fn binary_case<T: FloatElem>(op: &str, f: fn(f32, f32) -> f32, case: &Case<'_>, 
     launch(&d, m, &name, 4, 128, 0, &mut args).unwrap();
     let want: Vec<T> = (0..n)
         .map(|i| {
-            let x = a[case.a_off + offset_of(i, case.shape, case.a_strides) as usize];
-            let y = b[case.b_off + offset_of(i, case.shape, case.b_strides) as usize];
+            let x = a[case.a_off + offset_of(i, case.shape, case.a_strides)];
+            let y = b[case.b_off + offset_of(i, case.shape, case.b_strides)];
             T::from_f32(f(x.to_f32(), y.to_f32()))
         })
         .collect();

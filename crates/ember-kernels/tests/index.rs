@@ -7,9 +7,11 @@
 
 mod common;
 
-use common::{B, Buf, Dt, Lcg, contiguous_strides, offset_of, setup, values};
+use common::{B, Buf, Dt, setup, values};
 use ember_device::driver::{DevicePtr, Driver, ModuleHandle};
 use ember_kernels::{KernelArgs, StridedLayout};
+use ember_testing::reference::{contiguous_strides, offset_of};
+use ember_testing::{Lcg, is_close};
 use half::{bf16, f16};
 use std::sync::Arc;
 
@@ -305,7 +307,7 @@ fn scatter_add_case<T: Dt, I: Dt>(
     for i in 0..numel {
         if T::FLOAT {
             assert!(
-                common::close(got[i].to_f64(), exact[i], 0.0, T::TOL * mag[i] * 2.0),
+                is_close(got[i].to_f64(), exact[i], 0.0, T::TOL * mag[i] * 2.0),
                 "{what}: output {i}: {:?}, want {}",
                 got[i],
                 exact[i]

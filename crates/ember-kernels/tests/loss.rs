@@ -6,8 +6,10 @@
 
 mod common;
 
-use common::{Buf, Dt, Lcg, contiguous_strides, offset_of, setup};
+use common::{Buf, Dt, setup};
 use ember_kernels::KernelArgs;
+use ember_testing::Lcg;
+use ember_testing::reference::{contiguous_strides, offset_of};
 
 /// Row-major `vals` of `shape` stored column-major after `offset` filler elements; returns
 /// the buffer and the strides.

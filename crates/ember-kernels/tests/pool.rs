@@ -7,57 +7,18 @@
 
 mod common;
 
-use common::{Buf, Dt, Lcg, contiguous_strides, offset_of, setup};
+use common::{Buf, Dt, setup};
 use ember_kernels::KernelArgs;
+use ember_testing::Lcg;
+use ember_testing::reference::{self, contiguous_strides, offset_of};
 use half::{bf16, f16};
 
-#[derive(Clone, Copy, Debug)]
-struct Geom {
-    nchw: (usize, usize, usize, usize),
-    kernel: (usize, usize),
-    stride: (usize, usize),
-    pad: (usize, usize),
-    dil: (usize, usize),
-    ceil: bool,
-}
+/// The pooling geometry (`reference::Pool2d`).
+type Geom = reference::Pool2d;
 
-/// PyTorch's pooling output size (ceil mode: the last window must start inside the input or
-/// the left padding).
-fn out_size(len: usize, k: usize, s: usize, p: usize, d: usize, ceil: bool) -> usize {
-    let span = (len + 2 * p) as isize - (d * (k - 1) + 1) as isize;
-    if span < 0 {
-        return 0;
-    }
-    let span = span as usize;
-    let mut o = if ceil { span.div_ceil(s) } else { span / s } + 1;
-    if ceil && (o - 1) * s >= len + p {
-        o -= 1;
-    }
-    o
-}
-
-impl Geom {
-    fn out(&self) -> (usize, usize) {
-        let (_, _, h, w) = self.nchw;
-        (
-            out_size(
-                h,
-                self.kernel.0,
-                self.stride.0,
-                self.pad.0,
-                self.dil.0,
-                self.ceil,
-            ),
-            out_size(
-                w,
-                self.kernel.1,
-                self.stride.1,
-                self.pad.1,
-                self.dil.1,
-                self.ceil,
-            ),
-        )
-    }
+/// The output size of a geometry the test uses (each has one).
+fn out_size(g: &Geom) -> (usize, usize) {
+    g.out().unwrap()
 }
 
 fn bits<T: Dt>(x: T) -> Vec<u8> {
@@ -101,85 +62,22 @@ fn input<T: Dt>(rng: &mut Lcg, g: &Geom, specials: bool) -> (Vec<T>, [isize; 4],
     (buf, strides, vals)
 }
 
+/// `reference::max_pool2d` (the CPU's loop) on the values of T.
 fn max_ref<T: Dt>(x: &[T], g: &Geom) -> Vec<(T, i64)> {
-    let (n, c, h, w) = g.nchw;
-    let (oh, ow) = g.out();
-    let (kh, kw) = g.kernel;
-    let (dh, dw) = g.dil;
-    let mut res = Vec::new();
-    for plane in 0..n * c {
-        for y in 0..oh {
-            for xo in 0..ow {
-                let mut h0 = (y * g.stride.0) as isize - g.pad.0 as isize;
-                let h1 = (h0 + ((kh - 1) * dh) as isize + 1).min(h as isize);
-                while h0 < 0 {
-                    h0 += dh as isize;
-                }
-                let mut w0 = (xo * g.stride.1) as isize - g.pad.1 as isize;
-                let w1 = (w0 + ((kw - 1) * dw) as isize + 1).min(w as isize);
-                while w0 < 0 {
-                    w0 += dw as isize;
-                }
-                let mut best = f64::NEG_INFINITY;
-                let mut arg = h0 as i64 * w as i64 + w0 as i64;
-                let mut iy = h0;
-                while iy < h1 {
-                    let mut ix = w0;
-                    while ix < w1 {
-                        let v = x[(plane * h + iy as usize) * w + ix as usize].to_f64();
-                        if v > best || v.is_nan() {
-                            best = v;
-                            arg = iy as i64 * w as i64 + ix as i64;
-                        }
-                        ix += dw as isize;
-                    }
-                    iy += dh as isize;
-                }
-                res.push((T::from_f64(best), arg));
-            }
-        }
-    }
-    res
+    let x: Vec<f64> = x.iter().map(|v| v.to_f64()).collect();
+    reference::max_pool2d(&x, g)
+        .into_iter()
+        .map(|(v, i)| (T::from_f64(v), i))
+        .collect()
 }
 
+/// `reference::avg_pool2d` rounded into T as the CPU does; `over` 0 is no override.
 fn avg_ref<T: Dt>(x: &[T], g: &Geom, include_pad: bool, over: i64) -> Vec<T> {
-    let (n, c, h, w) = g.nchw;
-    let (oh, ow) = g.out();
-    let (ph, pw) = (g.pad.0 as isize, g.pad.1 as isize);
-    let (hi, wi) = (h as isize, w as isize);
-    let mut res = Vec::new();
-    for plane in 0..n * c {
-        for y in 0..oh {
-            for xo in 0..ow {
-                let h0 = (y * g.stride.0) as isize - ph;
-                let h1 = (h0 + g.kernel.0 as isize).min(hi + ph);
-                let w0 = (xo * g.stride.1) as isize - pw;
-                let w1 = (w0 + g.kernel.1 as isize).min(wi + pw);
-                let pool_size = (h1 - h0) * (w1 - w0);
-                let (a0, a1) = (h0.max(0), h1.min(hi));
-                let (b0, b1) = (w0.max(0), w1.min(wi));
-                if a0 >= a1 || b0 >= b1 {
-                    res.push(from_f64_cpu(0.0));
-                    continue;
-                }
-                let mut sum = 0.0;
-                for iy in a0..a1 {
-                    for ix in b0..b1 {
-                        sum += x[(plane * h + iy as usize) * w + ix as usize].to_f64();
-                    }
-                }
-                let div = if over != 0 {
-                    over as f64
-                } else if include_pad {
-                    pool_size as f64
-                } else {
-                    ((a1 - a0) * (b1 - b0)) as f64
-                };
-                res.push(from_f64_cpu(sum / div));
-            }
-        }
-    }
-    res
+    let x: Vec<f64> = x.iter().map(|v| v.to_f64()).collect();
+    reference::avg_pool2d(&x, g, include_pad, (over != 0).then_some(over))
+        .into_iter()
+        .map(from_f64_cpu)
+        .collect()
 }
 
 fn geometry_args(
@@ -190,7 +88,7 @@ fn geometry_args(
     x: &Buf<impl Dt>,
 ) {
     let (_, c, h, w) = g.nchw;
-    let (oh, ow) = g.out();
+    let (oh, ow) = out_size(g);
     args.push(n_out as i64)
         .push(c as i64)
         .push(h as i64)
@@ -275,7 +173,7 @@ fn check<T: Dt>(seed: u64) {
     // (after stepping over the padding).
     let g = geoms[2];
     let (n, c, h, w) = g.nchw;
-    let (oh, ow) = g.out();
+    let (oh, ow) = out_size(&g);
     let n_out = n * c * oh * ow;
     let ninf = vec![T::from_f64(f64::NEG_INFINITY); 5 + n * c * h * w];
     let x = Buf::from_slice(&d, 0, &ninf);
@@ -301,7 +199,7 @@ fn check<T: Dt>(seed: u64) {
     );
     for g in geoms {
         let (n, c, _, _) = g.nchw;
-        let (oh, ow) = g.out();
+        let (oh, ow) = out_size(&g);
         let n_out = n * c * oh * ow;
         // Max pooling: ties, ±0, NaN, ±inf.
         let (buf, strides, vals) = input::<T>(&mut rng, &g, true);

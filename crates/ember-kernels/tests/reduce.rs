@@ -7,8 +7,10 @@
 
 mod common;
 
-use common::{B, Buf, Dt, Lcg, close, setup, values};
+use common::{B, Buf, Dt, setup, values};
 use ember_kernels::KernelArgs;
+use ember_testing::reference::extreme;
+use ember_testing::{Lcg, is_close};
 use half::{bf16, f16};
 
 const SHAPES: &[(usize, usize, usize)] = &[
@@ -45,27 +47,6 @@ fn column<T: Copy>(x: &[T], shape: (usize, usize, usize), o: usize) -> Vec<T> {
     (0..size).map(|r| x[(b * size + r) * inner + j]).collect()
 }
 
-/// The CPU's max/min fold: first element, NaN sticks, NaN wins, strict comparison.
-fn extreme<T: Dt>(col: &[T], max: bool) -> (T, i64) {
-    let mut best = (col[0], 0usize);
-    for (i, &x) in col.iter().enumerate().skip(1) {
-        let (a, b) = (best.0.to_f64(), x.to_f64());
-        if T::FLOAT && a.is_nan() {
-            continue;
-        }
-        let better = if T::FLOAT {
-            (if max { b > a } else { b < a }) || b.is_nan()
-        } else {
-            let (a, b) = (best.0.to_i64(), x.to_i64());
-            if max { b > a } else { b < a }
-        };
-        if better {
-            best = (x, i);
-        }
-    }
-    (best.0, best.1 as i64)
-}
-
 fn bits<T: Dt>(x: T) -> Vec<u8> {
     let mut o = Vec::new();
     x.write(&mut o);
@@ -88,7 +69,7 @@ fn check_dtype<T: Dt, S: Dt>(seed: u64) {
                 let mag: f64 = col.iter().map(|v| v.to_f64().abs()).sum();
                 let tol = if sfx == "f64" { 1e-14 } else { 1e-5 };
                 assert!(
-                    close(g.to_f64(), want, T::TOL, tol * mag + 1e-30),
+                    is_close(g.to_f64(), want, T::TOL, tol * mag + 1e-30),
                     "reduce_sum_{sfx} {shape:?} output {o}: {g:?}, want {want}"
                 );
             } else {
@@ -111,7 +92,7 @@ fn check_dtype<T: Dt, S: Dt>(seed: u64) {
                 let want: f64 = col.iter().map(|v| v.to_f64()).product();
                 let tol: f64 = if sfx == "f64" { 1e-13 } else { 2e-4 };
                 assert!(
-                    close(g.to_f64(), want, tol.max(T::TOL), 0.0),
+                    is_close(g.to_f64(), want, tol.max(T::TOL), 0.0),
                     "reduce_prod_{sfx} {shape:?} output {o}: {g:?}, want {want}"
                 );
             } else {
@@ -138,7 +119,17 @@ fn check_dtype<T: Dt, S: Dt>(seed: u64) {
             let got: Vec<T> = run(&format!("reduce_{op}_{sfx}"), shape, &x);
             let args: Vec<i64> = run(&format!("reduce_arg{op}_{sfx}"), shape, &x);
             for o in 0..outer * inner {
-                let (v, i) = extreme(&column(&x, shape, o), max);
+                // The CPU's fold (reference::extreme), on the values as f64 (floats) or
+                // i64 (integers), which order as in T.
+                let col = column(&x, shape, o);
+                let i = if T::FLOAT {
+                    let col: Vec<f64> = col.iter().map(|v| v.to_f64()).collect();
+                    extreme(&col, max).unwrap().1
+                } else {
+                    let col: Vec<i64> = col.iter().map(|v| v.to_i64()).collect();
+                    extreme(&col, max).unwrap().1
+                };
+                let (v, i) = (col[i], i as i64);
                 assert_eq!(
                     bits(got[o]),
                     bits(v),

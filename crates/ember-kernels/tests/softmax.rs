@@ -1,32 +1,16 @@
 //! The fused softmax/log-softmax kernels (`kernels/softmax.cu`) over [outer, size, inner]:
 //! both work shapes, rows longer than the block, and the CPU's special values (a NaN or +inf
 //! makes its row NaN, -inf elements give 0 / -inf, a row of -inf is NaN), against an f64
-//! reference of crates/ember-tensor/src/cpu/softmax.rs's formulas.
+//! reference of crates/ember-tensor/src/cpu/softmax.rs's formulas (`reference::softmax_row`).
 #![allow(clippy::unwrap_used)]
 
 mod common;
 
-use common::{Buf, Dt, Lcg, close, setup};
+use common::{Buf, Dt, setup};
 use ember_kernels::KernelArgs;
+use ember_testing::reference::softmax_row;
+use ember_testing::{Lcg, is_close};
 use half::{bf16, f16};
-
-/// The CPU's row: m = max (NaN skipped by `o > self`), s = Σ exp(x - m), then
-/// exp(x - m) / s or (x - m) - ln s.
-fn reference(row: &[f64], log: bool) -> Vec<f64> {
-    let m = row
-        .iter()
-        .fold(f64::NEG_INFINITY, |a, &v| if v > a { v } else { a });
-    let s: f64 = row.iter().map(|&v| (v - m).exp()).sum();
-    row.iter()
-        .map(|&v| {
-            if log {
-                (v - m) - s.ln()
-            } else {
-                (v - m).exp() * (1.0 / s)
-            }
-        })
-        .collect()
-}
 
 fn case<T: Dt>(shape: (usize, usize, usize), specials: bool, seed: u64) {
     let (d, m) = setup(0);
@@ -69,15 +53,15 @@ fn case<T: Dt>(shape: (usize, usize, usize), specials: bool, seed: u64) {
             let (b, j) = (c / inner, c % inner);
             let idx: Vec<usize> = (0..size).map(|r| (b * size + r) * inner + j).collect();
             let row: Vec<f64> = idx.iter().map(|&i| x[i].to_f64()).collect();
-            let want = reference(&row, log);
+            let want = softmax_row(&row, log);
             for (k, &i) in idx.iter().enumerate() {
                 let w = T::from_f64(want[k]).to_f64();
                 // Softmax values are in [0, 1]: an absolute slack for the exp's error;
                 // log-softmax values grow with the spread of the row: relative.
                 let ok = if log {
-                    close(got[i].to_f64(), w, 2.0 * T::TOL, 4.0 * T::TOL)
+                    is_close(got[i].to_f64(), w, 2.0 * T::TOL, 4.0 * T::TOL)
                 } else {
-                    close(got[i].to_f64(), w, 2.0 * T::TOL, T::TOL * 1e-2)
+                    is_close(got[i].to_f64(), w, 2.0 * T::TOL, T::TOL * 1e-2)
                 };
                 assert!(
                     ok,

@@ -6,37 +6,11 @@
 
 mod common;
 
-use common::{B, Buf, Dt, Lcg, close, gathered, layouts, setup, values};
+use common::{B, Buf, Dt, gathered, layouts, setup, values};
 use ember_kernels::{KernelArgs, StridedLayout};
+use ember_testing::reference::{self, span};
+use ember_testing::{Lcg, is_close};
 use half::{bf16, f16};
-
-/// The CPU's erf (crates/ember-tensor/src/op.rs), for gelu's reference.
-fn erf(x: f64) -> f64 {
-    if x.is_nan() {
-        return x;
-    }
-    let a = x.abs();
-    let r = if a < 3.0 {
-        let x2 = a * a;
-        let (mut term, mut sum) = (a, a);
-        let mut k = 1.0;
-        while term > sum * 1e-17 {
-            term *= 2.0 * x2 / (2.0 * k + 1.0);
-            sum += term;
-            k += 1.0;
-        }
-        std::f64::consts::FRAC_2_SQRT_PI * (-x2).exp() * sum
-    } else if a > 6.0 {
-        1.0
-    } else {
-        let mut f = a;
-        for k in (1..60).rev() {
-            f = a + (k as f64 / 2.0) / f;
-        }
-        1.0 - (-a * a).exp() / (std::f64::consts::PI.sqrt() * f)
-    };
-    if x < 0.0 { -r } else { r }
-}
 
 /// The float ops: kernel base name, f64 reference, input scale.
 #[allow(clippy::type_complexity)]
@@ -65,27 +39,12 @@ const FLOAT_OPS: &[(&str, fn(f64) -> f64, f32)] = &[
     ("usin", f64::sin, 10.0),
     ("ucos", f64::cos, 10.0),
     ("utanh", f64::tanh, 5.0),
-    ("usigmoid", |x| 1.0 / (1.0 + (-x).exp()), 20.0),
+    ("usigmoid", reference::sigmoid, 20.0),
     ("ureciprocal", |x| 1.0 / x, 100.0),
-    ("usilu", |x| x / (1.0 + (-x).exp()), 20.0),
-    (
-        "usoftplus",
-        |x| if x > 20.0 { x } else { x.exp().ln_1p() },
-        30.0,
-    ),
-    (
-        "ugelu_tanh",
-        |x| {
-            let k = (2.0 / std::f64::consts::PI).sqrt();
-            0.5 * x * (1.0 + (k * (x + 0.044_715 * x * x * x)).tanh())
-        },
-        6.0,
-    ),
-    (
-        "ugelu_erf",
-        |x| 0.5 * x * (1.0 + erf(x * std::f64::consts::FRAC_1_SQRT_2)),
-        6.0,
-    ),
+    ("usilu", reference::silu, 20.0),
+    ("usoftplus", reference::softplus, 30.0),
+    ("ugelu_tanh", reference::gelu_tanh, 6.0),
+    ("ugelu_erf", reference::gelu_erf, 6.0),
 ];
 
 /// Runs `{name}_{T}` over every layout of `common::layouts` with inputs from `gen`, and
@@ -96,7 +55,7 @@ fn run_unary<T: Dt>(name: &str, input: &[T], check: &dyn Fn(T, T) -> bool) {
     for (shape, views) in layouts() {
         let (vin, vout) = (&views[0], &views[2]);
         let n: usize = shape.iter().product();
-        let len = vin.offset + common::span(&shape, &vin.strides);
+        let len = vin.offset + span(&shape, &vin.strides);
         let data: Vec<T> = input.iter().copied().cycle().take(len).collect();
         let din = Buf::from_slice(&d, 0, &data);
         let out = Buf::<T>::zeros(&d, 0, n + vout.offset);
@@ -130,7 +89,7 @@ fn float_ops<T: Dt>() {
         let input = values::<T>(&mut rng, 600, scale, true);
         run_unary::<T>(name, &input, &|x, y| {
             let want = T::from_f64(f(x.to_f64())).to_f64();
-            close(y.to_f64(), want, 2.0 * T::TOL, abs)
+            is_close(y.to_f64(), want, 2.0 * T::TOL, abs)
         });
     }
 }
@@ -211,7 +170,7 @@ fn special_float_values() {
         &|x, y| {
             let x = x.to_f64();
             let want = if x > 20.0 { x } else { x.exp().ln_1p() };
-            close(y.to_f64(), want, 2e-3, 1e-7)
+            is_close(y.to_f64(), want, 2e-3, 1e-7)
         },
     );
 }

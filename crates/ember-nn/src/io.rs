@@ -55,7 +55,7 @@ pub fn load_with_metadata(
     path: impl AsRef<Path>,
     device: impl Into<Device>,
 ) -> Result<(StateDict, BTreeMap<String, String>)> {
-    let (tensors, meta) = ember_tensor::io::load_with_metadata(path, &device.into())?;
+    let (tensors, meta) = ember_tensor::io::load_with_metadata(path, device.into())?;
     let tensors = tensors
         .into_iter()
         .map(|(k, t)| (k, Tensor::wrap(t)))

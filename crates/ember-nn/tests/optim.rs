@@ -321,7 +321,7 @@ fn state_dict_round_trip_continues_identically() {
         let raw: BTreeMap<String, ember_tensor::Tensor> =
             sd.iter().map(|(k, v)| (k.clone(), v.data())).collect();
         let bytes = ember_tensor::io::save_to_bytes(&raw, &BTreeMap::new()).unwrap();
-        let (loaded, _) = ember_tensor::io::load_from_bytes(&bytes, &CPU).unwrap();
+        let (loaded, _) = ember_tensor::io::load_from_bytes(&bytes, CPU).unwrap();
         let loaded: StateDict = loaded
             .into_iter()
             .map(|(k, v)| (k, Tensor::wrap(v)))

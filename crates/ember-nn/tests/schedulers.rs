@@ -252,7 +252,7 @@ fn scheduler_state_dict_resumes_exactly() {
         let raw: Vec<(String, ember_tensor::Tensor)> =
             saved.iter().map(|(k, t)| (k.clone(), t.data())).collect();
         ember_tensor::io::save(raw.iter().map(|(k, t)| (k.as_str(), t)), &path).unwrap();
-        let loaded: ember_nn::StateDict = ember_tensor::io::load(&path, &CPU)
+        let loaded: ember_nn::StateDict = ember_tensor::io::load(&path, CPU)
             .unwrap()
             .into_iter()
             .map(|(k, t)| (k, Tensor::wrap(t)))

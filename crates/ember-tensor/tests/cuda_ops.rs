@@ -5,25 +5,19 @@
 //! floats. Shapes, strides, broadcasting and dtypes come from proptest.
 
 use ember_device::cuda;
-use ember_device::driver::emulator::EmulatorConfig;
 use ember_tensor::{ALL_DTYPES, DType, Device, Result, Scalar, Tensor, TensorError};
 use proptest::prelude::*;
 
 const CPU: Device = Device::Cpu;
 const GPU: Device = Device::Cuda(0);
 
-/// The emulator with two devices; under `cargo xtask gpu-test` (`EMBER_GPU_TEST=1`) the
-/// real driver instead, which must then be there. (The cuda:1 tests need two GPUs.)
+/// `cuda:0` ready: the emulator with two devices, or under `cargo xtask gpu-test`
+/// (`EMBER_GPU_TEST=1`) the real driver, which must then be there (`ember_testing::prepare`,
+/// Note [Test devices]). (The cuda:1 tests need two GPUs.)
 fn setup() {
-    if std::env::var_os("EMBER_GPU_TEST").is_some() {
-        assert!(
-            cuda::is_available() && !cuda::is_emulated(),
-            "EMBER_GPU_TEST is set but no real CUDA device is available: {:?}",
-            cuda::unavailable_reason()
-        );
-        return;
+    if let Err(s) = ember_testing::prepare(GPU) {
+        panic!("{s}");
     }
-    cuda::use_emulator(EmulatorConfig::devices(2)).unwrap();
 }
 
 /// Relative tolerance of a float dtype's results (kernels and CPU differ in evaluation
@@ -72,17 +66,16 @@ fn assert_matches_within(what: &str, cpu: &Tensor, gpu: &Tensor, slack: f64) {
 /// products run in TF32 on a real GPU (the emulator's GEMM ignores the switch).
 static MATMUL_PRECISION: std::sync::RwLock<()> = std::sync::RwLock::new(());
 
-/// `cuda:1` where there is one; on a machine with a single real GPU, `None` after saying so
-/// (the two-device paths still run on the emulator's two devices in CI).
+/// `cuda:1` where there is one; on a machine with a single real GPU, `None` after a
+/// `skipped:` line (the two-device paths still run on the emulator's two devices in CI).
 fn second_gpu(test: &str) -> Option<Device> {
-    if cuda::device_count() >= 2 {
-        return Some(Device::Cuda(1));
+    match ember_testing::prepare(Device::Cuda(1)) {
+        Ok(d) => Some(d),
+        Err(s) => {
+            eprintln!("skipped: {test}'s cuda:1 part: {s}");
+            None
+        }
     }
-    eprintln!(
-        "{test}: the cuda:1 part needs two CUDA devices and this machine has {}: not run here",
-        cuda::device_count()
-    );
-    None
 }
 
 /// Runs `f` on the CPU inputs and on copies on `cuda:0`; both succeed and match, or both

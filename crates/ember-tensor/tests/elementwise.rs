@@ -1,19 +1,19 @@
 #![allow(clippy::unwrap_used)]
-//! Elementwise ops: broadcasting, promotion, values against f64 references, in-place.
+//! Elementwise ops: broadcasting, promotion, values against f64 references, in-place; on
+//! every device (`ember_testing::test_device!`: `cpu` and the emulated or real `cuda:0`),
+//! the CPU's parallel paths on the CPU.
 
 use ember_tensor::{DType, Device, Scalar, Tensor, TensorError};
+use ember_testing::test_device;
 use half::f16;
 
-const CPU: Device = Device::Cpu;
-
-fn f32s(v: &[f32], s: &[usize]) -> Tensor {
-    Tensor::from_slice(v, s, CPU).unwrap()
+fn f32s(v: &[f32], s: &[usize], device: &Device) -> Tensor {
+    Tensor::from_slice(v, s, device).unwrap()
 }
 
-#[test]
-fn broadcasting_and_promotion() {
-    let a = Tensor::arange(0, 3, ()).unwrap(); // i64 [3]
-    let b = Tensor::ones([2, 1], DType::F16).unwrap();
+fn broadcasting_and_promotion(device: &Device) {
+    let a = Tensor::arange(0, 3, device).unwrap(); // i64 [3]
+    let b = Tensor::ones([2, 1], (device, DType::F16)).unwrap();
     let c = a.add(&b).unwrap();
     assert_eq!((c.dims(), c.dtype()), (&[2usize, 3][..], DType::F16));
     assert_eq!(
@@ -22,9 +22,9 @@ fn broadcasting_and_promotion() {
     );
     assert_eq!(a.add(0.5).unwrap().dtype(), DType::F32);
     assert_eq!(a.mul(2).unwrap().to_vec::<i64>().unwrap(), vec![0, 2, 4]);
-    let u8t = Tensor::new(&[250u8, 10], CPU).unwrap();
+    let u8t = Tensor::new(&[250u8, 10], device).unwrap();
     assert_eq!(u8t.add(10).unwrap().to_vec::<u8>().unwrap(), vec![4, 20]); // stays u8, wraps
-    let bools = Tensor::new(&[true, false], CPU).unwrap();
+    let bools = Tensor::new(&[true, false], device).unwrap();
     assert_eq!(bools.add(1).unwrap().dtype(), DType::I64);
     assert_eq!(
         bools.add(&bools).unwrap().to_vec::<bool>().unwrap(),
@@ -35,35 +35,38 @@ fn broadcasting_and_promotion() {
         TensorError::UnsupportedDType { .. }
     ));
     // a 0-dim f64 tensor does not promote an f32 tensor (same category)
-    let s = Tensor::scalar(2.0f64, CPU).unwrap();
-    assert_eq!(f32s(&[1., 2.], &[2]).mul(&s).unwrap().dtype(), DType::F32);
-    let e = f32s(&[1.; 6], &[2, 3])
-        .add(&f32s(&[1.; 4], &[4]))
+    let s = Tensor::scalar(2.0f64, device).unwrap();
+    assert_eq!(
+        f32s(&[1., 2.], &[2], device).mul(&s).unwrap().dtype(),
+        DType::F32
+    );
+    let e = f32s(&[1.; 6], &[2, 3], device)
+        .add(&f32s(&[1.; 4], &[4], device))
         .unwrap_err();
     assert_eq!(
         e.to_string(),
         "add: shapes [2, 3] and [4] cannot be broadcast"
     );
 }
+test_device!(broadcasting_and_promotion, broadcasting_and_promotion);
 
-#[test]
-fn true_division_and_pow() {
-    let a = Tensor::new(&[7i64, -7, 1], CPU).unwrap();
-    let b = Tensor::new(&[2i64, 2, 0], CPU).unwrap();
+fn true_division_and_pow(device: &Device) {
+    let a = Tensor::new(&[7i64, -7, 1], device).unwrap();
+    let b = Tensor::new(&[2i64, 2, 0], device).unwrap();
     let q = a.div(&b).unwrap();
     assert_eq!(q.dtype(), DType::F32);
     assert_eq!(q.to_vec::<f32>().unwrap(), vec![3.5, -3.5, f32::INFINITY]);
     assert_eq!(a.pow(2).unwrap().to_vec::<i64>().unwrap(), vec![49, 49, 1]);
     assert_eq!(a.pow(-1).unwrap().to_vec::<i64>().unwrap(), vec![0, 0, 1]);
     assert_eq!(a.pow(0.5).unwrap().dtype(), DType::F32);
-    let f = f32s(&[4., 9.], &[2]);
+    let f = f32s(&[4., 9.], &[2], device);
     assert_eq!(f.pow(0.5).unwrap().to_vec::<f32>().unwrap(), vec![2., 3.]);
     assert_eq!(f.div(2).unwrap().to_vec::<f32>().unwrap(), vec![2., 4.5]);
 }
+test_device!(true_division_and_pow, true_division_and_pow);
 
-#[test]
-fn comparisons_logical_where() {
-    let a = f32s(&[1., 2., f32::NAN], &[3]);
+fn comparisons_logical_where(device: &Device) {
+    let a = f32s(&[1., 2., f32::NAN], &[3], device);
     assert_eq!(
         a.gt(1.5).unwrap().to_vec::<bool>().unwrap(),
         vec![false, true, false]
@@ -80,7 +83,7 @@ fn comparisons_logical_where() {
         a.le(2).unwrap().to_vec::<bool>().unwrap(),
         vec![true, true, false]
     );
-    let i = Tensor::new(&[0i64, 3, -1], CPU).unwrap();
+    let i = Tensor::new(&[0i64, 3, -1], device).unwrap();
     assert_eq!(
         i.lt(&a).unwrap().to_vec::<bool>().unwrap(),
         vec![true, false, false]
@@ -110,12 +113,13 @@ fn comparisons_logical_where() {
     assert_eq!(w.to_vec::<f32>().unwrap(), vec![0.5, 3., 0.5]);
     let e = ember_tensor::r#where(&i, &i, &i).unwrap_err().to_string();
     assert_eq!(e, "where: expected dtype torch.bool, but found torch.int64");
-    let cond = Tensor::new(&[true, false], CPU)
+    let cond = Tensor::new(&[true, false], device)
         .unwrap()
         .reshape([2, 1])
         .unwrap();
     assert_eq!(ember_tensor::r#where(&cond, 1, &i).unwrap().dims(), &[2, 3]);
 }
+test_device!(comparisons_logical_where, comparisons_logical_where);
 
 fn check_unary(name: &str, t: &Tensor, f: impl Fn(f64) -> f64, tol: f64) {
     let xs = t.to_dtype(DType::F64).unwrap().to_vec::<f64>().unwrap();
@@ -152,10 +156,9 @@ fn check_unary(name: &str, t: &Tensor, f: impl Fn(f64) -> f64, tol: f64) {
     }
 }
 
-#[test]
-fn unary_against_f64_references() {
+fn unary_against_f64_references(device: &Device) {
     let vals: Vec<f32> = (-40..=40).map(|i| i as f32 * 0.37).collect();
-    let t = f32s(&vals, &[vals.len()]);
+    let t = f32s(&vals, &[vals.len()], device);
     let pos = t.abs().unwrap().add(0.01).unwrap();
     let sig = |x: f64| 1.0 / (1.0 + (-x).exp());
     let erf_ref = |x: f64| {
@@ -237,24 +240,24 @@ fn unary_against_f64_references() {
     let h = t.to_dtype(DType::F16).unwrap();
     check_unary("tanh", &h, |x| f16::from_f64(x.tanh()).to_f64(), 1e-3);
 }
+test_device!(unary_against_f64_references, unary_against_f64_references);
 
-#[test]
-fn unary_dtype_rules() {
-    let i = Tensor::new(&[-2i64, 0, 3], CPU).unwrap();
+fn unary_dtype_rules(device: &Device) {
+    let i = Tensor::new(&[-2i64, 0, 3], device).unwrap();
     assert_eq!(i.exp().unwrap().dtype(), DType::F32);
     assert_eq!(i.neg().unwrap().to_vec::<i64>().unwrap(), vec![2, 0, -3]);
     assert_eq!(i.relu().unwrap().to_vec::<i64>().unwrap(), vec![0, 0, 3]);
     assert_eq!(i.sign().unwrap().to_vec::<i64>().unwrap(), vec![-1, 0, 1]);
     assert_eq!(i.abs().unwrap().to_vec::<i64>().unwrap(), vec![2, 0, 3]);
     assert!(i.gelu(()).is_err());
-    let b = Tensor::new(&[true], CPU).unwrap();
+    let b = Tensor::new(&[true], device).unwrap();
     assert_eq!(
         b.neg().unwrap_err().to_string(),
         "neg: not implemented for torch.bool"
     );
     assert_eq!(b.sign().unwrap().dtype(), DType::Bool);
     assert_eq!(
-        f32s(&[f32::NAN, -1.], &[2])
+        f32s(&[f32::NAN, -1.], &[2], device)
             .relu()
             .unwrap()
             .to_vec::<f32>()
@@ -262,7 +265,7 @@ fn unary_dtype_rules() {
         0.
     );
     assert!(
-        f32s(&[f32::NAN], &[1])
+        f32s(&[f32::NAN], &[1], device)
             .relu()
             .unwrap()
             .to_vec::<f32>()
@@ -270,10 +273,10 @@ fn unary_dtype_rules() {
             .is_nan()
     );
 }
+test_device!(unary_dtype_rules, unary_dtype_rules);
 
-#[test]
-fn clamp_rules() {
-    let t = f32s(&[-2., 0.5, 3., f32::NAN], &[4]);
+fn clamp_rules(device: &Device) {
+    let t = f32s(&[-2., 0.5, 3., f32::NAN], &[4], device);
     let c = t
         .clamp(Some(Scalar::Float(-1.)), Some(Scalar::Float(1.)))
         .unwrap();
@@ -281,7 +284,7 @@ fn clamp_rules() {
     assert_eq!(&v[..3], &[-1., 0.5, 1.]);
     assert!(v[3].is_nan());
     assert!(t.clamp((), ()).is_err());
-    let i = Tensor::new(&[-5i64, 5], CPU).unwrap();
+    let i = Tensor::new(&[-5i64, 5], device).unwrap();
     assert_eq!(
         i.clamp_min(0.5).unwrap().to_vec::<f32>().unwrap(),
         vec![0.5, 5.]
@@ -299,15 +302,21 @@ fn clamp_rules() {
         vec![1, 1]
     );
 }
+test_device!(clamp_rules, clamp_rules);
 
-#[test]
-fn in_place_ops() {
-    let t = f32s(&[1., 2., 3., 4.], &[2, 2]);
+fn in_place_ops(device: &Device) {
+    let t = f32s(&[1., 2., 3., 4.], &[2, 2], device);
     let v0 = t.version();
-    t.add_(1).unwrap().mul_(&f32s(&[1., 10.], &[2])).unwrap();
+    t.add_(1)
+        .unwrap()
+        .mul_(&f32s(&[1., 10.], &[2], device))
+        .unwrap();
     assert_eq!(t.to_vec::<f32>().unwrap(), vec![2., 30., 4., 50.]);
     assert_eq!(t.version(), v0 + 2);
-    t.t().unwrap().sub_(&f32s(&[1., 2.], &[2, 1])).unwrap();
+    t.t()
+        .unwrap()
+        .sub_(&f32s(&[1., 2.], &[2, 1], device))
+        .unwrap();
     assert_eq!(t.to_vec::<f32>().unwrap(), vec![1., 28., 3., 48.]);
     t.div_(2)
         .unwrap()
@@ -318,7 +327,7 @@ fn in_place_ops() {
     // transposed view too, and `where` with a scalar branch; against plain loops.
     let n = 300;
     let v: Vec<f32> = (0..n * n).map(|i| (i % 97) as f32 - 40.0).collect();
-    let big = f32s(&v, &[n, n]);
+    let big = f32s(&v, &[n, n], device);
     big.mul_(0.5).unwrap();
     big.t().unwrap().add_(1).unwrap();
     let want: Vec<f32> = v.iter().map(|x| x * 0.5 + 1.0).collect();
@@ -329,25 +338,25 @@ fn in_place_ops() {
         .map(|&x| if x > 0.0 { x } else { 0.0 })
         .collect();
     assert_eq!(kept.to_vec::<f32>().unwrap(), want);
-    let i = Tensor::new(&[1i64, 2], CPU).unwrap();
+    let i = Tensor::new(&[1i64, 2], device).unwrap();
     let e = i.add_(0.5).unwrap_err();
     assert_eq!(
         e.to_string(),
         "add: result type torch.float32 can't be cast to the desired output type torch.int64"
     );
     assert!(i.div_(2).is_err());
-    assert!(i.add_(&f32s(&[1.; 6], &[2, 3])).is_err());
-    i.copy_(&f32s(&[7.9, -1.5], &[2])).unwrap();
+    assert!(i.add_(&f32s(&[1.; 6], &[2, 3], device)).is_err());
+    i.copy_(&f32s(&[7.9, -1.5], &[2], device)).unwrap();
     assert_eq!(i.to_vec::<i64>().unwrap(), vec![7, -1]);
     i.zero_().unwrap();
     assert_eq!(i.to_vec::<i64>().unwrap(), vec![0, 0]);
-    assert!(Tensor::new(&[true], CPU).unwrap().sub_(true).is_err());
+    assert!(Tensor::new(&[true], device).unwrap().sub_(true).is_err());
 }
+test_device!(in_place_ops, in_place_ops);
 
-#[test]
-fn std_operators() {
-    let a = f32s(&[1., 2.], &[2]);
-    let b = f32s(&[3., 4.], &[2]);
+fn std_operators(device: &Device) {
+    let a = f32s(&[1., 2.], &[2], device);
+    let b = f32s(&[3., 4.], &[2], device);
     assert_eq!((&a + &b).unwrap().to_vec::<f32>().unwrap(), vec![4., 6.]);
     assert_eq!((&a - 1.0).unwrap().to_vec::<f32>().unwrap(), vec![0., 1.]);
     assert_eq!((&a * &b).unwrap().to_vec::<f32>().unwrap(), vec![3., 8.]);
@@ -359,6 +368,7 @@ fn std_operators() {
     let chained = ((&a + &b).unwrap() * &a).unwrap();
     assert_eq!(chained.to_vec::<f32>().unwrap(), vec![4., 12.]);
 }
+test_device!(std_operators, std_operators);
 
 #[test]
 fn large_tensors_take_the_parallel_paths() {

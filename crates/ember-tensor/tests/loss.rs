@@ -1,69 +1,46 @@
 #![allow(clippy::unwrap_used)]
-//! cross_entropy and nll_loss against a direct f64 log-sum-exp reference (proptest over
-//! shapes, weights, ignore_index, smoothing, reductions, dtypes and layouts), hand-computed
-//! values, and error cases.
+//! cross_entropy and nll_loss against a direct f64 log-sum-exp reference
+//! (`ember_testing::reference::cross_entropy`; proptest over shapes, weights, ignore_index,
+//! smoothing, reductions, dtypes and layouts), hand-computed values, and error cases, on
+//! every device (`ember_testing::test_device!`: `cpu` and the emulated or real `cuda:0`).
 
 mod common_nn;
 
 use common_nn::*;
-use ember_tensor::{CrossEntropyOptions, DType, NllLossOptions, Reduction, Tensor};
+use ember_tensor::{CrossEntropyOptions, DType, Device, NllLossOptions, Reduction, Tensor};
+use ember_testing::reference::{self, CrossEntropy};
+use ember_testing::{rand_vec, test_device, values};
 use proptest::prelude::*;
 
-/// Direct cross-entropy over `[N, C, L]` logits (PyTorch's formula, see ops/loss.rs):
-/// per element `(1-ε)·(-w_t·logp_t) + (ε/C)·Σ_c -w_c·logp_c` (0 when ignored), reduced;
-/// mean divides by `Σ w_t` over non-ignored elements. `log_input` skips the log-softmax
-/// (nll_loss).
+/// The reference of `cross_entropy` (`log_input`: `nll_loss`) with these options.
 #[allow(clippy::too_many_arguments)]
 fn reference(
     x: &[f64],
-    (n, c, l): (usize, usize, usize),
+    ncl: (usize, usize, usize),
     t: &[i64],
-    w: Option<&[f64]>,
-    ignore: i64,
-    eps: f64,
-    red: Reduction,
+    weight: Option<&[f64]>,
+    ignore_index: i64,
+    label_smoothing: f64,
+    reduction: Reduction,
     log_input: bool,
 ) -> Vec<f64> {
-    let wc = |k: usize| w.map_or(1.0, |w| w[k]);
-    let (mut per, mut total_w) = (Vec::new(), 0.0);
-    for s in 0..n {
-        for p in 0..l {
-            let at = |k: usize| x[(s * c + k) * l + p];
-            let lse = if log_input {
-                0.0
-            } else {
-                let m = (0..c).map(at).fold(f64::NEG_INFINITY, f64::max);
-                m + (0..c).map(|k| (at(k) - m).exp()).sum::<f64>().ln()
-            };
-            let tgt = t[s * l + p];
-            if tgt == ignore {
-                per.push(0.0);
-                continue;
-            }
-            let tk = tgt as usize;
-            let nll = -wc(tk) * (at(tk) - lse);
-            let smooth: f64 = (0..c).map(|k| -wc(k) * (at(k) - lse)).sum();
-            per.push((1.0 - eps) * nll + eps / c as f64 * smooth);
-            total_w += wc(tk);
-        }
-    }
-    match red {
-        Reduction::None => per,
-        Reduction::Sum => vec![per.iter().sum()],
-        Reduction::Mean => vec![per.iter().sum::<f64>() / total_w],
-    }
+    let o = CrossEntropy {
+        weight,
+        ignore_index,
+        label_smoothing,
+        reduction,
+        log_input,
+    };
+    reference::cross_entropy(x, ncl, t, &o)
 }
 
-proptest! {
-    #![proptest_config(ProptestConfig::with_cases(300))]
-
-    #[test]
-    fn cross_entropy_and_nll_match_reference(
+fn cross_entropy_and_nll_match_reference(device: &Device) {
+    proptest!(ProptestConfig::with_cases(300), |(
         (n, c, extra) in (1usize..=3, 1usize..=6, prop::collection::vec(1usize..=3, 0..=2)),
         (weighted, eps_i, red_i, ign_i, di, layout, i32_target, seed)
             in (any::<bool>(), 0usize..4, 0usize..3, 0usize..3, 0usize..4, 0u8..3, any::<bool>(), any::<u64>()),
         unbatched in any::<bool>(),
-    ) {
+    )| {
         let dtype = FLOAT_DTYPES[di];
         let eps = [0.0, 0.1, 0.37, 1.0][eps_i];
         let red = [Reduction::None, Reduction::Sum, Reduction::Mean][red_i];
@@ -76,17 +53,17 @@ proptest! {
         tshape.extend(&extra);
         let raw = rand_vec(n * c * l, seed);
         let logits: Vec<f64> = raw.iter().map(|v| v * 4.0).collect();
-        let x = make(&logits, &xshape, dtype, layout);
+        let x = make(&logits, &xshape, dtype, layout, device);
         let xv = values(&x);
         // Targets: random classes; ignore_index is -100, class 0, or unused 7.
         let ignore = [-100i64, 0, 7][ign_i];
         let tv: Vec<i64> = rand_vec(n * l, seed ^ 5).iter().enumerate().map(|(i, r)| {
             if i % 4 == 3 && ign_i == 0 { -100 } else { ((r + 1.0) / 2.0 * c as f64) as i64 % c as i64 }
         }).collect();
-        let t = Tensor::from_vec(tv.clone(), tshape.clone(), CPU).unwrap();
+        let t = Tensor::from_vec(tv.clone(), tshape.clone(), device).unwrap();
         let t = if i32_target { t.to_dtype(DType::I32).unwrap() } else { t };
         let wv: Vec<f64> = rand_vec(c, seed ^ 9).iter().map(|v| v + 1.5).collect();
-        let w = Tensor::from_vec(wv.clone(), [c], CPU).unwrap().to_dtype(dtype).unwrap();
+        let w = Tensor::from_vec(wv.clone(), [c], device).unwrap().to_dtype(dtype).unwrap();
         let wv = values(&w);
         let wopt = weighted.then_some(wv.as_slice());
 
@@ -96,15 +73,16 @@ proptest! {
         }
         let got = x.cross_entropy(&t, &o).unwrap();
         prop_assert_eq!(got.dtype(), dtype);
+        prop_assert_eq!(got.device(), *device);
         let want = reference(&xv, (n, c, l), &tv, wopt, ignore, eps, red, false);
         if red == Reduction::None {
             prop_assert_eq!(got.dims(), tshape.as_slice());
         } else {
             prop_assert_eq!(got.rank(), 0);
         }
-        assert_close(&values(&got), &want, tol(dtype) * 4.0, 1.0, "cross_entropy");
+        within(tol(dtype) * 4.0, 1.0, "cross_entropy").assert(&got, &want);
         let gc = x.contiguous().unwrap().cross_entropy(&t, &o).unwrap();
-        assert_close(&values(&got), &values(&gc), 0.0, 0.0, "layouts");
+        within(0.0, 0.0, "layouts").assert(&got, &gc);
 
         // nll_loss on the same numbers read as log-probabilities.
         let mut no = NllLossOptions::new().ignore_index(ignore).reduction(red);
@@ -113,34 +91,42 @@ proptest! {
         }
         let got = x.nll_loss(&t, &no).unwrap();
         let want = reference(&xv, (n, c, l), &tv, wopt, ignore, 0.0, red, true);
-        assert_close(&values(&got), &want, tol(dtype) * 4.0, 1.0, "nll_loss");
-    }
+        within(tol(dtype) * 4.0, 1.0, "nll_loss").assert(&got, &want);
+    });
+}
+test_device!(
+    cross_entropy_and_nll_match_reference,
+    cross_entropy_and_nll_match_reference
+);
 
-    /// Random shapes, dtypes and options: an error or a result, never a panic.
-    #[test]
-    fn losses_random_arguments_never_panic(
+/// Random shapes, dtypes and options: an error or a result, never a panic.
+fn losses_random_arguments_never_panic(device: &Device) {
+    proptest!(|(
         xs in prop::collection::vec(0usize..=4, 0..=4),
         ts in prop::collection::vec(0usize..=4, 0..=3),
         ws in prop::collection::vec(0usize..=4, 0..=2),
         (tval, ignore, eps, xdt, tdt) in (-3i64..6, -3i64..3, -0.5f64..1.5, 0usize..8, 0usize..8),
-    ) {
+    )| {
         let dts = ember_tensor::ALL_DTYPES;
-        let x = Tensor::ones(xs, dts[xdt % dts.len()]).unwrap();
-        let t = Tensor::full(ts, tval, dts[tdt % dts.len()]).unwrap();
-        let w = Tensor::ones(ws, ()).unwrap();
+        let x = Tensor::ones(xs, (device, dts[xdt % dts.len()])).unwrap();
+        let t = Tensor::full(ts, tval, (device, dts[tdt % dts.len()])).unwrap();
+        let w = Tensor::ones(ws, device).unwrap();
         let _ = x.cross_entropy(&t, &CrossEntropyOptions::new().weight(&w).ignore_index(ignore).label_smoothing(eps));
         let _ = x.nll_loss(&t, &NllLossOptions::new().ignore_index(ignore).reduction(Reduction::None));
         let _ = x.nll_loss_terms(&t, None, ignore);
-    }
+    });
 }
+test_device!(
+    losses_random_arguments_never_panic,
+    losses_random_arguments_never_panic
+);
 
 /// The CPU's fused cross-entropy (row max and `ln Σ exp`, log-probability at the target
-/// only; parallel over rows from 32Ki elements) against `log_softmax` then `nll_loss`, to
-/// the bit, and against the f64 reference, on shapes large enough for the parallel path;
+/// only; parallel over rows from 32Ki elements; CUDA runs the composite) against
+/// `log_softmax` then `nll_loss`, to the bit, and against the f64 reference, on shapes large enough for the parallel path;
 /// with a row holding `-inf` and one holding `+inf` (NaN loss, as in PyTorch), ignored
 /// targets and class weights.
-#[test]
-fn fused_cross_entropy_matches_log_softmax_then_nll() {
+fn fused_cross_entropy_matches_log_softmax_then_nll(device: &Device) {
     for (n, c, seed) in [(300usize, 1000usize, 1u64), (97, 513, 2), (5, 40_000, 3)] {
         let mut logits: Vec<f64> = rand_vec(n * c, seed).iter().map(|v| v * 6.0).collect();
         logits[c + 3] = f64::NEG_INFINITY;
@@ -156,14 +142,14 @@ fn fused_cross_entropy_matches_log_softmax_then_nll() {
                 }
             })
             .collect();
-        let t = Tensor::from_vec(tv.clone(), [n], CPU).unwrap();
+        let t = Tensor::from_vec(tv.clone(), [n], device).unwrap();
         let wv: Vec<f64> = rand_vec(c, seed ^ 9).iter().map(|v| v + 1.5).collect();
         for dtype in [DType::F32, DType::F64] {
-            let x = Tensor::from_vec(logits.clone(), [n, c], CPU)
+            let x = Tensor::from_vec(logits.clone(), [n, c], device)
                 .unwrap()
                 .to_dtype(dtype)
                 .unwrap();
-            let w = Tensor::from_vec(wv.clone(), [c], CPU)
+            let w = Tensor::from_vec(wv.clone(), [c], device)
                 .unwrap()
                 .to_dtype(dtype)
                 .unwrap();
@@ -200,26 +186,24 @@ fn fused_cross_entropy_matches_log_softmax_then_nll() {
                         .map(|(_, &v)| v)
                         .collect()
                 };
-                assert_close(
-                    &finite(&got),
-                    &finite(&want),
-                    tol(dtype) * 4.0,
-                    1.0,
-                    "fused cross_entropy",
-                );
+                within(tol(dtype) * 4.0, 1.0, "fused cross_entropy")
+                    .assert(&finite(&got), &finite(&want));
             }
         }
     }
 }
+test_device!(
+    fused_cross_entropy_matches_log_softmax_then_nll,
+    fused_cross_entropy_matches_log_softmax_then_nll
+);
 
-#[test]
-fn cross_entropy_known_values() {
+fn cross_entropy_known_values(device: &Device) {
     // logits [1, 2, 3], target 0. lse = 3 + ln(1 + e^-1 + e^-2) = 3.4076059644;
     // logp = [-2.4076059644, -1.4076059644, -0.4076059644]; nll = 2.4076059644.
     // With ε = 0.1: smooth = Σ -logp = 4.2228178933, loss = 0.9·2.4076059644 +
     // (0.1/3)·4.2228178933 = 2.1668453680 + 0.1407605964 = 2.3076059644.
-    let x = Tensor::from_vec(vec![1f64, 2., 3.], [1, 3], CPU).unwrap();
-    let t = Tensor::new(&[0i64], CPU).unwrap();
+    let x = Tensor::from_vec(vec![1f64, 2., 3.], [1, 3], device).unwrap();
+    let t = Tensor::new(&[0i64], device).unwrap();
     let l = x.cross_entropy(&t, &CrossEntropyOptions::new()).unwrap();
     assert!((l.item::<f64>().unwrap() - 2.4076059644).abs() < 1e-9);
     let l = x
@@ -231,7 +215,7 @@ fn cross_entropy_known_values() {
         .reshape([3])
         .unwrap()
         .cross_entropy(
-            &Tensor::scalar(0i64, CPU).unwrap(),
+            &Tensor::scalar(0i64, device).unwrap(),
             &CrossEntropyOptions::new(),
         )
         .unwrap();
@@ -239,19 +223,19 @@ fn cross_entropy_known_values() {
     assert!((l.item::<f64>().unwrap() - 2.4076059644).abs() < 1e-9);
     // Weighted mean divides by the summed weights of the targets: targets 0 and 2 with
     // weights 2 and 0.5 on logp rows: loss = (2·2.4076 + 0.5·0.4076) / 2.5.
-    let x2 = Tensor::from_vec(vec![1f64, 2., 3., 1., 2., 3.], [2, 3], CPU).unwrap();
-    let t2 = Tensor::new(&[0i64, 2], CPU).unwrap();
-    let w = Tensor::new(&[2f64, 1., 0.5], CPU).unwrap();
+    let x2 = Tensor::from_vec(vec![1f64, 2., 3., 1., 2., 3.], [2, 3], device).unwrap();
+    let t2 = Tensor::new(&[0i64, 2], device).unwrap();
+    let w = Tensor::new(&[2f64, 1., 0.5], device).unwrap();
     let l = x2
         .cross_entropy(&t2, &CrossEntropyOptions::new().weight(&w))
         .unwrap();
     let want = (2.0 * 2.4076059644 + 0.5 * 0.4076059644) / 2.5;
     assert!((l.item::<f64>().unwrap() - want).abs() < 1e-9);
     // Ignored targets drop out of the mean; all ignored gives NaN (as PyTorch).
-    let ti = Tensor::new(&[0i64, -100], CPU).unwrap();
+    let ti = Tensor::new(&[0i64, -100], device).unwrap();
     let l = x2.cross_entropy(&ti, &CrossEntropyOptions::new()).unwrap();
     assert!((l.item::<f64>().unwrap() - 2.4076059644).abs() < 1e-9);
-    let ta = Tensor::new(&[-100i64, -100], CPU).unwrap();
+    let ta = Tensor::new(&[-100i64, -100], device).unwrap();
     for eps in [0.0, 0.2] {
         let o = CrossEntropyOptions::new().label_smoothing(eps);
         assert!(
@@ -269,13 +253,13 @@ fn cross_entropy_known_values() {
     assert_eq!(lt.to_vec::<f64>().unwrap(), vec![-2.0, 0.0]);
     assert_eq!(wt.to_vec::<f64>().unwrap(), vec![2.0, 0.0]);
 }
+test_device!(cross_entropy_known_values, cross_entropy_known_values);
 
-#[test]
-fn loss_errors() {
-    let x = Tensor::zeros([2, 3], ()).unwrap();
+fn loss_errors(device: &Device) {
+    let x = Tensor::zeros([2, 3], device).unwrap();
     let e = x
         .cross_entropy(
-            &Tensor::new(&[0i64, 5], CPU).unwrap(),
+            &Tensor::new(&[0i64, 5], device).unwrap(),
             &CrossEntropyOptions::new(),
         )
         .unwrap_err()
@@ -283,7 +267,7 @@ fn loss_errors() {
     assert!(e.contains("target 5 is out of bounds"), "{e}");
     let e = x
         .nll_loss(
-            &Tensor::new(&[-1i64, 0], CPU).unwrap(),
+            &Tensor::new(&[-1i64, 0], device).unwrap(),
             &NllLossOptions::new(),
         )
         .unwrap_err()
@@ -291,7 +275,7 @@ fn loss_errors() {
     assert!(e.contains("target -1"), "{e}");
     let e = x
         .cross_entropy(
-            &Tensor::zeros([2], ()).unwrap(),
+            &Tensor::zeros([2], device).unwrap(),
             &CrossEntropyOptions::new(),
         )
         .unwrap_err()
@@ -299,7 +283,7 @@ fn loss_errors() {
     assert!(e.contains("torch.float32"), "{e}");
     let e = x
         .cross_entropy(
-            &Tensor::new(&[0i64, 1, 2], CPU).unwrap(),
+            &Tensor::new(&[0i64, 1, 2], device).unwrap(),
             &CrossEntropyOptions::new(),
         )
         .unwrap_err()
@@ -308,10 +292,10 @@ fn loss_errors() {
         e.contains("batch_size (2)") && e.contains("[2, 3]") && e.contains("[3]"),
         "{e}"
     );
-    let x3 = Tensor::zeros([2, 3, 4], ()).unwrap();
+    let x3 = Tensor::zeros([2, 3, 4], device).unwrap();
     let e = x3
         .cross_entropy(
-            &Tensor::zeros([2, 5], DType::I64).unwrap(),
+            &Tensor::zeros([2, 5], (device, DType::I64)).unwrap(),
             &CrossEntropyOptions::new(),
         )
         .unwrap_err()
@@ -320,31 +304,32 @@ fn loss_errors() {
         e.contains("[2, 4]") && e.contains("[2, 5]") && e.contains("[2, 3, 4]"),
         "{e}"
     );
-    let t = Tensor::new(&[0i64, 1], CPU).unwrap();
+    let t = Tensor::new(&[0i64, 1], device).unwrap();
     let e = x
         .cross_entropy(&t, &CrossEntropyOptions::new().label_smoothing(1.5))
         .unwrap_err()
         .to_string();
     assert!(e.contains("label_smoothing"), "{e}");
-    let w = Tensor::ones([2], ()).unwrap();
+    let w = Tensor::ones([2], device).unwrap();
     let e = x
         .cross_entropy(&t, &CrossEntropyOptions::new().weight(&w))
         .unwrap_err()
         .to_string();
     assert!(e.contains("weight"), "{e}");
     assert!(
-        Tensor::zeros([2, 3], DType::I64)
+        Tensor::zeros([2, 3], (device, DType::I64))
             .unwrap()
             .cross_entropy(&t, &CrossEntropyOptions::new())
             .is_err()
     );
     assert!(
-        Tensor::scalar(1f32, CPU)
+        Tensor::scalar(1f32, device)
             .unwrap()
             .cross_entropy(
-                &Tensor::scalar(0i64, CPU).unwrap(),
+                &Tensor::scalar(0i64, device).unwrap(),
                 &CrossEntropyOptions::new()
             )
             .is_err()
     );
 }
+test_device!(loss_errors, loss_errors);

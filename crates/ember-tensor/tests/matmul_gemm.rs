@@ -5,8 +5,9 @@
 
 mod common_nn;
 
-use common_nn::{CPU, rand_vec, values};
+use common_nn::CPU;
 use ember_tensor::{DType, Tensor};
+use ember_testing::{rand_vec, reference, values};
 use proptest::prelude::*;
 
 /// `t` as an operand of the given layout kind holding `vals` (row-major) in `dtype`:
@@ -59,55 +60,6 @@ fn operand(vals: &[f64], shape: &[usize], dtype: DType, kind: u8) -> Tensor {
     }
 }
 
-/// Naive f64 `a @ b` with PyTorch's rules, from row-major values and shapes. Returns the
-/// output shape, the values and, per element, `Σ|a·b|` (the scale of its rounding error).
-fn reference(a: &[f64], sa: &[usize], b: &[f64], sb: &[usize]) -> (Vec<usize>, Vec<f64>, Vec<f64>) {
-    let (a2, b2) = (sa.len() == 1, sb.len() == 1);
-    let sa: Vec<usize> = if a2 { vec![1, sa[0]] } else { sa.to_vec() };
-    let sb: Vec<usize> = if b2 { vec![sb[0], 1] } else { sb.to_vec() };
-    let (ra, rb) = (sa.len(), sb.len());
-    let (m, k, n) = (sa[ra - 2], sa[ra - 1], sb[rb - 1]);
-    let (ba, bb) = (&sa[..ra - 2], &sb[..rb - 2]);
-    let r = ba.len().max(bb.len());
-    let pad = |s: &[usize]| [vec![1; r - s.len()], s.to_vec()].concat();
-    let (ba, bb) = (pad(ba), pad(bb));
-    let batch: Vec<usize> = ba
-        .iter()
-        .zip(&bb)
-        .map(|(&x, &y)| if x == 1 { y } else { x })
-        .collect();
-    let nbatch: usize = batch.iter().product();
-    let (mut out, mut scale) = (Vec::new(), Vec::new());
-    for bi in 0..nbatch {
-        // Output batch index -> each operand's matrix index (size-1 dims broadcast).
-        let (mut rest, mut ia, mut ib, mut sta, mut stb) = (bi, 0, 0, 1, 1);
-        for d in (0..r).rev() {
-            let x = rest % batch[d];
-            rest /= batch[d];
-            ia += if ba[d] == 1 { 0 } else { x * sta };
-            ib += if bb[d] == 1 { 0 } else { x * stb };
-            sta *= ba[d];
-            stb *= bb[d];
-        }
-        let (am, bm) = (&a[ia * m * k..], &b[ib * k * n..]);
-        for i in 0..m {
-            for j in 0..n {
-                let terms = (0..k).map(|p| am[i * k + p] * bm[p * n + j]);
-                out.push(terms.clone().sum());
-                scale.push(terms.map(f64::abs).sum());
-            }
-        }
-    }
-    let mut shape = batch;
-    if !a2 {
-        shape.push(m);
-    }
-    if !b2 {
-        shape.push(n);
-    }
-    (shape, out, scale)
-}
-
 /// Unit roundoff of results stored in `dtype`, the absolute rounding error of its subnormal
 /// range (half its smallest subnormal: below the smallest normal, rounding is not relative),
 /// and the unit roundoff of its accumulator.
@@ -126,7 +78,7 @@ fn eps(dtype: DType) -> (f64, f64, f64) {
 /// subnormal range) plus `2(k+2)` accumulator roundings of `Σ|a·b|`.
 fn check(a: &Tensor, b: &Tensor, dtype: DType, what: &str) {
     let (av, bv) = (values(a), values(b));
-    let (shape, want, scale) = reference(&av, a.dims(), &bv, b.dims());
+    let (shape, want, scale) = reference::matmul(&av, a.dims(), &bv, b.dims());
     let c = a.matmul(b).unwrap();
     assert_eq!(c.dtype(), dtype, "{what}");
     assert_eq!(c.dims(), &shape[..], "{what}");
@@ -250,7 +202,7 @@ fn integer_products_wrap_like_their_type() {
     // Values as i64 (exact), then the integer dtypes, transposed and broadcast.
     let av: Vec<f64> = (0..2 * 3 * 4).map(|i| ((i * 37) % 23) as f64).collect();
     let bv: Vec<f64> = (0..4 * 5).map(|i| ((i * 11) % 19) as f64).collect();
-    let (_, want, _) = reference(&av, &[2, 3, 4], &bv, &[4, 5]);
+    let (_, want, _) = reference::matmul(&av, &[2, 3, 4], &bv, &[4, 5]);
     for dtype in [DType::I64, DType::I32, DType::U8] {
         for (la, lb) in [(0, 0), (1, 2), (2, 1)] {
             let a = operand(&av, &[2, 3, 4], dtype, la);

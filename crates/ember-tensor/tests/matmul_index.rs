@@ -1,19 +1,18 @@
 #![allow(clippy::unwrap_used)]
-//! matmul (PyTorch's rules, against a naive f64 reference) and the indexing ops.
+//! matmul (PyTorch's rules, against a naive f64 reference) and the indexing ops; the shape
+//! rules and the indexing ops' edge cases on every device (`ember_testing::test_device!`:
+//! `cpu` and the emulated or real `cuda:0`). Integer matmul is the CPU's alone (cuBLAS has
+//! none; `cuda_ops.rs` checks CUDA's error), so `matmul_dtypes_and_addmm` stays on the CPU.
 
 use ember_tensor::{DType, Device, Tensor, TensorError};
+use ember_testing::test_device;
 use proptest::prelude::*;
 
 const CPU: Device = Device::Cpu;
 
+/// `a @ b` of `[m, k]` and `[k, n]` row-major matrices (`reference::matmul`).
 fn naive(a: &[f64], b: &[f64], m: usize, k: usize, n: usize) -> Vec<f64> {
-    let mut c = vec![0.0; m * n];
-    for i in 0..m {
-        for j in 0..n {
-            c[i * n + j] = (0..k).map(|p| a[i * k + p] * b[p * n + j]).sum();
-        }
-    }
-    c
+    ember_testing::reference::matmul(a, &[m, k], b, &[k, n]).1
 }
 
 fn data(n: usize, seed: usize) -> Vec<f64> {
@@ -22,9 +21,8 @@ fn data(n: usize, seed: usize) -> Vec<f64> {
         .collect()
 }
 
-#[test]
-fn matmul_shapes_follow_pytorch() {
-    let v = |s: &[usize]| Tensor::ones(s, ()).unwrap();
+fn matmul_shapes_follow_pytorch(device: &Device) {
+    let v = |s: &[usize]| Tensor::ones(s, device).unwrap();
     let mm = |a: &[usize], b: &[usize]| v(a).matmul(&v(b)).map(|t| t.dims().to_vec());
     assert_eq!(mm(&[3], &[3]).unwrap(), Vec::<usize>::new());
     assert_eq!(mm(&[2, 3], &[3]).unwrap(), vec![2]);
@@ -42,10 +40,15 @@ fn matmul_shapes_follow_pytorch() {
     assert!(mm(&[2, 2, 3], &[3, 3, 4]).is_err());
     assert!(
         v(&[2, 2])
-            .matmul(&Tensor::ones([2, 2], DType::F64).unwrap())
+            .matmul(&Tensor::ones([2, 2], (device, DType::F64)).unwrap())
             .is_err()
     );
-    assert!(Tensor::scalar(1f32, CPU).unwrap().matmul(&v(&[1])).is_err());
+    assert!(
+        Tensor::scalar(1f32, device)
+            .unwrap()
+            .matmul(&v(&[1]))
+            .is_err()
+    );
     assert!(v(&[2, 3]).bmm(&v(&[3, 4])).is_err());
     assert_eq!(
         v(&[2, 2, 3]).bmm(&v(&[2, 3, 4])).unwrap().dims(),
@@ -61,6 +64,7 @@ fn matmul_shapes_follow_pytorch() {
         vec![0.; 4]
     );
 }
+test_device!(matmul_shapes_follow_pytorch, matmul_shapes_follow_pytorch);
 
 #[test]
 fn matmul_dtypes_and_addmm() {
@@ -138,10 +142,12 @@ fn large_matmul_runs_in_parallel() {
     );
 }
 
-#[test]
-fn index_select_gather_scatter() {
-    let t = Tensor::arange(0, 12, ()).unwrap().reshape([3, 4]).unwrap();
-    let i = Tensor::new(&[2i32, 0, 2], CPU).unwrap();
+fn index_select_gather_scatter(device: &Device) {
+    let t = Tensor::arange(0, 12, device)
+        .unwrap()
+        .reshape([3, 4])
+        .unwrap();
+    let i = Tensor::new(&[2i32, 0, 2], device).unwrap();
     assert_eq!(t.index_select(0, &i).unwrap().dims(), &[3, 4]);
     assert_eq!(
         t.index_select(1, &i).unwrap().to_vec2::<i64>().unwrap()[1],
@@ -156,29 +162,29 @@ fn index_select_gather_scatter() {
             .unwrap()[0],
         vec![8, 0, 8]
     );
-    let bad = Tensor::new(&[3i64], CPU).unwrap();
+    let bad = Tensor::new(&[3i64], device).unwrap();
     assert_eq!(
         t.index_select(0, &bad).unwrap_err().to_string(),
         "index_select: index 3 is out of bounds for dimension 0 with size 3"
     );
-    let f = Tensor::new(&[0f32], CPU).unwrap();
+    let f = Tensor::new(&[0f32], device).unwrap();
     assert_eq!(
         t.index_select(0, &f).unwrap_err().to_string(),
         "index_select: expected indices of dtype torch.int64 or torch.int32, but found torch.float32"
     );
     assert!(
-        t.index_select(0, &Tensor::new(&[-1i64], CPU).unwrap())
+        t.index_select(0, &Tensor::new(&[-1i64], device).unwrap())
             .is_err()
     );
     assert_eq!(
-        t.index_select(0, &Tensor::zeros([0], DType::I64).unwrap())
+        t.index_select(0, &Tensor::zeros([0], (device, DType::I64)).unwrap())
             .unwrap()
             .dims(),
         &[0, 4]
     );
 
-    let g = Tensor::from_slice(&[0i64, 0, 1, 0], [2, 2], CPU).unwrap();
-    let m = Tensor::from_slice(&[1f32, 2., 3., 4.], [2, 2], CPU).unwrap();
+    let g = Tensor::from_slice(&[0i64, 0, 1, 0], [2, 2], device).unwrap();
+    let m = Tensor::from_slice(&[1f32, 2., 3., 4.], [2, 2], device).unwrap();
     assert_eq!(
         m.gather(1, &g).unwrap().to_vec::<f32>().unwrap(),
         vec![1., 1., 4., 3.]
@@ -187,16 +193,16 @@ fn index_select_gather_scatter() {
         m.gather(0, &g).unwrap().to_vec::<f32>().unwrap(),
         vec![1., 2., 3., 2.]
     );
-    assert!(m.gather(1, &Tensor::new(&[0i64], CPU).unwrap()).is_err());
+    assert!(m.gather(1, &Tensor::new(&[0i64], device).unwrap()).is_err());
     assert!(matches!(
-        m.gather(1, &Tensor::from_slice(&[2i64], [1, 1], CPU).unwrap())
+        m.gather(1, &Tensor::from_slice(&[2i64], [1, 1], device).unwrap())
             .unwrap_err(),
         TensorError::IndexOutOfRange { index: 2, .. }
     ));
 
-    let z = Tensor::zeros([3], ()).unwrap();
-    let idx = Tensor::new(&[0i64, 2, 0, 1], CPU).unwrap();
-    let src = Tensor::new(&[1f32, 2., 3., 4.], CPU).unwrap();
+    let z = Tensor::zeros([3], device).unwrap();
+    let idx = Tensor::new(&[0i64, 2, 0, 1], device).unwrap();
+    let src = Tensor::new(&[1f32, 2., 3., 4.], device).unwrap();
     assert_eq!(
         z.scatter_add(0, &idx, &src)
             .unwrap()
@@ -205,9 +211,9 @@ fn index_select_gather_scatter() {
         vec![4., 4., 2.]
     );
     assert_eq!(z.to_vec::<f32>().unwrap(), vec![0.; 3], "out of place");
-    let zi = Tensor::zeros([2, 2], DType::I64).unwrap();
-    let ix = Tensor::from_slice(&[1i64, 1], [1, 2], CPU).unwrap();
-    let sv = Tensor::from_slice(&[5i64, 6, 7, 8], [2, 2], CPU).unwrap();
+    let zi = Tensor::zeros([2, 2], (device, DType::I64)).unwrap();
+    let ix = Tensor::from_slice(&[1i64, 1], [1, 2], device).unwrap();
+    let sv = Tensor::from_slice(&[5i64, 6, 7, 8], [2, 2], device).unwrap();
     assert_eq!(
         zi.scatter_add(0, &ix, &sv)
             .unwrap()
@@ -216,17 +222,17 @@ fn index_select_gather_scatter() {
         vec![0, 0, 5, 6]
     );
 }
+test_device!(index_select_gather_scatter, index_select_gather_scatter);
 
-#[test]
-fn masked_fill_one_hot_embedding() {
-    let t = Tensor::arange(0, 4, ()).unwrap();
+fn masked_fill_one_hot_embedding(device: &Device) {
+    let t = Tensor::arange(0, 4, device).unwrap();
     let m = t.gt(1).unwrap();
     assert_eq!(
         t.masked_fill(&m, 9.7).unwrap().to_vec::<i64>().unwrap(),
         vec![0, 1, 9, 9]
     );
     assert!(t.masked_fill(&t, 0).is_err());
-    let oh = Tensor::new(&[0i64, 2], CPU)
+    let oh = Tensor::new(&[0i64, 2], device)
         .unwrap()
         .one_hot(Some(3))
         .unwrap();
@@ -235,25 +241,36 @@ fn masked_fill_one_hot_embedding() {
         vec![vec![1, 0, 0], vec![0, 0, 1]]
     );
     assert_eq!(
-        Tensor::new(&[1i64, 3], CPU)
+        Tensor::new(&[1i64, 3], device)
             .unwrap()
             .one_hot(None)
             .unwrap()
             .dims(),
         &[2, 4]
     );
-    assert!(Tensor::new(&[3i64], CPU).unwrap().one_hot(Some(3)).is_err());
-    assert!(Tensor::new(&[-1i64], CPU).unwrap().one_hot(None).is_err());
-    let w = Tensor::arange(0, 6, DType::F32)
+    assert!(
+        Tensor::new(&[3i64], device)
+            .unwrap()
+            .one_hot(Some(3))
+            .is_err()
+    );
+    assert!(
+        Tensor::new(&[-1i64], device)
+            .unwrap()
+            .one_hot(None)
+            .is_err()
+    );
+    let w = Tensor::arange(0, 6, (device, DType::F32))
         .unwrap()
         .reshape([3, 2])
         .unwrap();
-    let ids = Tensor::from_slice(&[2i64, 0, 1, 2], [2, 2], CPU).unwrap();
+    let ids = Tensor::from_slice(&[2i64, 0, 1, 2], [2, 2], device).unwrap();
     let e = w.embedding(&ids).unwrap();
     assert_eq!(e.dims(), &[2, 2, 2]);
     assert_eq!(
         e.to_vec3::<f32>().unwrap()[0],
         vec![vec![4., 5.], vec![0., 1.]]
     );
-    assert!(w.embedding(&Tensor::new(&[3i64], CPU).unwrap()).is_err());
+    assert!(w.embedding(&Tensor::new(&[3i64], device).unwrap()).is_err());
 }
+test_device!(masked_fill_one_hot_embedding, masked_fill_one_hot_embedding);

@@ -328,19 +328,8 @@ fn ks(mut v: Vec<f64>, f: impl Fn(f64) -> f64) -> f64 {
         .fold(0.0, f64::max)
 }
 
-/// erf by Abramowitz–Stegun 7.1.26 (|error| < 1.5e-7, far below the KS tolerance).
-fn erf(x: f64) -> f64 {
-    let t = 1.0 / (1.0 + 0.327_591_1 * x.abs());
-    let p = t
-        * (0.254_829_592
-            + t * (-0.284_496_736
-                + t * (1.421_413_741 + t * (-1.453_152_027 + t * 1.061_405_429))));
-    let y = 1.0 - p * (-x * x).exp();
-    if x < 0.0 { -y } else { y }
-}
-
 fn normal_cdf(x: f64) -> f64 {
-    0.5 * (1.0 + erf(x / std::f64::consts::SQRT_2))
+    0.5 * (1.0 + ember_testing::reference::erf(x / std::f64::consts::SQRT_2))
 }
 
 const N: usize = 100_000;

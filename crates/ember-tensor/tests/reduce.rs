@@ -1,21 +1,23 @@
 #![allow(clippy::unwrap_used)]
-//! Reductions, softmax, against hand-computed and f64 references.
+//! Reductions, softmax, against hand-computed and f64 references; the edge cases on every
+//! device (`ember_testing::test_device!`: `cpu` and the emulated or real `cuda:0`), the
+//! CPU's splitting of long reductions across threads on the CPU.
 
 use ember_tensor::{DType, Device, Tensor};
+use ember_testing::test_device;
 
 const CPU: Device = Device::Cpu;
 
-fn m23() -> Tensor {
-    Tensor::from_slice(&[1f32, 5., 3., 4., 2., 6.], [2, 3], CPU).unwrap()
+fn m23(device: &Device) -> Tensor {
+    Tensor::from_slice(&[1f32, 5., 3., 4., 2., 6.], [2, 3], device).unwrap()
 }
 
 fn f(t: &Tensor) -> Vec<f32> {
     t.to_vec::<f32>().unwrap()
 }
 
-#[test]
-fn sum_prod_mean_and_dtypes() {
-    let t = m23();
+fn sum_prod_mean_and_dtypes(device: &Device) {
+    let t = m23(device);
     assert_eq!(t.sum_all().unwrap().item::<f32>().unwrap(), 21.);
     assert_eq!(f(&t.sum(0).unwrap()), vec![5., 7., 9.]);
     assert_eq!(f(&t.sum(-1).unwrap()), vec![9., 12.]);
@@ -24,11 +26,11 @@ fn sum_prod_mean_and_dtypes() {
     assert_eq!(f(&t.prod(1).unwrap()), vec![15., 48.]);
     assert_eq!(f(&t.mean(0).unwrap()), vec![2.5, 3.5, 4.5]);
     assert_eq!(t.mean_all().unwrap().item::<f32>().unwrap(), 3.5);
-    let i = Tensor::new(&[1i32, 2, 3], CPU).unwrap();
+    let i = Tensor::new(&[1i32, 2, 3], device).unwrap();
     assert_eq!(i.sum_all().unwrap().dtype(), DType::I64);
     assert_eq!(i.prod_all().unwrap().item::<i64>().unwrap(), 6);
     assert_eq!(
-        Tensor::new(&[true, true, false], CPU)
+        Tensor::new(&[true, true, false], device)
             .unwrap()
             .sum_all()
             .unwrap()
@@ -42,7 +44,7 @@ fn sum_prod_mean_and_dtypes() {
         "{e}"
     );
     // half precision sums accumulate in f32 and do not overflow on the way
-    let h = Tensor::full([4], 60000.0, DType::F16).unwrap();
+    let h = Tensor::full([4], 60000.0, (device, DType::F16)).unwrap();
     assert_eq!(
         h.mean_all()
             .unwrap()
@@ -54,7 +56,7 @@ fn sum_prod_mean_and_dtypes() {
     );
     // empty
     assert_eq!(
-        Tensor::zeros([0, 3], ())
+        Tensor::zeros([0, 3], device)
             .unwrap()
             .sum(0)
             .unwrap()
@@ -63,7 +65,7 @@ fn sum_prod_mean_and_dtypes() {
         vec![0.; 3]
     );
     assert!(
-        Tensor::zeros([0], ())
+        Tensor::zeros([0], device)
             .unwrap()
             .mean_all()
             .unwrap()
@@ -72,7 +74,7 @@ fn sum_prod_mean_and_dtypes() {
             .is_nan()
     );
     assert_eq!(
-        Tensor::zeros([0], ())
+        Tensor::zeros([0], device)
             .unwrap()
             .prod_all()
             .unwrap()
@@ -83,14 +85,14 @@ fn sum_prod_mean_and_dtypes() {
     assert!(t.sum(2).is_err());
     assert!(t.sum([0, -2]).is_err());
     // scalars reduce over dim 0 / -1
-    let s = Tensor::scalar(4f32, CPU).unwrap();
+    let s = Tensor::scalar(4f32, device).unwrap();
     assert_eq!(s.sum(0).unwrap().item::<f32>().unwrap(), 4.);
     assert_eq!(s.sum((-1, true)).unwrap().rank(), 0);
 }
+test_device!(sum_prod_mean_and_dtypes, sum_prod_mean_and_dtypes);
 
-#[test]
-fn max_min_arg() {
-    let t = m23();
+fn max_min_arg(device: &Device) {
+    let t = m23(device);
     let (v, i) = t.max_dim(1).unwrap();
     assert_eq!(
         (f(&v), i.to_vec::<i64>().unwrap()),
@@ -109,7 +111,7 @@ fn max_min_arg() {
     assert_eq!(f(&t.amax([0, 1]).unwrap()), vec![6.]);
     assert_eq!(f(&t.amin(1).unwrap()), vec![1., 2.]);
     // ties: first occurrence; NaN wins
-    let n = Tensor::new(&[1f32, 3., 3., f32::NAN, 7.], CPU).unwrap();
+    let n = Tensor::new(&[1f32, 3., 3., f32::NAN, 7.], device).unwrap();
     assert_eq!(
         n.narrow(0, 0, 3)
             .unwrap()
@@ -122,12 +124,12 @@ fn max_min_arg() {
     assert!(n.max_all().unwrap().item::<f32>().unwrap().is_nan());
     assert_eq!(n.argmax_all().unwrap().item::<i64>().unwrap(), 3);
     assert_eq!(n.argmin_all().unwrap().item::<i64>().unwrap(), 3);
-    let ints = Tensor::new(&[i64::MAX, i64::MAX - 1], CPU).unwrap();
+    let ints = Tensor::new(&[i64::MAX, i64::MAX - 1], device).unwrap();
     assert_eq!(ints.min_all().unwrap().item::<i64>().unwrap(), i64::MAX - 1);
-    assert!(Tensor::zeros([0], ()).unwrap().max_all().is_err());
-    assert!(Tensor::zeros([2, 0], ()).unwrap().max_dim(1).is_err());
+    assert!(Tensor::zeros([0], device).unwrap().max_all().is_err());
+    assert!(Tensor::zeros([2, 0], device).unwrap().max_dim(1).is_err());
     assert_eq!(
-        Tensor::zeros([2, 0], ())
+        Tensor::zeros([2, 0], device)
             .unwrap()
             .max_dim(0)
             .unwrap()
@@ -136,10 +138,10 @@ fn max_min_arg() {
         &[0]
     );
 }
+test_device!(max_min_arg, max_min_arg);
 
-#[test]
-fn var_std_with_correction() {
-    let t = m23();
+fn var_std_with_correction(device: &Device) {
+    let t = m23(device);
     // row 0: 1, 5, 3 -> mean 3, squared deviations 4 + 4 + 0 = 8
     assert_eq!(f(&t.var(1).unwrap()), vec![4., 4.]);
     assert_eq!(
@@ -151,7 +153,7 @@ fn var_std_with_correction() {
     assert!((all - 3.5).abs() < 1e-6);
     assert!((t.std_all(0.0).unwrap().item::<f32>().unwrap() - (35f32 / 12.).sqrt()).abs() < 1e-6);
     assert!(
-        Tensor::ones([1], ())
+        Tensor::ones([1], device)
             .unwrap()
             .var_all(1.0)
             .unwrap()
@@ -159,24 +161,29 @@ fn var_std_with_correction() {
             .unwrap()
             .is_nan()
     );
-    assert!(Tensor::ones([2], DType::I64).unwrap().var_all(1.0).is_err());
+    assert!(
+        Tensor::ones([2], (device, DType::I64))
+            .unwrap()
+            .var_all(1.0)
+            .is_err()
+    );
 }
+test_device!(var_std_with_correction, var_std_with_correction);
 
-#[test]
-fn logsumexp_and_norm() {
-    let t = Tensor::new(&[1000f32, 1000., f32::NEG_INFINITY], CPU).unwrap();
+fn logsumexp_and_norm(device: &Device) {
+    let t = Tensor::new(&[1000f32, 1000., f32::NEG_INFINITY], device).unwrap();
     let l = t.logsumexp(0).unwrap().item::<f32>().unwrap();
     assert!((l - (1000. + 2f32.ln())).abs() < 1e-3, "{l}");
-    let inf = Tensor::new(&[f32::NEG_INFINITY, f32::NEG_INFINITY], CPU).unwrap();
+    let inf = Tensor::new(&[f32::NEG_INFINITY, f32::NEG_INFINITY], device).unwrap();
     assert_eq!(
         inf.logsumexp(0).unwrap().item::<f32>().unwrap(),
         f32::NEG_INFINITY
     );
-    let i = Tensor::new(&[0i64, 0], CPU).unwrap();
+    let i = Tensor::new(&[0i64, 0], device).unwrap();
     let li = i.logsumexp((0, true)).unwrap();
     assert_eq!(li.dtype(), DType::F32);
     assert!((li.to_vec::<f32>().unwrap()[0] - 2f32.ln()).abs() < 1e-6);
-    let v = Tensor::new(&[3f64, -4.], CPU).unwrap();
+    let v = Tensor::new(&[3f64, -4.], device).unwrap();
     assert_eq!(v.norm_all(2.0).unwrap().item::<f64>().unwrap(), 5.);
     assert_eq!(v.norm_all(1.0).unwrap().item::<f64>().unwrap(), 7.);
     assert_eq!(
@@ -185,12 +192,12 @@ fn logsumexp_and_norm() {
     );
     assert_eq!(v.norm_all(0.0).unwrap().item::<f64>().unwrap(), 2.);
     assert!((v.norm_all(3.0).unwrap().item::<f64>().unwrap() - 91f64.cbrt()).abs() < 1e-12);
-    assert_eq!(m23().norm(2.0, 0).unwrap().dims(), &[3]);
+    assert_eq!(m23(device).norm(2.0, 0).unwrap().dims(), &[3]);
 }
+test_device!(logsumexp_and_norm, logsumexp_and_norm);
 
-#[test]
-fn softmax_is_stable() {
-    let x = Tensor::new(&[1000f32, 1001., 1002.], CPU).unwrap();
+fn softmax_is_stable(device: &Device) {
+    let x = Tensor::new(&[1000f32, 1001., 1002.], device).unwrap();
     let s = f(&x.softmax(0).unwrap());
     let e: Vec<f64> = [0f64, 1., 2.].iter().map(|v| v.exp()).collect();
     let z: f64 = e.iter().sum();
@@ -201,7 +208,7 @@ fn softmax_is_stable() {
     for (a, b) in ls.iter().zip(&e) {
         assert!((*a as f64 - (b / z).ln()).abs() < 1e-5);
     }
-    let m = Tensor::arange(0, 6, DType::F64)
+    let m = Tensor::arange(0, 6, (device, DType::F64))
         .unwrap()
         .reshape([2, 3])
         .unwrap();
@@ -218,10 +225,11 @@ fn softmax_is_stable() {
         (cols.select(0, 0).unwrap().to_vec::<f64>().unwrap()[0] - 1.0 / (1.0 + 3f64.exp())).abs()
             < 1e-12
     );
-    assert!(Tensor::arange(0, 3, ()).unwrap().softmax(0).is_err());
+    assert!(Tensor::arange(0, 3, device).unwrap().softmax(0).is_err());
     let h = x.to_dtype(DType::Bf16).unwrap().softmax(0).unwrap();
     assert_eq!(h.dtype(), DType::Bf16);
 }
+test_device!(softmax_is_stable, softmax_is_stable);
 
 #[test]
 fn large_reductions_split_across_threads() {
@@ -258,7 +266,8 @@ fn long_f32_runs_sum_and_argmax_across_pieces() {
             "n = {n}: {got} against {want}"
         );
         // Three rows of the same run: a reduction to few outputs, each run split.
-        let rows = Tensor::from_slice(&[xs.clone(), xs.clone(), xs].concat(), [3, n], CPU).unwrap();
+        let rows =
+            Tensor::from_slice(&[xs.clone(), xs.clone(), xs].concat(), [3, n], CPU).unwrap();
         let per_row = f(&rows.sum(1).unwrap());
         assert!(
             per_row

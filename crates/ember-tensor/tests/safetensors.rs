@@ -124,7 +124,7 @@ fn round_trip_is_bit_exact_for_every_dtype_with_metadata() {
     let ts = all_dtypes();
     let meta = BTreeMap::from([("epoch".to_string(), "3".to_string())]);
     io::save_with_metadata(ts.iter().map(|(n, t)| (n.as_str(), t)), &meta, &path).unwrap();
-    let (loaded, m) = io::load_with_metadata(&path, &CPU).unwrap();
+    let (loaded, m) = io::load_with_metadata(&path, CPU).unwrap();
     assert_eq!(m, meta);
     assert_eq!(loaded.len(), ts.len());
     for (name, t) in &ts {
@@ -132,7 +132,7 @@ fn round_trip_is_bit_exact_for_every_dtype_with_metadata() {
         assert_eq!((l.dims(), l.dtype()), (t.dims(), t.dtype()), "{name}");
         assert_eq!(bits(l), bits(t), "{name}");
     }
-    let (from_bytes, _) = io::load_from_bytes(&std::fs::read(&path).unwrap(), &CPU).unwrap();
+    let (from_bytes, _) = io::load_from_bytes(&std::fs::read(&path).unwrap(), CPU).unwrap();
     assert_eq!(
         from_bytes.keys().collect::<Vec<_>>(),
         loaded.keys().collect::<Vec<_>>()
@@ -153,7 +153,7 @@ fn non_contiguous_tensors_are_saved_contiguous() {
     let t = a.t().unwrap();
     let s = a.narrow(1, 1, 2).unwrap();
     io::save([("t", &t), ("s", &s)], &path).unwrap();
-    let l = io::load(&path, &CPU).unwrap();
+    let l = io::load(&path, CPU).unwrap();
     assert!(l["t"].is_contiguous());
     assert_eq!(
         l["t"].to_vec2::<i32>().unwrap(),
@@ -206,12 +206,12 @@ fn failed_saves_leave_the_existing_file_and_no_temporary() {
     assert_eq!(names, ["blocker", "ckpt.safetensors"]);
     // Overwriting works and replaces the contents.
     io::save([("b", &b)], &path).unwrap();
-    assert_eq!(io::load(&path, &CPU).unwrap()["b"].dims(), &[8]);
+    assert_eq!(io::load(&path, CPU).unwrap()["b"].dims(), &[8]);
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
 fn load_err(bytes: &[u8]) -> String {
-    io::load_from_bytes(bytes, &CPU).unwrap_err().to_string()
+    io::load_from_bytes(bytes, CPU).unwrap_err().to_string()
 }
 
 fn with_header(header: &str, data: &[u8]) -> Vec<u8> {
@@ -273,7 +273,7 @@ fn malformed_files_are_errors_naming_the_problem() {
         &[1, 7],
     ));
     assert!(e.contains("invalid safetensors data"), "{e}");
-    let e = io::load("/nonexistent/dir/model.safetensors", &CPU).unwrap_err();
+    let e = io::load("/nonexistent/dir/model.safetensors", CPU).unwrap_err();
     assert!(matches!(
         &e,
         TensorError::File {
@@ -287,7 +287,7 @@ fn malformed_files_are_errors_naming_the_problem() {
         "{e}"
     );
     // Loading onto a CUDA device works where CUDA (or the emulator) is available.
-    let on_cuda = io::load_from_bytes(&good, &Device::Cuda(0));
+    let on_cuda = io::load_from_bytes(&good, Device::Cuda(0));
     assert_eq!(on_cuda.is_ok(), ember_device::cuda::is_available());
 }
 
@@ -337,7 +337,7 @@ proptest! {
     #[test]
     fn mutated_files_never_panic(ms in proptest::collection::vec(mutation(), 1..4)) {
         let b = apply(valid_bytes(), &ms);
-        match io::load_from_bytes(&b, &CPU) {
+        match io::load_from_bytes(&b, CPU) {
             Ok((ts, _)) => for t in ts.values() { prop_assert!(t.numel() <= b.len()); },
             Err(e) => prop_assert!(e.to_string().starts_with("load <bytes>: "), "{}", e),
         }
@@ -345,9 +345,9 @@ proptest! {
 
     #[test]
     fn arbitrary_bytes_never_panic(b in proptest::collection::vec(any::<u8>(), 0..300)) {
-        let _ = io::load_from_bytes(&b, &CPU);
+        let _ = io::load_from_bytes(&b, CPU);
         let mut framed = ((b.len() as u64).saturating_sub(4)).to_le_bytes().to_vec();
         framed.extend_from_slice(&b);
-        let _ = io::load_from_bytes(&framed, &CPU);
+        let _ = io::load_from_bytes(&framed, CPU);
     }
 }

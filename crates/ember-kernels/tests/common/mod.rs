@@ -1,4 +1,5 @@
-//! Helpers shared by the emulated-kernel tests: the emulator, typed copies, launches.
+//! Helpers shared by the emulated-kernel tests: the emulator, typed copies, launches, test
+//! inputs and layouts. The references, closeness and random data are `ember_testing`'s.
 #![allow(dead_code)]
 
 use std::sync::Arc;
@@ -7,6 +8,8 @@ use ember_device::cuda;
 use ember_device::driver::emulator::EmulatorConfig;
 use ember_device::driver::{DevicePtr, Driver, LaunchConfig, ModuleHandle, StreamHandle};
 use ember_kernels::{KernelArgs, KernelsError, load_module};
+use ember_testing::Lcg;
+use ember_testing::reference::{contiguous_strides, offset_of};
 use half::{bf16, f16};
 
 pub const S0: StreamHandle = StreamHandle::DEFAULT;
@@ -121,22 +124,6 @@ pub fn launch(
     // parameters (documented in the kernel's .cu file); buffers are sized for the launch.
     unsafe { driver.launch_kernel(f, config, S0, &mut params)? };
     Ok(())
-}
-
-/// A small deterministic generator (xorshift64*), so the tests need no RNG crate.
-pub struct Lcg(pub u64);
-
-impl Lcg {
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    /// Uniform in [-scale, scale).
-    pub fn f32(&mut self, scale: f32) -> f32 {
-        ((self.next_u64() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
-    }
 }
 
 /// A bool element as the kernels store it: one byte, 0 or 1.
@@ -295,37 +282,6 @@ pub fn values<T: Dt>(rng: &mut Lcg, n: usize, scale: f32, specials: bool) -> Vec
         .collect()
 }
 
-/// Row-major strides of `shape`.
-pub fn contiguous_strides(shape: &[usize]) -> Vec<isize> {
-    let mut s = vec![0isize; shape.len()];
-    let mut acc = 1isize;
-    for d in (0..shape.len()).rev() {
-        s[d] = acc;
-        acc *= shape[d] as isize;
-    }
-    s
-}
-
-/// Element offset of linear index `i` of `shape` under `strides`.
-pub fn offset_of(mut i: usize, shape: &[usize], strides: &[isize]) -> usize {
-    let mut off = 0isize;
-    for d in (0..shape.len()).rev() {
-        off += (i % shape[d]) as isize * strides[d];
-        i /= shape[d];
-    }
-    off as usize
-}
-
-/// Elements an operand with `strides` over `shape` spans.
-pub fn span(shape: &[usize], strides: &[isize]) -> usize {
-    shape
-        .iter()
-        .zip(strides)
-        .map(|(&s, &st)| s.saturating_sub(1) * st as usize)
-        .sum::<usize>()
-        + 1
-}
-
 /// One strided operand of an elementwise test: its strides over the iteration shape and the
 /// element it starts at (an offset of 1 makes the pointer misaligned: the scalar path).
 #[derive(Clone, Debug)]
@@ -362,16 +318,4 @@ pub fn gathered<T: Elem>(data: &[T], shape: &[usize], view: &View) -> Vec<T> {
     (0..n)
         .map(|i| data[view.offset + offset_of(i, shape, &view.strides)])
         .collect()
-}
-
-/// `got` against `want` for a float dtype: NaN where NaN, equal infinities, otherwise within
-/// `rel * |want| + abs`.
-pub fn close(got: f64, want: f64, rel: f64, abs: f64) -> bool {
-    if want.is_nan() || got.is_nan() {
-        return want.is_nan() && got.is_nan();
-    }
-    if want.is_infinite() || got.is_infinite() {
-        return got == want;
-    }
-    (got - want).abs() <= rel * want.abs() + abs
 }

@@ -1,33 +1,28 @@
-//! Helpers shared by the conv/pool and loss tests: deterministic data, tensors in several
-//! layouts holding the same values, and tolerance checks.
+//! Helpers shared by the conv/pool and loss tests: tensors in several layouts holding the
+//! same values, on any device, and tolerances. Random data, references and closeness are
+//! `ember_testing`'s.
 
 #![allow(dead_code, clippy::unwrap_used)]
 
 use ember_tensor::{DType, Device, Tensor};
+use ember_testing::Close;
 
 pub const CPU: Device = Device::Cpu;
 
-/// `n` values in [-1, 1) from a seed (xorshift).
-pub fn rand_vec(n: usize, seed: u64) -> Vec<f64> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
-        })
-        .collect()
-}
-
-/// A tensor of `shape` and `dtype` with values `vals` (row-major), laid out as
+/// A tensor of `shape` and `dtype` on `device` with values `vals` (row-major), laid out as
 /// 0: contiguous, 1: every dim reversed in memory (permuted view), 2: narrowed out of a
-/// wider last dim (non-contiguous).
-pub fn make(vals: &[f64], shape: &[usize], dtype: DType, layout: u8) -> Tensor {
-    let t = Tensor::from_vec(vals.to_vec(), shape.to_vec(), CPU)
-        .unwrap()
-        .to_dtype(dtype)
-        .unwrap();
+/// wider last dim (non-contiguous). The views are taken on `device`, so they reach its
+/// kernels as views.
+pub fn make(vals: &[f64], shape: &[usize], dtype: DType, layout: u8, device: &Device) -> Tensor {
+    let on = |data: Vec<f64>, dims: Vec<usize>| {
+        Tensor::from_vec(data, dims, CPU)
+            .unwrap()
+            .to_dtype(dtype)
+            .unwrap()
+            .to_device(device)
+            .unwrap()
+    };
+    let t = on(vals.to_vec(), shape.to_vec());
     match layout {
         0 => t,
         1 => {
@@ -57,19 +52,9 @@ pub fn make(vals: &[f64], shape: &[usize], dtype: DType, layout: u8) -> Tensor {
                     data[i * (last + 3) + 1 + j] = vals[i * last + j];
                 }
             }
-            Tensor::from_vec(data, wide, CPU)
-                .unwrap()
-                .to_dtype(dtype)
-                .unwrap()
-                .narrow(r - 1, 1, last)
-                .unwrap()
+            on(data, wide).narrow(r - 1, 1, last).unwrap()
         }
     }
-}
-
-/// The values of `t` as f64, row-major.
-pub fn values(t: &Tensor) -> Vec<f64> {
-    t.to_dtype(DType::F64).unwrap().to_vec::<f64>().unwrap()
 }
 
 /// Relative tolerance for results computed in `dtype`.
@@ -82,13 +67,9 @@ pub fn tol(dtype: DType) -> f64 {
     }
 }
 
-/// Asserts `got ≈ want` elementwise within `rtol·(scale + |want|)`.
-pub fn assert_close(got: &[f64], want: &[f64], rtol: f64, scale: f64, what: &str) {
-    assert_eq!(got.len(), want.len(), "{what}: lengths differ");
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        let ok = (g.is_nan() && w.is_nan()) || g == w || (g - w).abs() <= rtol * (scale + w.abs());
-        assert!(ok, "{what}: element {i}: got {g}, want {w} (rtol {rtol})");
-    }
+/// Closeness within `rtol·(scale + |want|)` elementwise (NaN equals NaN), naming `what`.
+pub fn within(rtol: f64, scale: f64, what: &str) -> Close {
+    Close::new().rtol_atol(rtol, rtol * scale).context(what)
 }
 
 pub const FLOAT_DTYPES: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::Bf16];

@@ -2,14 +2,20 @@
 
 use super::*;
 
+/// The shipped file: under the workspace's `data/`, or under `EMBER_DATA_DIR` where the tests
+/// run from a GPU bundle (`cargo xtask gpu-session` sets it), away from the checkout.
+fn digits_file() -> std::path::PathBuf {
+    std::env::var_os("EMBER_DATA_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| concat!(env!("CARGO_MANIFEST_DIR"), "/../../data").into())
+        .join("digits")
+        .join("digits.csv.gz")
+}
+
 /// The shipped file decompressed and split into rows of numbers by a reader independent of
 /// the library's parser.
 fn reference_rows() -> Vec<Vec<u32>> {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../data/digits/digits.csv.gz"
-    );
-    let gz = std::fs::read(path).unwrap();
+    let gz = std::fs::read(digits_file()).unwrap();
     let mut text = String::new();
     flate2::read::GzDecoder::new(&gz[..])
         .read_to_string(&mut text)
@@ -61,17 +67,9 @@ fn digits_match_the_file() {
     // The embedded copy is the file; load_from_path reads the same.
     assert_eq!(
         digits::embedded_bytes(),
-        &std::fs::read(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../data/digits/digits.csv.gz"
-        ))
-        .unwrap()[..]
+        &std::fs::read(digits_file()).unwrap()[..]
     );
-    let again = digits::load_from_path(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../data/digits/digits.csv.gz"
-    ))
-    .unwrap();
+    let again = digits::load_from_path(digits_file()).unwrap();
     assert_eq!(again.labels.to_vec::<i64>().unwrap(), labels);
     let e = digits::load_from_path("/nonexistent/digits.csv.gz").unwrap_err();
     assert!(matches!(e, NnError::Io { .. }), "{e}");

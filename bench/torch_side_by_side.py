@@ -489,12 +489,14 @@ def command_line() -> str:
 def save(args, rows: list[dict], worker: "TorchWorker | None") -> Path:
     """Writes bench/results/<date>-<host>-<device>.json and returns its path."""
     host = args.host or socket.gethostname() or "unknown"
-    date = datetime.datetime.now(datetime.timezone.utc).date().isoformat()
+    now = datetime.datetime.now(datetime.timezone.utc)
+    date = now.date().isoformat()
     model, flags = cpu_description()
     doc = {
         "schema": SCHEMA,
         "kind": "side-by-side" if worker is not None else "ember",
         "date": date,
+        "time": now.strftime("%H:%M:%S"),
         "host": host,
         "device": args.device,
         "command": command_line(),

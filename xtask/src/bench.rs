@@ -111,7 +111,10 @@ pub fn shell_word(word: &str) -> String {
 
 /// The device kind of a record: `cpu` or `cuda`.
 fn kind_of(record: &Value) -> &'static str {
-    if record["device"].as_str().is_some_and(|d| d.starts_with("cuda")) {
+    if record["device"]
+        .as_str()
+        .is_some_and(|d| d.starts_with("cuda"))
+    {
         "cuda"
     } else {
         "cpu"
@@ -143,6 +146,7 @@ fn save_records(
             "schema": results::SCHEMA,
             "kind": "ember",
             "date": date,
+            "time": results::now_time(),
             "host": host,
             "device": device,
             "command": command,

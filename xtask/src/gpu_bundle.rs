@@ -114,7 +114,10 @@ fn fatbin(o: &Options) -> Result<PathBuf, String> {
     let names = dir.join("ember.kernels");
     let built = names.metadata().and_then(|m| m.modified()).ok();
     if fatbin.is_file() && built.is_some() && newest_source() <= built {
-        eprintln!("==> reusing {} (no kernel source is newer)", fatbin.display());
+        eprintln!(
+            "==> reusing {} (no kernel source is newer)",
+            fatbin.display()
+        );
         return Ok(fatbin);
     }
     let nvcc = kernels::find_nvcc()?;
@@ -138,7 +141,8 @@ fn strip_copy(from: &Path, to: &Path) -> Result<(), String> {
         .status()
         .is_ok_and(|s| s.success());
     if !stripped {
-        std::fs::copy(from, to).map_err(|e| format!("{} -> {}: {e}", from.display(), to.display()))?;
+        std::fs::copy(from, to)
+            .map_err(|e| format!("{} -> {}: {e}", from.display(), to.display()))?;
     }
     Ok(())
 }
@@ -172,7 +176,10 @@ fn executables(messages: &str, kinds: &[&str]) -> Vec<(String, PathBuf)> {
         })
         .filter_map(|m| {
             let exe = m["executable"].as_str()?;
-            Some((m["target"]["name"].as_str()?.to_string(), PathBuf::from(exe)))
+            Some((
+                m["target"]["name"].as_str()?.to_string(),
+                PathBuf::from(exe),
+            ))
         })
         .collect()
 }
@@ -186,10 +193,15 @@ pub fn run(args: &[String]) -> Result<(), String> {
     // One cargo invocation: one feature resolution, so the libraries are compiled once for
     // the programs and the tests alike.
     let mut cmd = cargo();
-    cmd.args(["build", "--release", "--locked", "--message-format=json-render-diagnostics"])
-        .env("CARGO_TARGET_DIR", &target)
-        .env("EMBER_KERNELS_FATBIN", &fatbin)
-        .stderr(std::process::Stdio::inherit());
+    cmd.args([
+        "build",
+        "--release",
+        "--locked",
+        "--message-format=json-render-diagnostics",
+    ])
+    .env("CARGO_TARGET_DIR", &target)
+    .env("EMBER_KERNELS_FATBIN", &fatbin)
+    .stderr(std::process::Stdio::inherit());
     let mut packages: Vec<&str> = PROGRAMS
         .iter()
         .map(|(p, _)| *p)
@@ -276,7 +288,9 @@ pub fn run(args: &[String]) -> Result<(), String> {
         "==> {} ({:.1} MB). On the GPU machine: tar -xf {} && {BUNDLE_DIR}/bin/xtask gpu-session",
         o.out.display(),
         size as f64 / 1e6,
-        o.out.file_name().map_or(String::new(), |n| n.to_string_lossy().into_owned())
+        o.out
+            .file_name()
+            .map_or(String::new(), |n| n.to_string_lossy().into_owned())
     );
     Ok(())
 }
@@ -295,7 +309,13 @@ mod tests {
 {"reason":"compiler-artifact","target":{"name":"ember","kind":["lib"]},"executable":null}
 {"reason":"compiler-artifact","target":{"name":"ember","kind":["bin"]},"executable":"t/ember"}
 {"reason":"build-finished","success":true}"#;
-        assert_eq!(executables(msgs, &["test"]), vec![("nn".to_string(), PathBuf::from("t/nn-1"))]);
-        assert_eq!(executables(msgs, &["bin"]), vec![("ember".to_string(), PathBuf::from("t/ember"))]);
+        assert_eq!(
+            executables(msgs, &["test"]),
+            vec![("nn".to_string(), PathBuf::from("t/nn-1"))]
+        );
+        assert_eq!(
+            executables(msgs, &["bin"]),
+            vec![("ember".to_string(), PathBuf::from("t/ember"))]
+        );
     }
 }

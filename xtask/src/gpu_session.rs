@@ -113,7 +113,8 @@ impl Session {
     fn step(&mut self, name: &str, limit_s: u64, cmd: &mut Command) -> Option<i32> {
         let left = self.left();
         if left < Duration::from_secs(10) {
-            self.summary.push(format!("{name}: not run (time budget spent)"));
+            self.summary
+                .push(format!("{name}: not run (time budget spent)"));
             return None;
         }
         let limit = Duration::from_secs(limit_s).min(left);
@@ -121,7 +122,8 @@ impl Session {
         let log = match std::fs::File::create(&log_path) {
             Ok(f) => f,
             Err(e) => {
-                self.summary.push(format!("{name}: cannot create its log: {e}"));
+                self.summary
+                    .push(format!("{name}: cannot create its log: {e}"));
                 return None;
             }
         };
@@ -173,7 +175,14 @@ impl Session {
             "{name}: rc={rc} in {:.0}s {last}",
             t0.elapsed().as_secs_f64()
         ));
-        for l in text.lines().rev().take(5).collect::<Vec<_>>().into_iter().rev() {
+        for l in text
+            .lines()
+            .rev()
+            .take(5)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+        {
             eprintln!("    {l}");
         }
         Some(rc)
@@ -208,7 +217,8 @@ fn cublas_library_path() -> Option<String> {
 }
 
 fn on_path(program: &str) -> bool {
-    std::env::var_os("PATH").is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(program).is_file()))
+    std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(program).is_file()))
 }
 
 pub fn run(args: &[String]) -> Result<(), String> {
@@ -216,7 +226,9 @@ pub fn run(args: &[String]) -> Result<(), String> {
     let bundle = bundle_root()?;
     let out = o.out.clone().unwrap_or_else(|| bundle.join("session"));
     std::fs::create_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
-    let out = out.canonicalize().map_err(|e| format!("{}: {e}", out.display()))?;
+    let out = out
+        .canonicalize()
+        .map_err(|e| format!("{}: {e}", out.display()))?;
     let mut s = Session {
         bundle: bundle.clone(),
         out: out.clone(),
@@ -236,7 +248,13 @@ pub fn run(args: &[String]) -> Result<(), String> {
         .collect();
     let library_path = cublas_library_path();
     let bin = |name: &str| bundle.join("bin").join(name).to_string_lossy().into_owned();
-    let test = |name: &str| bundle.join("tests").join(name).to_string_lossy().into_owned();
+    let test = |name: &str| {
+        bundle
+            .join("tests")
+            .join(name)
+            .to_string_lossy()
+            .into_owned()
+    };
     let with_libs = |mut cmd: Command| {
         if let Some(p) = &library_path {
             cmd.env("LD_LIBRARY_PATH", p);
@@ -266,7 +284,9 @@ pub fn run(args: &[String]) -> Result<(), String> {
                 let info = std::fs::read_to_string(out.join("info.log")).unwrap_or_default();
                 let v: Value = serde_json::from_str(&info).unwrap_or(Value::Null);
                 if v["cuda_available"] != true {
-                    let why = v["cuda_unavailable_reason"].as_str().unwrap_or("ember info failed");
+                    let why = v["cuda_unavailable_reason"]
+                        .as_str()
+                        .unwrap_or("ember info failed");
                     s.summary.push(format!(
                         "NO CUDA GPU FOUND ({why}): nothing ran on a GPU; the emulated suite is `cargo xtask test`"
                     ));
@@ -338,7 +358,9 @@ pub fn run(args: &[String]) -> Result<(), String> {
                     }
                 }
                 let mut train = sanitizer(&s, "memcheck");
-                train.arg(bin("ember")).args(["train", "--device", "cuda", "--epochs", "1", "--json"]);
+                train
+                    .arg(bin("ember"))
+                    .args(["train", "--device", "cuda", "--epochs", "1", "--json"]);
                 s.step("memcheck-train", 120, &mut train);
                 let mut sync = sanitizer(&s, "synccheck");
                 sync.env("EMBER_GPU_TEST", "1").arg(test("cuda_ops"));

@@ -1,9 +1,11 @@
 //! `cargo xtask bench-report [--check]`: renders `docs/performance.md` from the latest saved
 //! result file of each machine and device in `bench/results/` (see `results.rs`).
 //!
-//! A machine is a saved file's `host`; its latest file is the one with the latest `date`
-//! (then the latest file name). Each becomes a section: the machine, the command that
-//! produced the numbers, and a table of values (and ratios to PyTorch for side-by-side runs).
+//! A machine is a saved file's `host` and `device`; its latest file of each `kind` (Ember
+//! alone, or side by side with PyTorch) is the one with the latest `date` and `time` (then
+//! the highest `-N` suffix of the file name). Each becomes a section: the machine, the
+//! command that produced the numbers, a table of values (and ratios to PyTorch for
+//! side-by-side runs), and links to the machine's earlier files.
 //! `--check` renders to memory and fails if the page on disk differs (`cargo xtask test`
 //! runs it, so the page never drifts from the saved files).
 
@@ -76,19 +78,46 @@ fn text<'a>(v: &'a Value, key: &str) -> &'a str {
     v[key].as_str().unwrap_or("")
 }
 
-/// The latest file per (host, device), ordered CPU machines first, then by host.
-fn latest(files: &[(PathBuf, Value)]) -> Vec<(&Path, &Value)> {
-    let mut by_machine: BTreeMap<(String, String), (&Path, &Value)> = BTreeMap::new();
+/// The `N` of a file named `...-N.json` (a second run of the same day), else 1.
+fn suffix(p: &Path) -> u64 {
+    p.file_stem()
+        .and_then(|s| s.to_str())
+        .and_then(|s| s.rsplit_once('-'))
+        .and_then(|(_, n)| n.parse().ok())
+        .unwrap_or(1)
+}
+
+/// What orders a machine's files: date, time, then the file name's suffix.
+fn order<'a>(p: &Path, v: &'a Value) -> (&'a str, &'a str, u64) {
+    (text(v, "date"), text(v, "time"), suffix(p))
+}
+
+/// One machine's files of one kind: the latest, and the earlier ones (latest first).
+struct Machine<'a> {
+    latest: (&'a Path, &'a Value),
+    earlier: Vec<&'a Path>,
+}
+
+/// The files per (device, host, kind), CPU machines first, then by host.
+fn machines(files: &[(PathBuf, Value)]) -> Vec<Machine<'_>> {
+    let mut by_machine: BTreeMap<(String, String, String), Vec<(&Path, &Value)>> = BTreeMap::new();
     for (p, v) in files {
-        let key = (text(v, "device").to_string(), text(v, "host").to_string());
-        let newer = by_machine.get(&key).is_none_or(|(q, w)| {
-            (text(v, "date"), p.as_path()) > (text(w, "date"), *q)
-        });
-        if newer {
-            by_machine.insert(key, (p.as_path(), v));
-        }
+        let key = (
+            text(v, "device").to_string(),
+            text(v, "host").to_string(),
+            text(v, "kind").to_string(),
+        );
+        by_machine.entry(key).or_default().push((p.as_path(), v));
     }
-    by_machine.into_values().collect()
+    by_machine
+        .into_values()
+        .filter_map(|mut runs| {
+            runs.sort_by(|a, b| order(b.0, b.1).cmp(&order(a.0, a.1)));
+            let latest = *runs.first()?;
+            let earlier = runs[1..].iter().map(|(p, _)| *p).collect();
+            Some(Machine { latest, earlier })
+        })
+        .collect()
 }
 
 fn file_name(p: &Path) -> String {
@@ -140,7 +169,7 @@ fn versions_line(v: &Value) -> String {
 }
 
 fn side_by_side_table(out: &mut String, records: &[Value]) {
-    out.push_str("| case | unit | Ember | PyTorch | ratio | per round | backend | note |\n");
+    out.push_str("| case | unit | Ember | PyTorch | ratio | range | backend | note |\n");
     out.push_str("| --- | --- | --- | --- | --- | --- | --- | --- |\n");
     for r in records {
         let span = match (r["ratio_min"].as_f64(), r["ratio_max"].as_f64()) {
@@ -193,7 +222,9 @@ fn ember_table(out: &mut String, records: &[Value]) {
             "| `{}` | {} | {} | {} | {} | {} |",
             text(r, "name"),
             text(r, "device"),
-            r["threads"].as_u64().map_or(String::new(), |t| t.to_string()),
+            r["threads"]
+                .as_u64()
+                .map_or(String::new(), |t| t.to_string()),
             opt_num(&r["value"]),
             text(r, "unit"),
             details.join("; ")
@@ -246,13 +277,13 @@ pub fn render(files: &[(PathBuf, Value)]) -> String {
          PyTorch/Ember). How to measure, what each case is, and the file format: \
          [benchmarks.md](benchmarks.md).\n\n",
     );
-    let chosen = latest(files);
+    let chosen = machines(files);
     if chosen.is_empty() {
         out.push_str("No saved results yet: run `cargo xtask bench --save`.\n");
         return out;
     }
     out.push_str("| machine | device | date | kind | file |\n| --- | --- | --- | --- | --- |\n");
-    for (p, v) in &chosen {
+    for (p, v) in chosen.iter().map(|m| &m.latest) {
         let _ = writeln!(
             out,
             "| {} | {} | {} | {} | [{}](../bench/results/{}) |",
@@ -266,9 +297,9 @@ pub fn render(files: &[(PathBuf, Value)]) -> String {
     }
     out.push('\n');
     for device in ["cpu", "cuda"] {
-        let here: Vec<&(&Path, &Value)> = chosen
+        let here: Vec<&Machine<'_>> = chosen
             .iter()
-            .filter(|(_, v)| text(v, "device") == device)
+            .filter(|m| text(m.latest.1, "device") == device)
             .collect();
         if here.is_empty() {
             continue;
@@ -278,7 +309,8 @@ pub fn render(files: &[(PathBuf, Value)]) -> String {
             "## {}\n",
             if device == "cpu" { "CPU" } else { "GPU (CUDA)" }
         );
-        for (p, v) in here {
+        for m in here {
+            let (p, v) = m.latest;
             let _ = writeln!(
                 out,
                 "### {} — {} ({})\n",
@@ -307,7 +339,16 @@ pub fn render(files: &[(PathBuf, Value)]) -> String {
                     src.get("section").and_then(Value::as_str).unwrap_or("")
                 );
             }
-            let _ = writeln!(out, "- File: [`{0}`](../bench/results/{0})\n", file_name(p));
+            let _ = writeln!(out, "- File: [`{0}`](../bench/results/{0})", file_name(p));
+            if !m.earlier.is_empty() {
+                let links: Vec<String> = m
+                    .earlier
+                    .iter()
+                    .map(|q| format!("[`{0}`](../bench/results/{0})", file_name(q)))
+                    .collect();
+                let _ = writeln!(out, "- Earlier runs: {}", links.join(", "));
+            }
+            out.push('\n');
             let records = v["records"].as_array().map_or(&[][..], Vec::as_slice);
             if text(v, "kind") == "side-by-side" {
                 side_by_side_table(&mut out, records);
@@ -354,15 +395,37 @@ mod tests {
             })
         };
         let files = vec![
-            (PathBuf::from("a/2026-01-01-m1-cpu.json"), doc("2026-01-01", "m1", 1.0)),
-            (PathBuf::from("a/2026-02-01-m1-cpu.json"), doc("2026-02-01", "m1", 2.0)),
-            (PathBuf::from("a/2026-01-15-m2-cpu.json"), doc("2026-01-15", "m2", 3.0)),
+            (
+                PathBuf::from("a/2026-01-01-m1-cpu.json"),
+                doc("2026-01-01", "m1", 1.0),
+            ),
+            (
+                PathBuf::from("a/2026-02-01-m1-cpu.json"),
+                doc("2026-02-01", "m1", 2.0),
+            ),
+            (
+                PathBuf::from("a/2026-01-15-m2-cpu.json"),
+                doc("2026-01-15", "m2", 3.0),
+            ),
         ];
         let page = render(&files);
-        assert!(page.contains("| `sum_f32_16m` | cpu | 2 | 2 | GB/s |"), "{page}");
-        assert!(page.contains("| `sum_f32_16m` | cpu | 2 | 3 | GB/s |"), "{page}");
-        assert!(!page.contains("| `sum_f32_16m` | cpu | 2 | 1 | GB/s |"), "{page}");
+        assert!(
+            page.contains("| `sum_f32_16m` | cpu | 2 | 2 | GB/s |"),
+            "{page}"
+        );
+        assert!(
+            page.contains("| `sum_f32_16m` | cpu | 2 | 3 | GB/s |"),
+            "{page}"
+        );
+        assert!(
+            !page.contains("| `sum_f32_16m` | cpu | 2 | 1 | GB/s |"),
+            "{page}"
+        );
         assert!(page.contains("at `0123456789`"), "{page}");
+        assert!(
+            page.contains("- Earlier runs: [`2026-01-01-m1-cpu.json`]"),
+            "{page}"
+        );
         assert!(page.ends_with("|\n"), "{page:?}");
     }
 }

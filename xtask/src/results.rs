@@ -6,7 +6,7 @@
 //! {
 //!   "schema": "ember-bench-results/1",
 //!   "kind": "ember" | "side-by-side",
-//!   "date": "2026-11-25", "host": "...", "device": "cpu" | "cuda",
+//!   "date": "2026-11-25", "time": "17:00:09", "host": "...", "device": "cpu" | "cuda",
 //!   "command": "cargo xtask bench --save --device cpu",
 //!   "machine": { "cpu_model", "cpu_flags", "cores", "gpu", "gpu_driver", "notes" },
 //!   "ember": { "version", "commit", "dirty" },
@@ -38,13 +38,22 @@ pub fn results_dir() -> PathBuf {
     root().join("bench").join("results")
 }
 
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
 /// Today's date in UTC, `YYYY-MM-DD`.
 pub fn today() -> String {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let (y, m, d) = civil_from_days((secs / 86_400) as i64);
+    let (y, m, d) = civil_from_days((unix_now() / 86_400) as i64);
     format!("{y:04}-{m:02}-{d:02}")
+}
+
+/// The time of day in UTC, `HH:MM:SS` (orders two runs of one day).
+pub fn now_time() -> String {
+    let s = unix_now() % 86_400;
+    format!("{:02}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60)
 }
 
 /// The proleptic Gregorian date of a day count since 1970-01-01 (Howard Hinnant's

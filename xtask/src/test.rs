@@ -23,7 +23,13 @@ fn host_triple() -> Result<String, String> {
 pub fn runner_variable(triple: &str) -> String {
     let t: String = triple
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_uppercase() } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_uppercase()
+            } else {
+                '_'
+            }
+        })
         .collect();
     format!("CARGO_TARGET_{t}_RUNNER")
 }

@@ -21,7 +21,7 @@ use crate::storage::{CpuStorage, Storage};
 //   - its kernel, one per backend, reached through the methods below. Each takes storages
 //     with their layouts (inputs already of the compute dtype and broadcast to the output
 //     shape) and returns a fresh contiguous storage, or writes into a `&mut` one.
-// A new backend (CUDA, issue 4) adds a `Storage` variant and one arm per method here, and
+// A new backend (as CUDA was) adds a `Storage` variant and one arm per method here, and
 // nothing in the fronts. Mixed-backend arms cannot be reached: the fronts reject tensors
 // on different devices before calling down. Composite ops (mean, var, logsumexp, norm,
 // ...) are written in the fronts from these primitives and work on every backend for free;

@@ -449,7 +449,12 @@ def gpu_driver() -> str | None:
 
 
 def ember_version() -> dict:
-    """Ember's version and commit: from git in a checkout, else from a GPU bundle's bundle.json."""
+    """Ember's version and commit: from a GPU bundle's bundle.json, else from git in a checkout."""
+    try:
+        return json.loads((ROOT / "bundle.json").read_text()).get("ember", {})
+    except (OSError, ValueError):
+        pass
+
     def git(*args: str) -> str | None:
         try:
             r = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
@@ -467,10 +472,7 @@ def ember_version() -> dict:
         except OSError:
             pass
         return {"version": version, "commit": commit, "dirty": bool(dirty) if dirty is not None else None}
-    try:
-        return json.loads((ROOT / "bundle.json").read_text()).get("ember", {})
-    except (OSError, ValueError):
-        return {"version": None, "commit": None, "dirty": None}
+    return {"version": None, "commit": None, "dirty": None}
 
 
 def command_line() -> str:

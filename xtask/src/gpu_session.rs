@@ -152,7 +152,7 @@ impl Session {
                 _ => {
                     // The whole process group: compute-sanitizer's target too.
                     let _ = Command::new("kill")
-                        .args(["-KILL", &format!("-{}", child.id())])
+                        .args(["-s", "KILL", "--", &format!("-{}", child.id())])
                         .status();
                     let _ = child.kill();
                     let _ = child.wait();
@@ -281,8 +281,13 @@ pub fn run(args: &[String]) -> Result<(), String> {
                 let mut cmd = with_libs(s.command(&bin("ember")));
                 cmd.args(["info", "--json"]);
                 s.step("info", 60, &mut cmd);
+                // The JSON object, whatever the program also printed on stderr.
                 let info = std::fs::read_to_string(out.join("info.log")).unwrap_or_default();
-                let v: Value = serde_json::from_str(&info).unwrap_or(Value::Null);
+                let json = match (info.find('{'), info.rfind('}')) {
+                    (Some(a), Some(b)) if a < b => &info[a..=b],
+                    _ => "",
+                };
+                let v: Value = serde_json::from_str(json).unwrap_or(Value::Null);
                 if v["cuda_available"] != true {
                     let why = v["cuda_unavailable_reason"]
                         .as_str()

@@ -94,13 +94,19 @@ fn order<'a>(p: &Path, v: &'a Value) -> (&'a str, &'a str, u64) {
 
 /// One machine's files of one kind: the latest, and the earlier ones (latest first).
 struct Machine<'a> {
-    latest: (&'a Path, &'a Value),
+    latest: Run<'a>,
     earlier: Vec<&'a Path>,
 }
 
+/// A machine and a kind of run: (device, host, kind).
+type MachineKey = (String, String, String);
+
+/// One saved file: its path and contents.
+type Run<'a> = (&'a Path, &'a Value);
+
 /// The files per (device, host, kind), CPU machines first, then by host.
 fn machines(files: &[(PathBuf, Value)]) -> Vec<Machine<'_>> {
-    let mut by_machine: BTreeMap<(String, String, String), Vec<(&Path, &Value)>> = BTreeMap::new();
+    let mut by_machine: BTreeMap<MachineKey, Vec<Run<'_>>> = BTreeMap::new();
     for (p, v) in files {
         let key = (
             text(v, "device").to_string(),

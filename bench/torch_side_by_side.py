@@ -4,6 +4,7 @@
     python3 bench/torch_side_by_side.py [--filter matmul] [--rounds 3] [--threads 2] [--json]
                                         [--ember-bin target/release/ember-bench] [--no-install]
                                         [--device cpu|cuda] [--python python3]
+                                        [--save [--host NAME] [--notes TEXT]]
 
 Each round takes every selected case in turn and runs it in Ember's benchmark program (`cargo
 xtask bench --json --device cpu --filter NAME`, or the binary given by --ember-bin) and right
@@ -23,6 +24,11 @@ program then carries the H100 bound of each case), each call followed by a devic
 synchronisation on both sides, as Ember's harness does. `--python` names an interpreter whose
 torch to use instead of the virtualenv's (a GPU machine's own CUDA build).
 
+With `--save` the rows are also written to bench/results/<date>-<host>-<device>.json with the
+machine's description (CPU model and flags, cores, GPU, Ember's version and commit, PyTorch's
+version), the format `cargo xtask bench --save` writes (see xtask/src/results.rs);
+`cargo xtask bench-report` renders the saved files into docs/performance.md.
+
 To add cases: append a Case to CASES below (same name and unit as Ember's record). `setup`
 builds the inputs and returns (fn, work): the PyTorch side times fn() and reports work/seconds
 for rates (e.g. FLOP → GFLOP/s with scale 1e-9) or seconds*scale for times.
@@ -31,8 +37,12 @@ for rates (e.g. FLOP → GFLOP/s with scale 1e-9) or seconds*scale for times.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
+import re
+import shlex
+import socket
 import statistics
 import subprocess
 import sys
@@ -321,7 +331,8 @@ def torch_worker(threads: int, device: str) -> None:
     DEVICE = device
     torch.set_num_threads(threads)
     cases = {c.name: c for c in CASES}
-    print(json.dumps({"ready": torch.__version__}), flush=True)
+    gpu = torch.cuda.get_device_name(0) if device == "cuda" else None
+    print(json.dumps({"ready": torch.__version__, "gpu": gpu}), flush=True)
     for line in sys.stdin:
         case = cases.get(line.strip())
         print(json.dumps(torch_case(case, threads) if case else None), flush=True)
@@ -391,7 +402,9 @@ class TorchWorker:
         self.p = subprocess.Popen([str(venv_python()), str(Path(__file__).resolve()), "--torch-worker",
                                    "--threads", str(threads), "--device", device],
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        json.loads(self.p.stdout.readline())
+        ready = json.loads(self.p.stdout.readline())
+        self.version = ready.get("ready")
+        self.gpu = ready.get("gpu")
 
     def run(self, name: str) -> dict | None:
         self.p.stdin.write(name + "\n")
@@ -401,6 +414,125 @@ class TorchWorker:
     def close(self) -> None:
         self.p.stdin.close()
         self.p.wait()
+
+
+# ---------------------------------------------------------------- saved results
+
+
+SCHEMA = "ember-bench-results/1"
+
+
+def cpu_description() -> tuple[str | None, list[str]]:
+    """The CPU's model name and its vector/matrix flags, from /proc/cpuinfo where there is one."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None, []
+    fields: dict[str, str] = {}
+    for line in info.splitlines():
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    keep = ("avx", "amx")
+    flags = sorted({f for f in fields.get("flags", "").split()
+                    if f.startswith(keep) or f in ("fma", "f16c", "sse4_2", "bmi2")})
+    return fields.get("model name"), flags
+
+
+def gpu_driver() -> str | None:
+    try:
+        r = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                           capture_output=True, text=True)
+    except OSError:
+        return None
+    lines = r.stdout.strip().splitlines()
+    return lines[0].strip() if r.returncode == 0 and lines else None
+
+
+def ember_version() -> dict:
+    """Ember's version and commit: from a GPU bundle's bundle.json, else from git in a checkout."""
+    try:
+        return json.loads((ROOT / "bundle.json").read_text()).get("ember", {})
+    except (OSError, ValueError):
+        pass
+
+    def git(*args: str) -> str | None:
+        try:
+            r = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+        except OSError:
+            return None
+        return r.stdout.strip() if r.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    if commit is not None:
+        dirty = git("status", "--porcelain", "--untracked-files=no")
+        version = None
+        try:
+            m = re.search(r'(?m)^version = "([^"]+)"', (ROOT / "Cargo.toml").read_text())
+            version = m.group(1) if m else None
+        except OSError:
+            pass
+        return {"version": version, "commit": commit, "dirty": bool(dirty) if dirty is not None else None}
+    return {"version": None, "commit": None, "dirty": None}
+
+
+def command_line() -> str:
+    """This run's command, with paths inside the checkout (or bundle) written relative to it."""
+    words = []
+    for a in sys.argv[1:]:
+        if os.path.isabs(a):
+            try:
+                a = str(Path(a).resolve().relative_to(ROOT))
+            except ValueError:
+                pass
+        words.append(shlex.quote(a))
+    return " ".join(["python3 bench/torch_side_by_side.py", *words])
+
+
+def save(args, rows: list[dict], worker: "TorchWorker | None") -> Path:
+    """Writes bench/results/<date>-<host>-<device>.json and returns its path."""
+    host = args.host or socket.gethostname() or "unknown"
+    now = datetime.datetime.now(datetime.timezone.utc)
+    date = now.date().isoformat()
+    model, flags = cpu_description()
+    doc = {
+        "schema": SCHEMA,
+        "kind": "side-by-side" if worker is not None else "ember",
+        "date": date,
+        "time": now.strftime("%H:%M:%S"),
+        "host": host,
+        "device": args.device,
+        "command": command_line(),
+        "machine": {
+            "cpu_model": model,
+            "cpu_flags": flags,
+            "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+            "gpu": worker.gpu if worker is not None else None,
+            "gpu_driver": gpu_driver() if args.device == "cuda" else None,
+            "notes": args.notes,
+        },
+        "ember": ember_version(),
+        "threads": args.threads,
+        "rounds": args.rounds,
+        "records": rows,
+    }
+    if worker is not None:
+        doc["torch"] = {"version": worker.version}
+    else:
+        # Without PyTorch only Ember's values mean anything: keep them as Ember records.
+        doc["records"] = [{"name": r["name"], "device": args.device, "threads": r["threads"],
+                           "value": r["ember"], "unit": r["unit"],
+                           **({"backend": r["backend"]} if r.get("backend") else {})}
+                          for r in rows]
+    out_dir = ROOT / "bench" / "results"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    slug = "-".join(p for p in re.sub(r"[^a-z0-9]", "-", host.lower()).split("-") if p) or "unknown"
+    path = out_dir / f"{date}-{slug}-{args.device}.json"
+    n = 2
+    while path.exists():
+        path = out_dir / f"{date}-{slug}-{args.device}-{n}.json"
+        n += 1
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+    return path
 
 
 # ---------------------------------------------------------------- table
@@ -417,6 +549,10 @@ def main() -> None:
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
                     help="where both sides run the cases (default cpu)")
     ap.add_argument("--python", help="use this interpreter's torch (no virtualenv, no install)")
+    ap.add_argument("--save", action="store_true",
+                    help="also write bench/results/<date>-<host>-<device>.json (see the docstring)")
+    ap.add_argument("--host", help="with --save: the machine's name (default: the hostname)")
+    ap.add_argument("--notes", help="with --save: free text for the machine's description")
     ap.add_argument("--torch-worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.torch_worker:
@@ -450,8 +586,6 @@ def main() -> None:
         ember_rounds.append(e_rnd)
         if worker is not None:
             torch_rounds.append(t_rnd)
-    if worker is not None:
-        worker.close()
     if not ember_rounds or not ember_rounds[0]:
         raise SystemExit(f"no Ember records match --filter {args.filter!r}")
 
@@ -503,6 +637,10 @@ def main() -> None:
             "fraction_of_h100_bound": None,
         })
 
+    if worker is not None:
+        worker.close()
+    if args.save:
+        log(f"saved {save(args, rows, worker)}; `cargo xtask bench-report` renders docs/performance.md")
     if args.json:
         print(json.dumps(rows, indent=2))
         return

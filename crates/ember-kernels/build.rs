@@ -3,7 +3,7 @@
 //! 1. Compiles every `kernels/*.cu` plus the emulator runtime (`kernels/emu/cuda_emu.cpp`) as
 //!    C++20 with the system C++ compiler into a static library linked `+whole-archive`: its
 //!    objects only register kernels through static constructors, and without the modifier
-//!    the linker would drop them (see `shared/CUDA-NOTES.md`). Always at `-O2`: the
+//!    the linker would drop them (see `docs/cuda-without-gpu.md`). Always at `-O2`: the
 //!    emulator's speed is what the test suite waits on.
 //! 2. If `cargo xtask kernels` has written the fatbin (`target/kernels/ember.fatbin` under the
 //!    workspace, or the file `EMBER_KERNELS_FATBIN` names), sets `cfg(ember_fatbin)` and

@@ -8,8 +8,8 @@
 //! - the emulated registry, `ember_kernels::emulated_kernel_names()`, which the test
 //!   `emulated_kernel_table_for_the_launch_check` (`crates/ember-kernels/tests/emulator_runtime.rs`)
 //!   writes to the file `EMBER_KERNELS_TABLE` names during the same pass, and
-//! - the fatbin's entry points, `target/kernels/ember.kernels`, when `cargo xtask kernels` has
-//!   built it.
+//! - the fatbin's entry points, `target/kernels/ember.kernels` (or the list beside the fatbin
+//!   `EMBER_KERNELS_FATBIN` names), when there is one.
 //!
 //! Every name in the table must appear in the trace, or be listed in [`NEVER_LAUNCHED_ALLOWED`]
 //! with the reason; otherwise the check fails with the list. The sets are compared at run
@@ -128,7 +128,12 @@ pub fn check(files: &Files) -> Result<(), String> {
         ));
     }
     let emulated = table.len();
-    let fatbin_names = root().join("target").join("kernels").join("ember.kernels");
+    // The entry points of the fatbin the build embeds: the one `EMBER_KERNELS_FATBIN` names,
+    // else `cargo xtask kernels`'s (each with its `.kernels` list beside it).
+    let fatbin_names = std::env::var_os("EMBER_KERNELS_FATBIN").map_or_else(
+        || root().join("target").join("kernels").join("ember.kernels"),
+        |f| PathBuf::from(f).with_extension("kernels"),
+    );
     let fatbin = if fatbin_names.is_file() {
         let names = read_names(&fatbin_names)?;
         let n = names.len();

@@ -3,9 +3,10 @@
 //! It asks `ember info --json` (built from this workspace, emulator variables removed)
 //! whether real CUDA is available. Without it, it says so — naming the reason — and runs
 //! nothing: there is no GPU to test, which is not a failure of the code. With it, it needs the
-//! fatbin of `cargo xtask kernels` and runs `cargo test --workspace` with
-//! `EMBER_GPU_TEST=1`, under which the device-generic tests (`tests/cuda_ops.rs` and the
-//! kernel tests) use the real driver instead of the emulator and fail if it is missing.
+//! fatbin of `cargo xtask kernels` (or the one `EMBER_KERNELS_FATBIN` names) and runs `cargo
+//! test --workspace` with `EMBER_GPU_TEST=1`, under which the device-generic suites (those
+//! `gpu_bundle::GPU_SUITES` lists: `cuda_ops`, `gradcheck`, `nn`, ...) use the real driver
+//! instead of the emulator and fail if it is missing.
 
 use std::path::Path;
 
@@ -46,7 +47,9 @@ pub fn run(args: &[String]) -> Result<(), String> {
         );
         return Ok(());
     }
-    let fatbin = root().join("target/kernels/ember.fatbin");
+    let fatbin = std::env::var_os("EMBER_KERNELS_FATBIN")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| root().join("target/kernels/ember.fatbin"));
     if !Path::new(&fatbin).exists() {
         return Err(format!(
             "a GPU is present but {} is missing: run `cargo xtask kernels` first",

@@ -3,7 +3,7 @@
 //!
 //! - nvcc comes from `PATH`, `CUDA_HOME`/`CUDA_PATH`, or `target/nvcc` (where
 //!   `--install-nvcc` pip-installs the five CUDA 13.0 wheels pinned below; see
-//!   `shared/CUDA-NOTES.md` for why all five are pinned).
+//!   `docs/cuda-without-gpu.md` for why all five are pinned).
 //! - One translation unit includes every `.cu` file; the fatbin holds SASS for
 //!   [`SASS_ARCHS`] and `compute_90` PTX for newer GPUs to JIT.
 //! - The build fails if the PTX is not ISA [`PTX_ISA`] (what the R580 driver branch loads), or
@@ -19,7 +19,7 @@ use std::time::Instant;
 
 use crate::{root, run_step};
 
-/// The CUDA 13.0 wheels that make a working nvcc, pinned together (CUDA-NOTES.md).
+/// The CUDA 13.0 wheels that make a working nvcc, pinned together (docs/cuda-without-gpu.md).
 const NVCC_WHEELS: [&str; 5] = [
     "nvidia-cuda-nvcc==13.0.88",
     "nvidia-nvvm==13.0.88",
@@ -33,7 +33,7 @@ const NVCC_WHEELS: [&str; 5] = [
 const SASS_ARCHS: [u32; 7] = [75, 80, 86, 89, 90, 100, 120];
 /// The virtual architecture whose PTX is embedded for GPUs newer than the SASS list.
 const PTX_ARCH: u32 = 90;
-/// The PTX ISA nvcc 13.0 writes; R580 drivers reject newer (CUDA-NOTES.md).
+/// The PTX ISA nvcc 13.0 writes; R580 drivers reject newer (docs/cuda-without-gpu.md).
 const PTX_ISA: &str = "9.0";
 
 /// Kernels allowed to spill registers or use local memory, each with the reason.
@@ -61,7 +61,8 @@ pub fn run(args: &[String]) -> Result<(), String> {
     eprintln!("==> nvcc: {} ({})", nvcc.display(), nvcc_release(&nvcc));
 
     let compile_start = Instant::now();
-    let report = build(&nvcc)?;
+    let out = root().join("target").join("kernels");
+    let report = build(&nvcc, &out, &SASS_ARCHS, PTX_ARCH)?;
     let compiled = compile_start.elapsed();
     print_summary(&report);
     eprintln!(
@@ -91,7 +92,7 @@ fn nvcc_prefix() -> PathBuf {
 }
 
 /// nvcc from PATH, CUDA_HOME, CUDA_PATH, or a previous `--install-nvcc`, in that order.
-fn find_nvcc() -> Result<PathBuf, String> {
+pub fn find_nvcc() -> Result<PathBuf, String> {
     let mut candidates: Vec<PathBuf> = Vec::new();
     if let Some(path) = std::env::var_os("PATH") {
         candidates.extend(std::env::split_paths(&path).map(|d| d.join("nvcc")));
@@ -182,16 +183,24 @@ struct Usage {
 }
 
 #[derive(Debug, Default)]
-struct Report {
+pub struct Report {
     /// kernel → architecture → usage.
     usage: BTreeMap<String, BTreeMap<String, Usage>>,
     names: BTreeSet<String>,
 }
 
-fn build(nvcc: &Path) -> Result<Report, String> {
-    let root = root();
-    let kernels = root.join("kernels");
-    let out = root.join("target").join("kernels");
+impl Report {
+    /// How many entry points the fatbin has.
+    pub fn kernel_count(&self) -> usize {
+        self.names.len()
+    }
+}
+
+/// Compiles every `kernels/*.cu` into `out/ember.fatbin` with SASS for `archs` and PTX for
+/// `ptx_arch` (which must be one of them), and writes `out/ember.kernels` and
+/// `out/ptxas.txt`; fails on a wrong PTX ISA or on spills and local memory.
+pub fn build(nvcc: &Path, out: &Path, archs: &[u32], ptx_arch: u32) -> Result<Report, String> {
+    let kernels = root().join("kernels");
     let work = out.join("build");
     let fatbin = out.join("ember.fatbin");
     let names_file = out.join("ember.kernels");
@@ -226,8 +235,8 @@ fn build(nvcc: &Path) -> Result<Report, String> {
         .arg(&kernels)
         .arg("-o")
         .arg(work.join("ember.fatbin"));
-    for arch in SASS_ARCHS {
-        let code = if arch == PTX_ARCH {
+    for &arch in archs {
+        let code = if arch == ptx_arch {
             format!("[sm_{arch},compute_{arch}]")
         } else {
             format!("sm_{arch}")
@@ -239,7 +248,7 @@ fn build(nvcc: &Path) -> Result<Report, String> {
     eprintln!(
         "==> nvcc -fatbin ({} sources, {} architectures)",
         sources.len(),
-        SASS_ARCHS.len()
+        archs.len()
     );
     let output = cmd
         .output()

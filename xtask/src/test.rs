@@ -1,6 +1,38 @@
 //! `cargo xtask test`: the README's test command, and what `.ci/run` calls.
 
-use crate::{cargo, coverage, run_step};
+use std::process::Command;
+
+use crate::{cargo, coverage, report, run_step};
+
+/// The host's target triple, from `rustc -vV`'s `host:` line.
+fn host_triple() -> Result<String, String> {
+    let rustc = std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
+    let out = Command::new(rustc)
+        .arg("-vV")
+        .output()
+        .map_err(|e| format!("cannot run rustc -vV: {e}"))?;
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("host:"))
+        .map(|h| h.trim().to_string())
+        .ok_or_else(|| "rustc -vV printed no host line".to_string())
+}
+
+/// Cargo's variable for the runner of `triple`'s binaries: `CARGO_TARGET_<TRIPLE>_RUNNER`,
+/// the triple upper-cased with `-` and `.` as `_`.
+pub fn runner_variable(triple: &str) -> String {
+    let t: String = triple
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_uppercase()
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    format!("CARGO_TARGET_{t}_RUNNER")
+}
 
 pub fn run(args: &[String]) -> Result<(), String> {
     if let Some(a) = args.first() {
@@ -51,7 +83,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
     // access in a kernel fails here as compute-sanitizer would report it on a GPU. Its own
     // target directory, so the sanitizer build does not invalidate the ordinary one;
     // `--tests` because rustdoc crashes with libasan preloaded.
-    let libasan = std::process::Command::new("g++")
+    let libasan = Command::new("g++")
         .arg("-print-file-name=libasan.so")
         .output()
         .map_err(|e| format!("cannot run g++ to find libasan: {e}"))?;
@@ -62,6 +94,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
         ));
     }
     let target_dir = std::env::var("CARGO_TARGET_DIR").unwrap_or_else(|_| "target".into());
+    let runner = runner_variable(&host_triple()?);
     // Traced too: its out-of-bounds test is what launches ember_test_out_of_bounds.
     run_step(
         "cargo test -p ember-kernels (emulated kernels under ASan + UBSan)",
@@ -71,7 +104,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
                 .env("EMBER_KERNELS_ASAN", "1")
                 .env("CARGO_TARGET_DIR", format!("{target_dir}/asan"))
                 .env(
-                    "CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER",
+                    &runner,
                     format!("env LD_PRELOAD={libasan} ASAN_OPTIONS=detect_leaks=0"),
                 ),
             &files,
@@ -79,6 +112,30 @@ pub fn run(args: &[String]) -> Result<(), String> {
         ),
     )?;
     coverage::check(&files)?;
+    // The performance page is generated: it must match the saved results.
+    report::run(&["--check".to_string()])?;
     eprintln!("==> all checks passed");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_runner_variable_follows_the_triple() {
+        assert_eq!(
+            runner_variable("x86_64-unknown-linux-gnu"),
+            "CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER"
+        );
+        assert_eq!(
+            runner_variable("aarch64-unknown-linux-gnu"),
+            "CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER"
+        );
+        assert_eq!(
+            runner_variable("thumbv7em-none-eabihf.json"),
+            "CARGO_TARGET_THUMBV7EM_NONE_EABIHF_JSON_RUNNER"
+        );
+        assert!(host_triple().is_ok_and(|t| t.contains('-')));
+    }
 }

@@ -1,6 +1,6 @@
 //! `torch.cuda`: discovery, the thread's current device, streams and events.
 //!
-//! # Note [Choosing the CUDA driver]
+//! Note [Choosing the CUDA driver]:
 //!
 //! The process has one CUDA driver, chosen once, lazily, by the first call that needs it:
 //! 1. if `EMBER_CUDA_EMULATOR=N` asks for the emulator (see

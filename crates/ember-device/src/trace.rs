@@ -3,7 +3,7 @@
 //! Lower crates mark what they do ([`range`] around an op, [`instant`] for an allocation);
 //! a profiler [`subscribe`]s and receives a [`TraceEvent`] per completed range or point.
 //!
-//! # Note [Zero-cost tracing]
+//! Note [Zero-cost tracing]:
 //!
 //! While nobody is subscribed, [`range`], [`range_with`] and [`instant`] cost one relaxed
 //! atomic load: they return an inert [`RangeGuard`] (a `None` inside, nothing on drop), do not

@@ -211,6 +211,10 @@ fn properties_say_emulated() {
 }
 
 /// `fill(u32* out, u32 n, u32 value)`: one thread per element.
+///
+/// # Safety
+/// `launch` must point to a valid `KernelLaunch` whose three parameters are `u32*`, `u32`
+/// and `u32`, as the emulator passes them for this test's launches.
 unsafe extern "C" fn fill_u32(launch: *const KernelLaunch) -> c_int {
     // SAFETY: the emulator passes a valid launch; the test passes three parameters of the
     // types read here.

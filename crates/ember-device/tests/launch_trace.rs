@@ -15,6 +15,9 @@ use ember_device::driver::emulator::{
 use ember_device::driver::{Driver, LaunchConfig, StreamHandle};
 
 /// A kernel that does nothing.
+///
+/// # Safety
+/// None: it reads nothing; `unsafe` only because the registry's kernel type is.
 unsafe extern "C" fn nothing(_launch: *const KernelLaunch) -> c_int {
     0
 }

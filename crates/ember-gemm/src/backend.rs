@@ -14,7 +14,8 @@ pub enum Backend {
     /// The pure-Rust `gemm` crate (AVX-512 kernels with `x86-v4` where the CPU has them, else
     /// AVX2/FMA, picked at run time); always available.
     Rust,
-    /// Intel MKL, loaded at run time (`libmkl_rt`), sequential layer on rayon's threads.
+    /// Intel MKL, loaded at run time (`libmkl_rt`), its sequential layer on the parallel
+    /// loop's threads (`crate::parallel`).
     Mkl,
 }
 
@@ -67,18 +68,19 @@ pub fn preference() -> Result<Preference, GemmError> {
         .clone()
 }
 
-// Note [MKL on Intel only]
+// Note [MKL on Intel only]:
 // MKL is Intel's library and picks its kernels by CPU vendor: on AMD it runs its generic
-// AVX2 paths (`perf` showed `sgemm_kernel_0_zen` on Zen 3) whatever the CPU has. Measured
-// side by side with PyTorch (2 threads, README):
-// - Intel Xeon with AVX-512: MKL 0.98/0.96/0.98 of PyTorch's GFLOP/s at n = 512/1024/2048,
-//   Rust 0.94/0.91/0.98: MKL ahead or level;
-// - AMD Zen 3 (AVX2): MKL 0.92/0.91/0.89, Rust 0.86/0.83/0.84, but MKL 0.59 against Rust's
-//   0.95 on the transposed-A product of a training step's weight gradient (2000x128x1000),
-//   and the whole b128 training step level on either;
-// - AMD Zen 4 (AVX-512, 2026-11-25): MKL 0.91/0.77/0.97, Rust 1.12/1.11/1.23; the weight
-//   gradient product MKL 0.75, Rust 1.14; bf16 at n = 1024 MKL 111 GFLOP/s, Rust 166.
+// AVX2 paths (`perf` showed `sgemm_kernel_0_zen` on Zen 3) whatever the CPU has. Side by
+// side with PyTorch, 2 threads:
+// - on an Intel Xeon with AVX-512, MKL was ahead of the Rust backend or level with it on
+//   f32 squares;
+// - on an AVX2-only AMD Zen 3, slightly ahead on squares but far behind on the
+//   transposed-A product of a training step's weight gradient (`matmul_f32_2000x128x1000`),
+//   with the whole training step level on either;
+// - on an AMD Zen 4 with AVX-512, behind the Rust backend's AVX-512 kernels on every f32
+//   shape and on bf16.
 // So `auto` uses MKL on Intel CPUs only; `EMBER_CPU_BLAS=mkl` still forces it anywhere.
+// The saved runs are in docs/performance.md and bench/results/.
 
 /// Whether `auto` uses MKL on a CPU whose CPUID vendor string is `vendor`.
 fn auto_uses_mkl_on(vendor: &str) -> bool {

@@ -116,7 +116,7 @@ fn gemm_impl<T: Element, O: Element>(
             reason: reason.to_string(),
         })?),
         // Auto: MKL on Intel CPUs (Note [MKL on Intel only]), except small f32 products
-        // where the Rust kernels measured ahead (README, `matmul_f32_n128`).
+        // where the Rust kernels were ahead (`matmul_f32_n128`, docs/performance.md).
         None if !auto_uses_mkl() => None,
         None if T::DTYPE == DType::F32 && p.m * p.n * p.k <= AUTO_RUST_MAX_MACS => None,
         None => mkl::get().ok(),
@@ -449,13 +449,14 @@ fn f32_path(
 
 /// Whether the Rust backend cuts a product into independent blocks (true) or lets the
 /// `gemm` crate share one product between threads (false). `EMBER_GEMM_RUST_SPLIT=0|1`
-/// overrides the measured default, for benchmarking.
+/// overrides the default, for benchmarking.
 fn rust_split() -> bool {
     static SPLIT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *SPLIT.get_or_init(|| match std::env::var("EMBER_GEMM_RUST_SPLIT").as_deref() {
         Ok("1") => true,
         Ok("0") => false,
-        // Measured (README): independent blocks ahead on most shapes, within noise elsewhere.
+        // Independent blocks were ahead of the crate's own threading on most shapes and
+        // level elsewhere (Note [Independent blocks], docs/cpu-gemm.md).
         _ => true,
     })
 }

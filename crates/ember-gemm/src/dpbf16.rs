@@ -1,11 +1,12 @@
 //! bf16 products on AVX-512 BF16's `vdpbf16ps`, for the Rust backend on CPUs that have it
 //! (AMD Zen 4 and later, Intel Cooper Lake and Sapphire Rapids).
 //!
-//! Note [bf16 dot products]
+//! Note [bf16 dot products]:
 //! Without this, the Rust backend widens bf16 operands to f32 and runs the f32 kernels, at
 //! f32's rate. `vdpbf16ps` multiplies 32 bf16 pairs and adds each pair's two products into 16
 //! f32 lanes: twice the multiply-adds of an f32 FMA per instruction, which is how PyTorch's
-//! oneDNN reached ~400 GFLOP/s on a 2-vCPU Zen 4 against Ember's ~170 (2026-11-25).
+//! oneDNN runs bf16 products at about twice the widened-f32 rate on such CPUs
+//! (`matmul_bf16_*` in docs/performance.md).
 //!
 //! The layout is BLIS's: B is packed per `KC × NC` block into `NR`-column panels, A per
 //! `MC × KC` block into `MR`-row panels, both as pairs along k (one `u32` holds elements
@@ -16,9 +17,9 @@
 //! layout works and packing is the only place operands are read.
 //!
 //! Packing unit-stride operands is vectorised (`interleave` for B's row pairs, an 8×8 u32
-//! `transpose` for A's rows, whose element pairs already are u32s): scalar, it took 9% of
-//! a 1024³ product on two threads, where each thread packs all of A; vectorised 5%, and
-//! the product went from 0.90 to 0.94 of PyTorch's rate (2026-11-25, Zen 4).
+//! `transpose` for A's rows, whose element pairs already are u32s): scalar, packing was a
+//! visible share of a 1024³ product on two threads, where each thread packs all of A, and
+//! vectorising it made `matmul_bf16_n1024` faster.
 //!
 //! The instruction rounds to nearest even but treats bf16 subnormals (below 1.2e-38) as
 //! zero and flushes subnormal results, as oneDNN's products do; sums are in f32 as on every
@@ -241,6 +242,10 @@ unsafe fn interleave(r0: *const u16, r1: *const u16, out: &mut [u32]) {
     }
 }
 
+/// The portable `interleave`.
+///
+/// # Safety
+/// As the x86-64 version: `r0` and `r1` must address `NR` readable elements each.
 #[cfg(not(target_arch = "x86_64"))]
 unsafe fn interleave(r0: *const u16, r1: *const u16, out: &mut [u32]) {
     for (j, d) in out.iter_mut().take(NR).enumerate() {
@@ -292,6 +297,10 @@ unsafe fn transpose(rows: &[*const u16; MR], out: &mut [u32]) {
     }
 }
 
+/// The portable `transpose`.
+///
+/// # Safety
+/// As the x86-64 version: each row pointer must address 16 readable elements.
 #[cfg(not(target_arch = "x86_64"))]
 unsafe fn transpose(rows: &[*const u16; MR], out: &mut [u32]) {
     for q in 0..8 {
@@ -378,6 +387,10 @@ unsafe fn micro(
     true
 }
 
+/// No micro-kernel off x86-64: always `false` ([`available`] is false there too).
+///
+/// # Safety
+/// None; the signature matches the x86-64 version.
 #[cfg(not(target_arch = "x86_64"))]
 unsafe fn micro(_: &[u32], _: &[u32], _: usize, _: Option<Direct>, _: &mut [f32; MR * NR]) -> bool {
     false

@@ -24,11 +24,14 @@
 //!     time); always present.
 //!   - [`Backend::Mkl`]: Intel MKL's `libmkl_rt`, loaded at run time when found (never
 //!     linked), chosen by `EMBER_CPU_BLAS=auto` (the default) wherever it takes the operands
-//!     (one unit stride each). `EMBER_CPU_BLAS=rust|mkl` forces one. See the crate README
-//!     for the measurements behind this choice and `mkl.rs` for the search path.
-//! - Threads: rayon's current pool only ([`Parallelism`]). MKL runs its sequential layer
-//!   inside rayon tasks, so no second pool ever runs; see Note [Independent blocks] in
-//!   `split.rs`.
+//!     (one unit stride each). `EMBER_CPU_BLAS=rust|mkl` forces one. See Note [MKL on
+//!     Intel only] in `backend.rs` and `docs/cpu-gemm.md` for why, and `mkl.rs` for the
+//!     search path.
+//! - Threads ([`Parallelism`]): the parallel loop's team — the calling thread and
+//!   `threads - 1` helpers of its own, `threads` being rayon's pool size (Note [A team that
+//!   spins] in `parallel.rs`) — or rayon's pool itself when called on one of its threads.
+//!   MKL runs its sequential layer inside those tasks, so no OpenMP pool ever runs beside
+//!   them; see Note [Independent blocks] in `split.rs`.
 //! - [`parallel`]: the parallel loop in which the calling thread takes part (Note [The
 //!   caller joins the loop]); the GEMM's blocks and `ember-tensor`'s CPU kernels use it.
 

@@ -3,14 +3,15 @@
 //! `_pack`, `_compute`) from `libmkl_rt`.
 //!
 //! See Note [MKL threading]: MKL runs its *sequential* layer; Ember splits a product across
-//! rayon's threads itself, so there is one thread pool in the process, never two.
+//! its own parallel loop's threads, so there is one team of threads in the process, never
+//! two.
 //!
-//! Note [MKL threading]
+//! Note [MKL threading]:
 //! MKL's default threading layer is Intel OpenMP (`libiomp5`), a second pool of spinning
-//! threads beside rayon's; on 2 cores two pools steal each other's time. Before any other
-//! MKL call we select `MKL_THREADING_SEQUENTIAL` with `MKL_Set_Threading_Layer`, and
-//! `crate::split` runs one sequential MKL call per block of C, on the caller and rayon's
-//! threads (`crate::parallel`). Only
+//! threads beside Ember's own; with as many threads as cores, two pools steal each other's
+//! time. Before any other MKL call we select `MKL_THREADING_SEQUENTIAL` with
+//! `MKL_Set_Threading_Layer`, and `crate::split` runs one sequential MKL call per block of
+//! C, on the caller and the parallel loop's helpers (`crate::parallel`). Only
 //! `libmkl_rt`, `libmkl_core`, `libmkl_sequential` and the per-CPU kernels (`libmkl_avx512`,
 //! ...) are loaded; `intel-openmp` is not needed.
 //!
@@ -170,8 +171,8 @@ fn open(path: &Path) -> Result<Mkl, String> {
             .get::<HgemmFn>(b"cblas_gemm_f16f16f32\0")
             .ok()
             .map(|s| *s);
-        // Only bf16: MKL's packed f16 product measured at half the speed of its plain one
-        // here (`matmul_f16_n1024`: 71 against 142 GFLOP/s).
+        // Only bf16: MKL's packed f16 product was slower than its plain one
+        // (`matmul_f16_n1024`), so f16 keeps the plain call.
         let bf16_packed = (|| {
             Some(PackedHgemm {
                 size: *lib

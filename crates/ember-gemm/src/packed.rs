@@ -1,17 +1,18 @@
 //! Large bf16 products with a 16-bit C on MKL: B packed once and shared, C computed in
 //! panels of rows whose f32 accumulators stay in L2 and are rounded straight into C.
 //!
-//! Note [Packed 16-bit panels]
+//! Note [Packed 16-bit panels]:
 //! The general path for a 16-bit C (`dispatch`) stages all of C in f32, runs one
 //! sequential MKL call per thread on a block of it (Note [Independent blocks]), and then
 //! rounds the staging into C. For bf16 at n = 2048 that staging is 16 MB that MKL's
 //! k-blocked kernel reads and writes once per k block, from memory, on both threads at
-//! once, and each thread packs its own copy of B: it scaled 1.3× from one thread to two
+//! once, and each thread packs its own copy of B: it gained little from a second thread,
 //! where PyTorch (oneDNN, which keeps accumulators in AMX tiles and writes bf16 once)
-//! scaled 1.9×. Here B is packed once with MKL's `_pack` (shared, read-only), and each task
-//! takes panels of `panel_rows` rows of C: `_compute` writes the panel's f32 accumulators
-//! into the thread's f32 scratch (`dispatch::with_f32_scratch`), at most ~1 MB of it (L2 is 2 MB a core here), which is then
-//! rounded into C while it is still in cache. Measured in README (`matmul_bf16_n2048`).
+//! nearly doubled. Here B is packed once with MKL's `_pack` (shared, read-only), and each
+//! task takes panels of `panel_rows` rows of C: `_compute` writes the panel's f32
+//! accumulators into the thread's f32 scratch (`dispatch::with_f32_scratch`), at most
+//! ~1 MB of it (so that it stays in a 2 MB L2), which is then rounded into C while it is
+//! still in cache. `matmul_bf16_n2048` in docs/performance.md measures it.
 
 use std::cell::RefCell;
 
@@ -142,7 +143,7 @@ struct Member<'a> {
 
 impl Member<'_> {
     /// Splits C (from the member's first element, rows `ldc` apart) into panels and runs
-    /// them on up to `threads` rayon tasks.
+    /// them as up to `threads` tasks of the parallel loop (`crate::parallel`).
     fn run<O: Element>(&self, c: &mut [O], ldc: usize, threads: usize) -> bool {
         let (m, n) = (self.g.m, self.g.n);
         // Row r of C is c[r·ldc .. r·ldc + n]; the views' check keeps it inside `c`.

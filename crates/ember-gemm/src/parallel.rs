@@ -1,15 +1,15 @@
 //! The CPU's parallel loop, shared by the GEMM and `ember-tensor`'s kernels: the calling
 //! thread takes part, as thread 0 of PyTorch's OpenMP team does.
 //!
-//! Note [The caller joins the loop]
+//! Note [The caller joins the loop]:
 //! A training step is a long chain of small ops (a few µs to a few hundred µs each) issued
 //! from the user's thread, which is not one of rayon's workers. Rayon's own entry points
 //! (`par_iter`, `scope`, `join`) called from outside the pool inject the whole job, wake a
 //! worker and block the caller on a lock until the job is done: per op, a futex wake of a
 //! worker, the worker's wake of a second one, the caller's sleep and its wake-up, and the
-//! caller's core idle meanwhile. `perf` showed a fifth of an MLP training step in the
-//! kernel's scheduler (session 10's note), and running the same step on a pool thread
-//! (where nested `par_iter`s stay local) was 1.3–1.7× faster.
+//! caller's core idle meanwhile. `perf` put a large share of an MLP training step in the
+//! kernel's scheduler, and the same step run on a pool thread (where nested `par_iter`s
+//! stay local) was clearly faster.
 //!
 //! [`for_each_index`] does what an OpenMP `parallel for` does instead: the loop's indices
 //! are claimed one at a time from atomic counters (Note [Pieces stay on their CPU] says
@@ -32,25 +32,23 @@
 //! the work local, so the loop is a plain `par_iter`; on a helper (a loop inside a loop's
 //! body) it runs sequentially, every thread of the team being busy already.
 //!
-//! Note [A team that spins]
+//! Note [A team that spins]:
 //! The helpers were first jobs handed to rayon's pool (`rayon::spawn`, one per loop).
 //! That made three threads for two CPUs — the caller and rayon's two workers — and a
 //! worker with nothing to do looks for work by `sched_yield`-ing a few dozen times before
 //! it sleeps, taking turns on a CPU with the threads doing the work: `perf stat` counted
-//! ~12 context switches and 0.03 CPU migrations per 16M-element `sum` (20,000–28,000 and
-//! 69–76 over 2,000 calls), PyTorch 0.1 and 0.001. So the loop has its own team, as OpenMP has:
+//! about a hundred times PyTorch's context switches per 16M-element `sum`, and CPU
+//! migrations where PyTorch had almost none. So the loop has its own team, as OpenMP has:
 //! `threads - 1` helper threads, started on first use, that join whatever loop a caller
 //! published last; between loops a helper spins on the published number for
 //! [`IDLE_SPIN`] before it sleeps on a condition variable, so back-to-back ops find it
 //! awake and on its CPU, and an idle process costs nothing after that. Rayon's workers
-//! now sleep unless user code (or the `gemm` crate) uses rayon. Same calls after the
-//! change: 205–347 context switches and 1–2 migrations. A/B against the rayon helpers
-//! (`ember-bench`, alternating with PyTorch, 2 threads): `sum_f32_16m` 1.04× (median of 85
-//! rotations), against PyTorch 1.13× where the rayon helpers gave 0.99×, and in a window
-//! where PyTorch ran above 70 GB/s 1.03× against 0.79×; `matmul_f32_n512` 1.06×, the
-//! 128×… training shapes 1.05–1.10×; elementwise, softmax, tiny ops, MLP steps level.
+//! now sleep unless user code (or the `gemm` crate) uses rayon. With the team, the same
+//! calls switch context about as rarely as PyTorch's; against the rayon helpers,
+//! `sum_f32_16m`, `matmul_f32_n512` and the 128-row training shapes gained and the other
+//! cases stayed level (docs/performance.md has the current side-by-side numbers).
 //!
-//! Note [Pieces stay on their CPU]
+//! Note [Pieces stay on their CPU]:
 //! The indices are not claimed from one counter in order but from `homes` ranges, one per
 //! participant: index range `h·n/H .. (h+1)·n/H` is home `h`, and a thread claims first
 //! from the home of the CPU it runs on (its position in the process's CPU set, modulo
@@ -61,13 +59,12 @@
 //! `t` always takes the `t`-th contiguous part, and its threads spin between parallel
 //! regions, so they stay on their CPUs. Ember's threads are not bound to CPUs (binding a
 //! library's threads would fight the user's own placement), and which helper joins which
-//! loop varies, so the part follows the CPU, not the thread. Measured on a 2-vCPU Zen 4
-//! VM with a bare two-thread sum over 64 MiB (16M f32), in the minutes when the host let
-//! a CPU keep its data: threads that spin between calls, each reading the same half
-//! every call, 77–98 GB/s (PyTorch 90 in the same minute); the halves swapped between
-//! calls, 45–65; threads that sleep between calls, 41–48 whichever half they read. So
-//! the homes pay only with a team that stays awake (Note [A team that spins]); on rayon's
-//! sleeping workers they measured level. Where the CPU cannot be asked (not Linux), every
+//! loop varies, so the part follows the CPU, not the thread. In a bare two-thread sum over
+//! 64 MiB (16M f32), threads that spin between calls and read the same half every call
+//! ran as fast as PyTorch, clearly ahead of the same threads with the halves swapped
+//! between calls, and threads that sleep between calls were slowest whichever half they
+//! read. So the homes pay only with a team that stays awake (Note [A team that spins]); on
+//! rayon's sleeping workers they made no difference. Where the CPU cannot be asked (not Linux), every
 //! thread starts at home 0 and the order is the plain one.
 
 use std::any::Any;

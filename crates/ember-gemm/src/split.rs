@@ -1,11 +1,13 @@
 //! One product as raw pointers, and how a product (or a batch of them) is cut into
-//! independent blocks run by sequential kernels on the calling thread and rayon's threads
-//! (`crate::parallel`, Note [The caller joins the loop]).
+//! independent blocks run by sequential kernels on the calling thread and the parallel
+//! loop's helpers (`crate::parallel`, Notes [The caller joins the loop], [A team that
+//! spins]).
 //!
-//! Note [Independent blocks]
-//! On these 2-core machines, coordinating two threads inside one product (shared packing,
-//! per-block barriers) lost ~25% against two independent single-thread products side by
-//! side (CPU-NOTES.md). So a product is cut into `threads` blocks of whole rows of C (or
+//! Note [Independent blocks]:
+//! With few cores, coordinating threads inside one product (shared packing, per-block
+//! barriers, wake-ups) costs more than it saves: two independent single-thread products
+//! side by side ran clearly faster than one two-thread product (docs/cpu-gemm.md). So a
+//! product is cut into `threads` blocks of whole rows of C (or
 //! whole columns, whichever is longer), each a complete sequential GEMM on one thread;
 //! each block packs its own copy of the shared operand, which costs little next to the
 //! arithmetic once a block is large. Batches with at least `threads` members go one whole

@@ -1,7 +1,7 @@
 //! [`CachingAllocator`] (one per device, over any [`RawAllocator`]) and the RAII
 //! [`Allocation`] it hands out.
 //!
-//! # Note \[Locking\]
+//! Note \[Locking\]:
 //!
 //! All of an allocator's state (blocks, pools, statistics, pending events, history) lives in
 //! one `Mutex`. Every public method takes it once and calls into `state.rs`, which works on

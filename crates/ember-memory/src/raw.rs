@@ -80,13 +80,13 @@ pub trait RawAllocator: Send + Sync + Debug {
 /// to 2 MiB) are aligned to it and advised as transparent huge pages. See Note [Huge pages].
 pub const HUGE_PAGE: usize = 2 << 20;
 
-// Note [Huge pages]
+// Note [Huge pages]:
 // With 4 KiB pages, a stream over a 64 MB tensor crosses 16 Ki pages: a TLB miss and a
 // hardware-prefetch restart at each. Linux backs `madvise(MADV_HUGEPAGE)` ranges with 2 MiB
 // pages where transparent huge pages are in `madvise` mode (the default of most
-// distributions, and this machine's) or `always`. Measured here (`/tmp/thp`, 2 threads,
-// 16 Mi f32): a sum read 15.3 -> 16.7 GB/s, an add within noise. PyTorch has the same
-// behind `THP_MEM_ALLOC_ENABLE=1`; the caching allocator keeps segments, so the cost of a
+// distributions) or `always`. Long streaming reads (a two-thread sum over 16M f32) gain a
+// little from it and writes do not change (`sum_f32_16m`, `add_f32_16m` in
+// docs/performance.md). PyTorch has the same behind `THP_MEM_ALLOC_ENABLE=1`; the caching allocator keeps segments, so the cost of a
 // huge page's first touch (2 MiB zeroed at once) is paid once. `EMBER_CPU_HUGEPAGES=0`
 // turns the advice off (e.g. where compaction stalls at fault time matter more); the 2 MiB
 // alignment stays, so layouts do not depend on the variable.

@@ -11,8 +11,8 @@ use crate::op::{BinaryOpT, CmpOp, FusedOp, ReduceOp, UnaryOpT};
 use crate::scalar::Scalar;
 use crate::storage::{CpuStorage, Storage};
 
-// Note [Dispatch]
-// ~~~~~~~~~~~~~~~
+// Note [Dispatch]:
+// ~~~~~~~~~~~~~~~~
 // An op is split in two:
 //   - its front, a `Tensor` method (ops/*.rs): device check (all inputs on one device, else
 //     PyTorch's "Expected all tensors to be on the same device..."), dtype and shape
@@ -21,10 +21,11 @@ use crate::storage::{CpuStorage, Storage};
 //   - its kernel, one per backend, reached through the methods below. Each takes storages
 //     with their layouts (inputs already of the compute dtype and broadcast to the output
 //     shape) and returns a fresh contiguous storage, or writes into a `&mut` one.
-// A new backend (CUDA, issue 4) adds a `Storage` variant and one arm per method here, and
+// A new backend (as CUDA was) adds a `Storage` variant and one arm per method here, and
 // nothing in the fronts. Mixed-backend arms cannot be reached: the fronts reject tensors
-// on different devices before calling down. Composite ops (mean, var, softmax, ...) are
-// written in the fronts from these primitives and work on every backend for free.
+// on different devices before calling down. Composite ops (mean, var, logsumexp, norm,
+// ...) are written in the fronts from these primitives and work on every backend for free;
+// softmax and log-softmax are primitives (one fused kernel per row, `backend_nn.rs`).
 
 impl Storage {
     /// A contiguous copy of the layout's elements, converted to `dtype`.

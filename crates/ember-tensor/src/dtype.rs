@@ -166,8 +166,8 @@ pub fn promote_types(a: DType, b: DType) -> DType {
     }
 }
 
-// Note [Type promotion]
-// ~~~~~~~~~~~~~~~~~~~~~
+// Note [Type promotion]:
+// ~~~~~~~~~~~~~~~~~~~~~~
 // PyTorch's `torch.result_type` sorts operands into three priority groups: tensors with at
 // least one dimension, zero-dimensional tensors, and Python scalars ("wrapped numbers").
 // Each group is promoted within itself (`promote_types`); a float scalar counts as the
@@ -368,8 +368,8 @@ impl WithDType for bool {
     }
 }
 
-// Note [Float to int casts]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~
+// Note [Float to int casts]:
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~
 // PyTorch truncates toward zero; out-of-range values and NaN are undefined behaviour in its
 // C++ casts (x86 gives INT_MIN). Ember uses Rust's `as`: truncation toward zero, saturating
 // at the target's bounds, NaN -> 0. Into u8 PyTorch goes through int64 and wraps for

@@ -34,7 +34,7 @@ impl Layout {
         Self::new_inline(shape, SmallDims::from_vec(strides), offset)
     }
 
-    /// [`Layout::new`] with inline strides (no heap allocation up to rank 6).
+    /// [`Layout::new`] with inline strides (no heap allocation up to rank 4, `SmallDims`).
     pub(crate) fn new_inline(shape: Shape, strides: SmallDims, offset: usize) -> Self {
         Layout {
             shape,

@@ -266,8 +266,7 @@ fn long_f32_runs_sum_and_argmax_across_pieces() {
             "n = {n}: {got} against {want}"
         );
         // Three rows of the same run: a reduction to few outputs, each run split.
-        let rows =
-            Tensor::from_slice(&[xs.clone(), xs.clone(), xs].concat(), [3, n], CPU).unwrap();
+        let rows = Tensor::from_slice(&[xs.clone(), xs.clone(), xs].concat(), [3, n], CPU).unwrap();
         let per_row = f(&rows.sum(1).unwrap());
         assert!(
             per_row

@@ -1,7 +1,7 @@
-//! `shared/reference/d2l-working-on-gpus.txt`, replayed in Rust: devices, `try_gpu`,
-//! tensors on devices, the cross-device error and the explicit copy, `to` on the tensor's
-//! own device returning the same tensor, a network moved with `to(device)`, and an
-//! optimizer built *before* the move (the text's pitfall) that still trains correctly.
+//! The PyTorch walk-through "Working on GPUs" (docs/walkthroughs.md), replayed in Rust:
+//! devices, `try_gpu`, tensors on devices, the cross-device error and the explicit copy, `to`
+//! on the tensor's own device returning the same tensor, a network moved with `to(device)`, and
+//! an optimizer built *before* the move (the text's pitfall) that still trains correctly.
 //!
 //! `cargo run --example d2l_working_on_gpus` (add `EMBER_CUDA_EMULATOR=2` to use two
 //! emulated GPUs).

@@ -1,9 +1,9 @@
-//! `shared/reference/gpu-computing-chapter.txt`, replayed in Rust: device discovery and
-//! properties, creating tensors on a device and moving them with `to`, `cpu()`, pinned
-//! memory with non-blocking copies, the allocator's statistics (`memory_allocated`, its
+//! The PyTorch walk-through "GPU Computing" (docs/walkthroughs.md), replayed in Rust: device
+//! discovery and properties, creating tensors on a device and moving them with `to`, `cpu()`,
+//! pinned memory with non-blocking copies, the allocator's statistics (`memory_allocated`, its
 //! peak, `memory_reserved`, `memory_summary`), freeing memory (`drop` is `del`, then
-//! `empty_cache`), `no_grad` inference, and gradient checkpointing of a model's blocks,
-//! with the peak memory it saves.
+//! `empty_cache`), `no_grad` inference, and gradient checkpointing of a model's blocks, with
+//! the peak memory it saves.
 //!
 //! `cargo run --example gpu_computing_chapter`
 

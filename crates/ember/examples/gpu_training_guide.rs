@@ -1,8 +1,9 @@
-//! `shared/reference/gpu-training-guide.txt`, replayed in Rust: CUDA availability and
-//! properties, moving a model and its data, monitoring memory around a forward pass and
-//! `empty_cache`, and gradient accumulation over micro-batches. (Mixed precision and
-//! `DataParallel` come with the AMP and parallel crates.) The layer sizes are a tenth of
-//! the text's so that the CI runs it on the emulated GPU in seconds.
+//! The PyTorch walk-through "GPU Training with PyTorch on CUDA" (docs/walkthroughs.md),
+//! replayed in Rust: CUDA availability and properties, moving a model and its data, monitoring
+//! memory around a forward pass and `empty_cache`, and gradient accumulation over
+//! micro-batches. (Mixed precision and `DataParallel` come with the AMP and parallel crates.)
+//! The layer sizes are a tenth of the text's so that the CI runs it on the emulated GPU in
+//! seconds.
 //!
 //! `cargo run --example gpu_training_guide`
 

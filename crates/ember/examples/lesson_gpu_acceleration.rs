@@ -1,8 +1,9 @@
-//! `shared/reference/lesson-gpu-acceleration.md`, replayed in Rust: moving tensors between
-//! devices, device-agnostic code, several GPUs with `set_device` and a device guard, a
-//! custom model (`MyModel`) moved with `to(device)`, and the complete training loop over a
-//! `DataLoader` with pinned memory, worker threads and non-blocking copies, then evaluation
-//! under `no_grad`. (Mixed precision comes with the AMP crate.)
+//! The PyTorch walk-through "Lesson 03: PyTorch GPU Acceleration" (docs/walkthroughs.md),
+//! replayed in Rust: moving tensors between devices, device-agnostic code, several GPUs with
+//! `set_device` and a device guard, a custom model (`MyModel`) moved with `to(device)`, and the
+//! complete training loop over a `DataLoader` with pinned memory, worker threads and
+//! non-blocking copies, then evaluation under `no_grad`. (Mixed precision comes with the AMP
+//! crate.)
 //!
 //! `cargo run --example lesson_gpu_acceleration`
 

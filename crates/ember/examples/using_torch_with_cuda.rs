@@ -1,7 +1,7 @@
-//! `shared/reference/using-torch-with-cuda.txt`, replayed in Rust: checking for CUDA,
-//! device-agnostic setup, moving tensors and models (to a second GPU too), memory
-//! statistics and `empty_cache`, and the common error of mixing CPU and GPU tensors, with
-//! its fix. (`DataParallel` and mixed precision come with their own crates.)
+//! The PyTorch walk-through "Using torch with CUDA" (docs/walkthroughs.md), replayed in Rust:
+//! checking for CUDA, device-agnostic setup, moving tensors and models (to a second GPU too),
+//! memory statistics and `empty_cache`, and the common error of mixing CPU and GPU tensors,
+//! with its fix. (`DataParallel` and mixed precision come with their own crates.)
 //!
 //! `cargo run --example using_torch_with_cuda`
 

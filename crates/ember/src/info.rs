@@ -9,7 +9,7 @@ use serde::Serialize;
 use ember_device::{Device, cuda};
 
 /// Everything `ember info` prints. Serialises to the JSON object of `ember info --json`
-/// (keys documented in the README).
+/// (keys documented in `docs/cli.md`).
 #[derive(Clone, Debug, Serialize)]
 pub struct Info {
     /// Ember's version.

@@ -1,5 +1,6 @@
 #![allow(clippy::unwrap_used)]
-//! The README's "Using it" snippet, kept compiling and running (on an emulated cuda:0).
+//! Device discovery, memory statistics, tensors and a `Sequential` training loop as a user
+//! writes them, kept compiling and running on an emulated cuda:0.
 
 use ember::driver::emulator::EmulatorConfig;
 use ember::{DType, Device, Tensor, cuda, memory};
@@ -37,7 +38,7 @@ fn readme_snippet_runs() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// The README's training snippet, on an emulated cuda:0.
+/// A `Sequential` model trained on the shipped digits, on an emulated cuda:0.
 #[test]
 fn readme_training_snippet_runs() -> Result<(), Box<dyn std::error::Error>> {
     use ember::data::{DataLoader, digits};

@@ -1,5 +1,5 @@
 #![allow(clippy::unwrap_used)]
-//! The walk-throughs of `shared/reference/`, replayed: each example program in `examples/`
+//! The PyTorch walk-throughs (docs/walkthroughs.md), replayed: each example program in `examples/`
 //! runs here on `cpu` and on the emulated `cuda:0` (with `cuda:1` as the second GPU).
 //! They read the allocator's global statistics, so they run one at a time.
 

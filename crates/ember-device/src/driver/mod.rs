@@ -1,6 +1,6 @@
 //! The CUDA driver seam. See Note [The driver seam].
 //!
-//! # Note [The driver seam]
+//! Note [The driver seam]:
 //!
 //! Everything Ember does to a GPU goes through [`Driver`]: device count and properties, raw
 //! allocation, copies, memset, streams, events, module load, kernel launch (the shape of

@@ -1,5 +1,5 @@
 //! [`RealDriver`]: the [`Driver`] seam on NVIDIA's driver through cudarc's raw bindings,
-//! loaded at run time (see `shared/CUDA-NOTES.md`).
+//! loaded at run time (see `docs/cuda-without-gpu.md`).
 //!
 //! Thin on purpose: every method makes the device's primary context current and issues one
 //! or two checked driver calls. Handles are the driver's own pointers as `u64`, kept in tables

@@ -1,7 +1,7 @@
 //! The exact-size cache in front of best-fit: freed blocks wait here, unmerged, for the next
 //! request of the same rounded size on the same stream. See Note \[Exact-size cache\].
 //!
-//! # Note \[Exact-size cache\]
+//! Note \[Exact-size cache\]:
 //!
 //! Best-fit over the pools' ordered sets costs several B-tree operations per allocate/free
 //! pair (find, remove, insert the split remainder; on free remove the merged neighbour and

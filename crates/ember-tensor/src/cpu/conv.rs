@@ -12,8 +12,8 @@ use crate::error::{Result, TensorError};
 use crate::layout::Layout;
 use crate::storage::{CpuStorage, PAR_THRESHOLD};
 
-// Note [Conv2d as im2col + GEMM]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Note [Conv2d as im2col + GEMM]:
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // With K = C/groups·kH·kW and L = out_h·out_w, sample n's columns form a matrix
 // `col[n]` of shape [C·kH·kW, L]: row (c, i, j), column (oh, ow) holds
 // x[n, c, oh·sh - ph + i·dh, ow·sw - pw + j·dw] (0 in the padding). Group g's rows are

@@ -16,8 +16,8 @@ use crate::error::{Result, TensorError};
 use crate::layout::Layout;
 use crate::storage::CpuStorage;
 
-// Note [Matmul batches as GEMM views]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Note [Matmul batches as GEMM views]:
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // The kernel gets A `[batch.., m, k]` and B `[batch.., k, n]` whose batch dims are already
 // broadcast (stride 0 where an operand repeats). Batch dims of size 1 are dropped. The
 // innermost run of the remaining batch dims that both A and B step through with a single

@@ -2,8 +2,8 @@
 //!
 //! The crate is built for the x86-64 baseline (SSE2), which every x86-64 CPU runs. Loops
 //! that are bound by arithmetic rather than memory (`exp`, `sigmoid`, softmax rows) run
-//! about twice as fast with AVX2 and faster again with AVX-512 (measured: `exp` over 16M
-//! f32 145 / 75 / 60 ms for SSE2 / AVX2 / AVX-512 on one core). [`widest`] checks the CPU once
+//! about twice as fast with AVX2 as with SSE2 and faster again with AVX-512 (`exp` over 16M
+//! f32 on one core). [`widest`] checks the CPU once
 //! (`is_x86_feature_detected!` caches) and calls `f` through a `#[target_feature]`
 //! trampoline; `f` is inlined into it and so compiled for those features. Results are
 //! bit-identical on every path: Rust never contracts `a * b + c` into an FMA on its own,
@@ -47,12 +47,20 @@ fn has_avx2() -> bool {
     std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
 }
 
+/// Runs `f` compiled with AVX-512 (F, BW, DQ, VL), AVX2 and FMA enabled.
+///
+/// # Safety
+/// The CPU must have those features (as `widest` checks before calling it).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
 unsafe fn avx512<R>(f: impl FnOnce() -> R) -> R {
     f()
 }
 
+/// Runs `f` compiled with AVX2 and FMA enabled.
+///
+/// # Safety
+/// The CPU must have AVX2 and FMA (as `widest` checks before calling it).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn avx2<R>(f: impl FnOnce() -> R) -> R {

@@ -26,8 +26,8 @@ use crate::error::{Result, TensorError};
 use crate::layout::Layout;
 use crate::storage::{CpuStorage, checked_bytes, short_allocation};
 
-// Note [CUDA backend]
-// ~~~~~~~~~~~~~~~~~~~
+// Note [CUDA backend]:
+// ~~~~~~~~~~~~~~~~~~~~
 // One `Ctx` per device ordinal, made on first use and kept for the process: the driver
 // (`ember_device::cuda::driver()`, real or emulated), Ember's kernels loaded on the device
 // (`ember_kernels::Module`, function handles cached by name) and the device's caching

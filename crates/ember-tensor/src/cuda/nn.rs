@@ -17,8 +17,8 @@ use crate::layout::Layout;
 use crate::scalar::Scalar;
 use crate::storage::CpuStorage;
 
-// Note [Index error slot]
-// ~~~~~~~~~~~~~~~~~~~~~~~
+// Note [Index error slot]:
+// ~~~~~~~~~~~~~~~~~~~~~~~~
 // A kernel cannot return an error, so the indexing and loss kernels take `i64* err`, two
 // values the host sets to {i64::MAX, 0}: a thread that meets an index outside its range
 // lowers err[0] to its row-major position (atomicMin). After the launch the host copies the

@@ -31,8 +31,8 @@ use crate::error::{Result, TensorError};
 use crate::storage::{CpuStorage, Storage};
 use crate::tensor::Tensor;
 
-// Note [Atomic save]
-// ~~~~~~~~~~~~~~~~~~
+// Note [Atomic save]:
+// ~~~~~~~~~~~~~~~~~~~
 // A crash (or an error) during `save` must never leave a half-written checkpoint at the
 // target path. So `save`:
 //   1. checks the names (no duplicates, no reserved `__metadata__`) and converts every

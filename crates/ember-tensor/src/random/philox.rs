@@ -3,7 +3,7 @@
 //! `(key, counter)`, so any element of a random tensor can be computed independently — on a
 //! CPU thread or a GPU thread — and the same seed gives the same numbers on every device.
 //!
-//! # Note [Random streams]
+//! Note [Random streams]:
 //!
 //! A generator's state is `(seed, offset)`. The Philox key is `[seed_lo32, seed_hi32]`. A
 //! random op over `n` elements takes `counters(n)` consecutive counters starting at `offset`

@@ -14,8 +14,8 @@ use ember_memory::{Allocation, CachingAllocator};
 use crate::dtype::{DType, WithDType};
 use crate::error::{Result, TensorError};
 
-// Note [CPU storage validity]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Note [CPU storage validity]:
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // A `CpuStorage` owns an `Allocation` of at least `len * dtype.size_in_bytes()` bytes,
 // 64-byte aligned (more than any dtype needs). Invariant: all `len` elements are
 // initialised and valid for `dtype` (for bool: every byte is 0 or 1). It holds because

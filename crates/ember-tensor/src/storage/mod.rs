@@ -19,8 +19,8 @@ use ember_device::Device;
 use crate::cuda::CudaStorage;
 use crate::dtype::DType;
 
-// Note [Storage sharing]
-// ~~~~~~~~~~~~~~~~~~~~~~
+// Note [Storage sharing]:
+// ~~~~~~~~~~~~~~~~~~~~~~~
 // Views share one `Arc<StorageCell>`; the cell holds the `Storage` in an `RwLock`.
 //   - Ops that read take the read lock of each distinct input storage for the kernel's
 //     duration; ops that make a new tensor write into a fresh storage that nobody else can

@@ -1,16 +1,14 @@
 //! Writing large fresh outputs with non-temporal (streaming) stores.
 //!
-//! Note [Streaming stores for large outputs]
+//! Note [Streaming stores for large outputs]:
 //! An ordinary store to a line that is not in cache first reads the line from memory (to
 //! own it), so `y = relu(x)` over 64 MiB moves 192 MiB: x read, y read, y written. A
 //! non-temporal store writes whole lines through the write-combining buffers without that
 //! read, and does not evict useful lines to hold data that will be gone from cache before
-//! anything reads it. On the 2-vCPU Zen 4 of 2026-11-25, a bare relu loop over 16M f32 on
-//! two threads went from 49 to 75 GB/s with streaming stores (medians of 40 runs, both with
-//! 2 MiB pages), the ratio the saved traffic predicts; through `from_chunks_as` as below,
-//! Ember's `add_f32_16m` gained ×1.21 and `relu_f32_16m` ×1.27 (medians of 12 alternating
-//! runs against the binary without it), `exp` (bound by arithmetic) and `sum` (no output)
-//! stayed level.
+//! anything reads it. On an AVX-512 Zen 4, a bare relu loop over 16M f32 on two threads
+//! gained about what the saved traffic predicts, and through `from_chunks_as` as below
+//! Ember's `add_f32_16m` and `relu_f32_16m` gained by a fifth or more, while `exp` (bound
+//! by arithmetic) and `sum` (no output) stayed level (docs/performance.md).
 //!
 //! So [`CpuStorage::from_chunks_as`](super::CpuStorage) writes an output of at least
 //! [`threshold_bytes`] (the last-level cache's size: anything larger leaves the cache as it
@@ -22,18 +20,18 @@
 //! ends with a store fence, before the parallel loop's completion (an atomic release) can
 //! publish the piece to another thread. Elsewhere than x86-64 the block is copied plainly.
 //!
-//! Earlier hosts did not show the gain: on the first (Intel) host a one-core `relu` with
-//! streaming stores ran at 10.1 against 11.4 GB/s, on a Zen 3 a two-thread `add` was ahead
-//! in 3 of 6 pairs (by 8-18%) and level in 3 (README.md). `EMBER_CPU_STREAMING=0` turns it
-//! off, so a new host can be measured both ways with one binary.
+//! Not every host gains: on an Intel host a one-core `relu` was slower with streaming
+//! stores, and on a Zen 3 a two-thread `add` was ahead in half the runs and level in the
+//! rest. `EMBER_CPU_STREAMING=0` turns it off, so a new host can be measured both ways with
+//! one binary.
 
 use std::mem::MaybeUninit;
 use std::sync::OnceLock;
 
 /// Elements per block produced into the stack buffer (1 KiB of f32). Short blocks keep the
 /// loads of the producer and the stores of the copy close together: with 1024-element
-/// blocks, relu ran at 46 GB/s where streaming straight from the loop ran at 52 and
-/// 256-element blocks at 52 (one Zen 4 run, two threads).
+/// blocks, relu was slower than streaming straight from the loop, and 256-element blocks
+/// were as fast as that.
 const BLOCK: usize = 256;
 
 /// Outputs of at least this many bytes are written with streaming stores: the size of the

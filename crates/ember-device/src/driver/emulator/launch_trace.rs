@@ -1,7 +1,7 @@
 //! The record of launched kernels: with `EMBER_CUDA_EMULATOR_TRACE=FILE` (or
 //! [`set_launch_trace`]), the emulator appends the name of every kernel it launches to `FILE`.
 //!
-//! # Note [Launch trace]
+//! Note [Launch trace]:
 //!
 //! `cargo xtask test` runs the emulated test suite with the variable set to one fresh file and
 //! then compares the names in it with the kernel symbol table: a kernel that no test launched

@@ -1,6 +1,6 @@
 //! Emulated device memory: tagged addresses over host buffers.
 //!
-//! # Note [Tagged device addresses]
+//! Note [Tagged device addresses]:
 //!
 //! A device pointer from the emulator is `TAG | device << 44 | offset`, with
 //! `TAG = 0xE0A0_0000_0000_0000`: top byte `0xE0`, bits 52..55 `0b1010`, the device ordinal in

@@ -1,7 +1,7 @@
 //! The CPU emulator of the CUDA driver. See Note [The driver seam] and Note [Tagged device
 //! addresses].
 //!
-//! # Note [Emulated streams]
+//! Note [Emulated streams]:
 //!
 //! Every operation enqueued on a stream (copies, memset, kernel launches, GEMM, event
 //! records) runs to completion at enqueue time, on the calling thread. That is one valid
@@ -261,6 +261,12 @@ impl Emulator {
     }
 }
 
+/// The address translator handed to emulated kernels: a tagged device address of the
+/// launch's memory to the host address behind it.
+///
+/// # Safety
+/// `ctx` must be the `&MemoryState` that `launch_kernel` passes, alive and locked for the
+/// whole launch; kernels call this only during their launch.
 unsafe extern "C" fn translate_for_kernel(ctx: *const c_void, address: u64) -> *mut c_void {
     // SAFETY: `ctx` is the `&MemoryState` that `launch_kernel` passes, alive and locked for
     // the whole launch, and the kernel calls this only during the launch.

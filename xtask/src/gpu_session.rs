@@ -1,0 +1,439 @@
+//! `ember-gpu/bin/xtask gpu-session [--out DIR] [--budget SECONDS] [STEP...]`: Ember's GPU
+//! checks, run from an unpacked `cargo xtask gpu-bundle` on a machine with a GPU and no Rust
+//! toolchain. Steps (default all, in this order):
+//!
+//! - `info`: `ember info --json`; without a real CUDA GPU the session says so and stops;
+//! - `tests`: every suite of the bundle under `EMBER_GPU_TEST=1` (the real driver instead of
+//!   the emulator), with `EMBER_DATA_DIR` pointing at the bundle's `data/`;
+//! - `train`: `ember train --device cuda` for the MLP and the CNN;
+//! - `bench`: `ember-bench --device cuda`, then `bench/torch_side_by_side.py --device cuda
+//!   --save` against the machine's own PyTorch (`python3`), which writes
+//!   `bench/results/<date>-<host>-cuda.json` in the bundle (copied to `DIR/results/`);
+//! - `sanitize`: compute-sanitizer's memcheck over the op, gradient and layer suites and one
+//!   epoch of training, synccheck and racecheck over the op suite (skipped, and said so,
+//!   where `compute-sanitizer` is not on `PATH`).
+//!
+//! Each step has its own time limit, and no step starts after `--budget` seconds (default
+//! 540, so a session fits a 10-minute call). Logs go to `DIR` (default `session/` in the
+//! bundle), packed into `DIR/logs.tar.gz` at the end beside `DIR/summary.txt`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::gpu_bundle::BUNDLE_DIR;
+
+const STEPS: [&str; 5] = ["info", "tests", "train", "bench", "sanitize"];
+
+#[derive(Debug)]
+struct Options {
+    out: Option<PathBuf>,
+    budget: Duration,
+    steps: Vec<String>,
+}
+
+fn parse(args: &[String]) -> Result<Options, String> {
+    let mut o = Options {
+        out: None,
+        budget: Duration::from_secs(540),
+        steps: Vec::new(),
+    };
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--out" => o.out = Some(PathBuf::from(it.next().ok_or("--out needs a directory")?)),
+            "--budget" => {
+                let v = it.next().ok_or("--budget needs seconds")?;
+                o.budget = Duration::from_secs(
+                    v.parse()
+                        .map_err(|_| format!("--budget: expected seconds, found {v:?}"))?,
+                );
+            }
+            s if STEPS.contains(&s) => o.steps.push(s.to_string()),
+            other => {
+                return Err(format!(
+                    "`gpu-session` takes --out DIR, --budget SECONDS and steps {STEPS:?}; found {other:?}"
+                ));
+            }
+        }
+    }
+    if o.steps.is_empty() {
+        o.steps = STEPS.iter().map(|s| s.to_string()).collect();
+    }
+    Ok(o)
+}
+
+/// The unpacked bundle this program runs from: the parent of its `bin/`, holding
+/// `bundle.json`.
+fn bundle_root() -> Result<PathBuf, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("cannot locate this program: {e}"))?;
+    exe.parent()
+        .and_then(Path::parent)
+        .filter(|d| d.join("bundle.json").is_file())
+        .map(Path::to_path_buf)
+        .ok_or_else(|| {
+            format!(
+                "{} is not inside an unpacked bundle (no bundle.json beside its bin/): build one \
+                 with `cargo xtask gpu-bundle`, unpack it on the GPU machine and run \
+                 `{BUNDLE_DIR}/bin/xtask gpu-session` there",
+                exe.display()
+            )
+        })
+}
+
+/// One session: where things are, what is left of the budget, what happened.
+struct Session {
+    bundle: PathBuf,
+    out: PathBuf,
+    start: Instant,
+    budget: Duration,
+    summary: Vec<String>,
+}
+
+impl Session {
+    fn left(&self) -> Duration {
+        self.budget.saturating_sub(self.start.elapsed())
+    }
+
+    /// A command of the bundle's, run from the bundle's root with the emulator switched off.
+    fn command(&self, program: &str) -> Command {
+        let mut cmd = Command::new(program);
+        cmd.current_dir(&self.bundle)
+            .env_remove("EMBER_CUDA_EMULATOR")
+            .env_remove("EMBER_CUDA_EMULATOR_MEMORY")
+            .env("EMBER_DATA_DIR", self.bundle.join("data"));
+        cmd
+    }
+
+    /// Runs `cmd` with its output in `OUT/name.log`, killed (with its children) after
+    /// `limit` or when the budget runs out; records a summary line. Returns the exit code
+    /// (124 on a timeout), or `None` when it did not run.
+    fn step(&mut self, name: &str, limit_s: u64, cmd: &mut Command) -> Option<i32> {
+        let left = self.left();
+        if left < Duration::from_secs(10) {
+            self.summary
+                .push(format!("{name}: not run (time budget spent)"));
+            return None;
+        }
+        let limit = Duration::from_secs(limit_s).min(left);
+        let log_path = self.out.join(format!("{name}.log"));
+        let log = match std::fs::File::create(&log_path) {
+            Ok(f) => f,
+            Err(e) => {
+                self.summary
+                    .push(format!("{name}: cannot create its log: {e}"));
+                return None;
+            }
+        };
+        let err = log.try_clone().ok();
+        eprintln!("==> {name} (limit {}s)", limit.as_secs());
+        let t0 = Instant::now();
+        let child = {
+            use std::os::unix::process::CommandExt;
+            cmd.stdin(Stdio::null())
+                .stdout(log)
+                .stderr(err.map_or_else(Stdio::null, Stdio::from))
+                .process_group(0)
+                .spawn()
+        };
+        let mut child = match child {
+            Ok(c) => c,
+            Err(e) => {
+                self.summary.push(format!("{name}: could not start: {e}"));
+                return None;
+            }
+        };
+        let rc = loop {
+            match child.try_wait() {
+                Ok(Some(status)) => break status.code().unwrap_or(128),
+                Ok(None) if t0.elapsed() < limit => std::thread::sleep(Duration::from_millis(100)),
+                _ => {
+                    // The whole process group: compute-sanitizer's target too.
+                    let _ = Command::new("kill")
+                        .args(["-s", "KILL", "--", &format!("-{}", child.id())])
+                        .status();
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    break 124;
+                }
+            }
+        };
+        let text = std::fs::read_to_string(&log_path).unwrap_or_default();
+        let last = text
+            .lines()
+            .rev()
+            .find(|l| {
+                l.starts_with("test result:")
+                    || l.contains("ERROR SUMMARY")
+                    || l.contains("error")
+                    || l.contains("failed")
+            })
+            .unwrap_or("");
+        self.summary.push(format!(
+            "{name}: rc={rc} in {:.0}s {last}",
+            t0.elapsed().as_secs_f64()
+        ));
+        for l in text
+            .lines()
+            .rev()
+            .take(5)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+        {
+            eprintln!("    {l}");
+        }
+        Some(rc)
+    }
+}
+
+/// cuBLAS: the CUDA toolkit's, or the one in the Python environment's `nvidia-cublas` wheel.
+fn cublas_library_path() -> Option<String> {
+    let mut dirs: Vec<String> = Vec::new();
+    if Path::new("/usr/local/cuda/lib64").is_dir() {
+        dirs.push("/usr/local/cuda/lib64".into());
+    }
+    let wheel = Command::new("python3")
+        .args([
+            "-c",
+            "import nvidia.cublas, os; print(os.path.join(list(nvidia.cublas.__path__)[0], 'lib'))",
+        ])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+    dirs.extend(wheel.filter(|d| Path::new(d).is_dir()));
+    if dirs.is_empty() {
+        return None;
+    }
+    if let Ok(old) = std::env::var("LD_LIBRARY_PATH")
+        && !old.is_empty()
+    {
+        dirs.push(old);
+    }
+    Some(dirs.join(":"))
+}
+
+fn on_path(program: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(program).is_file()))
+}
+
+pub fn run(args: &[String]) -> Result<(), String> {
+    let o = parse(args)?;
+    let bundle = bundle_root()?;
+    let out = o.out.clone().unwrap_or_else(|| bundle.join("session"));
+    std::fs::create_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
+    let out = out
+        .canonicalize()
+        .map_err(|e| format!("{}: {e}", out.display()))?;
+    let mut s = Session {
+        bundle: bundle.clone(),
+        out: out.clone(),
+        start: Instant::now(),
+        budget: o.budget,
+        summary: Vec::new(),
+    };
+    let manifest: Value = std::fs::read_to_string(bundle.join("bundle.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or(Value::Null);
+    let suites: Vec<String> = manifest["suites"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|v| v.as_str().map(String::from))
+        .collect();
+    let library_path = cublas_library_path();
+    let bin = |name: &str| bundle.join("bin").join(name).to_string_lossy().into_owned();
+    let test = |name: &str| {
+        bundle
+            .join("tests")
+            .join(name)
+            .to_string_lossy()
+            .into_owned()
+    };
+    let with_libs = |mut cmd: Command| {
+        if let Some(p) = &library_path {
+            cmd.env("LD_LIBRARY_PATH", p);
+        }
+        cmd
+    };
+
+    let smi = Command::new("nvidia-smi")
+        .args([
+            "--query-gpu=name,driver_version,memory.total,clocks.sm,temperature.gpu",
+            "--format=csv",
+        ])
+        .output();
+    let smi_text = match smi {
+        Ok(o) => String::from_utf8_lossy(&o.stdout).into_owned(),
+        Err(e) => format!("nvidia-smi: {e}\n"),
+    };
+    eprint!("{smi_text}");
+    let _ = std::fs::write(out.join("nvidia-smi.txt"), &smi_text);
+
+    for step in &o.steps {
+        match step.as_str() {
+            "info" => {
+                let mut cmd = with_libs(s.command(&bin("ember")));
+                cmd.args(["info", "--json"]);
+                s.step("info", 60, &mut cmd);
+                // The JSON object, whatever the program also printed on stderr.
+                let info = std::fs::read_to_string(out.join("info.log")).unwrap_or_default();
+                let json = match (info.find('{'), info.rfind('}')) {
+                    (Some(a), Some(b)) if a < b => &info[a..=b],
+                    _ => "",
+                };
+                let v: Value = serde_json::from_str(json).unwrap_or(Value::Null);
+                if v["cuda_available"] != true {
+                    let why = v["cuda_unavailable_reason"]
+                        .as_str()
+                        .unwrap_or("ember info failed");
+                    s.summary.push(format!(
+                        "NO CUDA GPU FOUND ({why}): nothing ran on a GPU; the emulated suite is `cargo xtask test`"
+                    ));
+                    break;
+                }
+            }
+            "tests" => {
+                for t in &suites {
+                    let mut cmd = with_libs(s.command(&test(t)));
+                    cmd.env("EMBER_GPU_TEST", "1");
+                    s.step(&format!("test-{t}"), 240, &mut cmd);
+                }
+            }
+            "train" => {
+                let mut mlp = with_libs(s.command(&bin("ember")));
+                mlp.args(["train", "--device", "cuda", "--json"]);
+                s.step("train-mlp", 120, &mut mlp);
+                let mut cnn = with_libs(s.command(&bin("ember")));
+                cnn.args(["train", "--device", "cuda", "--model", "cnn", "--json"]);
+                s.step("train-cnn", 180, &mut cnn);
+            }
+            "bench" => {
+                let mut ember = with_libs(s.command(&bin("ember-bench")));
+                ember.args(["--json", "--device", "cuda"]);
+                s.step("bench-ember", 180, &mut ember);
+                let threads = std::thread::available_parallelism().map_or(1, usize::from);
+                let mut sbs = with_libs(s.command("python3"));
+                sbs.args([
+                    "bench/torch_side_by_side.py",
+                    "--device",
+                    "cuda",
+                    "--python",
+                    "python3",
+                    "--ember-bin",
+                    "bin/ember-bench",
+                    "--filter",
+                    "",
+                    "--rounds",
+                    "3",
+                    "--save",
+                ])
+                .args(["--threads", &threads.to_string()]);
+                s.step("bench-side-by-side", 240, &mut sbs);
+                let saved = bundle.join("bench").join("results");
+                if saved.is_dir() {
+                    let dest = out.join("results");
+                    let _ = std::fs::create_dir_all(&dest);
+                    for e in std::fs::read_dir(&saved).into_iter().flatten().flatten() {
+                        let _ = std::fs::copy(e.path(), dest.join(e.file_name()));
+                    }
+                }
+            }
+            "sanitize" => {
+                if !on_path("compute-sanitizer") {
+                    s.summary
+                        .push("sanitize: not run (compute-sanitizer is not on PATH)".into());
+                    continue;
+                }
+                let sanitizer = |s: &Session, tool: &str| {
+                    let mut cmd = with_libs(s.command("compute-sanitizer"));
+                    cmd.args(["--tool", tool, "--error-exitcode", "3"]);
+                    cmd
+                };
+                for t in ["cuda_ops", "gradcheck", "nn"] {
+                    if suites.iter().any(|x| x == t) {
+                        let mut cmd = sanitizer(&s, "memcheck");
+                        cmd.env("EMBER_GPU_TEST", "1").arg(test(t));
+                        s.step(&format!("memcheck-{t}"), 120, &mut cmd);
+                    }
+                }
+                let mut train = sanitizer(&s, "memcheck");
+                train
+                    .arg(bin("ember"))
+                    .args(["train", "--device", "cuda", "--epochs", "1", "--json"]);
+                s.step("memcheck-train", 120, &mut train);
+                let mut sync = sanitizer(&s, "synccheck");
+                sync.env("EMBER_GPU_TEST", "1").arg(test("cuda_ops"));
+                s.step("synccheck-cuda_ops", 150, &mut sync);
+                // racecheck is slow over the whole op suite: the tests whose kernels share
+                // memory between threads (reductions, softmax and the losses, random numbers).
+                let mut race = sanitizer(&s, "racecheck");
+                race.env("EMBER_GPU_TEST", "1").arg(test("cuda_ops")).args([
+                    "reductions",
+                    "losses",
+                    "same_seed",
+                    "--test-threads",
+                    "4",
+                ]);
+                s.step("racecheck-cuda_ops", 200, &mut race);
+            }
+            other => s.summary.push(format!("{other}: unknown step")),
+        }
+    }
+
+    let summary = s.summary.join("\n");
+    eprintln!(
+        "\n==> summary ({:.0}s)\n{summary}",
+        s.start.elapsed().as_secs_f64()
+    );
+    std::fs::write(out.join("summary.txt"), format!("{summary}\n"))
+        .map_err(|e| format!("summary.txt: {e}"))?;
+    // One archive of the logs (a lent machine returns only a few files).
+    let logs: Vec<String> = std::fs::read_dir(&out)
+        .map_err(|e| e.to_string())?
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".log") || n.ends_with(".txt"))
+        .collect();
+    let packed = Command::new("tar")
+        .current_dir(&out)
+        .arg("-czf")
+        .arg("logs.tar.gz")
+        .args(&logs)
+        .status()
+        .is_ok_and(|st| st.success());
+    if packed {
+        for l in logs.iter().filter(|n| n.ends_with(".log")) {
+            let _ = std::fs::remove_file(out.join(l));
+        }
+    }
+    eprintln!("==> logs in {}", out.display());
+    let failed = s
+        .summary
+        .iter()
+        .any(|l| l.contains(": rc=") && !l.contains(": rc=0 "));
+    if failed {
+        Err("some steps failed (summary above)".into())
+    } else {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options() {
+        let o = parse(&["tests".into(), "--budget".into(), "60".into()]).unwrap();
+        assert_eq!(o.steps, vec!["tests".to_string()]);
+        assert_eq!(o.budget, Duration::from_secs(60));
+        assert_eq!(parse(&[]).unwrap().steps.len(), STEPS.len());
+        assert!(parse(&["bogus".into()]).is_err());
+    }
+}

@@ -139,6 +139,57 @@
 //!
 //! Generic structs work: the derive adds `FieldType: ChildModules` (or `TensorField`)
 //! bounds for the fields that use a type parameter, as serde's derives do.
+//!
+//! # Errors at compile time
+//!
+//! Each of these is refused where it is written: an enum (or a union),
+//!
+//! ```compile_fail
+//! # use ember_nn::{Module, Result, Tensor};
+//! #[derive(Debug, Module)]
+//! enum Layer { A, B }
+//! ```
+//!
+//! a tensor field that says neither `#[param]`, `#[buffer]` nor `#[module(skip)]`,
+//!
+//! ```compile_fail
+//! # use ember_nn::{Module, Result, Tensor};
+//! #[derive(Debug, Module)]
+//! struct Scale { factor: Tensor }
+//! # impl Module for Scale { fn forward(&self, x: &Tensor) -> Result<Tensor> { Ok(x.clone()) } }
+//! ```
+//!
+//! a field that is neither a module nor plain data (mark it `#[module(skip)]`),
+//!
+//! ```compile_fail
+//! # use ember_nn::{Module, Result, Tensor, layers::Linear};
+//! #[derive(Debug)]
+//! struct Config { width: usize }
+//! #[derive(Debug, Module)]
+//! struct Net { fc: Linear, config: Config }
+//! # impl Module for Net { fn forward(&self, x: &Tensor) -> Result<Tensor> { Ok(x.clone()) } }
+//! ```
+//!
+//! and a struct that derives `Module` without implementing it (`forward`):
+//!
+//! ```compile_fail
+//! # use ember_nn::{Module, layers::Linear};
+//! #[derive(Debug, Module)]
+//! struct Net { fc: Linear }
+//! ```
+//!
+//! The same with the config skipped compiles:
+//!
+//! ```
+//! # use ember_nn::{Module, Result, Tensor, layers::Linear};
+//! #[derive(Debug)]
+//! struct Config { width: usize }
+//! #[derive(Debug, Module)]
+//! struct Net { fc: Linear, #[module(skip)] config: Config }
+//! # impl Module for Net { fn forward(&self, x: &Tensor) -> Result<Tensor> { Ok(x.clone()) } }
+//! ```
+
+#![warn(missing_docs)]
 
 use proc_macro::TokenStream;
 use proc_macro2::{Span, TokenStream as TokenStream2, TokenTree};
@@ -554,5 +605,74 @@ fn default_crate() -> TokenStream2 {
             Ok(FoundCrate::Itself) => quote!(crate::nn),
             Err(_) => quote!(::ember_nn),
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn error(input: DeriveInput) -> String {
+        match expand(&input) {
+            Ok(_) => panic!("expected an error"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn enums_unions_and_unmarked_tensors_are_refused_with_a_reason() {
+        let e = error(syn::parse_quote! { enum Layer { A, B } });
+        assert!(e.contains("supports structs only"), "{e}");
+        let e = error(syn::parse_quote! { union U { a: u32 } });
+        assert!(e.contains("not unions"), "{e}");
+        let e = error(syn::parse_quote! { struct S { t: ember::Tensor } });
+        assert!(e.contains("#[param]"), "{e}");
+        let e = error(syn::parse_quote! { struct S { t: Option<Tensor> } });
+        assert!(e.contains("#[buffer]"), "{e}");
+        let e = error(syn::parse_quote! { struct S { #[param] #[buffer] t: Tensor } });
+        assert!(e.contains("not several"), "{e}");
+        let e = error(syn::parse_quote! { struct S { #[module(name = "x")] t: Tensor } });
+        assert!(e.contains("on the struct"), "{e}");
+        let e = error(syn::parse_quote! { #[module(bogus)] struct S; });
+        assert!(e.contains("unknown #[module(..)] option"), "{e}");
+        let e = error(syn::parse_quote! { struct S { a: TrainingFlag, b: TrainingFlag } });
+        assert!(e.contains("one training flag"), "{e}");
+    }
+
+    #[test]
+    fn fields_are_sorted_into_parameters_buffers_children_and_plain_data() {
+        let input: DeriveInput = syn::parse_quote! {
+            #[module(name = "Net", crate = ::ember::nn)]
+            struct S<M: Module> {
+                #[param] w: Tensor,
+                #[buffer] b: Option<Tensor>,
+                inner: M,
+                layers: Vec<Linear>,
+                #[module(skip)] cfg: Config,
+                width: usize,
+                dims: Vec<(usize, f64)>,
+                device: Device,
+                training: TrainingFlag,
+                hooks: ModuleHooks,
+            }
+        };
+        let out = expand(&input).unwrap_or_else(|e| panic!("{e}")).to_string();
+        for want in [
+            "impl < M : Module > :: ember :: nn :: __derive :: ModuleParts for S < M >",
+            "M : :: ember :: nn :: __derive :: ChildModules",
+            "\"Net\"",
+            "collect_tensors (& self . w , \"w\"",
+            "collect_tensors (& self . b , \"b\"",
+            "collect_children (& self . inner , \"inner\"",
+            "collect_children (& self . layers , \"layers\"",
+            "Some (& self . training)",
+            "Some (& self . hooks)",
+            "Self : :: ember :: nn :: __derive :: Module",
+        ] {
+            assert!(out.contains(want), "missing `{want}` in {out}");
+        }
+        for absent in ["self . cfg", "self . width", "self . dims", "self . device"] {
+            assert!(!out.contains(absent), "`{absent}` registered in {out}");
+        }
     }
 }

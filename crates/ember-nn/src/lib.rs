@@ -57,9 +57,9 @@ pub use ember_derive::Module;
 pub use error::{NnError, Result};
 pub use loss::Loss;
 pub use module::{
-    ChildModules, ForwardHook, ForwardPreHook, HookHandle, IncompatibleKeys, Module,
-    ModuleHooks, ModuleParts, ModuleTarget, StateDict, TensorField, TrainingFlag, check_device,
-    checkpoint, parameter, prefix_error,
+    ChildModules, ForwardHook, ForwardPreHook, HookHandle, IncompatibleKeys, Module, ModuleHooks,
+    ModuleParts, ModuleTarget, StateDict, TensorField, TrainingFlag, check_device, checkpoint,
+    parameter, prefix_error,
 };
 
 /// What `#[derive(Module)]`'s generated code names, at one path whichever crate re-exports

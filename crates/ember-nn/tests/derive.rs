@@ -20,7 +20,8 @@ use ember_tensor::{DType, Device};
 static RNG: Mutex<()> = Mutex::new(());
 
 fn rng_lock() -> std::sync::MutexGuard<'static, ()> {
-    RNG.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    RNG.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn devices() -> Vec<Device> {
@@ -116,32 +117,88 @@ fn names(v: Vec<(String, Tensor)>) -> Vec<String> {
 
 // `python reference/derive_names.py`, PyTorch 2.15.0:
 const NAMED_PARAMETERS: &[&str] = &[
-    "scale", "embed.weight", "blocks.0.fc.weight", "blocks.0.fc.bias", "blocks.0.norm.weight",
-    "blocks.0.norm.bias", "blocks.1.fc.weight", "blocks.1.fc.bias", "head.0.weight",
-    "head.0.bias", "head.1.weight", "head.1.bias", "shared_a.weight", "shared_a.bias",
+    "scale",
+    "embed.weight",
+    "blocks.0.fc.weight",
+    "blocks.0.fc.bias",
+    "blocks.0.norm.weight",
+    "blocks.0.norm.bias",
+    "blocks.1.fc.weight",
+    "blocks.1.fc.bias",
+    "head.0.weight",
+    "head.0.bias",
+    "head.1.weight",
+    "head.1.bias",
+    "shared_a.weight",
+    "shared_a.bias",
     "decoder.bias",
 ];
 const STATE_DICT: &[&str] = &[
-    "scale", "step", "embed.weight", "blocks.0.fc.weight", "blocks.0.fc.bias",
-    "blocks.0.norm.weight", "blocks.0.norm.bias", "blocks.1.fc.weight", "blocks.1.fc.bias",
-    "head.0.weight", "head.0.bias", "head.1.weight", "head.1.bias", "head.1.running_mean",
-    "head.1.running_var", "head.1.num_batches_tracked", "shared_a.weight", "shared_a.bias",
-    "shared_b.weight", "shared_b.bias", "decoder.weight", "decoder.bias",
+    "scale",
+    "step",
+    "embed.weight",
+    "blocks.0.fc.weight",
+    "blocks.0.fc.bias",
+    "blocks.0.norm.weight",
+    "blocks.0.norm.bias",
+    "blocks.1.fc.weight",
+    "blocks.1.fc.bias",
+    "head.0.weight",
+    "head.0.bias",
+    "head.1.weight",
+    "head.1.bias",
+    "head.1.running_mean",
+    "head.1.running_var",
+    "head.1.num_batches_tracked",
+    "shared_a.weight",
+    "shared_a.bias",
+    "shared_b.weight",
+    "shared_b.bias",
+    "decoder.weight",
+    "decoder.bias",
 ];
 const NAMED_BUFFERS: &[&str] = &[
-    "step", "head.1.running_mean", "head.1.running_var", "head.1.num_batches_tracked",
+    "step",
+    "head.1.running_mean",
+    "head.1.running_var",
+    "head.1.num_batches_tracked",
 ];
 const NAMED_MODULES: &[(&str, &str)] = &[
-    ("", "Net"), ("embed", "Embedding"), ("blocks", "ModuleList"), ("blocks.0", "Block"),
-    ("blocks.0.fc", "Linear"), ("blocks.0.norm", "LayerNorm"), ("blocks.0.act", "ReLU"),
-    ("blocks.1", "Block"), ("blocks.1.fc", "Linear"), ("blocks.1.act", "ReLU"),
-    ("head", "Sequential"), ("head.0", "Linear"), ("head.1", "BatchNorm1d"),
-    ("head.2", "ReLU"), ("shared_a", "Linear"), ("decoder", "Linear"),
+    ("", "Net"),
+    ("embed", "Embedding"),
+    ("blocks", "ModuleList"),
+    ("blocks.0", "Block"),
+    ("blocks.0.fc", "Linear"),
+    ("blocks.0.norm", "LayerNorm"),
+    ("blocks.0.act", "ReLU"),
+    ("blocks.1", "Block"),
+    ("blocks.1.fc", "Linear"),
+    ("blocks.1.act", "ReLU"),
+    ("head", "Sequential"),
+    ("head.0", "Linear"),
+    ("head.1", "BatchNorm1d"),
+    ("head.2", "ReLU"),
+    ("shared_a", "Linear"),
+    ("decoder", "Linear"),
 ];
 const CHILDREN: &[&str] = &["Embedding", "ModuleList", "Sequential", "Linear", "Linear"];
 const APPLY: &[&str] = &[
-    "Embedding", "Linear", "LayerNorm", "ReLU", "Block", "Linear", "ReLU", "Block",
-    "ModuleList", "Linear", "BatchNorm1d", "ReLU", "Sequential", "Linear", "Linear", "Net",
+    "Embedding",
+    "Linear",
+    "LayerNorm",
+    "ReLU",
+    "Block",
+    "Linear",
+    "ReLU",
+    "Block",
+    "ModuleList",
+    "Linear",
+    "BatchNorm1d",
+    "ReLU",
+    "Sequential",
+    "Linear",
+    "Linear",
+    "Net",
 ];
 const PARAMETERS: usize = 15;
 const NUMEL: usize = 150;
@@ -203,7 +260,10 @@ fn state_dict_round_trips_with_shared_keys_and_keeps_pytorchs_order() {
     let mut sd = a.state_dict();
     sd.remove("shared_b.bias");
     let e = b.load_state_dict(&sd).unwrap_err().to_string();
-    assert!(e.contains("Missing key(s) in state_dict: \"shared_b.bias\"."), "{e}");
+    assert!(
+        e.contains("Missing key(s) in state_dict: \"shared_b.bias\"."),
+        "{e}"
+    );
     // An ordered dict: 10 after 9, insertion order kept, replacing keeps the place.
     let mut sd = StateDict::new();
     for i in [2, 10, 1] {
@@ -233,10 +293,17 @@ fn to_moves_a_derived_model_by_value_by_reference_and_with_a_dtype() {
         net.to(&Device::Cpu).unwrap();
         assert_eq!(held[0].device(), Device::Cpu);
         net.to((d, DType::F64)).unwrap();
-        assert!(held.iter().all(|p| p.device() == d && p.dtype() == DType::F64));
+        assert!(
+            held.iter()
+                .all(|p| p.device() == d && p.dtype() == DType::F64)
+        );
         let steps = &net.named_buffers()[3];
         assert_eq!(steps.0, "head.1.num_batches_tracked");
-        assert_eq!(steps.1.dtype(), DType::I64, "integer buffers keep their dtype");
+        assert_eq!(
+            steps.1.dtype(),
+            DType::I64,
+            "integer buffers keep their dtype"
+        );
         let idx = Tensor::from_vec(vec![1i64, 2, 3], [3], &d).unwrap();
         let y = net.call(&idx).unwrap();
         assert_eq!((y.dims(), y.device()), (vec![3, 10], d));
@@ -257,7 +324,10 @@ fn hooks_replace_input_and_output_run_in_order_and_come_off() {
         let fc = Linear::new(2, 2, (DType::F64, d)).unwrap();
         {
             let _g = ember_autograd::no_grad();
-            fc.weight.data().copy_(&ember_tensor::Tensor::eye(2, (DType::F64, d)).unwrap()).unwrap();
+            fc.weight
+                .data()
+                .copy_(&ember_tensor::Tensor::eye(2, (DType::F64, d)).unwrap())
+                .unwrap();
             fc.bias.as_ref().unwrap().data().zero_().unwrap();
         }
         let x = Tensor::from_vec(vec![1.0f64, -2.0], [1, 2], &d).unwrap();
@@ -273,14 +343,18 @@ fn hooks_replace_input_and_output_run_in_order_and_come_off() {
         let first = fc
             .register_forward_hook(Box::new(move |_, x, y| {
                 // Sees the input the pre-hook left.
-                l.lock().unwrap().push(format!("hook1 {:?}", x.to_vec::<f64>()?));
+                l.lock()
+                    .unwrap()
+                    .push(format!("hook1 {:?}", x.to_vec::<f64>()?));
                 Ok(Some(y.add(1.0)?))
             }))
             .unwrap();
         let l = log.clone();
         let _second = fc
             .register_forward_hook(Box::new(move |_, _, y| {
-                l.lock().unwrap().push(format!("hook2 {:?}", y.to_vec::<f64>()?));
+                l.lock()
+                    .unwrap()
+                    .push(format!("hook2 {:?}", y.to_vec::<f64>()?));
                 Ok(None) // keeps the output
             }))
             .unwrap();
@@ -289,14 +363,13 @@ fn hooks_replace_input_and_output_run_in_order_and_come_off() {
         assert_eq!(y, [11.0, -19.0]);
         assert_eq!(
             *log.lock().unwrap(),
-            [
-                "pre Linear",
-                "hook1 [10.0, -20.0]",
-                "hook2 [11.0, -19.0]"
-            ]
+            ["pre Linear", "hook1 [10.0, -20.0]", "hook2 [11.0, -19.0]"]
         );
         // `forward` skips hooks, as in PyTorch.
-        assert_eq!(fc.forward(&x).unwrap().to_vec::<f64>().unwrap(), [1.0, -2.0]);
+        assert_eq!(
+            fc.forward(&x).unwrap().to_vec::<f64>().unwrap(),
+            [1.0, -2.0]
+        );
         pre.remove();
         first.remove();
         first.remove(); // removing twice does nothing
@@ -444,19 +517,34 @@ impl Module for Identity {
 fn generic_tuple_and_unit_structs_derive() {
     let _rng = rng_lock();
     let r = Residual {
-        inner: Pair(Linear::new(3, 3, ()).unwrap(), 0.5, Linear::new(3, 3, ()).unwrap()),
+        inner: Pair(
+            Linear::new(3, 3, ()).unwrap(),
+            0.5,
+            Linear::new(3, 3, ()).unwrap(),
+        ),
         gate: None,
     };
     assert_eq!(r.name(), "Residual");
     assert_eq!(
         names(r.named_parameters()),
-        ["inner.0.weight", "inner.0.bias", "inner.2.weight", "inner.2.bias"]
+        [
+            "inner.0.weight",
+            "inner.0.bias",
+            "inner.2.weight",
+            "inner.2.bias"
+        ]
     );
-    assert_eq!(r.call(&Tensor::ones([2, 3], ()).unwrap()).unwrap().dims(), [2, 3]);
+    assert_eq!(
+        r.call(&Tensor::ones([2, 3], ()).unwrap()).unwrap().dims(),
+        [2, 3]
+    );
     let two = Sequential::new().add(Identity).add(Identity);
     // Zero-sized modules are never taken for one another.
     assert_eq!(two.named_modules().len(), 3);
-    assert_eq!(two.describe(), "Sequential(\n  (0): Identity()\n  (1): Identity()\n)");
+    assert_eq!(
+        two.describe(),
+        "Sequential(\n  (0): Identity()\n  (1): Identity()\n)"
+    );
 }
 
 // ---- BatchNorm's options against reference/batchnorm_options.py (PyTorch 2.15.0) ----
@@ -474,7 +562,10 @@ fn close(got: &Tensor, want: &[f64], what: &str) {
     let got = got.to_vec::<f64>().unwrap();
     assert_eq!(got.len(), want.len(), "{what}");
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        assert!((g - w).abs() <= 1e-12 * (1.0 + w.abs()), "{what}[{i}]: {g} vs PyTorch {w}");
+        assert!(
+            (g - w).abs() <= 1e-12 * (1.0 + w.abs()),
+            "{what}[{i}]: {g} vs PyTorch {w}"
+        );
     }
 }
 
@@ -494,16 +585,28 @@ fn batch_norm_momentum_none_keeps_a_cumulative_average() {
         close(
             &y.unwrap(),
             &[
-                -1.104310951250723, 0.8682388677282473, 0.8682388677282473, 0.8834487610005785,
-                -1.1163071156506037, -1.1163071156506037, -0.8834487610005785,
-                1.1163071156506037, 1.1163071156506037, 1.104310951250723,
-                -0.8682388677282473, -0.8682388677282473,
+                -1.104310951250723,
+                0.8682388677282473,
+                0.8682388677282473,
+                0.8834487610005785,
+                -1.1163071156506037,
+                -1.1163071156506037,
+                -0.8834487610005785,
+                1.1163071156506037,
+                1.1163071156506037,
+                1.104310951250723,
+                -0.8682388677282473,
+                -0.8682388677282473,
             ],
             "train output",
         );
         close(
             bn.running_mean.as_ref().unwrap(),
-            &[-0.12500000000000003, -0.08333333333333326, -0.041666666666666664],
+            &[
+                -0.12500000000000003,
+                -0.08333333333333326,
+                -0.041666666666666664,
+            ],
             "running_mean",
         );
         close(
@@ -517,9 +620,17 @@ fn batch_norm_momentum_none_keeps_a_cumulative_average() {
         close(
             &bn.call(&batch(3, &[4, 3], d)).unwrap(),
             &[
-                1.6850821330939787, -1.167560828269664, -0.5616940443646596, 0.0991224784172929,
-                0.6868004872174494, 1.222510567146612, -1.486837176259393, -0.9615206821044291,
-                -0.3634490875300739, 0.29736743525187864, 0.8928406333826842,
+                1.6850821330939787,
+                -1.167560828269664,
+                -0.5616940443646596,
+                0.0991224784172929,
+                0.6868004872174494,
+                1.222510567146612,
+                -1.486837176259393,
+                -0.9615206821044291,
+                -0.3634490875300739,
+                0.29736743525187864,
+                0.8928406333826842,
                 1.4207555239811978,
             ],
             "eval output",
@@ -535,10 +646,22 @@ fn batch_norm_momentum_none_keeps_a_cumulative_average() {
 fn batch_norm_without_running_stats_uses_the_batch_in_eval_too() {
     let _rng = rng_lock();
     const OUT: [f64; 16] = [
-        -0.14583344915128538, 0.17083331016974293, 0.48750006949077124, 0.8041668288117996,
-        1.9927012481763489, -4.101526748110034, -2.7956207489058094, -1.4897147497015844,
-        0.593055655931114, 0.9097224152521424, -0.5680557949126565, -0.2513890355916282,
-        -2.3603187491710678, -1.0544127499668428, 0.25149324923738225, 1.5573992484416073,
+        -0.14583344915128538,
+        0.17083331016974293,
+        0.48750006949077124,
+        0.8041668288117996,
+        1.9927012481763489,
+        -4.101526748110034,
+        -2.7956207489058094,
+        -1.4897147497015844,
+        0.593055655931114,
+        0.9097224152521424,
+        -0.5680557949126565,
+        -0.2513890355916282,
+        -2.3603187491710678,
+        -1.0544127499668428,
+        0.25149324923738225,
+        1.5573992484416073,
     ];
     for d in devices() {
         let config = BatchNormConfig {

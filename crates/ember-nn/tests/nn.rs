@@ -279,7 +279,14 @@ fn batch_norm_matches_a_naive_reference_in_train_and_eval() {
             assert!((rm - 0.1 * mean).abs() < 1e-12);
             assert!((rv - (0.9 + 0.1 * var * m / (m - 1.0))).abs() < 1e-12);
         }
-        assert_eq!(bn.num_batches_tracked.as_ref().unwrap().item::<i64>().unwrap(), 1);
+        assert_eq!(
+            bn.num_batches_tracked
+                .as_ref()
+                .unwrap()
+                .item::<i64>()
+                .unwrap(),
+            1
+        );
         bn.eval();
         let ye = bn.forward(&x).unwrap().to_vec::<f64>().unwrap();
         let rm = bn.running_mean.as_ref().unwrap().to_vec::<f64>().unwrap();
@@ -289,7 +296,14 @@ fn batch_norm_matches_a_naive_reference_in_train_and_eval() {
             let want = (v - rm[ch]) / (rv[ch] + 1e-5).sqrt();
             assert!((ye[i] - want).abs() < 1e-10);
         }
-        assert_eq!(bn.num_batches_tracked.as_ref().unwrap().item::<i64>().unwrap(), 1);
+        assert_eq!(
+            bn.num_batches_tracked
+                .as_ref()
+                .unwrap()
+                .item::<i64>()
+                .unwrap(),
+            1
+        );
         let e = BatchNorm::new_1d(3, ())
             .unwrap()
             .forward(&Tensor::ones([1, 3], ()).unwrap());

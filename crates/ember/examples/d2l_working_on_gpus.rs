@@ -89,7 +89,7 @@ pub fn run(gpu0: Device, gpu1: Device) -> Result<(), Error> {
             &format!("buffer {name} moved with the model"),
         )?;
     }
-    let out = net.forward(&big_x.add(&Tensor::randn([2, 3], gpu0)?)?)?;
+    let out = net.call(&big_x.add(&Tensor::randn([2, 3], gpu0)?)?)?;
     println!("net(X) = {out}");
     ensure(
         out.device() == gpu0,

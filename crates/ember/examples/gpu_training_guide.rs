@@ -45,7 +45,7 @@ pub fn run(device: Device) -> Result<(), Error> {
     println!("Model device: {}", model.parameters()[0].device());
     let x = Tensor::randn([32, 100], ())?.to(device)?;
     let y = Tensor::randint(0, 10, [32], ())?.to(device)?;
-    let output = model.forward(&x)?;
+    let output = model.call(&x)?;
     println!("Output device: {}", output.device());
     ensure(
         output.device() == device && y.device() == device,
@@ -78,7 +78,7 @@ pub fn run(device: Device) -> Result<(), Error> {
         "the parameters are allocated on the device",
     )?;
     let x = Tensor::randn([256, 1000], ())?.to(device)?;
-    let output = model.forward(&x)?;
+    let output = model.call(&x)?;
     let after_forward = memory::memory_allocated(device)?;
     println!(
         "After forward: Allocated: {:.4} GB",
@@ -134,7 +134,7 @@ pub fn run(device: Device) -> Result<(), Error> {
         for step in 0..16 {
             let x = Tensor::randn([64, 100], ())?.to(device)?;
             let y = Tensor::randint(0, 10, [64], ())?.to(device)?;
-            let output = model.forward(&x)?;
+            let output = model.call(&x)?;
             let loss = criterion
                 .forward(&output, &y)?
                 .div(accumulation_steps as f64)?;

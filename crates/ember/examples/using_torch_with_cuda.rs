@@ -57,7 +57,7 @@ pub fn run(device: Device, second: Device) -> Result<(), Error> {
     let input = Tensor::randn([4, 5], ())?;
     if device != Device::Cpu {
         let e = model
-            .forward(&input)
+            .call(&input)
             .err()
             .map(|e| e.to_string())
             .unwrap_or_default();
@@ -67,13 +67,13 @@ pub fn run(device: Device, second: Device) -> Result<(), Error> {
             "the mix is an error naming the parameter",
         )?;
     }
-    let out = model.forward(&input.to(device)?)?;
+    let out = model.call(&input.to(device)?)?;
     ensure(out.device() == device, "fixed by moving the input")?;
 
     // Out of memory: smaller batches, or no_grad for inference.
     let _g = no_grad();
     ensure(
-        model.forward(&input.to(device)?)?.grad_fn_name().is_none(),
+        model.call(&input.to(device)?)?.grad_fn_name().is_none(),
         "no graph kept",
     )?;
     Ok(())

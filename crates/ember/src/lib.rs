@@ -94,7 +94,8 @@ pub mod nn {
     pub use ember_nn::layers::*;
     pub use ember_nn::loss::*;
     pub use ember_nn::{
-        IncompatibleKeys, Module, ModuleTarget, NnError, StateDict, TrainingFlag, checkpoint,
-        parameter,
+        __derive, ChildModules, ForwardHook, ForwardPreHook, HookHandle, IncompatibleKeys, Module,
+        ModuleHooks, ModuleParts, ModuleTarget, NnError, StateDict, TensorField, TrainingFlag,
+        checkpoint, parameter,
     };
 }

@@ -321,9 +321,12 @@ impl Module for BatchNorm {
                 ),
             ));
         }
-        if let Some((pname, p)) = [("running_mean", &self.running_mean), ("weight", &self.weight)]
-            .into_iter()
-            .find_map(|(n, t)| t.as_ref().map(|t| (n, t)))
+        if let Some((pname, p)) = [
+            ("running_mean", &self.running_mean),
+            ("weight", &self.weight),
+        ]
+        .into_iter()
+        .find_map(|(n, t)| t.as_ref().map(|t| (n, t)))
         {
             check_device(self.name, pname, p, x)?;
         }

@@ -105,6 +105,10 @@ pub trait ModuleParts {
 /// Every method works on trait objects (`&dyn Module`, `Box<dyn Module>`) except `to`,
 /// generic over its target so that `model.to(device)` and `model.to(&device)` both work;
 /// `to_target(&device)` is the same move for a `&dyn Module`.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a `Module`",
+    note = "a `#[derive(Module)]` struct also needs `impl Module for {Self} {{ fn forward(..) }}`"
+)]
 pub trait Module: ModuleParts + Send + Sync + std::fmt::Debug {
     /// The forward pass. Call a module through [`call`](Module::call) so that its hooks run
     /// (as `module(x)` in PyTorch); `forward` alone skips them, as in PyTorch.
@@ -210,10 +214,7 @@ pub trait Module: ModuleParts + Send + Sync + std::fmt::Debug {
 
     /// `modules()`: the modules of [`named_modules`](Module::named_modules), without names.
     fn modules(&self) -> Vec<&dyn Module> {
-        self.named_modules()
-            .into_iter()
-            .map(|(_, m)| m)
-            .collect()
+        self.named_modules().into_iter().map(|(_, m)| m).collect()
     }
 
     /// `apply(fn)`: calls `f` on every child's subtree (each child's `apply`), then on this
@@ -308,9 +309,9 @@ pub trait Module: ModuleParts + Send + Sync + std::fmt::Debug {
             self.local_buffers(),
             self.named_children(),
         )
-            .into_iter()
-            .map(|(n, t)| (n, t.detach()))
-            .collect()
+        .into_iter()
+        .map(|(n, t)| (n, t.detach()))
+        .collect()
     }
 
     /// Copies `state` into the parameters and buffers (strict: every key must match and

@@ -580,7 +580,7 @@ fn mentions_tensor(tokens: TokenStream2) -> bool {
 fn mentions_any(tokens: TokenStream2, params: &[Ident]) -> bool {
     !params.is_empty()
         && tokens.into_iter().any(|t| match t {
-            TokenTree::Ident(i) => params.iter().any(|p| *p == i),
+            TokenTree::Ident(i) => params.contains(&i),
             TokenTree::Group(g) => mentions_any(g.stream(), params),
             _ => false,
         })

@@ -277,6 +277,7 @@ fn state_dict_round_trips_with_shared_keys_and_keeps_pytorchs_order() {
 }
 
 #[test]
+#[allow(clippy::needless_borrows_for_generic_args)] // `to(&device)` is what is tested
 fn to_moves_a_derived_model_by_value_by_reference_and_with_a_dtype() {
     let _rng = rng_lock();
     for d in devices() {

@@ -139,7 +139,7 @@ fn to_moves_parameters_buffers_and_grads_in_place() {
         .backward()
         .unwrap();
     let g = held[0].grad().unwrap().to_vec::<f32>().unwrap();
-    m.to(&Device::Cuda(0)).unwrap();
+    m.to(Device::Cuda(0)).unwrap();
     for t in held.iter().chain(&m.buffers()) {
         assert_eq!(t.device(), Device::Cuda(0));
     }
@@ -147,7 +147,7 @@ fn to_moves_parameters_buffers_and_grads_in_place() {
     assert_eq!(held[0].grad().unwrap().to_vec::<f32>().unwrap(), g);
     assert!(held[0].is_leaf() && held[0].requires_grad());
     // A dtype casts floating-point tensors only.
-    m.to(&DType::F64).unwrap();
+    m.to(DType::F64).unwrap();
     assert_eq!(held[0].dtype(), DType::F64);
     let nbt = &m.named_buffers()[2];
     assert_eq!(nbt.0, "1.num_batches_tracked");

@@ -119,7 +119,7 @@ pub fn run(device: Device, second: Device) -> Result<(), Error> {
         "exact round trip",
     )?;
     let model = Linear::new(1000, 100, ())?;
-    model.to(&device)?;
+    model.to(device)?;
 
     // Non-blocking transfers from pinned memory.
     let pinned_tensor = cpu_tensor.pin_memory()?;
@@ -196,8 +196,8 @@ pub fn run(device: Device, second: Device) -> Result<(), Error> {
     let plain = LargeModel::new(width, depth, false)?;
     ember::tensor::random::manual_seed(0);
     let ckpt = LargeModel::new(width, depth, true)?;
-    plain.to(&device)?;
-    ckpt.to(&device)?;
+    plain.to(device)?;
+    ckpt.to(device)?;
     let xb = Tensor::randn([4096, width], device)?;
     let (peak_plain, g_plain) = train_step(&plain, &xb, device)?;
     let (peak_ckpt, g_ckpt) = train_step(&ckpt, &xb, device)?;

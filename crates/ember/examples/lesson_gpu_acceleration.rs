@@ -123,7 +123,7 @@ pub fn run(device: Device, second: Device) -> Result<(), Error> {
 
     // A custom model, moved: every parameter follows.
     let model = MyModel::new()?;
-    model.to(&device)?;
+    model.to(device)?;
     for (name, param) in model.named_parameters() {
         println!("{name}: {}", param.device());
         ensure(param.device() == device, "parameters on the device")?;

@@ -218,7 +218,7 @@ pub fn build_model(kind: ModelKind, device: Device) -> Result<Sequential, NnErro
                 .add(Linear::new(32 * 2 * 2, 10, ())?)
         }
     };
-    m.to(&device)?;
+    m.to(device)?;
     Ok(m)
 }
 

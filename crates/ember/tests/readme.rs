@@ -51,7 +51,7 @@ fn readme_training_snippet_runs() -> Result<(), Box<dyn std::error::Error>> {
         .add(Linear::new(64, 128, ())?)
         .add(ReLU::new())
         .add(Linear::new(128, 10, ())?);
-    model.to(&device)?;
+    model.to(device)?;
     let mut optimizer = Adam::new(
         model.parameters(),
         AdamOptions {

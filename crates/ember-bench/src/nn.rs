@@ -35,7 +35,7 @@ fn mlp(widths: &[usize], device: Device) -> Result<Sequential, String> {
         }
         m = m.add(Linear::new(w[0], w[1], ()).map_err(err)?);
     }
-    m.to(&device).map_err(err)?;
+    m.to(device).map_err(err)?;
     Ok(m)
 }
 

@@ -139,7 +139,7 @@ fn to_moves_parameters_buffers_and_grads_in_place() {
         .backward()
         .unwrap();
     let g = held[0].grad().unwrap().to_vec::<f32>().unwrap();
-    m.to(&Device::Cuda(0)).unwrap();
+    m.to(Device::Cuda(0)).unwrap();
     for t in held.iter().chain(&m.buffers()) {
         assert_eq!(t.device(), Device::Cuda(0));
     }
@@ -147,7 +147,7 @@ fn to_moves_parameters_buffers_and_grads_in_place() {
     assert_eq!(held[0].grad().unwrap().to_vec::<f32>().unwrap(), g);
     assert!(held[0].is_leaf() && held[0].requires_grad());
     // A dtype casts floating-point tensors only.
-    m.to(&DType::F64).unwrap();
+    m.to(DType::F64).unwrap();
     assert_eq!(held[0].dtype(), DType::F64);
     let nbt = &m.named_buffers()[2];
     assert_eq!(nbt.0, "1.num_batches_tracked");
@@ -280,22 +280,36 @@ fn batch_norm_matches_a_naive_reference_in_train_and_eval() {
                 let want = (xv[i] - mean) / (var + 1e-5).sqrt();
                 assert!((y[i] - want).abs() < 1e-10);
             }
-            let rm = bn.running_mean.to_vec::<f64>().unwrap()[ch];
-            let rv = bn.running_var.to_vec::<f64>().unwrap()[ch];
+            let rm = bn.running_mean.as_ref().unwrap().to_vec::<f64>().unwrap()[ch];
+            let rv = bn.running_var.as_ref().unwrap().to_vec::<f64>().unwrap()[ch];
             assert!((rm - 0.1 * mean).abs() < 1e-12);
             assert!((rv - (0.9 + 0.1 * var * m / (m - 1.0))).abs() < 1e-12);
         }
-        assert_eq!(bn.num_batches_tracked.item::<i64>().unwrap(), 1);
+        assert_eq!(
+            bn.num_batches_tracked
+                .as_ref()
+                .unwrap()
+                .item::<i64>()
+                .unwrap(),
+            1
+        );
         bn.eval();
         let ye = bn.forward(&x).unwrap().to_vec::<f64>().unwrap();
-        let rm = bn.running_mean.to_vec::<f64>().unwrap();
-        let rv = bn.running_var.to_vec::<f64>().unwrap();
+        let rm = bn.running_mean.as_ref().unwrap().to_vec::<f64>().unwrap();
+        let rv = bn.running_var.as_ref().unwrap().to_vec::<f64>().unwrap();
         for (i, v) in xv.iter().enumerate() {
             let ch = (i / (h * w)) % c;
             let want = (v - rm[ch]) / (rv[ch] + 1e-5).sqrt();
             assert!((ye[i] - want).abs() < 1e-10);
         }
-        assert_eq!(bn.num_batches_tracked.item::<i64>().unwrap(), 1);
+        assert_eq!(
+            bn.num_batches_tracked
+                .as_ref()
+                .unwrap()
+                .item::<i64>()
+                .unwrap(),
+            1
+        );
         let e = BatchNorm::new_1d(3, ())
             .unwrap()
             .forward(&Tensor::ones([1, 3], ()).unwrap());

@@ -79,7 +79,7 @@ pub fn run(gpu0: Device, gpu1: Device) -> Result<(), Error> {
             ..Default::default()
         },
     )?;
-    net.to(&gpu0)?; // net = net.to(device=try_gpu())
+    net.to(gpu0)?; // net = net.to(device=try_gpu())
     for (name, p) in net.named_parameters() {
         ensure(p.device() == gpu0, &format!("{name} moved"))?;
     }
@@ -89,7 +89,7 @@ pub fn run(gpu0: Device, gpu1: Device) -> Result<(), Error> {
             &format!("buffer {name} moved with the model"),
         )?;
     }
-    let out = net.forward(&big_x.add(&Tensor::randn([2, 3], gpu0)?)?)?;
+    let out = net.call(&big_x.add(&Tensor::randn([2, 3], gpu0)?)?)?;
     println!("net(X) = {out}");
     ensure(
         out.device() == gpu0,

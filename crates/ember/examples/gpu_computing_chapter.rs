@@ -20,8 +20,9 @@ fn ensure(ok: bool, what: &str) -> Result<(), Error> {
     }
 }
 
-/// `class LargeModel(nn.Module)` whose forward checkpoints its two blocks.
-#[derive(Debug)]
+/// `class LargeModel(nn.Module)` whose forward checkpoints its two blocks. The derive
+/// registers `stem`, `block1` and `block2` as children (the flag is plain data).
+#[derive(Debug, Module)]
 pub struct LargeModel {
     stem: Linear,
     block1: Arc<dyn Module>,
@@ -51,24 +52,14 @@ impl LargeModel {
 
 impl Module for LargeModel {
     fn forward(&self, x: &Tensor) -> Result<Tensor, Error> {
-        let x = self.stem.forward(x)?;
+        let x = self.stem.call(x)?;
         if self.checkpointing {
             // Recompute activations during the backward pass instead of storing them.
             let x = checkpoint(self.block1.clone(), &x)?;
             checkpoint(self.block2.clone(), &x)
         } else {
-            self.block2.forward(&self.block1.forward(&x)?)
+            self.block2.call(&self.block1.call(&x)?)
         }
-    }
-    fn name(&self) -> &'static str {
-        "LargeModel"
-    }
-    fn named_children(&self) -> Vec<(String, &dyn Module)> {
-        vec![
-            ("stem".into(), &self.stem),
-            ("block1".into(), self.block1.as_ref()),
-            ("block2".into(), self.block2.as_ref()),
-        ]
     }
 }
 
@@ -81,7 +72,7 @@ fn train_step(
     model.zero_grad(true)?;
     let base = memory::memory_allocated(device)?;
     memory::reset_peak_memory_stats(device)?;
-    model.forward(x)?.square()?.mean_all()?.backward()?;
+    model.call(x)?.square()?.mean_all()?.backward()?;
     let peak = memory::max_memory_allocated(device)? - base;
     let grads = model
         .parameters()
@@ -128,7 +119,7 @@ pub fn run(device: Device, second: Device) -> Result<(), Error> {
         "exact round trip",
     )?;
     let model = Linear::new(1000, 100, ())?;
-    model.to(&device)?;
+    model.to(device)?;
 
     // Non-blocking transfers from pinned memory.
     let pinned_tensor = cpu_tensor.pin_memory()?;
@@ -191,7 +182,7 @@ pub fn run(device: Device, second: Device) -> Result<(), Error> {
     let inputs = Tensor::randn([64, 1000], device)?;
     let predictions = {
         let _g = no_grad();
-        model.forward(&inputs)?
+        model.call(&inputs)?
     };
     ensure(
         predictions.grad_fn_name().is_none(),
@@ -205,8 +196,8 @@ pub fn run(device: Device, second: Device) -> Result<(), Error> {
     let plain = LargeModel::new(width, depth, false)?;
     ember::tensor::random::manual_seed(0);
     let ckpt = LargeModel::new(width, depth, true)?;
-    plain.to(&device)?;
-    ckpt.to(&device)?;
+    plain.to(device)?;
+    ckpt.to(device)?;
     let xb = Tensor::randn([4096, width], device)?;
     let (peak_plain, g_plain) = train_step(&plain, &xb, device)?;
     let (peak_ckpt, g_ckpt) = train_step(&ckpt, &xb, device)?;

@@ -42,17 +42,17 @@ pub fn run(device: Device) -> Result<(), Error> {
         .add(Linear::new(51, 12, ())?)
         .add(ReLU::new())
         .add(Linear::new(12, 10, ())?);
-    model.to(&device)?;
+    model.to(device)?;
     println!("Model device: {}", model.parameters()[0].device());
     let x = Tensor::randn([32, 100], ())?.to(device)?;
     let y = Tensor::randint(0, 10, [32], ())?.to(device)?;
-    let output = model.forward(&x)?;
+    let output = model.call(&x)?;
     println!("Output device: {}", output.device());
     ensure(
         output.device() == device && y.device() == device,
         "output and labels on the device",
     )?;
-    model.to(&Device::Cpu)?; // move back to the CPU
+    model.to(Device::Cpu)?; // move back to the CPU
     ensure(
         model.parameters()[0].device() == Device::Cpu,
         "model back on the CPU",
@@ -65,7 +65,7 @@ pub fn run(device: Device) -> Result<(), Error> {
         .add(Linear::new(500, 200, ())?)
         .add(ReLU::new())
         .add(Linear::new(200, 10, ())?);
-    model.to(&device)?;
+    model.to(device)?;
     let params_bytes = 4 * model.num_parameters() as u64;
     let allocated = memory::memory_allocated(device)?;
     let reserved = memory::memory_reserved(device)?;
@@ -79,7 +79,7 @@ pub fn run(device: Device) -> Result<(), Error> {
         "the parameters are allocated on the device",
     )?;
     let x = Tensor::randn([256, 1000], ())?.to(device)?;
-    let output = model.forward(&x)?;
+    let output = model.call(&x)?;
     let after_forward = memory::memory_allocated(device)?;
     println!(
         "After forward: Allocated: {:.4} GB",
@@ -119,7 +119,7 @@ pub fn run(device: Device) -> Result<(), Error> {
 
     // Gradient accumulation for simulating large batches: batch 256 as 4 x 64.
     let model = Linear::new(100, 10, ())?;
-    model.to(&device)?;
+    model.to(device)?;
     let mut optimizer = Adam::new(
         model.parameters(),
         AdamOptions {
@@ -135,7 +135,7 @@ pub fn run(device: Device) -> Result<(), Error> {
         for step in 0..16 {
             let x = Tensor::randn([64, 100], ())?.to(device)?;
             let y = Tensor::randint(0, 10, [64], ())?.to(device)?;
-            let output = model.forward(&x)?;
+            let output = model.call(&x)?;
             let loss = criterion
                 .forward(&output, &y)?
                 .div(accumulation_steps as f64)?;

@@ -22,8 +22,9 @@ fn ensure(ok: bool, what: &str) -> Result<(), Error> {
     }
 }
 
-/// `class MyModel(nn.Module)`: two linear layers with a ReLU between.
-#[derive(Debug)]
+/// `class MyModel(nn.Module)`: two linear layers with a ReLU between. `#[derive(Module)]`
+/// registers the fields as `nn.Module.__setattr__` registers attributes in Python.
+#[derive(Debug, Module)]
 pub struct MyModel {
     fc1: Linear,
     fc2: Linear,
@@ -43,19 +44,8 @@ impl MyModel {
 
 impl Module for MyModel {
     fn forward(&self, x: &Tensor) -> Result<Tensor, Error> {
-        let x = self.relu.forward(&self.fc1.forward(x)?)?;
-        self.fc2.forward(&x)
-    }
-    fn name(&self) -> &'static str {
-        "MyModel"
-    }
-    // What `nn.Module.__setattr__` registers in Python: the children, by name.
-    fn named_children(&self) -> Vec<(String, &dyn Module)> {
-        vec![
-            ("fc1".into(), &self.fc1),
-            ("fc2".into(), &self.fc2),
-            ("relu".into(), &self.relu),
-        ]
+        let x = self.relu.call(&self.fc1.call(x)?)?;
+        self.fc2.call(&x)
     }
 }
 
@@ -76,7 +66,7 @@ pub fn train_epoch(
         let data = batch[0].to_non_blocking(device)?;
         let target = batch[1].to_non_blocking(device)?;
         optimizer.zero_grad(true)?;
-        let output = model.forward(&data)?;
+        let output = model.call(&data)?;
         let loss = criterion.forward(&output, &target)?;
         loss.backward()?;
         optimizer.step()?;
@@ -134,7 +124,7 @@ pub fn run(device: Device, second: Device) -> Result<(), Error> {
 
     // A custom model, moved: every parameter follows.
     let model = MyModel::new()?;
-    model.to(&device)?;
+    model.to(device)?;
     for (name, param) in model.named_parameters() {
         println!("{name}: {}", param.device());
         ensure(param.device() == device, "parameters on the device")?;
@@ -180,7 +170,7 @@ pub fn run(device: Device, second: Device) -> Result<(), Error> {
     // Evaluation: no graph is recorded under no_grad.
     model.eval();
     let _g = no_grad();
-    let predictions = model.forward(&inputs.to(device)?)?;
+    let predictions = model.call(&inputs.to(device)?)?;
     ensure(
         !predictions.requires_grad() && predictions.grad_fn_name().is_none(),
         "no graph under no_grad",

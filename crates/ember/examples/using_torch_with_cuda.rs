@@ -24,7 +24,7 @@ pub fn run(device: Device, second: Device) -> Result<(), Error> {
     // device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     let x = Tensor::randn([5, 5], ())?.to(device)?;
     let model = Linear::new(5, 3, ())?;
-    model.to(&device)?;
+    model.to(device)?;
     ensure(
         x.device() == device && model.weight.device() == device,
         "moved",
@@ -38,13 +38,13 @@ pub fn run(device: Device, second: Device) -> Result<(), Error> {
     for i in 0..cuda::device_count() {
         println!("{}", cuda::get_device_name(i)?);
     }
-    model.to(&second)?; // model = model.to('cuda:1')
+    model.to(second)?; // model = model.to('cuda:1')
     ensure(
         model.weight.device() == second
             && model.bias.as_ref().is_some_and(|b| b.device() == second),
         "model on the second GPU",
     )?;
-    model.to(&device)?;
+    model.to(device)?;
 
     println!(
         "allocated {} bytes, reserved {} bytes",
@@ -57,7 +57,7 @@ pub fn run(device: Device, second: Device) -> Result<(), Error> {
     let input = Tensor::randn([4, 5], ())?;
     if device != Device::Cpu {
         let e = model
-            .forward(&input)
+            .call(&input)
             .err()
             .map(|e| e.to_string())
             .unwrap_or_default();
@@ -67,13 +67,13 @@ pub fn run(device: Device, second: Device) -> Result<(), Error> {
             "the mix is an error naming the parameter",
         )?;
     }
-    let out = model.forward(&input.to(device)?)?;
+    let out = model.call(&input.to(device)?)?;
     ensure(out.device() == device, "fixed by moving the input")?;
 
     // Out of memory: smaller batches, or no_grad for inference.
     let _g = no_grad();
     ensure(
-        model.forward(&input.to(device)?)?.grad_fn_name().is_none(),
+        model.call(&input.to(device)?)?.grad_fn_name().is_none(),
         "no graph kept",
     )?;
     Ok(())

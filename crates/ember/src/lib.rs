@@ -53,6 +53,12 @@
 //! # Ok::<(), ember::Error>(())
 //! ```
 
+/// README.md's Rust code, compiled as a doctest so that the README keeps up with the API
+/// (`crates/ember/tests/readme.rs` runs the same training loop).
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+struct ReadmeDoctests;
+
 pub mod info;
 pub mod train;
 
@@ -129,8 +135,9 @@ pub mod nn {
     pub use ember_nn::layers::*;
     pub use ember_nn::loss::*;
     pub use ember_nn::{
-        IncompatibleKeys, Module, ModuleTarget, NnError, StateDict, TrainingFlag, checkpoint,
-        parameter,
+        __derive, ChildModules, ForwardHook, ForwardPreHook, HookHandle, IncompatibleKeys, Module,
+        ModuleHooks, ModuleParts, ModuleTarget, NnError, StateDict, TensorField, TrainingFlag,
+        checkpoint, parameter,
     };
     pub use ember_nn::{functional, init};
 }

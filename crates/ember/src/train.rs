@@ -220,7 +220,7 @@ pub fn build_model(kind: ModelKind, device: Device) -> Result<Sequential, Error>
                 .add(Linear::new(32 * 2 * 2, 10, ())?)
         }
     };
-    m.to(&device)?;
+    m.to(device)?;
     Ok(m)
 }
 

@@ -19,7 +19,7 @@ fn readme_snippet_runs() -> Result<(), Box<dyn std::error::Error>> {
     let w = Tensor::randn([784, 10], (device, DType::F32))?.requires_grad_(true)?;
     let logits = x.to_non_blocking(device)?.matmul(&w)?;
     let target = Tensor::randint(0, 10, [64], device)?;
-    let loss = logits.cross_entropy(&target, &ember::tensor::CrossEntropyOptions::new())?;
+    let loss = logits.cross_entropy(&target, &ember::autograd::CrossEntropyOptions::new())?;
     let shown = loss.to_string();
     assert!(
         shown.starts_with("tensor(")
@@ -29,7 +29,7 @@ fn readme_snippet_runs() -> Result<(), Box<dyn std::error::Error>> {
     // The same on the CPU gives the same loss (within float tolerance).
     let cpu = x
         .matmul(&w.cpu()?)?
-        .cross_entropy(&target.cpu()?, &ember::tensor::CrossEntropyOptions::new())?;
+        .cross_entropy(&target.cpu()?, &ember::autograd::CrossEntropyOptions::new())?;
     let (a, b) = (cpu.item::<f32>()?, loss.cpu()?.item::<f32>()?);
     assert!((a - b).abs() <= 1e-4 * a.abs().max(1.0), "{a} vs {b}");
     loss.backward()?;
@@ -38,21 +38,44 @@ fn readme_snippet_runs() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// A `Sequential` model trained on the shipped digits, on an emulated cuda:0.
+/// README.md's training loop (a `#[derive(Module)]` model through the prelude), three
+/// epochs on an emulated cuda:0. README.md's block itself is compiled as a doctest of the
+/// `ember` crate.
 #[test]
 fn readme_training_snippet_runs() -> Result<(), Box<dyn std::error::Error>> {
-    use ember::data::{DataLoader, digits};
-    use ember::nn::{CrossEntropyLoss, Linear, Loss, Module, ReLU, Sequential};
-    use ember::optim::{Adam, AdamOptions, Optimizer};
+    use ember::data::{DataLoader, TensorDataset, digits};
+    use ember::nn::{CrossEntropyLoss, Linear, ReLU};
+    use ember::optim::{Adam, AdamOptions};
+    use ember::prelude::*;
     use std::sync::Arc;
+
+    #[derive(Debug, Module)]
+    struct Mlp {
+        fc1: Linear,
+        act: ReLU,
+        fc2: Linear,
+    }
+
+    impl Module for Mlp {
+        fn forward(&self, x: &Tensor) -> Result<Tensor> {
+            self.fc2.forward(&self.act.forward(&self.fc1.forward(x)?)?)
+        }
+    }
 
     cuda::use_emulator(EmulatorConfig::devices(2))?;
     let device = Device::cuda_if_available();
-    let model = Sequential::new()
-        .add(Linear::new(64, 128, ())?)
-        .add(ReLU::new())
-        .add(Linear::new(128, 10, ())?);
-    model.to(&device)?;
+    let model = Mlp {
+        fc1: Linear::new(64, 128, ())?,
+        act: ReLU::new(),
+        fc2: Linear::new(128, 10, ())?,
+    };
+    model.to(device)?;
+    let names: Vec<String> = model
+        .named_parameters()
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    assert_eq!(names, ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]);
     let mut optimizer = Adam::new(
         model.parameters(),
         AdamOptions {
@@ -60,13 +83,13 @@ fn readme_training_snippet_runs() -> Result<(), Box<dyn std::error::Error>> {
             ..Default::default()
         },
     )?;
+    let criterion = CrossEntropyLoss::new();
     let d = digits::load()?;
-    let data = ember::data::TensorDataset::new(vec![d.images.div(16.0)?, d.labels])?;
+    let data = TensorDataset::new(vec![d.images.div(16.0)?, d.labels.clone()])?;
     let loader = DataLoader::new(Arc::new(data))
         .batch_size(64)
         .shuffle(true)
         .pin_memory(true);
-    let criterion = CrossEntropyLoss::new();
     let mut losses = Vec::new();
     for epoch in 0..3 {
         let mut total = 0.0;
@@ -80,11 +103,21 @@ fn readme_training_snippet_runs() -> Result<(), Box<dyn std::error::Error>> {
             let loss = criterion.forward(&model.forward(&x)?, &y)?;
             loss.backward()?;
             optimizer.step()?;
-            total += loss.item::<f32>()?;
+            total += loss.item::<f64>()?;
         }
-        losses.push(total / loader.len() as f32);
+        losses.push(total / loader.len() as f64);
     }
     assert_eq!(model.parameters()[0].device(), device);
     assert!(losses[2] < 0.5 * losses[0], "{losses:?}");
+    let _no_grad = no_grad();
+    let predicted = model.forward(&d.images.div(16.0)?.to(device)?)?.argmax(1)?;
+    let labels = d.labels.to_vec::<i64>()?;
+    let hits = predicted
+        .to_vec::<i64>()?
+        .iter()
+        .zip(&labels)
+        .filter(|(p, l)| p == l)
+        .count();
+    assert!(hits * 10 > labels.len() * 8, "{hits} of {}", labels.len());
     Ok(())
 }

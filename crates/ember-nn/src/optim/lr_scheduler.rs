@@ -103,10 +103,12 @@ fn f64s_entry(v: &[f64]) -> Result<Raw> {
 
 /// Named fields into a state dict (as [`Tensor`]s without history).
 fn to_state_dict(fields: Vec<(&str, Raw)>) -> StateDict {
-    fields
+    let mut dict: StateDict = fields
         .into_iter()
         .map(|(k, t)| (k.to_string(), Tensor::wrap(t)))
-        .collect()
+        .collect();
+    dict.sort_keys(); // listed by name, as always
+    dict
 }
 
 /// Reads a scheduler's state dict by name: type and shape errors at once, missing and

@@ -222,6 +222,8 @@ impl<S: ParamState> Groups<S> {
             }
             next += group.params.len();
         }
+        // Sorted by key, as the flat layout has always been listed.
+        out.sort_keys();
         Ok(out)
     }
 

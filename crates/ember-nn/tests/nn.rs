@@ -511,3 +511,39 @@ fn a_small_cnn_runs_forward_and_backward_on_every_device() {
         assert_eq!(g.iter().sum::<f32>(), 9.0);
     }
 }
+
+/// `model.to(...)` is all or nothing: a target that does not exist (cuda:5 with two
+/// devices) is an error and leaves every parameter, buffer and gradient where it was
+/// (PyTorch: the model is unchanged when `to` fails).
+#[test]
+fn a_failed_move_leaves_the_model_unchanged() {
+    let _rng = rng_lock();
+    devices();
+    let model = Sequential::new()
+        .add(Linear::new(3, 4, ()).unwrap())
+        .add(BatchNorm::new_1d(4, ()).unwrap());
+    let x = Tensor::randn([5, 3], ()).unwrap();
+    model.forward(&x).unwrap().sum(()).unwrap().backward().unwrap();
+    type Seen = Vec<(Device, Vec<f32>, Option<Vec<f32>>)>;
+    let seen = |m: &Sequential| -> Seen {
+        m.parameters()
+            .iter()
+            .map(|p| {
+                let g = p.grad().map(|g| g.to_vec::<f32>().unwrap());
+                (p.device(), p.to_vec::<f32>().unwrap(), g)
+            })
+            .collect()
+    };
+    let before = seen(&model);
+    assert!(before.iter().all(|(_, _, g)| g.is_some()));
+    let e = model.to(Device::Cuda(5)).unwrap_err();
+    assert_eq!(e.kind(), ember_nn::ErrorKind::Device, "{e}");
+    assert_eq!(before, seen(&model));
+    assert!(model.buffers().iter().all(|b| b.device() == Device::Cpu));
+    // And a move that can succeed still does, gradients with it.
+    model.to(Device::Cuda(1)).unwrap();
+    for p in model.parameters() {
+        assert_eq!(p.device(), Device::Cuda(1));
+        assert_eq!(p.grad().unwrap().device(), Device::Cuda(1));
+    }
+}

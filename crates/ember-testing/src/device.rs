@@ -1,10 +1,8 @@
 //! The devices a test runs on, and running one test body on one of them.
 //!
-//! # Note [Test devices]
-//!
-//! A device-generic test runs on `cpu` and on `cuda:0` (and `cuda:1` where it asks for two
-//! devices). Which driver serves `cuda:N` follows the rule the device-generic tests of the
-//! workspace already keep (`ember-tensor`'s `cuda_ops`, `ember-autograd`'s `gradcheck`,
+//! Note [Test devices]: a device-generic test runs on `cpu` and on `cuda:0` (and `cuda:1`
+//! where it asks for two devices). Which driver serves `cuda:N` follows the rule the
+//! device-generic tests of the workspace already keep (`ember-tensor`'s `cuda_ops`, `ember-autograd`'s `gradcheck`,
 //! `ember-nn`'s tests, `ember-kernels`' tests):
 //!
 //! - By default the test process installs the CPU emulator of CUDA with two devices

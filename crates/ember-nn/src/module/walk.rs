@@ -126,17 +126,25 @@ pub(crate) fn set_training<M: Module + ?Sized>(m: &M, on: bool) {
 /// `to(target)`: every parameter and buffer (each once), its data swapped in place.
 pub(crate) fn move_to(m: &dyn Module, target: &dyn ModuleTarget) -> Result<()> {
     let _guard = ember_autograd::no_grad();
+    // All or nothing, as PyTorch users expect of `model.to(...)`: every tensor (and its
+    // gradient) is copied to the target first; only when all copies exist are they swapped
+    // in, so a failure (a device that does not exist, out of memory) leaves the module as
+    // it was, gradients included.
+    let mut moved = Vec::new();
     for t in m.parameters().into_iter().chain(m.buffers()) {
         let data = t.data();
         let (device, dtype) = target.resolve(data.device(), data.dtype());
         if device == data.device() && dtype == data.dtype() {
             continue;
         }
-        let grad = t.grad();
+        let new = data.to((device, dtype))?;
+        let grad = t.grad().map(|g| g.data().to((device, dtype))).transpose()?;
+        moved.push((t, new, grad));
+    }
+    for (t, new, grad) in moved {
         t.set_grad(None)?;
-        t.set_data(data.to((device, dtype))?);
+        t.set_data(new);
         if let Some(g) = grad {
-            let g = g.data().to((device, dtype))?;
             t.set_grad(Some(&Tensor::wrap(g)))?;
         }
     }

@@ -523,7 +523,13 @@ fn a_failed_move_leaves_the_model_unchanged() {
         .add(Linear::new(3, 4, ()).unwrap())
         .add(BatchNorm::new_1d(4, ()).unwrap());
     let x = Tensor::randn([5, 3], ()).unwrap();
-    model.forward(&x).unwrap().sum(()).unwrap().backward().unwrap();
+    model
+        .forward(&x)
+        .unwrap()
+        .sum(())
+        .unwrap()
+        .backward()
+        .unwrap();
     type Seen = Vec<(Device, Vec<f32>, Option<Vec<f32>>)>;
     let seen = |m: &Sequential| -> Seen {
         m.parameters()

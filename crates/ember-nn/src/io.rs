@@ -2,7 +2,9 @@
 //! `torch.load(path, map_location=device)`), in the safetensors format: what [`load`]
 //! returns is a [`StateDict`] of autograd tensors that
 //! [`Module::load_state_dict`](crate::Module::load_state_dict) and optimizers take as is.
-//! Files are written atomically (Note [Atomic save] in `ember-tensor`).
+//! Files are written atomically and streamed (Note [Atomic save] in `ember-tensor`; through
+//! a symbolic link, its target is written), with a CRC-32 of the data that [`load`]
+//! verifies (Note [Checkpoint checksum]): a corrupted file is an error, not a silent load.
 //!
 //! ```
 //! use ember_nn::{Module, io, layers::Linear};

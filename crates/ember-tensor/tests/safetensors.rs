@@ -124,7 +124,9 @@ fn round_trip_is_bit_exact_for_every_dtype_with_metadata() {
     let ts = all_dtypes();
     let meta = BTreeMap::from([("epoch".to_string(), "3".to_string())]);
     io::save_with_metadata(ts.iter().map(|(n, t)| (n.as_str(), t)), &meta, &path).unwrap();
-    let (loaded, m) = io::load_with_metadata(&path, CPU).unwrap();
+    let (loaded, mut m) = io::load_with_metadata(&path, CPU).unwrap();
+    // Beside the caller's metadata, the data's checksum (Note [Checkpoint checksum]).
+    assert_eq!(m.remove(io::CHECKSUM_KEY).map(|c| c.len()), Some(8));
     assert_eq!(m, meta);
     assert_eq!(loaded.len(), ts.len());
     for (name, t) in &ts {

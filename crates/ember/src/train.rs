@@ -6,10 +6,15 @@
 //! Note [Resumable training]: everything the next step depends on is in the checkpoint —
 //! the model's `state_dict`, the optimizer's (moments and step counts), the epoch, and the
 //! random generators' states — and the data order is a function of `(seed, epoch)`. So a run
-//! stopped after epoch k and resumed gives the same numbers as one that never stopped.
+//! stopped after epoch k and resumed gives the same numbers as one that never stopped. The
+//! train/validation split is a function of `(seed, val_fraction)`, both in the checkpoint: a
+//! resume takes them from there (a `--seed` that differs is an error, since a new split would
+//! validate on samples the checkpoint was trained on). `--lr` with `--resume` overrides the
+//! checkpoint's learning rate, said on stderr and in the summary's `notes`. A loss that
+//! becomes NaN or infinite stops the run with an error (Note [Train checkpoint] says what a
+//! checkpoint holds and how it is checked).
 
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -19,9 +24,18 @@ use ember_nn::data::{DataLoader, Dataset, TensorDataset, digits};
 use ember_nn::layers::{Conv2d, Conv2dConfig, Flatten, Linear, MaxPool2d, ReLU, Sequential};
 use ember_nn::loss::{CrossEntropyLoss, Loss};
 use ember_nn::optim::{Adam, AdamOptions, Optimizer};
-use ember_nn::{Error, Module, NnError, StateDict};
-use ember_tensor::random::{GeneratorState, default_generator};
+use ember_nn::{Error, Module, NnError};
 use serde::Serialize;
+
+mod checkpoint;
+
+pub use checkpoint::{Checkpoint, FORMAT, read_checkpoint};
+
+/// The learning rate of a run that does not give `--lr` (and does not resume).
+pub const DEFAULT_LR: f64 = 2e-3;
+
+/// The seed of a run that does not give `--seed` (and does not resume).
+pub const DEFAULT_SEED: u64 = 0;
 
 /// Which model `ember train` builds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
@@ -75,12 +89,14 @@ pub struct TrainConfig {
     pub epochs: usize,
     /// Samples per optimizer step.
     pub batch_size: usize,
-    /// Adam's learning rate.
-    pub lr: f64,
+    /// Adam's learning rate: [`DEFAULT_LR`] when `None`; when resuming, `None` keeps the
+    /// checkpoint's and `Some` overrides it (a note says so).
+    pub lr: Option<f64>,
     /// The model.
     pub model: ModelKind,
-    /// Seeds initialisation, the split and the data order.
-    pub seed: u64,
+    /// Seeds initialisation, the split and the data order: [`DEFAULT_SEED`] when `None`;
+    /// when resuming, the checkpoint's, and `Some` other seed is an error.
+    pub seed: Option<u64>,
     /// The share of the digits held out for validation (`Digits::split`).
     pub val_fraction: f64,
     /// Write a checkpoint here after every epoch (atomically).
@@ -97,9 +113,9 @@ impl Default for TrainConfig {
             device: DeviceChoice::Auto,
             epochs: 30,
             batch_size: 64,
-            lr: 2e-3,
+            lr: None,
             model: ModelKind::Mlp,
-            seed: 0,
+            seed: None,
             val_fraction: 0.2,
             save: None,
             resume: None,
@@ -152,6 +168,13 @@ pub struct TrainSummary {
     pub history: Vec<EpochStats>,
     /// Where the checkpoint was written, if anywhere.
     pub checkpoint: Option<String>,
+    /// The seed of the split and the data order (the checkpoint's, when resuming).
+    pub seed: u64,
+    /// The learning rate trained with (after any override).
+    pub lr: f64,
+    /// What the run decided that the user should know (an `--lr` overriding the
+    /// checkpoint's); the command line prints each on stderr.
+    pub notes: Vec<String>,
 }
 
 /// Picks the device for a choice, with the reason in words.
@@ -232,6 +255,9 @@ pub trait Progress {
     fn batch(&mut self, loss: f64, samples_per_sec: f64);
     /// The epoch finished.
     fn epoch_end(&mut self, stats: &EpochStats);
+    /// Something the user should know before the run goes on (an override); also in
+    /// [`TrainSummary::notes`].
+    fn note(&mut self, _message: &str) {}
 }
 
 /// Reports nothing.
@@ -243,8 +269,6 @@ impl Progress for Silent {
     fn batch(&mut self, _: f64, _: f64) {}
     fn epoch_end(&mut self, _: &EpochStats) {}
 }
-
-const FORMAT: &str = "ember-train-checkpoint-v1";
 
 /// Trains as `cfg` says and returns the summary.
 pub fn train(cfg: &TrainConfig, progress: &mut dyn Progress) -> Result<TrainSummary, Error> {
@@ -258,18 +282,76 @@ pub fn train(cfg: &TrainConfig, progress: &mut dyn Progress) -> Result<TrainSumm
         )
         .into());
     }
-    if !(cfg.lr > 0.0 && cfg.lr.is_finite()) {
+    if let Some(lr) = cfg.lr
+        && !(lr > 0.0 && lr.is_finite())
+    {
         return Err(NnError::invalid(
             "ember train",
-            format!("expected a positive --lr, found {}", cfg.lr),
+            format!("expected a positive --lr, found {lr}"),
         )
         .into());
     }
     let (device, device_reason) = resolve_device(cfg.device)?;
-    ember_tensor::random::manual_seed(cfg.seed);
+    let ckpt = cfg.resume.as_deref().map(read_checkpoint).transpose()?;
+    let mut notes = Vec::new();
+    let seed = match (&ckpt, cfg.seed) {
+        (Some(c), Some(s)) if s != c.seed => {
+            return Err(NnError::invalid(
+                "ember train",
+                format!(
+                    "--seed {s} conflicts with the seed {} of the checkpoint {}: the train/validation split and the data order come from the checkpoint's seed (a new split would validate on samples it was trained on); leave --seed out, or give --seed {}",
+                    c.seed,
+                    resume_path(cfg),
+                    c.seed
+                ),
+            )
+            .into());
+        }
+        (Some(c), _) => c.seed,
+        (None, s) => s.unwrap_or(DEFAULT_SEED),
+    };
+    if let Some(c) = &ckpt {
+        if c.model != cfg.model {
+            return Err(NnError::invalid(
+                "ember train",
+                format!(
+                    "{} holds a {} model, but --model {} was asked for",
+                    resume_path(cfg),
+                    c.model.as_str(),
+                    cfg.model.as_str()
+                ),
+            )
+            .into());
+        }
+        if c.val_fraction != cfg.val_fraction {
+            return Err(NnError::invalid(
+                "ember train",
+                format!(
+                    "{} was trained with a validation share of {}, but {} was asked for",
+                    resume_path(cfg),
+                    c.val_fraction,
+                    cfg.val_fraction
+                ),
+            )
+            .into());
+        }
+        if c.epoch >= cfg.epochs {
+            return Err(NnError::invalid(
+                "ember train",
+                format!(
+                    "{} already holds {} epoch(s); ask for more with --epochs (found {})",
+                    resume_path(cfg),
+                    c.epoch,
+                    cfg.epochs
+                ),
+            )
+            .into());
+        }
+    }
+    ember_tensor::random::manual_seed(seed);
 
     // Data: the shipped digits, pixels scaled to [0, 1], a seeded split.
-    let (train_part, val_part) = digits::load()?.split(cfg.val_fraction, cfg.seed)?;
+    let (train_part, val_part) = digits::load()?.split(cfg.val_fraction, seed)?;
     let shape = |x: Tensor| -> Result<Tensor, Error> {
         let x = x.div(16.0)?;
         Ok(match cfg.model {
@@ -289,7 +371,7 @@ pub fn train(cfg: &TrainConfig, progress: &mut dyn Progress) -> Result<TrainSumm
     let loader = DataLoader::new(train_set)
         .batch_size(cfg.batch_size)
         .shuffle(true)
-        .seed(cfg.seed)
+        .seed(seed)
         .num_workers(cfg.num_workers)
         .pin_memory(device.is_cuda());
 
@@ -297,24 +379,28 @@ pub fn train(cfg: &TrainConfig, progress: &mut dyn Progress) -> Result<TrainSumm
     let mut opt = Adam::new(
         model.parameters(),
         AdamOptions {
-            lr: cfg.lr,
+            lr: cfg.lr.unwrap_or(DEFAULT_LR),
             ..Default::default()
         },
     )?;
     let mut start_epoch = 0;
-    if let Some(path) = &cfg.resume {
-        start_epoch = load_checkpoint(path, cfg, &model, &mut opt)?;
-        if start_epoch >= cfg.epochs {
-            return Err(NnError::invalid(
-                "ember train",
-                format!(
-                    "{} already holds {start_epoch} epoch(s); ask for more with --epochs (found {})",
-                    path.display(),
-                    cfg.epochs
-                ),
-            ).into());
+    if let Some(c) = &ckpt {
+        c.apply(&model, &mut opt)?;
+        start_epoch = c.epoch;
+        if let Some(lr) = cfg.lr {
+            let old = opt.param_groups().first().map_or(f64::NAN, |g| g.lr);
+            for g in opt.param_groups_mut() {
+                g.lr = lr;
+            }
+            let note = format!(
+                "--lr {lr} overrides the learning rate {old} of the checkpoint {}",
+                resume_path(cfg)
+            );
+            progress.note(&note);
+            notes.push(note);
         }
     }
+    let lr = opt.param_groups().first().map_or(f64::NAN, |g| g.lr);
 
     let loss_fn = CrossEntropyLoss::new();
     ember_memory::reset_peak_memory_stats(device)?;
@@ -336,6 +422,25 @@ pub fn train(cfg: &TrainConfig, progress: &mut dyn Progress) -> Result<TrainSumm
             loss.backward()?;
             opt.step()?;
             let l = loss.item::<f32>()? as f64;
+            if !l.is_finite() {
+                return Err(NnError::invalid(
+                    "ember train",
+                    format!(
+                        "the training loss became {l} at epoch {}, batch {} of {}; stopping (the learning rate {lr} may be too high){}",
+                        epoch + 1,
+                        batches + 1,
+                        loader.len(),
+                        match &cfg.save {
+                            Some(p) if epoch > start_epoch => format!(
+                                "; {} holds the state after epoch {epoch}",
+                                p.display()
+                            ),
+                            _ => String::new(),
+                        }
+                    ),
+                )
+                .into());
+            }
             total += l;
             batches += 1;
             seen += bx.dims()[0];
@@ -349,7 +454,14 @@ pub fn train(cfg: &TrainConfig, progress: &mut dyn Progress) -> Result<TrainSumm
         progress.epoch_end(&stats);
         history.push(stats);
         if let Some(path) = &cfg.save {
-            save_checkpoint(path, cfg, epoch + 1, &model, &opt)?;
+            checkpoint::save_checkpoint(
+                path,
+                cfg.model,
+                (seed, cfg.val_fraction),
+                epoch + 1,
+                &model,
+                &opt,
+            )?;
         }
     }
     let seconds = started.elapsed().as_secs_f64();
@@ -374,6 +486,9 @@ pub fn train(cfg: &TrainConfig, progress: &mut dyn Progress) -> Result<TrainSumm
         parameters: model.num_parameters(),
         history,
         checkpoint: cfg.save.as_ref().map(|p| p.display().to_string()),
+        seed,
+        lr,
+        notes,
     })
 }
 
@@ -394,95 +509,9 @@ fn accuracy(model: &dyn Module, x: &Tensor, y: &Tensor) -> Result<f64, Error> {
     Ok(correct / y.numel() as f64)
 }
 
-fn save_checkpoint(
-    path: &Path,
-    cfg: &TrainConfig,
-    epoch: usize,
-    model: &dyn Module,
-    opt: &dyn Optimizer,
-) -> Result<(), Error> {
-    let mut tensors = StateDict::new();
-    for (k, v) in model.state_dict() {
-        tensors.insert(format!("model.{k}"), v);
-    }
-    for (k, v) in opt.state_dict()? {
-        tensors.insert(format!("optimizer.{k}"), v);
-    }
-    let mut meta = BTreeMap::new();
-    meta.insert("format".to_string(), FORMAT.to_string());
-    meta.insert("epoch".to_string(), epoch.to_string());
-    meta.insert("model".to_string(), cfg.model.as_str().to_string());
-    meta.insert("seed".to_string(), cfg.seed.to_string());
-    for device in rng_devices() {
-        let st = default_generator(device).get_state();
-        meta.insert(
-            format!("rng.{device}"),
-            format!("{}:{}", st.seed, st.offset),
-        );
-    }
-    ember_nn::io::save_with_metadata(&tensors, &meta, path)?;
-    Ok(())
-}
-
-fn rng_devices() -> Vec<Device> {
-    let mut v = vec![Device::Cpu];
-    v.extend((0..cuda::device_count()).map(Device::Cuda));
-    v
-}
-
-/// Loads a checkpoint into `model` and `opt`, restores the generators, returns the epoch.
-fn load_checkpoint(
-    path: &Path,
-    cfg: &TrainConfig,
-    model: &dyn Module,
-    opt: &mut dyn Optimizer,
-) -> Result<usize, Error> {
-    let bad = |msg: String| -> Error {
-        NnError::invalid("ember train --resume", format!("{}: {msg}", path.display())).into()
-    };
-    let (tensors, meta) = ember_nn::io::load_with_metadata(path, Device::Cpu)?;
-    let meta = &meta;
-    if meta.get("format").map(String::as_str) != Some(FORMAT) {
-        return Err(bad(format!(
-            "not an `ember train` checkpoint (expected format {FORMAT})"
-        )));
-    }
-    let kind = cfg.model.as_str().to_string();
-    if meta.get("model") != Some(&kind) {
-        return Err(bad(format!(
-            "holds a {} model, but --model {kind} was asked for",
-            meta.get("model").map_or("?", String::as_str)
-        )));
-    }
-    let epoch: usize = meta
-        .get("epoch")
-        .and_then(|e| e.parse().ok())
-        .ok_or_else(|| bad("no epoch in its metadata".into()))?;
-    let (mut model_sd, mut opt_sd) = (StateDict::new(), StateDict::new());
-    for (k, v) in &tensors {
-        if let Some(rest) = k.strip_prefix("model.") {
-            model_sd.insert(rest.to_string(), v.clone());
-        } else if let Some(rest) = k.strip_prefix("optimizer.") {
-            opt_sd.insert(rest.to_string(), v.clone());
-        } else {
-            return Err(bad(format!("unexpected tensor {k:?}")));
-        }
-    }
-    model.load_state_dict(&model_sd)?;
-    opt.load_state_dict(&opt_sd)?;
-    for device in rng_devices() {
-        if let Some(s) = meta.get(&format!("rng.{device}")) {
-            let parsed = s
-                .split_once(':')
-                .and_then(|(a, b)| {
-                    Some(GeneratorState {
-                        seed: a.parse().ok()?,
-                        offset: b.parse().ok()?,
-                    })
-                })
-                .ok_or_else(|| bad(format!("bad generator state {s:?} for {device}")))?;
-            default_generator(device).set_state(&parsed);
-        }
-    }
-    Ok(epoch)
+/// The `--resume` path, for messages.
+fn resume_path(cfg: &TrainConfig) -> String {
+    cfg.resume
+        .as_deref()
+        .map_or_else(String::new, |p| p.display().to_string())
 }

@@ -8,7 +8,7 @@ use super::state::ParamState;
 use super::{
     Groups, Hyper, Optimizer, ParamGroup, ParamGroupSpec, follow, foreign_hyper, param_and_grad,
 };
-use crate::{Result, StateDict, Tensor};
+use crate::{NnError, Result, StateDict, Tensor};
 
 /// [`Adam`]'s hyperparameters, the defaults of every group (PyTorch's defaults).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -114,6 +114,18 @@ impl ParamState for AdamState {
             out.push(("max_exp_avg_sq", m.clone()));
         }
         Ok(out)
+    }
+
+    fn validate(&self, key: &str) -> Result<()> {
+        let step = self.step;
+        if !(step >= 0.0 && step.is_finite() && step.fract() == 0.0) {
+            return Err(NnError::invalid(
+                "load_state_dict",
+                format!("{key}.step: expected a whole number of steps >= 0, found {step}"),
+            )
+            .into());
+        }
+        Ok(())
     }
 
     fn from_entries(

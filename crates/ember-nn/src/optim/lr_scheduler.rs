@@ -93,6 +93,31 @@ pub trait LrScheduler: std::fmt::Debug {
     fn load_state_dict(&mut self, state_dict: &StateDict) -> Result<()>;
 }
 
+/// Errors unless every value is finite (and `>= 0` when `non_negative`): what the
+/// constructors refuse, and what a loaded state dict must not bring in (a learning rate of
+/// `inf` from a corrupted checkpoint).
+fn check_values(
+    scheduler: &'static str,
+    key: &str,
+    values: &[f64],
+    non_negative: bool,
+) -> Result<()> {
+    match values
+        .iter()
+        .find(|v| !v.is_finite() || (non_negative && **v < 0.0))
+    {
+        None => Ok(()),
+        Some(v) => Err(NnError::invalid(
+            scheduler,
+            format!(
+                "{key} must be finite{}, found {v}",
+                if non_negative { " and >= 0" } else { "" }
+            ),
+        )
+        .into()),
+    }
+}
+
 fn i64_entry(v: i64) -> Result<Raw> {
     Ok(Raw::scalar(v, Device::Cpu)?)
 }
@@ -297,9 +322,10 @@ impl Base {
         let mut f = Fields::new(self.name, dict, self.base_lrs.len());
         let base = self.read(&mut f)?;
         let count = f.positive(count)?;
-        let factor = f.f64(factor)?;
+        let value = f.f64(factor)?;
         f.finish()?;
-        Ok((base, count, factor))
+        check_values(self.name, factor, &[value], false)?;
+        Ok((base, count, value))
     }
 
     /// The common fields from a loaded dict.
@@ -314,11 +340,14 @@ impl Base {
             )
             .into());
         }
+        let (base_lrs, last_lr) = (f.per_group("base_lrs")?, f.per_group("_last_lr")?);
+        check_values(self.name, "base_lrs", &base_lrs, true)?;
+        check_values(self.name, "_last_lr", &last_lr, true)?;
         Ok(Base {
             name: self.name,
             last_epoch,
-            base_lrs: f.per_group("base_lrs")?,
-            last_lr: f.per_group("_last_lr")?,
+            base_lrs,
+            last_lr,
         })
     }
 }
@@ -342,6 +371,7 @@ impl StepLR {
         if step_size == 0 {
             return Err(NnError::invalid("StepLR", "step_size must be positive, got 0").into());
         }
+        check_values("StepLR", "gamma", &[gamma], false)?;
         let mut s = StepLR {
             base: Base::new("StepLR", current_lrs(optimizer)),
             step_size,
@@ -421,6 +451,7 @@ impl CosineAnnealingLR {
                 NnError::invalid("CosineAnnealingLR", "T_max must be positive, got 0").into(),
             );
         }
+        check_values("CosineAnnealingLR", "eta_min", &[eta_min], false)?;
         let mut s = CosineAnnealingLR {
             base: Base::new("CosineAnnealingLR", current_lrs(optimizer)),
             t_max,

@@ -116,9 +116,10 @@ pub enum Hyper {
     },
 }
 
-/// `0 <= x`, false for NaN (PyTorch's `not 0.0 <= x` checks).
+/// `0 <= x < inf`: PyTorch's `not 0.0 <= x` checks (false for NaN), and finite, so that a
+/// learning rate of `inf` (from a caller or a corrupted checkpoint) is refused too.
 fn non_negative(x: f64) -> bool {
-    x >= 0.0
+    x >= 0.0 && x.is_finite()
 }
 
 /// Parameters that share hyperparameters: one entry of PyTorch's `param_groups`.
@@ -170,6 +171,9 @@ impl ParamGroup {
                 }
                 if !non_negative(self.weight_decay) {
                     return bad(format!("Invalid weight_decay value: {}", self.weight_decay));
+                }
+                if !dampening.is_finite() {
+                    return bad(format!("Invalid dampening value: {dampening}"));
                 }
                 if nesterov && (momentum <= 0.0 || dampening != 0.0) {
                     return bad("Nesterov momentum requires a momentum and zero dampening".into());

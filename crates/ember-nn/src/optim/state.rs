@@ -29,6 +29,12 @@ pub(crate) trait ParamState: Sized {
     fn from_entries(
         entries: BTreeMap<&'static str, Raw>,
     ) -> std::result::Result<Self, Vec<&'static str>>;
+
+    /// Checks a loaded state's values as the optimizer would have made them (Adam's `step`
+    /// a whole number `>= 0`); `key` is the state's prefix (`state.3`) for messages.
+    fn validate(&self, _key: &str) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// A fresh copy of `t` (never sharing `t`'s storage).
@@ -324,7 +330,10 @@ impl<S: ParamState> Groups<S> {
                 }
             }
             match S::from_entries(named) {
-                Ok(s) => state[g][j] = Some(s),
+                Ok(s) => {
+                    s.validate(&format!("state.{id}"))?;
+                    state[g][j] = Some(s);
+                }
                 Err(lacking) => {
                     missing.extend(lacking.into_iter().map(|n| format!("state.{id}.{n}")));
                 }

@@ -1,8 +1,9 @@
 //! Tensor files: named tensors in the safetensors format ([`save`], [`load`]).
 
 mod safetensors;
+mod save;
 
 pub use self::safetensors::{
-    Loaded, MAX_HEADER_BYTES, load, load_from_bytes, load_with_metadata, save, save_to_bytes,
-    save_with_metadata,
+    CHECKSUM_KEY, Loaded, MAX_HEADER_BYTES, load, load_from_bytes, load_with_metadata,
 };
+pub use self::save::{save, save_to_bytes, save_with_metadata};

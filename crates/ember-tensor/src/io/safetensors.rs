@@ -1,5 +1,6 @@
-//! Named tensors in the safetensors format: [`save`] (atomic, See Note [Atomic save]) and
-//! [`load`], with optional string metadata.
+//! Named tensors in the safetensors format: [`save`](super::save) (atomic, streamed and
+//! checksummed, See Note [Atomic save] and Note [Checkpoint checksum]) and [`load`], with
+//! optional string metadata.
 //!
 //! ```
 //! use ember_tensor::{io, Device, Tensor};
@@ -17,70 +18,39 @@
 //! # Ok::<(), ember_tensor::TensorError>(())
 //! ```
 
-use std::borrow::Cow;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use ember_device::Device;
 use half::{bf16, f16};
-use safetensors::{Dtype, SafeTensors, View};
+use safetensors::SafeTensors;
 
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
 use crate::storage::{CpuStorage, Storage};
 use crate::tensor::Tensor;
 
-// Note [Atomic save]:
-// ~~~~~~~~~~~~~~~~~~~
-// A crash (or an error) during `save` must never leave a half-written checkpoint at the
-// target path. So `save`:
-//   1. checks the names (no duplicates, no reserved `__metadata__`) and converts every
-//      tensor to little-endian bytes — all failures that need no file come first;
-//   2. writes the file to a temporary name in the target's directory (same filesystem, so
-//      the rename below is atomic), and fsyncs it, so its contents are on disk;
-//   3. renames it over the target: readers see the old file or the new one, never a mix;
-//   4. fsyncs the directory, so the rename itself survives a crash (Unix).
-// On any failure after 1 the temporary file is removed and the target is untouched.
-
 /// Largest header the loader accepts (the `safetensors` crate's limit), in bytes.
 pub const MAX_HEADER_BYTES: u64 = 100_000_000;
 
 /// Bytes of the little-endian header-length prefix.
-const PREFIX: usize = 8;
+pub(super) const PREFIX: usize = 8;
 
-/// A tensor's bytes, as the `safetensors` crate writes them.
-struct Bytes {
-    dtype: Dtype,
-    shape: Vec<usize>,
-    data: Vec<u8>,
-}
+/// The metadata key of the data section's CRC-32 (Note [Checkpoint checksum]).
+pub const CHECKSUM_KEY: &str = "ember.crc32";
 
-impl View for &Bytes {
-    fn dtype(&self) -> Dtype {
-        self.dtype
-    }
-    fn shape(&self) -> &[usize] {
-        &self.shape
-    }
-    fn data(&self) -> Cow<'_, [u8]> {
-        Cow::Borrowed(&self.data)
-    }
-    fn data_len(&self) -> usize {
-        self.data.len()
-    }
-}
-
-fn st_dtype(d: DType) -> Dtype {
+/// The safetensors name of a dtype (`F32`, `BF16`, `BOOL`, ...).
+pub(super) fn st_name(d: DType) -> &'static str {
     match d {
-        DType::F32 => Dtype::F32,
-        DType::F64 => Dtype::F64,
-        DType::F16 => Dtype::F16,
-        DType::Bf16 => Dtype::BF16,
-        DType::I64 => Dtype::I64,
-        DType::I32 => Dtype::I32,
-        DType::U8 => Dtype::U8,
-        DType::Bool => Dtype::BOOL,
+        DType::F32 => "F32",
+        DType::F64 => "F64",
+        DType::F16 => "F16",
+        DType::Bf16 => "BF16",
+        DType::I64 => "I64",
+        DType::I32 => "I32",
+        DType::U8 => "U8",
+        DType::Bool => "BOOL",
     }
 }
 
@@ -95,25 +65,6 @@ fn ember_dtype(d: &str) -> Option<DType> {
         "U8" => DType::U8,
         "BOOL" => DType::Bool,
         _ => return None,
-    })
-}
-
-/// Little-endian bytes of a tensor's elements in row-major order.
-fn to_bytes(t: &Tensor) -> Result<Vec<u8>> {
-    macro_rules! le {
-        ($t:ty, $f:expr) => {
-            t.to_vec::<$t>()?.into_iter().flat_map($f).collect()
-        };
-    }
-    Ok(match t.dtype() {
-        DType::F32 => le!(f32, f32::to_le_bytes),
-        DType::F64 => le!(f64, f64::to_le_bytes),
-        DType::F16 => le!(f16, |x: f16| x.to_bits().to_le_bytes()),
-        DType::Bf16 => le!(bf16, |x: bf16| x.to_bits().to_le_bytes()),
-        DType::I64 => le!(i64, i64::to_le_bytes),
-        DType::I32 => le!(i32, i32::to_le_bytes),
-        DType::U8 => t.to_vec::<u8>()?,
-        DType::Bool => le!(bool, |b: bool| [u8::from(b)]),
     })
 }
 
@@ -145,13 +96,13 @@ fn from_bytes(dtype: DType, data: &[u8], name: &str, err: &Ctx<'_>) -> Result<Cp
 }
 
 /// The file (or `<bytes>`) and operation errors are about.
-struct Ctx<'a> {
-    op: &'static str,
-    path: &'a Path,
+pub(super) struct Ctx<'a> {
+    pub(super) op: &'static str,
+    pub(super) path: &'a Path,
 }
 
 impl Ctx<'_> {
-    fn bad(&self, what: impl Into<String>) -> TensorError {
+    pub(super) fn bad(&self, what: impl Into<String>) -> TensorError {
         TensorError::File {
             op: self.op,
             path: self.path.to_path_buf(),
@@ -160,7 +111,7 @@ impl Ctx<'_> {
         }
     }
 
-    fn io(&self, doing: &str, e: &std::io::Error) -> TensorError {
+    pub(super) fn io(&self, doing: &str, e: &std::io::Error) -> TensorError {
         TensorError::File {
             op: self.op,
             path: self.path.to_path_buf(),
@@ -170,131 +121,11 @@ impl Ctx<'_> {
     }
 }
 
-/// Checks names and converts the tensors (step 1 of Note [Atomic save]).
-fn prepare<'t, S: AsRef<str>>(
-    tensors: impl IntoIterator<Item = (S, &'t Tensor)>,
-    ctx: &Ctx<'_>,
-) -> Result<Vec<(String, Bytes)>> {
-    let mut out: Vec<(String, Bytes)> = Vec::new();
-    let mut seen = std::collections::BTreeSet::new();
-    for (name, t) in tensors {
-        let name = name.as_ref().to_string();
-        if name == "__metadata__" {
-            return Err(ctx.bad("the tensor name \"__metadata__\" is reserved for metadata"));
-        }
-        if !seen.insert(name.clone()) {
-            return Err(ctx.bad(format!(
-                "duplicate tensor name {name:?}: expected unique names"
-            )));
-        }
-        let bytes = Bytes {
-            dtype: st_dtype(t.dtype()),
-            shape: t.dims().to_vec(),
-            data: to_bytes(t)?,
-        };
-        out.push((name, bytes));
-    }
-    Ok(out)
-}
-
 fn st_err(ctx: &Ctx<'_>, e: safetensors::SafeTensorError) -> TensorError {
     match e {
         safetensors::SafeTensorError::IoError(io) => ctx.io("write", &io),
         e => ctx.bad(format!("invalid safetensors data: {e}")),
     }
-}
-
-/// Saves named tensors to `path` in the safetensors format, atomically (See Note [Atomic
-/// save]): on error, a file already at `path` is left as it was. Non-contiguous tensors are
-/// written contiguous; names must be unique.
-pub fn save<'t, S: AsRef<str>>(
-    tensors: impl IntoIterator<Item = (S, &'t Tensor)>,
-    path: impl AsRef<Path>,
-) -> Result<()> {
-    save_with_metadata(tensors, &BTreeMap::new(), path)
-}
-
-/// [`save`] with string metadata (the header's `__metadata__`; omitted when empty).
-pub fn save_with_metadata<'t, S: AsRef<str>>(
-    tensors: impl IntoIterator<Item = (S, &'t Tensor)>,
-    metadata: &BTreeMap<String, String>,
-    path: impl AsRef<Path>,
-) -> Result<()> {
-    let path = path.as_ref();
-    let ctx = Ctx { op: "save", path };
-    let data = prepare(tensors, &ctx)?;
-    let Some(file_name) = path.file_name() else {
-        return Err(ctx.bad("expected a file path, but found no file name"));
-    };
-    let dir = match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let tmp = dir.join(temp_name(file_name));
-    let written = write_synced(&data, metadata, &tmp, &ctx)
-        .and_then(|()| fs::rename(&tmp, path).map_err(|e| ctx.io("rename into place", &e)));
-    if let Err(e) = written {
-        // Best effort: the temporary may not exist (the write failed before creating it).
-        let _ = fs::remove_file(&tmp);
-        return Err(e);
-    }
-    sync_dir(&dir).map_err(|e| ctx.io("fsync the directory", &e))
-}
-
-/// `.NAME.tmp-PID-N`: hidden, unique within the process.
-fn temp_name(file_name: &std::ffi::OsStr) -> std::ffi::OsString {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static N: AtomicU64 = AtomicU64::new(0);
-    let mut s = std::ffi::OsString::from(".");
-    s.push(file_name);
-    s.push(format!(
-        ".tmp-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
-    s
-}
-
-/// Step 2 of Note [Atomic save]: the file at `tmp`, its contents on disk.
-fn write_synced(
-    data: &[(String, Bytes)],
-    metadata: &BTreeMap<String, String>,
-    tmp: &Path,
-    ctx: &Ctx<'_>,
-) -> Result<()> {
-    let meta: Option<HashMap<String, String>> =
-        (!metadata.is_empty()).then(|| metadata.clone().into_iter().collect());
-    let views = data.iter().map(|(n, b)| (n.as_str(), b));
-    safetensors::serialize_to_file(views, meta, tmp).map_err(|e| st_err(ctx, e))?;
-    fs::File::open(tmp)
-        .and_then(|f| f.sync_all())
-        .map_err(|e| ctx.io("fsync the temporary file", &e))
-}
-
-#[cfg(unix)]
-fn sync_dir(dir: &Path) -> std::io::Result<()> {
-    fs::File::open(dir)?.sync_all()
-}
-
-#[cfg(not(unix))]
-fn sync_dir(_dir: &Path) -> std::io::Result<()> {
-    Ok(())
-}
-
-/// The bytes of a safetensors file holding `tensors` (and `metadata`), as [`save`] writes.
-pub fn save_to_bytes<'t, S: AsRef<str>>(
-    tensors: impl IntoIterator<Item = (S, &'t Tensor)>,
-    metadata: &BTreeMap<String, String>,
-) -> Result<Vec<u8>> {
-    let ctx = Ctx {
-        op: "save",
-        path: Path::new("<bytes>"),
-    };
-    let data = prepare(tensors, &ctx)?;
-    let meta: Option<HashMap<String, String>> =
-        (!metadata.is_empty()).then(|| metadata.clone().into_iter().collect());
-    safetensors::serialize(data.iter().map(|(n, b)| (n.as_str(), b)), meta)
-        .map_err(|e| st_err(&ctx, e))
 }
 
 /// Tensors loaded from a file, by name, with the file's metadata.
@@ -361,11 +192,14 @@ fn parse(bytes: &[u8], device: &Device, ctx: &Ctx<'_>) -> Result<Loaded> {
     }
     // The crate checks the rest (offsets contiguous, data covering the file exactly).
     let st = SafeTensors::deserialize(bytes).map_err(|e| st_err(ctx, e))?;
-    let metadata = SafeTensors::read_metadata(bytes)
+    let metadata: BTreeMap<String, String> = SafeTensors::read_metadata(bytes)
         .map(|(_, m)| m.metadata().clone().unwrap_or_default())
         .map_err(|e| st_err(ctx, e))?
         .into_iter()
         .collect();
+    if let Some(expected) = metadata.get(CHECKSUM_KEY) {
+        verify_checksum(expected, &bytes[PREFIX + n as usize..], ctx)?;
+    }
     let mut out = BTreeMap::new();
     for (name, info) in &entries {
         let view = st.tensor(name).map_err(|e| st_err(ctx, e))?;
@@ -375,6 +209,27 @@ fn parse(bytes: &[u8], device: &Device, ctx: &Ctx<'_>) -> Result<Loaded> {
         out.insert(name.clone(), t.to_device(device)?);
     }
     Ok((out, metadata))
+}
+
+/// Checks the data section against the CRC-32 the header records (Note [Checkpoint
+/// checksum]).
+fn verify_checksum(expected: &str, data: &[u8], ctx: &Ctx<'_>) -> Result<()> {
+    let parsed = (expected.len() == 8 && expected.bytes().all(|b| b.is_ascii_hexdigit()))
+        .then(|| u32::from_str_radix(expected, 16).ok())
+        .flatten();
+    let Some(want) = parsed else {
+        return Err(ctx.bad(format!(
+            "metadata {CHECKSUM_KEY:?} is {expected:?}, expected 8 hex digits (corrupted header?)"
+        )));
+    };
+    let found = crc32fast::hash(data);
+    if found != want {
+        return Err(ctx.bad(format!(
+            "checksum mismatch: the header records CRC-32 {want:08x} of the data, but the {} data bytes have {found:08x} (the file is corrupted)",
+            data.len()
+        )));
+    }
+    Ok(())
 }
 
 /// The header's tensor entries, refusing invalid UTF-8 or JSON and duplicate names.

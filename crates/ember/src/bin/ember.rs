@@ -36,15 +36,17 @@ enum Command {
         /// Samples per step.
         #[arg(long, default_value_t = TrainConfig::default().batch_size)]
         batch_size: usize,
-        /// Adam's learning rate.
-        #[arg(long, default_value_t = TrainConfig::default().lr)]
-        lr: f64,
+        /// Adam's learning rate [default: 0.002]. With --resume: overrides the
+        /// checkpoint's (a note on stderr says so).
+        #[arg(long)]
+        lr: Option<f64>,
         /// The model.
         #[arg(long, value_enum, default_value_t = ModelKind::Mlp)]
         model: ModelKind,
-        /// Seed for initialisation, the split and the data order.
-        #[arg(long, default_value_t = TrainConfig::default().seed)]
-        seed: u64,
+        /// Seed for initialisation, the split and the data order [default: 0]. With
+        /// --resume: the checkpoint's; another seed is an error.
+        #[arg(long)]
+        seed: Option<u64>,
         /// Worker threads preparing batches ahead.
         #[arg(long, default_value_t = 0)]
         num_workers: usize,
@@ -88,6 +90,14 @@ impl Progress for Bar {
             b.inc(1);
         }
     }
+    fn note(&mut self, message: &str) {
+        // On stderr even with --json: an override is never silent.
+        match &self.bar {
+            Some(b) => b.suspend(|| eprintln!("note: {message}")),
+            None => eprintln!("note: {message}"),
+        }
+    }
+
     fn epoch_end(&mut self, s: &EpochStats) {
         if let Some(b) = self.bar.take() {
             b.finish_and_clear();

@@ -4,7 +4,7 @@ use std::f64::consts::PI;
 
 use super::super::Optimizer;
 use super::super::state::{bool_entry, f64_entry};
-use super::{Base, Fields, LrScheduler, f64s_entry, i64_entry, to_state_dict};
+use super::{Base, Fields, LrScheduler, check_values, f64s_entry, i64_entry, to_state_dict};
 use crate::{NnError, Result, StateDict};
 
 /// How [`OneCycleLR`] moves between its phases' endpoints.
@@ -147,6 +147,8 @@ impl OneCycleLR {
         }
         let pct_start = options.pct_start;
         check_pct_start(pct_start)?;
+        check_options(&options)?;
+        check_values("OneCycleLR", "max_lr", &max_lrs, true)?;
         let groups = optimizer.param_groups().len();
         if max_lrs.len() != groups {
             return bad(format!(
@@ -188,6 +190,25 @@ impl OneCycleLR {
             Point::BaseMomentum => self.options.base_momentum,
         }
     }
+}
+
+/// The options' numbers: finite momenta, finite positive division factors.
+fn check_options(o: &OneCycleLrOptions) -> Result<()> {
+    check_values("OneCycleLR", "base_momentum", &[o.base_momentum], false)?;
+    check_values("OneCycleLR", "max_momentum", &[o.max_momentum], false)?;
+    for (key, v) in [
+        ("div_factor", o.div_factor),
+        ("final_div_factor", o.final_div_factor),
+    ] {
+        if !(v > 0.0 && v.is_finite()) {
+            return Err(NnError::invalid(
+                "OneCycleLR",
+                format!("{key} must be finite and > 0, found {v}"),
+            )
+            .into());
+        }
+    }
+    Ok(())
 }
 
 fn check_pct_start(pct_start: f64) -> Result<()> {
@@ -347,6 +368,10 @@ impl LrScheduler for OneCycleLR {
         );
         f.finish()?;
         check_pct_start(options.pct_start)?;
+        check_options(&options)?;
+        check_values("OneCycleLR", "initial_lr", &initial, true)?;
+        check_values("OneCycleLR", "max_lr", &max, true)?;
+        check_values("OneCycleLR", "min_lr", &min, true)?;
         if base.last_epoch > total_steps as i64 {
             return Err(NnError::invalid(
                 "OneCycleLR",

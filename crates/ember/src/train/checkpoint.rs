@@ -1,0 +1,205 @@
+//! The checkpoints of `ember train --save`: what they hold, and reading them back with every
+//! check a resume needs (Note [Train checkpoint]).
+//!
+//! Note [Train checkpoint]: a checkpoint is one safetensors file: the model's `state_dict`
+//! under `model.`, the optimizer's under `optimizer.`, and metadata — `format`
+//! ([`FORMAT`]), `epoch`, `model`, `seed` (of the train/validation split and the data
+//! order), `val_fraction` (of the split), the random generators' states (`rng.cpu`,
+//! `rng.cuda:0`, ...) and the CRC-32 of the data (`ember.crc32`, Note [Checkpoint checksum]
+//! in `ember-tensor`). [`read_checkpoint`] refuses a file without the checksum (every
+//! file of this format has one) and a file whose metadata does not parse;
+//! [`Checkpoint::restore`] loads the state into a fresh model and optimizer, whose
+//! `load_state_dict` checks names, shapes and the optimizer's hyperparameters and step
+//! counts as its constructor checks arguments. So a corrupted file is an error value, never
+//! a resumed run on bad state.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use ember_autograd::ErrorKind;
+use ember_device::{Device, cuda};
+use ember_nn::layers::Sequential;
+use ember_nn::optim::{Adam, AdamOptions, Optimizer};
+use ember_nn::{Error, Module, StateDict};
+use ember_tensor::random::{GeneratorState, default_generator};
+
+use super::{ModelKind, build_model};
+
+/// The `format` metadata of the checkpoints this version writes and reads.
+pub const FORMAT: &str = "ember-train-checkpoint-v2";
+
+/// A checkpoint of `ember train --save`, read and checked, not yet applied.
+#[derive(Debug)]
+pub struct Checkpoint {
+    /// Epochs done.
+    pub epoch: usize,
+    /// The model it holds.
+    pub model: ModelKind,
+    /// The seed of the run that wrote it: of the split and the data order.
+    pub seed: u64,
+    /// The share of the digits held out for validation.
+    pub val_fraction: f64,
+    /// The file's metadata, as written.
+    pub metadata: BTreeMap<String, String>,
+    model_state: StateDict,
+    optimizer_state: StateDict,
+    rng: Vec<(Device, GeneratorState)>,
+}
+
+/// A [`ErrorKind::StateDict`] error about the checkpoint at `path`.
+fn bad(path: &Path, msg: impl std::fmt::Display) -> Error {
+    Error::new(
+        ErrorKind::StateDict,
+        format!("ember train --resume {}: {msg}", path.display()),
+    )
+}
+
+/// Reads the checkpoint at `path` (the data checked against its checksum) and parses its
+/// metadata; the tensors are checked by [`Checkpoint::restore`].
+pub fn read_checkpoint(path: &Path) -> Result<Checkpoint, Error> {
+    let (tensors, meta) = ember_nn::io::load_with_metadata(path, Device::Cpu)?;
+    match meta.get("format").map(String::as_str) {
+        Some(FORMAT) => {}
+        Some("ember-train-checkpoint-v1") => {
+            return Err(bad(
+                path,
+                "a checkpoint of an older Ember (format v1, without a checksum); start a new run",
+            ));
+        }
+        other => {
+            return Err(bad(
+                path,
+                format!(
+                    "not an `ember train` checkpoint (expected format {FORMAT}, found {other:?})"
+                ),
+            ));
+        }
+    }
+    if !meta.contains_key(ember_tensor::io::CHECKSUM_KEY) {
+        return Err(bad(
+            path,
+            format!(
+                "no checksum ({:?}) in its metadata; every checkpoint of format {FORMAT} has one",
+                ember_tensor::io::CHECKSUM_KEY
+            ),
+        ));
+    }
+    let field = |key: &str| -> Result<&String, Error> {
+        meta.get(key)
+            .ok_or_else(|| bad(path, format!("no {key} in its metadata")))
+    };
+    let parse_err = |key: &str, v: &str| bad(path, format!("bad {key} {v:?} in its metadata"));
+    let e = field("epoch")?;
+    let epoch: usize = e.parse().map_err(|_| parse_err("epoch", e))?;
+    let model = match field("model")?.as_str() {
+        "mlp" => ModelKind::Mlp,
+        "cnn" => ModelKind::Cnn,
+        other => return Err(parse_err("model", other)),
+    };
+    let s = field("seed")?;
+    let seed: u64 = s.parse().map_err(|_| parse_err("seed", s))?;
+    let v = field("val_fraction")?;
+    let val_fraction: f64 = v
+        .parse()
+        .ok()
+        .filter(|f: &f64| (0.0..=1.0).contains(f))
+        .ok_or_else(|| parse_err("val_fraction", v))?;
+    let mut rng = Vec::new();
+    for device in rng_devices() {
+        let Some(s) = meta.get(&format!("rng.{device}")) else {
+            continue;
+        };
+        let state = s
+            .split_once(':')
+            .and_then(|(a, b)| {
+                Some(GeneratorState {
+                    seed: a.parse().ok()?,
+                    offset: b.parse().ok()?,
+                })
+            })
+            .ok_or_else(|| bad(path, format!("bad generator state {s:?} for {device}")))?;
+        rng.push((device, state));
+    }
+    let (mut model_state, mut optimizer_state) = (StateDict::new(), StateDict::new());
+    for (k, v) in &tensors {
+        if let Some(rest) = k.strip_prefix("model.") {
+            model_state.insert(rest.to_string(), v.clone());
+        } else if let Some(rest) = k.strip_prefix("optimizer.") {
+            optimizer_state.insert(rest.to_string(), v.clone());
+        } else {
+            return Err(bad(path, format!("unexpected tensor {k:?}")));
+        }
+    }
+    Ok(Checkpoint {
+        epoch,
+        model,
+        seed,
+        val_fraction,
+        metadata: meta,
+        model_state,
+        optimizer_state,
+        rng,
+    })
+}
+
+impl Checkpoint {
+    /// Loads the state into `model` and `opt` (both checked by their `load_state_dict`) and
+    /// restores the random generators.
+    pub fn apply(&self, model: &dyn Module, opt: &mut dyn Optimizer) -> Result<(), Error> {
+        model.load_state_dict(&self.model_state)?;
+        opt.load_state_dict(&self.optimizer_state)?;
+        for (device, state) in &self.rng {
+            default_generator(*device).set_state(state);
+        }
+        Ok(())
+    }
+
+    /// The model and optimizer it holds, built on `device` and loaded (without touching the
+    /// random generators): what a resume would train on.
+    pub fn restore(&self, device: Device) -> Result<(Sequential, Adam), Error> {
+        let model = build_model(self.model, device)?;
+        let mut opt = Adam::new(model.parameters(), AdamOptions::default())?;
+        model.load_state_dict(&self.model_state)?;
+        opt.load_state_dict(&self.optimizer_state)?;
+        Ok((model, opt))
+    }
+}
+
+/// Writes a checkpoint of `model` and `opt` after `epoch` epochs (Note [Train checkpoint]).
+pub(super) fn save_checkpoint(
+    path: &Path,
+    kind: ModelKind,
+    split: (u64, f64),
+    epoch: usize,
+    model: &dyn Module,
+    opt: &dyn Optimizer,
+) -> Result<(), Error> {
+    let mut tensors = StateDict::new();
+    for (k, v) in model.state_dict() {
+        tensors.insert(format!("model.{k}"), v);
+    }
+    for (k, v) in opt.state_dict()? {
+        tensors.insert(format!("optimizer.{k}"), v);
+    }
+    let mut meta = BTreeMap::new();
+    meta.insert("format".to_string(), FORMAT.to_string());
+    meta.insert("epoch".to_string(), epoch.to_string());
+    meta.insert("model".to_string(), kind.as_str().to_string());
+    meta.insert("seed".to_string(), split.0.to_string());
+    meta.insert("val_fraction".to_string(), split.1.to_string());
+    for device in rng_devices() {
+        let st = default_generator(device).get_state();
+        meta.insert(
+            format!("rng.{device}"),
+            format!("{}:{}", st.seed, st.offset),
+        );
+    }
+    ember_nn::io::save_with_metadata(&tensors, &meta, path)?;
+    Ok(())
+}
+
+fn rng_devices() -> Vec<Device> {
+    let mut v = vec![Device::Cpu];
+    v.extend((0..cuda::device_count()).map(Device::Cuda));
+    v
+}

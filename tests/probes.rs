@@ -27,22 +27,28 @@ struct Case {
 
 type Bin = fn(&Tensor, &Tensor) -> Result<Tensor>;
 
+/// Binary ops: (name, the kind of a shape mismatch, op).
+
 /// Binary ops with broadcasting: (name, op). Each meets every pair of [`BAD_SHAPE_PAIRS`]
 /// (PyTorch: "The size of tensor a (3) must match the size of tensor b (4) at non-singleton
 /// dimension 1") and a second operand on another device (PyTorch: "Expected all tensors to
 /// be on the same device, but found at least two devices").
-const BINARY: &[(&str, Bin)] = &[
-    ("add", |a, b| a.add(b)),
-    ("sub", |a, b| a.sub(b)),
-    ("mul", |a, b| a.mul(b)),
-    ("div", |a, b| a.div(b)),
-    ("pow", |a, b| a.pow(b)),
-    ("maximum", |a, b| a.maximum(b)),
-    ("minimum", |a, b| a.minimum(b)),
-    ("eq", |a, b| a.eq(b)),
-    ("lt", |a, b| a.lt(b)),
-    ("where", |a, b| ember::r#where(&a.gt(0.0)?, a, b)),
-    ("mse_loss", |a, b| {
+const BINARY: &[(&str, ErrorKind, Bin)] = &[
+    ("add", ErrorKind::Shape, |a, b| a.add(b)),
+    ("sub", ErrorKind::Shape, |a, b| a.sub(b)),
+    ("mul", ErrorKind::Shape, |a, b| a.mul(b)),
+    ("div", ErrorKind::Shape, |a, b| a.div(b)),
+    ("pow", ErrorKind::Shape, |a, b| a.pow(b)),
+    ("maximum", ErrorKind::Shape, |a, b| a.maximum(b)),
+    ("minimum", ErrorKind::Shape, |a, b| a.minimum(b)),
+    ("eq", ErrorKind::Shape, |a, b| a.eq(b)),
+    ("lt", ErrorKind::Shape, |a, b| a.lt(b)),
+    ("where", ErrorKind::Shape, |a, b| {
+        ember::r#where(&a.gt(0.0)?, a, b)
+    }),
+    // PyTorch: "Using a target size that is different to the input size" (a warning where
+    // the shapes broadcast; an error here and where they do not).
+    ("mse_loss", ErrorKind::InvalidArgument, |a, b| {
         ember::nn::functional::mse_loss(a, b, ember::Reduction::Mean)
     }),
 ];
@@ -595,11 +601,11 @@ fn run_all(device: &Device) -> Vec<String> {
             Ok(Err(_)) => {}
         }
     };
-    for &(op, f) in BINARY {
+    for &(op, kind, f) in BINARY {
         for &(a, b) in BAD_SHAPE_PAIRS {
             check(
                 format!("{op} {a:?} {b:?}"),
-                ErrorKind::Shape,
+                kind,
                 "The size of tensor a must match the size of tensor b",
                 &|| f(&Tensor::ones(a, device)?, &Tensor::ones(b, device)?).map(drop),
             );

@@ -192,7 +192,7 @@ const CASES: &[Case] = &[
     ),
     case!(
         "narrow past the end",
-        Index,
+        InvalidArgument,
         "start (2) + length (2) exceeds dimension size (3)",
         |d| { t23(d)?.narrow(1, 2, 2).map(drop) }
     ),
@@ -238,7 +238,7 @@ const CASES: &[Case] = &[
     ),
     case!(
         "one_hot class 5 of 3",
-        Index,
+        InvalidArgument,
         "Class values must be smaller than num_classes",
         |d| {
             Tensor::from_vec(vec![5i64], [1], d)?
@@ -337,8 +337,8 @@ const CASES: &[Case] = &[
     ),
     case!(
         "cross_entropy with float class targets of another shape",
-        Shape,
-        "Expected target size [2], got [3]",
+        InvalidArgument,
+        "Expected target size [2], got [3] (Ember: class-probability targets are not supported)",
         |d| {
             t23(d)?
                 .cross_entropy(
@@ -498,7 +498,7 @@ const CASES: &[Case] = &[
     ),
     case!(
         "Linear on input of 4 features",
-        Shape,
+        InvalidArgument,
         "mat1 and mat2 shapes cannot be multiplied (2x4 and 3x2)",
         |d| {
             Linear::new(3, 2, d)?

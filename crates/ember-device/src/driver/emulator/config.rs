@@ -150,7 +150,7 @@ impl EmulatorConfig {
         }
         if n > MAX_EMULATED_DEVICES {
             return Err(DeviceError::Emulator(format!(
-                "{ENV_EMULATOR}={count:?}: at most {MAX_EMULATED_DEVICES} emulated devices are supported"
+                "{ENV_EMULATOR}={count:?}: expected a device count of at most {MAX_EMULATED_DEVICES} (at most {MAX_EMULATED_DEVICES} emulated devices are supported)"
             )));
         }
         let mut config = EmulatorConfig::devices(n);

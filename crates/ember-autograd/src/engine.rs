@@ -7,7 +7,9 @@
 //! recently created node runs first (PyTorch's order; leaves first of all). Running a node
 //! takes its backward function out of the node unless `retain_graph`, which frees the
 //! tensors it saved as soon as it has run; running it again is the "backward through the
-//! graph a second time" error. Each gradient a node returns is checked against the shape,
+//! graph a second time" error. A node that saved no tensors (`AddBackward0` of `x + 1`,
+//! `SumBackward0`) keeps its function, so a second backward through a graph of such nodes
+//! accumulates again, as in PyTorch. Each gradient a node returns is checked against the shape,
 //! dtype and device of the input it belongs to (reduced over broadcast dims, cast to the
 //! input's dtype; a device mismatch is an error), so gradients always land on the device of
 //! the tensor they belong to.
@@ -123,13 +125,40 @@ fn validate(node: &'static str, g: Raw, m: &InputMeta) -> Result<Raw> {
     })
 }
 
-fn run_hooks(hooks: &[(u64, crate::graph::Hook)], mut g: Raw) -> Raw {
+/// Runs tensor hooks on `g`. A replacement must keep the gradient's shape, dtype and
+/// device, as PyTorch requires ("hook 'hook' has changed the size of value").
+fn run_hooks(hooks: &[(u64, crate::graph::Hook)], mut g: Raw) -> Result<Raw> {
     for (_, h) in hooks {
         if let Some(r) = h(&Tensor::wrap(g.clone())) {
-            g = r.data();
+            let r = r.data();
+            let what = if r.dims() != g.dims() {
+                Some(format!(
+                    "hook 'hook' has changed the size of value (was {} got {})",
+                    g.shape(),
+                    r.shape()
+                ))
+            } else if r.dtype() != g.dtype() {
+                Some(format!(
+                    "hook 'hook' has changed the type of value (was {} got {})",
+                    g.dtype(),
+                    r.dtype()
+                ))
+            } else if r.device() != g.device() {
+                Some(format!(
+                    "hook 'hook' has changed the device of value (was {} got {})",
+                    g.device(),
+                    r.device()
+                ))
+            } else {
+                None
+            };
+            if let Some(msg) = what {
+                return Err(AutogradError::BadGradient { node: "hook", msg }.into());
+            }
+            g = r;
         }
     }
-    g
+    Ok(g)
 }
 
 /// Where gradients are collected in `autograd::grad`: target key → input position.
@@ -198,7 +227,7 @@ pub(crate) fn execute(
             Next::Leaf(leaf) => {
                 if let Some(g) = g {
                     let hooks = lock(&leaf.leaf).hooks.clone();
-                    let g = run_hooks(&hooks, g);
+                    let g = run_hooks(&hooks, g)?;
                     store(k, &g)?;
                     if capture.is_none() {
                         accumulate_leaf(&leaf, g)?;
@@ -209,7 +238,7 @@ pub(crate) fn execute(
                 let grads = match g {
                     Some(g) => {
                         let hooks = lock(&node.hooks).clone();
-                        let g = run_hooks(&hooks, g);
+                        let g = run_hooks(&hooks, g)?;
                         store(k, &g)?;
                         if capture.is_none()
                             && let Some(t) = lock(&node.retained).as_ref().and_then(|w| w.upgrade())
@@ -250,7 +279,7 @@ pub(crate) fn execute(
 
 fn run_node(node: &Node, g: &Raw, retain_graph: bool) -> Result<Vec<Option<Raw>>> {
     let mut slot = lock(&node.backward);
-    let grads = if retain_graph {
+    let grads = if retain_graph || !node.frees {
         let f = slot
             .as_mut()
             .ok_or(AutogradError::GraphFreed { node: node.name })?;

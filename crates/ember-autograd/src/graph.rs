@@ -71,6 +71,15 @@ pub(crate) struct Node {
     pub(crate) hooks: Mutex<Vec<(u64, Hook)>>,
     /// The output tensor, when `retain_grad()` asked for its `.grad`.
     pub(crate) retained: Mutex<Option<Weak<Impl>>>,
+    /// The backward saved tensors ([`Saved`]): a backward without `retain_graph` frees them,
+    /// and a second one is an error. A node that saved none runs again (Note [Backward
+    /// engine]).
+    pub(crate) frees: bool,
+}
+
+thread_local! {
+    /// Tensors saved since the last node was made (see `Node::frees`).
+    static SAVED_SINCE_NODE: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
 impl std::fmt::Debug for Node {
@@ -98,6 +107,7 @@ impl Node {
             backward: Mutex::new(Some(backward)),
             hooks: Mutex::new(Vec::new()),
             retained: Mutex::new(None),
+            frees: SAVED_SINCE_NODE.with(|c| c.replace(0)) > 0,
         }
     }
 
@@ -140,6 +150,7 @@ pub(crate) struct Saved {
 
 impl Saved {
     pub(crate) fn new(node: &'static str, t: &Raw) -> Saved {
+        SAVED_SINCE_NODE.with(|c| c.set(c.get() + 1));
         Saved {
             t: t.clone(),
             version: t.version(),

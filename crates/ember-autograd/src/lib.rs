@@ -25,6 +25,7 @@
 //! - `engine`: the backward engine (Note [Backward engine]), [`backward`], [`grad`].
 //! - [`mode`]: [`no_grad`], [`enable_grad`], [`inference_mode`], [`set_grad_enabled`],
 //!   and the autocast hook (Note [Autocast hook]).
+//! - `rebase`: views and in-place writes through them (Note [View rebase]).
 //! - `ops/*`: the differentiable ops; `checkpoint`: [`checkpoint`] (Note [Checkpoint]);
 //!   `gradcheck`: [`gradcheck`].
 
@@ -36,6 +37,7 @@ mod gradcheck;
 mod graph;
 pub mod mode;
 mod ops;
+mod rebase;
 mod tensor;
 
 pub use checkpoint::checkpoint;

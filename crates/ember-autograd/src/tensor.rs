@@ -30,8 +30,9 @@ pub struct Tensor(pub(crate) Arc<Impl>);
 pub(crate) struct Impl {
     core: RwLock<Core>,
     requires_grad: AtomicBool,
-    /// Output of a recorded view op (shares its input's storage).
-    view: AtomicBool,
+    /// For the output of a view op (sharing its input's storage): its base and how to
+    /// redo the view (Note [View rebase]).
+    pub(crate) view: Mutex<Option<crate::rebase::ViewInfo>>,
     inference: bool,
     pub(crate) leaf: Mutex<LeafState>,
 }
@@ -139,7 +140,7 @@ impl Tensor {
         Tensor(Arc::new(Impl {
             core: RwLock::new(Core { data, grad_fn }),
             requires_grad: AtomicBool::new(false),
-            view: AtomicBool::new(false),
+            view: Mutex::new(None),
             inference: crate::mode::is_inference_mode_enabled(),
             leaf: Mutex::new(LeafState::default()),
         }))
@@ -178,6 +179,7 @@ impl Tensor {
     }
 
     pub(crate) fn grad_fn_node(&self) -> Option<Arc<Node>> {
+        self.refresh_view();
         self.0
             .core
             .read()
@@ -199,14 +201,10 @@ impl Tensor {
         Tensor::wrap(self.data())
     }
 
-    pub(crate) fn mark_view(&self) {
-        self.0.view.store(true, Ordering::Relaxed);
-    }
-
-    /// `true` for the output of a recorded view op (`narrow`, `t`, `reshape` without a
-    /// copy, ...), which shares its input's storage.
+    /// `true` for the output of a view op (`narrow`, `t`, `reshape` without a copy, ...),
+    /// which shares its input's storage.
     pub fn is_view(&self) -> bool {
-        self.0.view.load(Ordering::Relaxed)
+        lock(&self.0.view).is_some()
     }
 
     /// `true` if both handles are the same tensor (clones of one another).
@@ -278,24 +276,36 @@ impl Tensor {
     }
 
     /// Sets or clears `.grad` (`x.grad = None` is `x.set_grad(None)`). The gradient must
-    /// have this tensor's shape and device.
+    /// have this tensor's dtype, shape and device (PyTorch's "assigned grad has data of a
+    /// different type/size", "... located on a different device").
     pub fn set_grad(&self, grad: Option<&Tensor>) -> Result<()> {
         let g = match grad {
             None => None,
             Some(g) => {
                 let (d, gd) = (self.data(), g.data());
-                if gd.dims() != d.dims() || gd.device() != d.device() {
-                    return Err(AutogradError::invalid(
-                        "set_grad",
-                        format!(
-                            "assigned grad has shape {} on {} but the tensor has shape {} on {}",
-                            gd.shape(),
-                            gd.device(),
-                            d.shape(),
-                            d.device()
-                        ),
-                    )
-                    .into());
+                let what = if gd.dtype() != d.dtype() {
+                    Some(format!(
+                        "assigned grad has data of a different type (expected {} but got {})",
+                        d.dtype(),
+                        gd.dtype()
+                    ))
+                } else if gd.dims() != d.dims() {
+                    Some(format!(
+                        "assigned grad has data of a different size (expected {} but got {})",
+                        d.shape(),
+                        gd.shape()
+                    ))
+                } else if gd.device() != d.device() {
+                    Some(format!(
+                        "assigned grad has data located on a different device (expected {} but got {})",
+                        d.device(),
+                        gd.device()
+                    ))
+                } else {
+                    None
+                };
+                if let Some(msg) = what {
+                    return Err(AutogradError::invalid("set_grad", msg).into());
                 }
                 Some(gd)
             }

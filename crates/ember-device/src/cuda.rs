@@ -188,6 +188,12 @@ pub fn current_device() -> Result<usize> {
     Ok(CURRENT.with(Cell::get))
 }
 
+/// The thread's current CUDA device index without asking for a driver (0 until
+/// [`set_device`] chose another): what an index-less `"cuda"` means.
+pub(crate) fn current_index() -> usize {
+    CURRENT.with(Cell::get)
+}
+
 /// Make `index` the thread's current CUDA device.
 pub fn set_device(index: usize) -> Result<()> {
     check_index(index)?;
@@ -493,6 +499,23 @@ mod tests {
         let err = set_device(5).unwrap_err().to_string();
         assert!(err.contains('5') && err.contains('2'), "{err}");
         assert_eq!(current_device().unwrap(), 0);
+    }
+
+    #[test]
+    fn an_index_less_cuda_parses_as_the_current_device() {
+        use crate::Device;
+        setup();
+        std::thread::spawn(|| {
+            assert_eq!("cuda".parse::<Device>().unwrap(), Device::Cuda(0));
+            set_device(1).unwrap();
+            assert_eq!("cuda".parse::<Device>().unwrap(), Device::Cuda(1));
+            assert_eq!(" cuda ".parse::<Device>().unwrap(), Device::Cuda(1));
+            assert_eq!("cuda:0".parse::<Device>().unwrap(), Device::Cuda(0));
+            let _g = DeviceGuard::new(0).unwrap();
+            assert_eq!("cuda".parse::<Device>().unwrap(), Device::Cuda(0));
+        })
+        .join()
+        .unwrap();
     }
 
     #[test]

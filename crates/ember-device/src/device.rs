@@ -9,9 +9,9 @@ use crate::error::DeviceError;
 
 /// A compute device: the host CPU, or the CUDA device with the given ordinal.
 ///
-/// Parses from and displays as PyTorch's strings: `"cpu"`, `"cuda"` (the current CUDA
-/// device, resolved at parse time to index 0 here; use [`crate::cuda::current_device`] for the
-/// thread's current one), `"cuda:1"`.
+/// Parses from and displays as PyTorch's strings: `"cpu"`, `"cuda"` (the thread's current
+/// CUDA device, [`crate::cuda::current_device`], resolved when parsed: after
+/// `set_device(1)` it is `cuda:1`, as `x.to("cuda")` and `x.cuda()` are), `"cuda:1"`.
 ///
 /// ```
 /// use ember_device::Device;
@@ -115,7 +115,7 @@ impl FromStr for Device {
         let t = s.trim();
         match t {
             "cpu" => return Ok(Device::Cpu),
-            "cuda" => return Ok(Device::Cuda(0)),
+            "cuda" => return Ok(Device::Cuda(crate::cuda::current_index())),
             _ => {}
         }
         let Some(idx) = t.strip_prefix("cuda:") else {

@@ -58,6 +58,62 @@ impl Scalar {
     pub fn is_float(self) -> bool {
         matches!(self, Scalar::Float(_))
     }
+
+    /// Checks that the value can be stored as `dtype` without overflow, as PyTorch checks a
+    /// Python number given to `torch.full`, `torch.tensor` or `fill_` ("value cannot be
+    /// converted to type int32_t without overflow"). Floats truncate into integer dtypes
+    /// (2.5 fits i32) but NaN and ±inf do not; u8 also takes -255..=-1, which wraps as in
+    /// PyTorch; a finite float beyond a float dtype's range overflows (inf and NaN fit);
+    /// every value fits bool.
+    pub fn check_fits(self, op: &'static str, dtype: DType) -> crate::Result<()> {
+        let (lo, hi): (f64, f64) = match dtype {
+            DType::Bool => return Ok(()),
+            DType::F64 => return Ok(()),
+            DType::F32 => (-(f32::MAX as f64), f32::MAX as f64),
+            DType::F16 => (-65504.0, 65504.0),
+            DType::Bf16 => (-3.3895313892515355e38, 3.3895313892515355e38),
+            DType::I64 => (i64::MIN as f64, i64::MAX as f64),
+            DType::I32 => (i32::MIN as f64, i32::MAX as f64),
+            DType::U8 => (-255.0, 255.0),
+        };
+        let fits = match self {
+            Scalar::Bool(_) => true,
+            Scalar::Int(i) => match dtype {
+                DType::I64 => true,
+                DType::I32 => i32::try_from(i).is_ok(),
+                DType::U8 => (-255..=255).contains(&i),
+                _ => (i as f64) >= lo && (i as f64) <= hi,
+            },
+            Scalar::Float(f) if dtype.is_float() => !f.is_finite() || (f >= lo && f <= hi),
+            // Truncation toward zero, then the range (i64's upper bound 2^63 is exclusive).
+            Scalar::Float(f) => {
+                let t = f.trunc();
+                f.is_finite() && t >= lo && (t < hi || (dtype != DType::I64 && t <= hi))
+            }
+        };
+        if fits {
+            return Ok(());
+        }
+        let ty = match dtype {
+            DType::F32 => "float",
+            DType::F16 => "c10::Half",
+            DType::Bf16 => "c10::BFloat16",
+            DType::I64 => "int64_t",
+            DType::I32 => "int32_t",
+            DType::U8 => "uint8_t",
+            DType::F64 => "double",
+            DType::Bool => "bool",
+        };
+        let v = match self {
+            Scalar::Bool(b) => b.to_string(),
+            Scalar::Int(i) => i.to_string(),
+            Scalar::Float(f) => format!("{f:?}"),
+        };
+        Err(crate::TensorError::invalid(
+            op,
+            format!("value cannot be converted to type {ty} without overflow ({v} as {dtype})"),
+        ))
+    }
 }
 
 /// One bound of `clamp(min, max)`: a number, `()` for no bound (PyTorch's `None`), or an

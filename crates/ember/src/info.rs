@@ -18,6 +18,9 @@ pub struct Info {
     pub cuda_available: bool,
     /// Why CUDA is not available; `None` when it is.
     pub cuda_unavailable_reason: Option<String>,
+    /// Malformed Ember settings that were ignored, one line each naming the variable, what
+    /// it takes and why it was ignored (`EMBER_CUDA_EMULATOR=abc`, ...); empty when none.
+    pub ignored_settings: Vec<String>,
     /// `"real"`, `"emulator"`, or `None` without CUDA.
     pub cuda_driver: Option<&'static str>,
     /// The driver's CUDA version (`13000` = 13.0), when CUDA is available.
@@ -99,6 +102,7 @@ pub fn collect() -> Info {
         ember_version: env!("CARGO_PKG_VERSION"),
         cuda_available: available,
         cuda_unavailable_reason: cuda::unavailable_reason(),
+        ignored_settings: ember_device::driver::emulator::EmulatorConfig::env_problems(),
         cuda_driver: driver.as_ref().map(|d| d.kind().name()),
         cuda_driver_version: driver.as_ref().map(|d| d.driver_version()),
         device_count,
@@ -198,6 +202,9 @@ impl Info {
         let _ = writeln!(s, "CUDA available:   {}", self.cuda_available);
         if let Some(r) = &self.cuda_unavailable_reason {
             let _ = writeln!(s, "  why not:        {r}");
+        }
+        for line in &self.ignored_settings {
+            let _ = writeln!(s, "ignored setting:  {line}");
         }
         if let (Some(d), Some(v)) = (self.cuda_driver, self.cuda_driver_version) {
             let _ = writeln!(

@@ -111,6 +111,22 @@ fn a_bad_emulator_setting_is_reported_not_a_crash() {
     assert_eq!(v["cuda_available"], false);
     let why = v["cuda_unavailable_reason"].as_str().unwrap();
     assert!(why.contains("EMBER_CUDA_EMULATOR"), "{why}");
+    let ignored = v["ignored_settings"].as_array().unwrap();
+    assert_eq!(ignored.len(), 1, "{ignored:?}");
+    // The text report says so on a line of its own, for each malformed value.
+    for bad in ["abc", "-1", "100000"] {
+        let out = ember(&["info"], Some(bad));
+        assert!(out.status.success());
+        let text = String::from_utf8(out.stdout).unwrap();
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("ignored setting:"))
+            .unwrap_or_else(|| panic!("{bad}: {text}"));
+        assert!(
+            line.contains("EMBER_CUDA_EMULATOR") && line.contains("ignored"),
+            "{line}"
+        );
+    }
 }
 
 #[test]

@@ -544,11 +544,15 @@ impl Tensor {
     // --- in place --------------------------------------------------------------------
 
     /// Checks an in-place write into `self` may happen, and says whether it must be
-    /// recorded.
+    /// recorded. A view whose base requires grad is recorded (Note [View rebase]).
     fn inplace_check(&self, others: &[&Tensor], op: &'static str) -> Result<bool> {
         let mut all = vec![self];
         all.extend_from_slice(others);
-        if !needs_grad(&all) {
+        let view = self.view_target();
+        let base_grad = view
+            .as_ref()
+            .is_some_and(|v| crate::mode::is_grad_enabled() && v.base.requires_grad());
+        if !needs_grad(&all) && !base_grad {
             return Ok(false);
         }
         if self.is_leaf() && self.requires_grad() {
@@ -556,10 +560,20 @@ impl Tensor {
                 "{op}: a leaf Variable that requires grad is being used in an in-place operation (wrap the update in no_grad())"
             )).into());
         }
-        if self.is_view() {
-            return Err(AutogradError::Inplace(format!(
-                "{op}: an in-place operation on a view of a tensor in the autograd graph is not supported yet (PyTorch rewrites the base's history; Ember would not); use the out-of-place op, e.g. `y = y.mul(2)`"
-            )).into());
+        if let Some(v) = view {
+            if v.base.is_leaf() && v.base.requires_grad() {
+                return Err(AutogradError::Inplace(format!(
+                    "{op}: a view of a leaf Variable that requires grad is being used in an in-place operation (wrap the update in no_grad())"
+                )).into());
+            }
+            if v.no_grad {
+                return Err(AutogradError::Inplace(format!(
+                    "{op}: a view was created in no_grad mode and is being modified inplace with grad mode enabled. This view is the output of a function that returns a view and its base's history cannot be rewritten; make a copy of the view with clone() before writing to it"
+                )).into());
+            }
+            if !v.rebaseable {
+                return Err(crate::rebase::overlapping(op));
+            }
         }
         Ok(true)
     }
@@ -643,8 +657,7 @@ impl Tensor {
             inputs.extend(rt);
         }
         // The write bumped the version; the node is the new history of `self`.
-        let new = record(name, d, &inputs, f);
-        self.set_grad_fn(new.grad_fn_node());
+        self.commit_inplace(name, &inputs, f)?;
         Ok(self)
     }
 
@@ -670,8 +683,7 @@ impl Tensor {
         let rec = self.inplace_check(&[], "fill_")?;
         self.data().fill_(value)?;
         if rec {
-            let new = record("FillBackward0", self.data(), &[self], bw1(zeros_like));
-            self.set_grad_fn(new.grad_fn_node());
+            self.commit_inplace("FillBackward0", &[self], bw1(zeros_like))?;
         }
         Ok(self)
     }
@@ -702,8 +714,7 @@ impl Tensor {
             if src_grad {
                 inputs.push(src);
             }
-            let new = record("CopyBackwards", self.data(), &inputs, f);
-            self.set_grad_fn(new.grad_fn_node());
+            self.commit_inplace("CopyBackwards", &inputs, f)?;
         }
         Ok(self)
     }
@@ -717,8 +728,7 @@ impl Tensor {
         d.clamp_(min, max)?;
         if let Some(x) = before {
             let f = bw1(move |g| clamp_grad(g, &x, min, max));
-            let new = record("ClampBackward1", d, &[self], f);
-            self.set_grad_fn(new.grad_fn_node());
+            self.commit_inplace("ClampBackward1", &[self], f)?;
         }
         Ok(self)
     }

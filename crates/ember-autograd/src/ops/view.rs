@@ -9,6 +9,7 @@ use ember_tensor::{Dim, Shape, ShapeSpec, Tensor as Raw};
 use crate::error::Result;
 use crate::graph::{BackwardFn, Saved, maybe_record, needs_grad, record};
 use crate::ops::bw1;
+use crate::rebase::{Replay, ViewInfo};
 use crate::tensor::Tensor;
 
 /// A gradient for the whole of `shape`, zero except `g` written where `view` selects.
@@ -22,43 +23,55 @@ fn scatter_into(
     Ok(z)
 }
 
+/// A [`Replay`] from a view op on raw tensors.
+fn replay(f: impl Fn(&Raw) -> ember_tensor::Result<Raw> + Send + Sync + 'static) -> Replay {
+    std::sync::Arc::new(f)
+}
+
 impl Tensor {
-    /// Records a view op. When `y` shares this tensor's storage, the output is marked as a
-    /// view (in-place ops on it refuse to record, see `inplace_check`) and its backward
-    /// first checks that the storage was not written in place since: such a write, through
-    /// the view or its base, would change what the view's recorded history means, and
-    /// Ember reports it rather than return a gradient for the old history.
+    /// Records a view op. When `y` shares this tensor's storage the output is a view: it
+    /// learns its base and `replay`, which redoes the op on any tensor of this one's shape
+    /// (Note [View rebase]), so in-place writes through it rebase the base's history. A
+    /// view without a replay (`expand`) first checks in backward that the storage was not
+    /// written in place since.
     fn record_view(
         &self,
         name: &'static str,
         y: Raw,
+        replay: Option<Replay>,
         backward: impl FnMut(&Raw) -> Result<Raw> + Send + 'static,
     ) -> Result<Tensor> {
-        if !needs_grad(&[self]) {
-            return Ok(Tensor::wrap(y));
+        let shares = y.shares_storage(&self.data());
+        let info = shares.then(|| ViewInfo::of(self, &y, replay.clone()));
+        let t = if !needs_grad(&[self]) {
+            Tensor::wrap(y)
+        } else if shares && replay.is_none() {
+            let mut backward = backward;
+            let witness = Saved::new(name, &y);
+            record(
+                name,
+                y,
+                &[self],
+                bw1(move |g| {
+                    witness.get()?;
+                    backward(g)
+                }),
+            )
+        } else {
+            record(name, y, &[self], bw1(backward))
+        };
+        if let Some(info) = info {
+            t.set_view(info);
         }
-        let mut backward = backward;
-        if !y.shares_storage(&self.data()) {
-            return Ok(record(name, y, &[self], bw1(backward)));
-        }
-        let witness = Saved::new(name, &y);
-        let t = record(
-            name,
-            y,
-            &[self],
-            bw1(move |g| {
-                witness.get()?;
-                backward(g)
-            }),
-        );
-        t.mark_view();
         Ok(t)
     }
 
     /// Records a view-like op whose gradient is `g` reshaped back to this tensor's shape.
     fn reshaped(&self, name: &'static str, y: Raw) -> Result<Tensor> {
         let shape = self.data().shape().clone();
-        self.record_view(name, y, move |g| Ok(g.reshape(&shape)?))
+        let to = y.shape().clone();
+        let replay = replay(move |t| t.view(&to));
+        self.record_view(name, y, Some(replay), move |g| Ok(g.reshape(&shape)?))
     }
 
     /// A view with another shape (one `-1` inferred); errors where strides don't allow.
@@ -127,7 +140,13 @@ impl Tensor {
         for (i, &p) in perm.iter().enumerate() {
             inv[p] = i;
         }
-        self.record_view("PermuteBackward0", y, move |g| Ok(g.permute(&inv)?))
+        let r = replay(move |t| t.permute(&perm));
+        self.record_view(
+            "PermuteBackward0",
+            y,
+            Some(r),
+            move |g| Ok(g.permute(&inv)?),
+        )
     }
 
     /// Swaps two dims.
@@ -138,13 +157,16 @@ impl Tensor {
             dim1.index(x.rank(), "transpose")?,
         );
         let y = x.transpose(a, b)?;
-        self.record_view("TransposeBackward0", y, move |g| Ok(g.transpose(a, b)?))
+        let r = replay(move |t| t.transpose(a, b));
+        self.record_view("TransposeBackward0", y, Some(r), move |g| {
+            Ok(g.transpose(a, b)?)
+        })
     }
 
     /// Transpose of a matrix (≤ 2 dims).
     pub fn t(&self) -> Result<Tensor> {
         let y = self.data().t()?;
-        self.record_view("TBackward0", y, |g| Ok(g.t()?))
+        self.record_view("TBackward0", y, Some(replay(|t| t.t())), |g| Ok(g.t()?))
     }
 
     /// `len` elements of `dim` from `start`.
@@ -153,7 +175,8 @@ impl Tensor {
         let d = dim.index(x.rank(), "narrow")?;
         let y = x.narrow(d, start, len)?;
         let shape = x.shape().clone();
-        self.record_view("NarrowBackward0", y, move |g| {
+        let r = replay(move |t| t.narrow(d, start, len));
+        self.record_view("NarrowBackward0", y, Some(r), move |g| {
             scatter_into(&shape, g, |z| z.narrow(d, start, len))
         })
     }
@@ -162,14 +185,16 @@ impl Tensor {
     pub fn slice(
         &self,
         dim: impl Dim,
-        range: impl RangeBounds<isize> + Clone + Send + 'static,
+        range: impl RangeBounds<isize> + Clone + Send + Sync + 'static,
         step: usize,
     ) -> Result<Tensor> {
         let x = self.data();
         let d = dim.index(x.rank(), "slice")?;
         let y = x.slice(d, range.clone(), step)?;
         let shape = x.shape().clone();
-        self.record_view("SliceBackward0", y, move |g| {
+        let r2 = range.clone();
+        let r = replay(move |t| t.slice(d, r2.clone(), step));
+        self.record_view("SliceBackward0", y, Some(r), move |g| {
             scatter_into(&shape, g, |z| z.slice(d, range.clone(), step))
         })
     }
@@ -180,7 +205,8 @@ impl Tensor {
         let d = dim.index(x.rank(), "select")?;
         let y = x.select(d, index)?;
         let shape = x.shape().clone();
-        self.record_view("SelectBackward0", y, move |g| {
+        let r = replay(move |t| t.select(d, index));
+        self.record_view("SelectBackward0", y, Some(r), move |g| {
             scatter_into(&shape, g, |z| z.select(d, index))
         })
     }
@@ -190,7 +216,7 @@ impl Tensor {
         let x = self.data();
         let y = x.expand(sizes)?;
         let shape = x.dims().to_vec();
-        self.record_view("ExpandBackward0", y, move |g| {
+        self.record_view("ExpandBackward0", y, None, move |g| {
             crate::engine::sum_to(g, &shape)
         })
     }
@@ -284,7 +310,8 @@ impl Tensor {
             let n = p.dims().get(d).copied().unwrap_or(0);
             let shape = self.data().shape().clone();
             let start = off;
-            out.push(self.record_view("SplitBackward0", p, move |g| {
+            let r = replay(move |t| t.narrow(d, start, n));
+            out.push(self.record_view("SplitBackward0", p, Some(r), move |g| {
                 scatter_into(&shape, g, |z| z.narrow(d, start, n))
             })?);
             off += n;

@@ -127,10 +127,25 @@ impl Tensor {
         self.binary_op::<op::Div>(rhs.into())
     }
 
-    /// `self ** rhs` (integer powers of integers stay integers; negative integer exponents
-    /// give 0 except for bases 1 and -1, as PyTorch's CPU kernel).
+    /// `self ** rhs` (integer powers of integers stay integers). An integer tensor to a
+    /// negative integer number is an error, as in PyTorch ("Integers to negative integer
+    /// powers are not allowed."); negative elements of an integer exponent *tensor* give 0
+    /// except for bases 1 and -1, as PyTorch's kernel.
     pub fn pow<'a>(&self, rhs: impl Into<Operand<'a>>) -> Result<Tensor> {
-        self.binary_op::<op::Pow>(rhs.into())
+        let rhs = rhs.into();
+        if let Operand::Scalar(Scalar::Int(e)) = rhs
+            && e < 0
+            && !self.dtype().is_float()
+        {
+            return Err(TensorError::invalid(
+                "pow",
+                format!(
+                    "Integers to negative integer powers are not allowed (a {} tensor to the power {e})",
+                    self.dtype()
+                ),
+            ));
+        }
+        self.binary_op::<op::Pow>(rhs)
     }
 
     /// Elementwise maximum (NaN propagates).

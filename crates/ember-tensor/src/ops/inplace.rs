@@ -71,7 +71,9 @@ impl Tensor {
     /// Sets every element to `value` (cast to this dtype).
     pub fn fill_(&self, value: impl Into<Scalar>) -> Result<&Tensor> {
         self.writable("fill_")?;
-        self.cell().write().fill(self.layout(), value.into())?;
+        let value = value.into();
+        value.check_fits("fill_", self.dtype())?;
+        self.cell().write().fill(self.layout(), value)?;
         Ok(self)
     }
 

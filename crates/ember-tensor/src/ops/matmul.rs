@@ -80,9 +80,17 @@ impl Tensor {
         let lb = b.layout().broadcast_as("matmul", &db.into())?;
         let mut out = batch.dims().to_vec();
         out.extend([m, n]);
-        Shape::from(&out).checked_numel("matmul")?;
-        let s = read_many(&[a.cell(), b.cell()], |s| s[0].matmul(&la, s[1], &lb))?;
-        let mut r = Tensor::from_storage(s, out);
+        let numel = Shape::from(&out).checked_numel("matmul")?;
+        let mut r = if self.device().is_cuda() && !self.dtype().is_float() {
+            if k == 0 {
+                Tensor::zeros(out, (self.device(), self.dtype()))?
+            } else {
+                integer_matmul(&a, &b, k, numel)?
+            }
+        } else {
+            let s = read_many(&[a.cell(), b.cell()], |s| s[0].matmul(&la, s[1], &lb))?;
+            Tensor::from_storage(s, out)
+        };
         if self.rank() == 1 {
             r = r.squeeze_dim(-2)?;
         }
@@ -149,4 +157,36 @@ impl Tensor {
         }
         Ok(r)
     }
+}
+
+/// Note [Integer matmul on CUDA]: cuBLAS has no integer GEMM, but PyTorch computes integer
+/// matrix products on CUDA. Ember computes them with its elementwise and reduction kernels:
+/// `a[.., m, k]` and `b[.., k, n]` are multiplied as `[.., m, kc, 1] * [.., 1, kc, n]` and
+/// summed over `kc`, for chunks of `kc` columns small enough that a chunk's product stays
+/// within [`INT_MATMUL_CHUNK`] elements, accumulated in i64 and cast back (so u8 and i32
+/// wrap as their GEMMs would). Exact, and far slower than a float GEMM.
+const INT_MATMUL_CHUNK: usize = 1 << 22;
+
+/// `a @ b` for integer tensors on a CUDA device (Note [Integer matmul on CUDA]); `a` is
+/// `[.., m, k]`, `b` is `[.., k, n]`, their batch dims broadcastable, the result has
+/// `numel` elements.
+fn integer_matmul(a: &Tensor, b: &Tensor, k: usize, numel: usize) -> Result<Tensor> {
+    let dtype = a.dtype();
+    let step = (INT_MATMUL_CHUNK / numel.max(1)).clamp(1, k.max(1));
+    let (ra, rb) = (a.rank(), b.rank());
+    let mut acc: Option<Tensor> = None;
+    let mut start = 0;
+    while start < k {
+        let len = step.min(k - start);
+        let pa = a.narrow(ra - 1, start, len)?.unsqueeze(-1)?;
+        let pb = b.narrow(rb - 2, start, len)?.unsqueeze(-3)?;
+        let part = pa.mul(&pb)?.sum(-2)?.to_dtype(DType::I64)?;
+        acc = Some(match acc {
+            None => part,
+            Some(t) => t.add(&part)?,
+        });
+        start += len;
+    }
+    acc.ok_or_else(|| TensorError::invalid("matmul", "empty inner dimension"))?
+        .to_dtype(dtype)
 }

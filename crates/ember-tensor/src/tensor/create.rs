@@ -164,8 +164,20 @@ impl Tensor {
     }
 
     /// A zero-dimensional tensor holding `value` (`opts` as [`from_slice`](Tensor::from_slice)).
+    /// A value that does not fit the dtype asked for (300 as u8, 1e30 or NaN as i32) is an
+    /// error, as in `torch.tensor(300, dtype=torch.uint8)`.
     pub fn scalar<T: WithDType>(value: T, opts: impl Into<Options>) -> Result<Tensor> {
         let opts = opts.into();
+        if let Some(dt) = opts.dtype {
+            let v = if T::DTYPE.is_float() {
+                Scalar::Float(value.to_f64())
+            } else if T::DTYPE == DType::Bool {
+                Scalar::Bool(value.to_f64() != 0.0)
+            } else {
+                Scalar::Int(value.to_i64())
+            };
+            v.check_fits("scalar", dt)?;
+        }
         with_dtype(
             host_tensor(&[value], Shape::scalar(), &opts.device)?,
             opts.dtype,
@@ -186,6 +198,7 @@ impl Tensor {
     ) -> Result<Tensor> {
         let (value, o) = (value.into(), opts.into());
         let dtype = o.dtype.unwrap_or(value.default_dtype());
+        value.check_fits("full", dtype)?;
         let shape = shape.into();
         if let Device::Cuda(i) = o.device {
             // The fill kernel writes the value on the device; nothing crosses from the host.

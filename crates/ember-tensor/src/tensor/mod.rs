@@ -194,7 +194,13 @@ impl Tensor {
         if cols == 0 {
             return Ok(vec![Vec::new(); self.dims()[0]]);
         }
-        Ok(v.chunks(cols).map(<[T]>::to_vec).collect())
+        let mut rows = try_host_vec(self.dims()[0])?;
+        for r in v.chunks(cols) {
+            let mut row = try_host_vec(cols)?;
+            row.extend_from_slice(r);
+            rows.push(row);
+        }
+        Ok(rows)
     }
 
     /// The matrices of a 3-D tensor.
@@ -483,15 +489,39 @@ impl<D: ToTarget> ToTarget for (D, DType) {
 fn host_view<T: WithDType>(c: &CpuStorage, l: &Layout) -> Result<Vec<T>> {
     let data = c.as_slice::<T>()?;
     if let Some(d) = crate::cpu::contiguous_slice(data, l) {
-        return Ok(d.to_vec());
+        let mut v = try_host_vec::<T>(d.len())?;
+        v.extend_from_slice(d);
+        return Ok(v);
     }
-    l.strided_index()
-        .map(|i| {
-            data.get(i).copied().ok_or_else(|| {
-                TensorError::invalid("to_vec", "layout outside storage (internal error)")
-            })
-        })
-        .collect()
+    let mut v = try_host_vec::<T>(l.shape().checked_numel("to_vec")?)?;
+    for i in l.strided_index() {
+        v.push(data.get(i).copied().ok_or_else(|| {
+            TensorError::invalid("to_vec", "layout outside storage (internal error)")
+        })?);
+    }
+    Ok(v)
+}
+
+/// An empty `Vec` with room for `len` elements, or an out-of-memory error value when the
+/// host cannot give it (never an abort): every host materialisation of tensor data that
+/// leaves the caching allocator goes through this.
+pub(crate) fn try_host_vec<T>(len: usize) -> Result<Vec<T>> {
+    let mut v = Vec::new();
+    if v.try_reserve_exact(len).is_err() {
+        let requested = (len as u64).saturating_mul(std::mem::size_of::<T>() as u64);
+        return Err(TensorError::Memory(
+            ember_memory::MemoryError::OutOfMemory {
+                device: Device::Cpu,
+                requested,
+                total: None,
+                free: None,
+                allocated: ember_memory::memory_allocated(Device::Cpu).unwrap_or(0),
+                reserved_unallocated: 0,
+                fraction_limit: None,
+            },
+        ));
+    }
+    Ok(v)
 }
 
 pub(crate) fn cuda_error(op: &'static str, device: Device) -> TensorError {

@@ -150,7 +150,7 @@ impl EmulatorConfig {
         }
         if n > MAX_EMULATED_DEVICES {
             return Err(DeviceError::Emulator(format!(
-                "{ENV_EMULATOR}={count:?}: at most {MAX_EMULATED_DEVICES} emulated devices are supported"
+                "{ENV_EMULATOR}={count:?}: expected a device count of at most {MAX_EMULATED_DEVICES} (at most {MAX_EMULATED_DEVICES} emulated devices are supported)"
             )));
         }
         let mut config = EmulatorConfig::devices(n);
@@ -162,6 +162,39 @@ impl EmulatorConfig {
         }
         config.validate()?;
         Ok(Some(config))
+    }
+}
+
+impl EmulatorConfig {
+    /// What is wrong with `EMBER_CUDA_EMULATOR` and `EMBER_CUDA_EMULATOR_MEMORY` as the
+    /// process sees them: one line per problem, naming the variable, what it takes and that
+    /// it was ignored; empty when both are well-formed or unset. `ember info` prints these
+    /// lines; CUDA discovery ([`crate::cuda::driver`]) returns the error itself.
+    pub fn env_problems() -> Vec<String> {
+        let get = |k: &str| std::env::var_os(k).map(|v| v.to_string_lossy().into_owned());
+        Self::env_problems_of(
+            get(ENV_EMULATOR).as_deref(),
+            get(ENV_EMULATOR_MEMORY).as_deref(),
+        )
+    }
+
+    /// [`EmulatorConfig::env_problems`] on given values (`None` for an unset variable).
+    pub fn env_problems_of(count: Option<&str>, memory: Option<&str>) -> Vec<String> {
+        match Self::from_env_values(count, memory) {
+            Err(e) => vec![format!(
+                "{e}; the setting was ignored (the emulator is off, and CUDA discovery reports this error)"
+            )],
+            Ok(Some(_)) => Vec::new(),
+            Ok(None) => {
+                let mem = memory.map(str::trim).filter(|s| !s.is_empty());
+                match mem.map(|m| (m, parse_size(m))) {
+                    Some((m, Err(why))) => vec![format!(
+                        "{ENV_EMULATOR_MEMORY}={m:?}: {why}; the setting was ignored ({ENV_EMULATOR} does not turn the emulator on)"
+                    )],
+                    _ => Vec::new(),
+                }
+            }
+        }
     }
 }
 
@@ -270,6 +303,29 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("16 TiB"), "{err}");
+    }
+
+    #[test]
+    fn env_problems_name_the_variable_and_say_it_was_ignored() {
+        for (count, memory, var) in [
+            (Some("abc"), None, ENV_EMULATOR),
+            (Some("-1"), None, ENV_EMULATOR),
+            (Some("100000"), None, ENV_EMULATOR),
+            (Some("2"), Some("garbage"), ENV_EMULATOR_MEMORY),
+            (None, Some("garbage"), ENV_EMULATOR_MEMORY),
+        ] {
+            let p = EmulatorConfig::env_problems_of(count, memory);
+            assert_eq!(p.len(), 1, "{count:?} {memory:?}: {p:?}");
+            assert!(p[0].contains(var) && p[0].contains("ignored"), "{p:?}");
+            assert!(p[0].contains("expected"), "{p:?}");
+        }
+        assert!(
+            EmulatorConfig::env_problems_of(Some("-1"), None)[0].contains("non-negative integer")
+        );
+        assert!(EmulatorConfig::env_problems_of(Some("100000"), None)[0].contains("at most 256"));
+        assert!(EmulatorConfig::env_problems_of(Some("2"), Some("1GiB")).is_empty());
+        assert!(EmulatorConfig::env_problems_of(None, None).is_empty());
+        assert!(EmulatorConfig::env_problems_of(Some("0"), None).is_empty());
     }
 
     #[test]

@@ -71,7 +71,6 @@ impl std::str::FromStr for DeviceChoice {
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
             "auto" => Ok(DeviceChoice::Auto),
-            "cuda" => Ok(DeviceChoice::Exact(Device::Cuda(0))),
             other => other
                 .parse::<Device>()
                 .map(DeviceChoice::Exact)

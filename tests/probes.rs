@@ -27,9 +27,7 @@ struct Case {
 
 type Bin = fn(&Tensor, &Tensor) -> Result<Tensor>;
 
-/// Binary ops: (name, the kind of a shape mismatch, op).
-
-/// Binary ops with broadcasting: (name, op). Each meets every pair of [`BAD_SHAPE_PAIRS`]
+/// Binary ops with broadcasting: (name, the kind of a shape mismatch, op). Each meets every pair of [`BAD_SHAPE_PAIRS`]
 /// (PyTorch: "The size of tensor a (3) must match the size of tensor b (4) at non-singleton
 /// dimension 1") and a second operand on another device (PyTorch: "Expected all tensors to
 /// be on the same device, but found at least two devices").

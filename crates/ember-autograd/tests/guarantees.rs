@@ -50,7 +50,7 @@ macro_rules! on_devices {
 on_devices!(hook_changing_the_size_is_an_error, |d: &Device| {
     let x = leaf(&[1.0, 2.0, 3.0], &[3], d);
     let y = x.mul(2.0).unwrap();
-    let dd = d.clone();
+    let dd = *d;
     y.register_hook(move |_g| Some(Tensor::zeros([2], (&dd, DType::F64)).unwrap()))
         .unwrap();
     let e = y.sum_all().unwrap().backward().unwrap_err();

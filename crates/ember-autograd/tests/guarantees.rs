@@ -5,19 +5,8 @@
 //! history (CopySlices), gradchecked.
 
 use ember_autograd::{AutogradError, ErrorKind, GradcheckOptions, Result, Tensor, gradcheck};
-use ember_device::cuda;
-use ember_device::driver::emulator::EmulatorConfig;
 use ember_tensor::{DType, Device};
-
-fn on(device: &str) -> Device {
-    if device == "cpu" {
-        return Device::Cpu;
-    }
-    if std::env::var_os("EMBER_GPU_TEST").is_none() {
-        cuda::use_emulator(EmulatorConfig::devices(2)).unwrap();
-    }
-    Device::Cuda(0)
-}
+use ember_testing::test_device;
 
 fn leaf(v: &[f64], shape: &[usize], d: &Device) -> Tensor {
     Tensor::from_vec(v.to_vec(), shape.to_vec(), d)
@@ -30,24 +19,7 @@ fn vals(t: &Tensor) -> Vec<f64> {
     t.to_vec::<f64>().unwrap()
 }
 
-/// Writes `#[test]`s `name_cpu` and `name_cuda` calling `body(&Device)`.
-macro_rules! on_devices {
-    ($name:ident, $body:expr) => {
-        mod $name {
-            use super::*;
-            #[test]
-            fn cpu() {
-                ($body)(&on("cpu"))
-            }
-            #[test]
-            fn cuda() {
-                ($body)(&on("cuda"))
-            }
-        }
-    };
-}
-
-on_devices!(hook_changing_the_size_is_an_error, |d: &Device| {
+test_device!(hook_changing_the_size_is_an_error, |d: &Device| {
     let x = leaf(&[1.0, 2.0, 3.0], &[3], d);
     let y = x.mul(2.0).unwrap();
     let dd = *d;
@@ -80,7 +52,7 @@ on_devices!(hook_changing_the_size_is_an_error, |d: &Device| {
     assert_eq!(vals(&x.grad().unwrap()), vec![10.0, 10.0]);
 });
 
-on_devices!(hook_changing_the_device_is_an_error, |d: &Device| {
+test_device!(hook_changing_the_device_is_an_error, |d: &Device| {
     if *d == Device::Cpu {
         return;
     }
@@ -90,7 +62,7 @@ on_devices!(hook_changing_the_device_is_an_error, |d: &Device| {
     assert!(e.to_string().contains("changed the device of value"), "{e}");
 });
 
-on_devices!(set_grad_checks_dtype_shape_and_device, |d: &Device| {
+test_device!(set_grad_checks_dtype_shape_and_device, |d: &Device| {
     let x = leaf(&[1.0, 2.0], &[2], d);
     let g32 = Tensor::ones([2], (d, DType::F32)).unwrap();
     let e = x.set_grad(Some(&g32)).unwrap_err();
@@ -116,7 +88,7 @@ on_devices!(set_grad_checks_dtype_shape_and_device, |d: &Device| {
     assert_eq!(vals(&x.grad().unwrap()), vec![1.0, 1.0]);
 });
 
-on_devices!(
+test_device!(
     second_backward_without_saved_tensors_accumulates,
     |d: &Device| {
         let x = leaf(&[1.0, 2.0, 3.0], &[3], d);
@@ -140,7 +112,7 @@ on_devices!(
     }
 );
 
-on_devices!(inplace_through_a_view_rebases_the_base, |d: &Device| {
+test_device!(inplace_through_a_view_rebases_the_base, |d: &Device| {
     // y = a * 1; y[0] *= 3; y.sum().backward()  →  a.grad = [3, 1, 1]
     let a = leaf(&[1.0, 2.0, 3.0], &[3], d);
     let y = a.mul(1.0).unwrap();
@@ -151,7 +123,7 @@ on_devices!(inplace_through_a_view_rebases_the_base, |d: &Device| {
     assert_eq!(vals(&a.grad().unwrap()), vec![3.0, 1.0, 1.0]);
 });
 
-on_devices!(
+test_device!(
     views_taken_before_a_write_see_the_new_history,
     |d: &Device| {
         let x = leaf(&[1.0, 2.0, 3.0], &[3], d);
@@ -165,7 +137,7 @@ on_devices!(
     }
 );
 
-on_devices!(
+test_device!(
     inplace_on_views_that_cannot_be_rebased_is_refused,
     |d: &Device| {
         // A view of a leaf that requires grad.
@@ -231,6 +203,6 @@ fn gradcheck_inplace_views(d: &Device) -> Result<()> {
     )
 }
 
-on_devices!(inplace_through_views_gradchecks, |d: &Device| {
+test_device!(inplace_through_views_gradchecks, |d: &Device| {
     gradcheck_inplace_views(d).unwrap();
 });

@@ -1,0 +1,1 @@
+//! `autocast`: the per-thread mixed-precision regions and the one policy table.

@@ -353,7 +353,11 @@ struct Policy {
 
 impl Policy {
     fn lower(&self, device: Device) -> Option<DType> {
-        if device.is_cuda() { self.cuda } else { self.cpu }
+        if device.is_cuda() {
+            self.cuda
+        } else {
+            self.cpu
+        }
     }
 }
 

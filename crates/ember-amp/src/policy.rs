@@ -117,7 +117,11 @@ mod tests {
             .copied()
             .collect();
         for op in &all {
-            assert_eq!(all.iter().filter(|o| o == &op).count(), 1, "{op} listed twice");
+            assert_eq!(
+                all.iter().filter(|o| o == &op).count(),
+                1,
+                "{op} listed twice"
+            );
         }
         assert_eq!(cast_policy("relu"), None);
         assert_eq!(cast_policy("mm"), Some(CastPolicy::LowerPrecision));

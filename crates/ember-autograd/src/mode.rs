@@ -278,14 +278,19 @@ mod tests {
         let i = Tensor::ones([2], (cpu, DType::I64))?;
         {
             let _g = set_autocast_policy(Some(Arc::new(Half)));
-            assert_eq!(autocast_dtype("matmul", cpu, &[DType::F32]), Some(DType::Bf16));
+            assert_eq!(
+                autocast_dtype("matmul", cpu, &[DType::F32]),
+                Some(DType::Bf16)
+            );
             assert_eq!(autocast_dtype("add", cpu, &[DType::F32]), None);
-            let cast = autocast_inputs("matmul", &[&x, &i])?.map(|v| {
-                v.iter().map(Tensor::dtype).collect::<Vec<_>>()
-            });
+            let cast = autocast_inputs("matmul", &[&x, &i])?
+                .map(|v| v.iter().map(Tensor::dtype).collect::<Vec<_>>());
             assert_eq!(cast, Some(vec![DType::Bf16, DType::I64]));
             assert!(autocast_inputs("add", &[&x])?.is_none());
-            assert!(autocast_inputs("matmul", &[&i])?.is_none(), "no eligible input");
+            assert!(
+                autocast_inputs("matmul", &[&i])?.is_none(),
+                "no eligible input"
+            );
         }
         assert_eq!(autocast_dtype("matmul", cpu, &[DType::F32]), None);
         assert!(autocast_inputs("matmul", &[&x])?.is_none());

@@ -150,6 +150,17 @@ fn policy_table_walk(device: &Device) -> Result<()> {
             "{op}"
         );
     }
+    // Outside a region the f32 ops keep lower-precision inputs' dtype: the f32 above is
+    // autocast's doing, not the op's.
+    for op in FP32_OPS {
+        for lower in LOWER {
+            assert_eq!(
+                run(op, device, lower, lower)?.dtype(),
+                lower,
+                "{op} of {lower}"
+            );
+        }
+    }
     Ok(())
 }
 test_device!(policy_table_walk, policy_table_walk);

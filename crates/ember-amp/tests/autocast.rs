@@ -454,3 +454,14 @@ fn bad_dtypes_are_errors(device: &Device) -> Result<()> {
     Ok(())
 }
 test_device!(bad_dtypes_are_errors, bad_dtypes_are_errors);
+
+/// A region names a device *type*: `autocast(Device::Cuda(0), ..)` applies to ops on every
+/// CUDA device, here cuda:1.
+fn cuda_index_is_ignored(device: &Device) -> Result<()> {
+    let a = rand(&[4, 4], 71, device)?;
+    let _g = autocast(Device::Cuda(0), DType::F16)?;
+    assert!(is_autocast_enabled(*device));
+    assert_eq!(a.matmul(&a)?.dtype(), DType::F16);
+    Ok(())
+}
+test_device!(cuda_index_is_ignored, cuda_index_is_ignored, [cuda1]);

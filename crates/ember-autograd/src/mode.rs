@@ -16,7 +16,10 @@
 use std::cell::Cell;
 use std::sync::Arc;
 
-use ember_tensor::DType;
+use ember_tensor::{DType, Device};
+
+use crate::error::Result;
+use crate::tensor::Tensor;
 
 thread_local! {
     static GRAD_ENABLED: Cell<bool> = const { Cell::new(true) };
@@ -100,17 +103,34 @@ pub fn with_no_grad<R>(f: impl FnOnce() -> R) -> R {
 
 // --- the autocast hook --------------------------------------------------------------------
 
-/// What autocast (a later crate, `ember-amp`) plugs in: for an op and the dtypes of its
-/// floating inputs, the dtype to compute in, or `None` to leave the op alone.
+/// What autocast (a later crate, `ember-amp`) plugs in: for an op, the device its inputs
+/// live on and the dtypes of its eligible inputs, the dtype to compute in, or `None` to
+/// leave the op alone; and how to cast an input to it.
 ///
-/// Note [Autocast hook]: ops that autocast may change (matmul, mm, bmm, addmm, conv2d,
-/// softmax, log_softmax, cross_entropy, ...) call [`autocast_dtype`] before running. While
-/// no policy is installed on the thread that is one read of a thread-local `bool`, so the
-/// hook costs nothing when autocast is off. When a policy answers a dtype, the op casts its
-/// floating inputs to it (recorded, so gradients come back in each input's own dtype).
+/// Note [Autocast hook]: every op of autocast's policy table (the products, the ops that
+/// run in f32, the ops that promote to the widest input; `ember-amp`'s `policy.rs`) calls
+/// [`autocast_inputs`] first. While no policy is installed on the thread that is one read
+/// of a thread-local `bool`, so the hook costs nothing when autocast is off. Otherwise the
+/// *eligible* inputs are the floating ones other than f64 on the device type of the first
+/// of them (as PyTorch's `is_eligible`); the policy answers a dtype for the op on that
+/// device type, and each eligible input not already in it is cast through
+/// [`AutocastPolicy::cast`] (a recorded `to_dtype`, so gradients come back in each input's
+/// own dtype; `ember-amp` caches the casts of f32 leaves there). The op then reruns on the
+/// cast inputs, which all have the answered dtype, so the hook answers "nothing to do" the
+/// second time and the recursion ends. Ops built from other ops (`linear`, `layer_norm`,
+/// `mse_loss` in `ember-nn`) call the hook once at their top in the same way; the ops
+/// inside them then see inputs already in the answered dtype. The dependency runs one way:
+/// this crate defines the trait and calls it, `ember-amp` implements and installs it.
 pub trait AutocastPolicy: Send + Sync {
-    /// The compute dtype for `op` given its floating inputs' dtypes.
-    fn compute_dtype(&self, op: &'static str, inputs: &[DType]) -> Option<DType>;
+    /// The compute dtype for `op` on `device`'s type, given its eligible inputs' dtypes
+    /// (never empty); `None` leaves the op alone.
+    fn compute_dtype(&self, op: &'static str, device: Device, inputs: &[DType]) -> Option<DType>;
+
+    /// `t` cast to `dtype` for an op under autocast: a recorded [`Tensor::to_dtype`]
+    /// unless the policy keeps a cache.
+    fn cast(&self, t: &Tensor, dtype: DType) -> Result<Tensor> {
+        t.to_dtype(dtype)
+    }
 }
 
 /// Installs `policy` on this thread until the returned guard drops (nesting restores the
@@ -145,14 +165,63 @@ impl Drop for AutocastGuard {
     }
 }
 
-/// The dtype autocast wants `op` computed in, or `None` (always `None` while no policy is
-/// installed: one thread-local read). See Note [Autocast hook].
+/// The policy installed on this thread, if any (one thread-local read when none is).
 #[inline]
-pub fn autocast_dtype(op: &'static str, inputs: &[DType]) -> Option<DType> {
+fn current_policy() -> Option<Arc<dyn AutocastPolicy>> {
     if !AUTOCAST.with(Cell::get) {
         return None;
     }
-    AUTOCAST_POLICY.with(|p| p.borrow().as_ref()?.compute_dtype(op, inputs))
+    AUTOCAST_POLICY.with(|p| p.borrow().clone())
+}
+
+/// The dtype autocast wants `op` computed in on `device`'s type for eligible inputs of
+/// `inputs` dtypes, or `None` (always `None` while no policy is installed: one
+/// thread-local read). See Note [Autocast hook].
+#[inline]
+pub fn autocast_dtype(op: &'static str, device: Device, inputs: &[DType]) -> Option<DType> {
+    current_policy()?.compute_dtype(op, device, inputs)
+}
+
+/// `true` for an input autocast may cast: floating, not f64 (PyTorch's `is_eligible`).
+fn eligible(t: &Tensor) -> bool {
+    let dt = t.dtype();
+    dt.is_float() && dt != DType::F64
+}
+
+/// The autocast hook of an op (Note [Autocast hook]): `None` when autocast leaves `op`'s
+/// `inputs` as they are (always, and after one thread-local read, while autocast is off);
+/// otherwise every input, in order, the eligible ones cast to the policy's dtype and the
+/// others as given. The op then runs on the returned tensors.
+pub fn autocast_inputs(op: &'static str, inputs: &[&Tensor]) -> Result<Option<Vec<Tensor>>> {
+    let Some(policy) = current_policy() else {
+        return Ok(None);
+    };
+    let Some(device) = inputs.iter().find(|t| eligible(t)).map(|t| t.device()) else {
+        return Ok(None);
+    };
+    let on_type = |t: &Tensor| eligible(t) && t.device().is_cuda() == device.is_cuda();
+    let dtypes: Vec<DType> = inputs
+        .iter()
+        .filter(|t| on_type(t))
+        .map(|t| t.dtype())
+        .collect();
+    let Some(dt) = policy.compute_dtype(op, device, &dtypes) else {
+        return Ok(None);
+    };
+    if dtypes.iter().all(|&d| d == dt) {
+        return Ok(None);
+    }
+    inputs
+        .iter()
+        .map(|t| {
+            if on_type(t) && t.dtype() != dt {
+                policy.cast(t, dt)
+            } else {
+                Ok((*t).clone())
+            }
+        })
+        .collect::<Result<Vec<_>>>()
+        .map(Some)
 }
 
 #[cfg(test)]
@@ -196,19 +265,35 @@ mod tests {
 
     struct Half;
     impl AutocastPolicy for Half {
-        fn compute_dtype(&self, op: &'static str, _: &[DType]) -> Option<DType> {
+        fn compute_dtype(&self, op: &'static str, _: Device, _: &[DType]) -> Option<DType> {
             (op == "matmul").then_some(DType::Bf16)
         }
     }
 
     #[test]
-    fn autocast_hook_answers_only_while_installed() {
-        assert_eq!(autocast_dtype("matmul", &[DType::F32]), None);
+    fn autocast_hook_answers_only_while_installed() -> Result<()> {
+        let cpu = Device::Cpu;
+        assert_eq!(autocast_dtype("matmul", cpu, &[DType::F32]), None);
+        let x = Tensor::ones([2, 2], ())?;
+        let i = Tensor::ones([2], (cpu, DType::I64))?;
         {
             let _g = set_autocast_policy(Some(Arc::new(Half)));
-            assert_eq!(autocast_dtype("matmul", &[DType::F32]), Some(DType::Bf16));
-            assert_eq!(autocast_dtype("add", &[DType::F32]), None);
+            assert_eq!(
+                autocast_dtype("matmul", cpu, &[DType::F32]),
+                Some(DType::Bf16)
+            );
+            assert_eq!(autocast_dtype("add", cpu, &[DType::F32]), None);
+            let cast = autocast_inputs("matmul", &[&x, &i])?
+                .map(|v| v.iter().map(Tensor::dtype).collect::<Vec<_>>());
+            assert_eq!(cast, Some(vec![DType::Bf16, DType::I64]));
+            assert!(autocast_inputs("add", &[&x])?.is_none());
+            assert!(
+                autocast_inputs("matmul", &[&i])?.is_none(),
+                "no eligible input"
+            );
         }
-        assert_eq!(autocast_dtype("matmul", &[DType::F32]), None);
+        assert_eq!(autocast_dtype("matmul", cpu, &[DType::F32]), None);
+        assert!(autocast_inputs("matmul", &[&x])?.is_none());
+        Ok(())
     }
 }

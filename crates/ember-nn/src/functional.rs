@@ -17,6 +17,7 @@
 //! # Ok::<(), ember_nn::Error>(())
 //! ```
 
+use ember_autograd::mode::autocast_inputs;
 use ember_autograd::{CrossEntropyOptions, NllLossOptions};
 use ember_tensor::{Approximate, AvgPool2dOptions, Conv2dOptions, Dim, MaxPool2dOptions};
 
@@ -68,6 +69,11 @@ pub fn dropout(x: &Tensor, p: f64, training: bool) -> Result<Tensor> {
 
 /// `F.linear(x, weight, bias)`: `x @ weight.T + bias`, `weight` `[out, in]`.
 pub fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+    let mut args = vec![x, weight];
+    args.extend(bias);
+    if let Some(c) = autocast_inputs("linear", &args)? {
+        return linear(&c[0], &c[1], c.get(2));
+    }
     let in_features = weight.dims().get(1).copied();
     if weight.rank() != 2 || x.dims().last().copied() != in_features {
         return Err(NnError::invalid(
@@ -129,6 +135,15 @@ pub fn layer_norm(
 ) -> Result<Tensor> {
     let dims = x.dims();
     let k = normalized_shape.len();
+    let mut args = vec![x];
+    args.extend(weight);
+    args.extend(bias);
+    if let Some(c) = autocast_inputs("layer_norm", &args)? {
+        let mut rest = c[1..].iter();
+        let w = weight.and_then(|_| rest.next());
+        let b = bias.and_then(|_| rest.next());
+        return layer_norm(&c[0], normalized_shape, w, b, eps);
+    }
     if k == 0 || dims.len() < k || dims[dims.len() - k..] != *normalized_shape {
         return Err(NnError::invalid(
             "layer_norm",
@@ -284,12 +299,18 @@ pub(crate) fn reduce(l: Tensor, reduction: Reduction) -> Result<Tensor> {
 
 /// `F.mse_loss(x, target, reduction=)`: `(x - target)²` reduced (`()` for the mean).
 pub fn mse_loss(x: &Tensor, target: &Tensor, reduction: impl Into<Reduction>) -> Result<Tensor> {
+    if let Some(c) = autocast_inputs("mse_loss", &[x, target])? {
+        return mse_loss(&c[0], &c[1], reduction);
+    }
     same_shape("mse_loss", x, target)?;
     reduce(x.sub(target)?.square()?, reduction.into())
 }
 
 /// `F.l1_loss(x, target, reduction=)`: `|x - target|` reduced (`()` for the mean).
 pub fn l1_loss(x: &Tensor, target: &Tensor, reduction: impl Into<Reduction>) -> Result<Tensor> {
+    if let Some(c) = autocast_inputs("l1_loss", &[x, target])? {
+        return l1_loss(&c[0], &c[1], reduction);
+    }
     same_shape("l1_loss", x, target)?;
     reduce(x.sub(target)?.abs()?, reduction.into())
 }
@@ -304,6 +325,11 @@ pub fn binary_cross_entropy_with_logits(
     reduction: impl Into<Reduction>,
 ) -> Result<Tensor> {
     same_shape("binary_cross_entropy_with_logits", x, target)?;
+    let mut args = vec![x, target];
+    args.extend(pos_weight);
+    if let Some(c) = autocast_inputs("binary_cross_entropy_with_logits", &args)? {
+        return binary_cross_entropy_with_logits(&c[0], &c[1], c.get(2), reduction);
+    }
     let y = target;
     // softplus(-x) = log(1 + e^{-x}) = max(-x, 0) + log1p(e^{-|x|}).
     let sp_neg = x

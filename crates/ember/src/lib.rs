@@ -33,6 +33,8 @@
 //! - [`nn`] — `torch.nn`: [`Module`](nn::Module), layers, losses, init; [`optim`] —
 //!   optimizers, learning-rate schedulers, gradient clipping; [`data`] — `Dataset`,
 //!   `DataLoader`, the shipped digits (all `ember-nn`).
+//! - [`amp`] — automatic mixed precision (`ember-amp`): `autocast` regions and the
+//!   policy table.
 //! - [`info`] — what `ember info` prints, as a value; [`train`] — what `ember train` runs.
 //!
 //! - [`prelude`] — what a training loop uses, in one `use ember::prelude::*`.
@@ -108,6 +110,21 @@ pub mod tensor {
 /// ```
 pub mod autograd {
     pub use ember_autograd::*;
+}
+
+/// Automatic mixed precision (`ember-amp`, `torch.amp`): autocast regions and the policy
+/// table.
+///
+/// ```
+/// use ember::amp::autocast;
+/// use ember::{DType, Device, Tensor};
+/// let a = Tensor::ones([2, 2], ())?;
+/// let _g = autocast(Device::Cpu, DType::Bf16)?;
+/// assert_eq!(a.matmul(&a)?.dtype(), DType::Bf16);
+/// # Ok::<(), ember::Error>(())
+/// ```
+pub mod amp {
+    pub use ember_amp::*;
 }
 
 /// The caching allocator and memory statistics, for every device (the CPU included).

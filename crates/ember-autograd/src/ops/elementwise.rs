@@ -5,6 +5,7 @@ use ember_tensor::{ClampBound, DType, Device, Scalar, Tensor as Raw};
 
 use crate::error::{AutogradError, Result};
 use crate::graph::{BackwardFn, Saved, maybe_record, needs_grad, record};
+use crate::mode::autocast_inputs;
 use crate::ops::{bw1, zeros_like};
 use crate::tensor::Tensor;
 
@@ -63,6 +64,19 @@ fn raw_binary(op: Bin, a: &Raw, b: ember_tensor::Operand<'_>) -> Result<Raw> {
     })
 }
 
+/// The op's name in autocast's policy table (Note [Autocast hook]).
+fn bin_op(op: Bin) -> &'static str {
+    match op {
+        Bin::Add => "add",
+        Bin::Sub => "sub",
+        Bin::Mul => "mul",
+        Bin::Div => "div",
+        Bin::Pow => "pow",
+        Bin::Maximum => "maximum",
+        Bin::Minimum => "minimum",
+    }
+}
+
 fn bin_name(op: Bin) -> &'static str {
     match op {
         Bin::Add => "AddBackward0",
@@ -114,6 +128,17 @@ fn pow_exp_grad(g: &Raw, a: &Raw, y: &Raw) -> Result<Raw> {
 
 impl Tensor {
     fn binary(&self, op: Bin, rhs: Operand<'_>) -> Result<Tensor> {
+        let cast = match rhs {
+            Operand::Tensor(rt) => autocast_inputs(bin_op(op), &[self, rt])?,
+            Operand::Scalar(_) => autocast_inputs(bin_op(op), &[self])?,
+        };
+        if let Some(c) = cast {
+            let rhs = match rhs {
+                Operand::Tensor(_) => Operand::Tensor(&c[1]),
+                s => s,
+            };
+            return c[0].binary(op, rhs);
+        }
         let a = self.data();
         match rhs {
             Operand::Scalar(s) => {
@@ -272,6 +297,9 @@ macro_rules! unary_methods {
             $(
                 $(#[$doc])*
                 pub fn $name(&self) -> Result<Tensor> {
+                    if let Some(c) = autocast_inputs(stringify!($name), &[self])? {
+                        return c[0].$name();
+                    }
                     let x = self.data();
                     let y = x.$name()?;
                     maybe_record($bw, y.clone(), &[self], || {
@@ -750,6 +778,11 @@ pub fn r#where<'a, 'b>(
     on_false: impl Into<Operand<'b>>,
 ) -> Result<Tensor> {
     let (t, f) = (on_true.into(), on_false.into());
+    if let (Operand::Tensor(a), Operand::Tensor(b)) = (t, f)
+        && let Some(c) = autocast_inputs("where", &[a, b])?
+    {
+        return r#where(cond, &c[0], &c[1]);
+    }
     let (ht, hf) = (
         match t {
             Operand::Tensor(x) => Some(x.data()),

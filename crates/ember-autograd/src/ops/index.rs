@@ -5,6 +5,7 @@ use ember_tensor::{Dim, Scalar, Tensor as Raw};
 
 use crate::error::Result;
 use crate::graph::{BackwardFn, maybe_record};
+use crate::mode::autocast_inputs;
 use crate::ops::bw1;
 use crate::tensor::Tensor;
 
@@ -48,6 +49,9 @@ impl Tensor {
 
     /// A copy of `self` with `src` added at `index` along `dim`.
     pub fn scatter_add(&self, dim: impl Dim, index: &Tensor, src: &Tensor) -> Result<Tensor> {
+        if let Some(c) = autocast_inputs("scatter_add", &[self, src])? {
+            return c[0].scatter_add(dim, index, &c[1]);
+        }
         let x = self.data();
         let d = dim.index(x.rank(), "scatter_add")?;
         let idx = index.data();

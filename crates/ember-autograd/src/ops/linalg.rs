@@ -5,7 +5,7 @@ use ember_tensor::{Scalar, Tensor as Raw};
 
 use crate::error::Result;
 use crate::graph::{BackwardFn, Saved, needs_grad, record};
-use crate::mode::autocast_dtype;
+use crate::mode::autocast_inputs;
 use crate::tensor::Tensor;
 
 /// The matrix form of an operand's dims: 1-D gets a unit dim (`[k]` → `[1, k]` on the
@@ -78,29 +78,28 @@ fn matmul_grads(
 impl Tensor {
     /// Matrix product with PyTorch's rules (1-D, 2-D, batched with broadcast batch dims).
     pub fn matmul(&self, rhs: &Tensor) -> Result<Tensor> {
-        self.product("MmBackward0", rhs, |a, b| a.matmul(b))
+        self.product("matmul", "MmBackward0", rhs, |a, b| a.matmul(b))
     }
 
     /// 2-D matrix product.
     pub fn mm(&self, rhs: &Tensor) -> Result<Tensor> {
-        self.product("MmBackward0", rhs, |a, b| a.mm(b))
+        self.product("mm", "MmBackward0", rhs, |a, b| a.mm(b))
     }
 
     /// Batched matrix product of two 3-D tensors.
     pub fn bmm(&self, rhs: &Tensor) -> Result<Tensor> {
-        self.product("BmmBackward0", rhs, |a, b| a.bmm(b))
+        self.product("bmm", "BmmBackward0", rhs, |a, b| a.bmm(b))
     }
 
     fn product(
         &self,
+        op: &'static str,
         name: &'static str,
         rhs: &Tensor,
         f: impl Fn(&Raw, &Raw) -> ember_tensor::Result<Raw>,
     ) -> Result<Tensor> {
-        if let Some(dt) = autocast_dtype("matmul", &[self.dtype(), rhs.dtype()])
-            && (dt != self.dtype() || dt != rhs.dtype())
-        {
-            return self.to_dtype(dt)?.product(name, &rhs.to_dtype(dt)?, f);
+        if let Some(c) = autocast_inputs(op, &[self, rhs])? {
+            return c[0].product(op, name, &c[1], f);
         }
         let (a, b) = (self.data(), rhs.data());
         let y = f(&a, &b)?;
@@ -145,6 +144,9 @@ impl Tensor {
         alpha: impl Into<Scalar>,
     ) -> Result<Tensor> {
         let (beta, alpha) = (beta.into(), alpha.into());
+        if let Some(c) = autocast_inputs("addmm", &[self, m1, m2])? {
+            return c[0].addmm_scaled(&c[1], &c[2], beta, alpha);
+        }
         let one = |s: Scalar| s.to_f64() == 1.0;
         let p = m1.mm(m2)?;
         let p = if one(alpha) { p } else { p.mul(alpha)? };

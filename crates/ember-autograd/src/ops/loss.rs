@@ -12,7 +12,7 @@ use ember_tensor::{DType, Reduction, Tensor as Raw};
 
 use crate::error::Result;
 use crate::graph::{Saved, maybe_record};
-use crate::mode::autocast_dtype;
+use crate::mode::autocast_inputs;
 use crate::ops::bw1;
 use crate::tensor::Tensor;
 
@@ -101,6 +101,9 @@ impl Tensor {
     /// `torch.nn.functional.nll_loss` of log-probabilities (`[C]`, `[N, C]` or
     /// `[N, C, d...]`) at class indices `target` (the weight gets no gradient).
     pub fn nll_loss(&self, target: &Tensor, opts: &NllLossOptions<'_>) -> Result<Tensor> {
+        if let Some(c) = autocast_inputs("nll_loss", &[self])? {
+            return c[0].nll_loss(target, opts);
+        }
         let x = self.data();
         let t = target.data();
         let weight = opts.weight.map(Tensor::data);
@@ -135,10 +138,8 @@ impl Tensor {
     /// at class indices `target`, with weights, `ignore_index`, label smoothing and
     /// reduction; backward is fused (Note [Cross-entropy backward]).
     pub fn cross_entropy(&self, target: &Tensor, opts: &CrossEntropyOptions<'_>) -> Result<Tensor> {
-        if let Some(dt) = autocast_dtype("cross_entropy", &[self.dtype()])
-            && dt != self.dtype()
-        {
-            return self.to_dtype(dt)?.cross_entropy(target, opts);
+        if let Some(c) = autocast_inputs("cross_entropy", &[self])? {
+            return c[0].cross_entropy(target, opts);
         }
         let x = self.data();
         let t = target.data();

@@ -15,7 +15,7 @@ use ember_tensor::{
 
 use crate::error::Result;
 use crate::graph::{BackwardFn, Saved, maybe_record};
-use crate::mode::autocast_dtype;
+use crate::mode::autocast_inputs;
 use crate::ops::bw1;
 use crate::tensor::Tensor;
 
@@ -140,13 +140,10 @@ impl Tensor {
         bias: Option<&Tensor>,
         opts: &Conv2dOptions,
     ) -> Result<Tensor> {
-        if let Some(dt) = autocast_dtype("conv2d", &[self.dtype(), weight.dtype()])
-            && (dt != self.dtype() || dt != weight.dtype())
-        {
-            let b = bias.map(|b| b.to_dtype(dt)).transpose()?;
-            return self
-                .to_dtype(dt)?
-                .conv2d(&weight.to_dtype(dt)?, b.as_ref(), opts);
+        let mut args = vec![self, weight];
+        args.extend(bias);
+        if let Some(c) = autocast_inputs("conv2d", &args)? {
+            return c[0].conv2d(&c[1], c.get(2), opts);
         }
         let (x, wt) = (self.data(), weight.data());
         let b = bias.map(Tensor::data);

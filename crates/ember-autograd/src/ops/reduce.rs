@@ -1,10 +1,13 @@
 //! Reductions, softmax and log-softmax. A reduced gradient is brought back over the
-//! reduced dims by unsqueezing them (when `keepdim` dropped them) and expanding.
+//! reduced dims by unsqueezing them (when `keepdim` dropped them) and expanding. `sum`,
+//! `prod`, `logsumexp`, `norm`, `softmax` and `log_softmax` consult autocast (Note
+//! [Autocast hook]).
 
 use ember_tensor::{DType, Dim, ReduceDims, Tensor as Raw};
 
 use crate::error::Result;
 use crate::graph::{Saved, maybe_record};
+use crate::mode::autocast_inputs;
 use crate::ops::bw1;
 use crate::tensor::Tensor;
 
@@ -57,6 +60,9 @@ impl Tensor {
     /// # Ok::<(), ember_autograd::Error>(())
     /// ```
     pub fn sum(&self, dims: impl ReduceDims) -> Result<Tensor> {
+        if let Some(c) = autocast_inputs("sum", &[self])? {
+            return c[0].sum(dims);
+        }
         let x = self.data();
         let (keepdim, all) = (dims.keepdim(), dims.dims().is_none());
         let ds = self.reduce_dims(&dims, "sum")?;
@@ -98,6 +104,9 @@ impl Tensor {
 
     /// Product over `dims`. The gradient is exact with zeros among the factors.
     pub fn prod(&self, dims: impl ReduceDims) -> Result<Tensor> {
+        if let Some(c) = autocast_inputs("prod", &[self])? {
+            return c[0].prod(dims);
+        }
         let keepdim = dims.keepdim();
         let ds = self.reduce_dims(&dims, "prod")?;
         let y = self.data().prod(dims)?;
@@ -323,6 +332,9 @@ impl Tensor {
 
     /// `log Σ exp` over `dims`.
     pub fn logsumexp(&self, dims: impl ReduceDims) -> Result<Tensor> {
+        if let Some(c) = autocast_inputs("logsumexp", &[self])? {
+            return c[0].logsumexp(dims);
+        }
         let x = self.data();
         let keepdim = dims.keepdim();
         let ds = self.reduce_dims(&dims, "logsumexp")?;
@@ -343,6 +355,9 @@ impl Tensor {
 
     /// p-norm over `dims` (p > 0; at a zero norm the gradient is 0, as PyTorch).
     pub fn norm(&self, p: f64, dims: impl ReduceDims) -> Result<Tensor> {
+        if let Some(c) = autocast_inputs("norm", &[self])? {
+            return c[0].norm(p, dims);
+        }
         let x = self.data();
         let keepdim = dims.keepdim();
         let ds = self.reduce_dims(&dims, "norm")?;
@@ -382,6 +397,9 @@ impl Tensor {
 
     /// Softmax along `dim`.
     pub fn softmax(&self, dim: impl Dim) -> Result<Tensor> {
+        if let Some(c) = autocast_inputs("softmax", &[self])? {
+            return c[0].softmax(dim);
+        }
         let x = self.data();
         let d = dim.index(x.rank(), "softmax")?;
         let y = x.softmax(d)?;
@@ -397,6 +415,9 @@ impl Tensor {
 
     /// Log-softmax along `dim`.
     pub fn log_softmax(&self, dim: impl Dim) -> Result<Tensor> {
+        if let Some(c) = autocast_inputs("log_softmax", &[self])? {
+            return c[0].log_softmax(dim);
+        }
         let x = self.data();
         let d = dim.index(x.rank(), "log_softmax")?;
         let y = x.log_softmax(d)?;

@@ -8,6 +8,7 @@ use ember_tensor::{Dim, Shape, ShapeSpec, Tensor as Raw};
 
 use crate::error::Result;
 use crate::graph::{BackwardFn, Saved, maybe_record, needs_grad, record};
+use crate::mode::autocast_inputs;
 use crate::ops::bw1;
 use crate::rebase::{Replay, ViewInfo};
 use crate::tensor::Tensor;
@@ -229,6 +230,9 @@ impl Tensor {
 
     /// Concatenates along `dim` (all same device and rank; promoted dtype).
     pub fn cat(tensors: &[&Tensor], dim: impl Dim) -> Result<Tensor> {
+        if let Some(c) = autocast_inputs("cat", tensors)? {
+            return Tensor::cat(&c.iter().collect::<Vec<_>>(), dim);
+        }
         let raws: Vec<Raw> = tensors.iter().map(|t| t.data()).collect();
         let refs: Vec<&Raw> = raws.iter().collect();
         let y = Raw::cat(&refs, dim)?;
@@ -267,6 +271,9 @@ impl Tensor {
 
     /// Stacks along a new dim.
     pub fn stack(tensors: &[&Tensor], dim: impl Dim) -> Result<Tensor> {
+        if let Some(c) = autocast_inputs("stack", tensors)? {
+            return Tensor::stack(&c.iter().collect::<Vec<_>>(), dim);
+        }
         let rank = tensors.first().map(|t| t.rank()).unwrap_or(0);
         let d = ember_tensor::Dim::as_isize(dim);
         let d = if d < 0 { d + rank as isize + 1 } else { d };

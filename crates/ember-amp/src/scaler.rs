@@ -1,0 +1,1 @@
+//! `GradScaler`: loss scaling for f16 training (`torch.amp.GradScaler`).

@@ -19,7 +19,7 @@
 
 use ember_autograd::mode::autocast_inputs;
 use ember_autograd::{CrossEntropyOptions, NllLossOptions};
-use ember_tensor::{Approximate, AvgPool2dOptions, Conv2dOptions, Dim, MaxPool2dOptions};
+use ember_tensor::{Approximate, AvgPool2dOptions, Conv2dOptions, DType, Dim, MaxPool2dOptions};
 
 pub use ember_tensor::Reduction;
 
@@ -177,8 +177,51 @@ pub fn layer_norm(
 /// where running statistics are given, `running = (1 - momentum)·running + momentum·batch`
 /// with the unbiased batch variance, outside autograd), with the running statistics
 /// otherwise (they must be given then).
+///
+/// The output has the input's dtype. A 16-bit input (f16, bf16) is normalised in f32 and
+/// the result cast back, as PyTorch's kernels accumulate in f32: a mixed-precision model
+/// (16-bit activations from an autocast convolution, f32 weights and running statistics)
+/// keeps 16-bit activations through its batch norms, and the statistics stay accurate.
 #[allow(clippy::too_many_arguments)]
 pub fn batch_norm(
+    x: &Tensor,
+    running_mean: Option<&Tensor>,
+    running_var: Option<&Tensor>,
+    weight: Option<&Tensor>,
+    bias: Option<&Tensor>,
+    training: bool,
+    momentum: f64,
+    eps: f64,
+) -> Result<Tensor> {
+    let dtype = x.dtype();
+    if matches!(dtype, DType::F16 | DType::Bf16) {
+        let y = batch_norm_in(
+            &x.to_dtype(DType::F32)?,
+            running_mean,
+            running_var,
+            weight,
+            bias,
+            training,
+            momentum,
+            eps,
+        )?;
+        return y.to_dtype(dtype);
+    }
+    batch_norm_in(
+        x,
+        running_mean,
+        running_var,
+        weight,
+        bias,
+        training,
+        momentum,
+        eps,
+    )
+}
+
+/// [`batch_norm`] in `x`'s own dtype.
+#[allow(clippy::too_many_arguments)]
+fn batch_norm_in(
     x: &Tensor,
     running_mean: Option<&Tensor>,
     running_var: Option<&Tensor>,

@@ -321,6 +321,49 @@ fn batch_norm_matches_a_naive_reference_in_train_and_eval() {
     }
 }
 
+/// A 16-bit input with f32 parameters and running statistics (what a convolution under
+/// autocast feeds a batch norm) gives a 16-bit output, normalised in f32: the output is
+/// the f64 reference rounded once, and the running statistics are f32 and accurate.
+#[test]
+fn batch_norm_of_a_16_bit_input_keeps_its_dtype_and_computes_in_f32() {
+    let _rng = rng_lock();
+    for d in devices() {
+        for dt in [DType::F16, DType::Bf16] {
+            let (n, c, h, w) = (4, 3, 2, 2);
+            let xv = values(n * c * h * w, 7, -3.0, 3.0);
+            let x16 = tensor(xv.clone(), &[n, c, h, w], DType::F64, d)
+                .to_dtype(dt)
+                .unwrap();
+            let xq = x16.to_vec::<f64>().unwrap();
+            let bn = BatchNorm::new_2d(c, (d, DType::F32)).unwrap();
+            let y = bn.forward(&x16).unwrap();
+            assert_eq!(y.dtype(), dt);
+            let y = y.to_vec::<f64>().unwrap();
+            let m = (n * h * w) as f64;
+            let tol = if dt == DType::F16 { 1e-3 } else { 8e-3 };
+            for ch in 0..c {
+                let idx: Vec<usize> = (0..n)
+                    .flat_map(|i| (0..h * w).map(move |k| (i * c + ch) * h * w + k))
+                    .collect();
+                let mean = idx.iter().map(|&i| xq[i]).sum::<f64>() / m;
+                let var = idx.iter().map(|&i| (xq[i] - mean).powi(2)).sum::<f64>() / m;
+                for &i in &idx {
+                    let want = (xq[i] - mean) / (var + 1e-5).sqrt();
+                    assert!(
+                        (y[i] - want).abs() <= tol * want.abs().max(1.0),
+                        "{dt} on {d}: {} vs {want}",
+                        y[i]
+                    );
+                }
+                let rm = bn.running_mean.as_ref().unwrap();
+                assert_eq!(rm.dtype(), DType::F32);
+                let rm = rm.to_vec::<f64>().unwrap()[ch];
+                assert!((rm - 0.1 * mean).abs() < 1e-6, "{rm} vs {}", 0.1 * mean);
+            }
+        }
+    }
+}
+
 #[test]
 fn layer_norm_matches_a_naive_reference() {
     let _rng = rng_lock();

@@ -340,14 +340,16 @@ impl GradScaler {
         self.unscale_inner("unscale_", optimizer)
     }
 
-    fn unscale_inner<O: Optimizer + ?Sized>(
-        &mut self,
+    /// The checks of `unscale_` and the fused unscale; returns the found-inf flags to
+    /// record (none when the optimizer has no gradient, PyTorch's empty
+    /// `found_inf_per_device`). Changes no state of the scaler.
+    fn unscale_grads<O: Optimizer + ?Sized>(
+        &self,
         op: &'static str,
-        optimizer: &mut O,
-    ) -> Result<()> {
+        optimizer: &O,
+    ) -> Result<Vec<(Device, Raw)>> {
         let (scale, _) = self.existing_scale(op)?;
-        let k = key(optimizer);
-        match self.per_optimizer.get(&k).map(|s| s.stage) {
+        match self.per_optimizer.get(&key(optimizer)).map(|s| s.stage) {
             Some(Stage::Unscaled) => {
                 return Err(err(
                     ErrorKind::InvalidArgument,
@@ -380,6 +382,9 @@ impl GradScaler {
                 grads.push(g);
             }
         }
+        if grads.is_empty() {
+            return Ok(Vec::new());
+        }
         // inv_scale = 1 / scale, in f64 then rounded to f32 (PyTorch's
         // `scale.double().reciprocal().float()`), on the device.
         let inv_scale = Raw::scalar(1f64, &self.device)?
@@ -387,8 +392,17 @@ impl GradScaler {
             .to_dtype(DType::F32)?;
         let found_inf = Raw::scalar(0f32, &self.device)?;
         Raw::amp_foreach_non_finite_check_and_unscale_(&grads, &found_inf, &inv_scale)?;
-        let state = self.per_optimizer.entry(k).or_default();
-        state.found_inf_per_device = vec![(self.device, found_inf)];
+        Ok(vec![(self.device, found_inf)])
+    }
+
+    fn unscale_inner<O: Optimizer + ?Sized>(
+        &mut self,
+        op: &'static str,
+        optimizer: &mut O,
+    ) -> Result<()> {
+        let found_inf_per_device = self.unscale_grads(op, optimizer)?;
+        let state = self.per_optimizer.entry(key(optimizer)).or_default();
+        state.found_inf_per_device = found_inf_per_device;
         state.stage = Stage::Unscaled;
         Ok(())
     }
@@ -415,24 +429,37 @@ impl GradScaler {
                 "step() has already been called since the last update(): call update() once per iteration, after step()",
             ));
         }
-        if stage == Stage::Ready {
-            self.unscale_inner(OP, optimizer)?;
-        }
-        let found: f64 = {
-            let state = self.per_optimizer.entry(k).or_default();
-            if state.found_inf_per_device.is_empty() {
-                return Err(err(
-                    ErrorKind::InvalidArgument,
-                    OP,
-                    "No inf checks were recorded for this optimizer: call scaler.scale(loss) and backward before step",
-                ));
-            }
-            let mut sum = 0.0;
-            for (_, f) in &state.found_inf_per_device {
-                sum += f.item::<f32>().map_err(Error::from)? as f64;
-            }
-            sum
+        let no_checks = || {
+            err(
+                ErrorKind::InvalidArgument,
+                OP,
+                "No inf checks were recorded for this optimizer: it has no gradients; call scaler.scale(loss).backward() before step",
+            )
         };
+        if stage == Stage::Ready {
+            // Checked before anything is recorded, so that the error leaves the scaler as
+            // it was.
+            let found_inf_per_device = self.unscale_grads(OP, optimizer)?;
+            if found_inf_per_device.is_empty() {
+                return Err(no_checks());
+            }
+            let state = self.per_optimizer.entry(k).or_default();
+            state.found_inf_per_device = found_inf_per_device;
+            state.stage = Stage::Unscaled;
+        }
+        let mut found = 0.0;
+        let flags = self
+            .per_optimizer
+            .get(&k)
+            .map(|s| s.found_inf_per_device.as_slice())
+            .unwrap_or_default();
+        if flags.is_empty() {
+            return Err(no_checks());
+        }
+        for (_, f) in flags {
+            // The one read back of a step (Note [GradScaler state]).
+            found += f64::from(f.item::<f32>()?);
+        }
         let stepped = found == 0.0;
         if stepped {
             optimizer.step()?;

@@ -376,7 +376,7 @@ test_device!(disabled, disabled_is_a_pass_through);
 /// kernel runs on the emulator), with non-contiguous, empty, and large (parallel) tensors.
 fn fused_unscale_values(dev: &Device) -> Result<()> {
     let found = Raw::zeros([], dev)?;
-    let inv = Raw::full([], 0.25f32, dev)?;
+    let inv = Raw::scalar(0.25f32, dev)?;
     let f32s = Raw::from_slice(&[4f32, -8., 1e-3, 3e38], [4], dev)?;
     let f64s = Raw::from_slice(&[4f64, 1e300], [2], dev)?;
     let f16s = Raw::from_slice(&[4f32, 6e4, -2.0], [3], dev)?.to_dtype(DType::F16)?;
@@ -444,10 +444,10 @@ test_device!(fused_unscale, fused_unscale_values);
 
 /// `_amp_update_scale_` directly: growth capped at f32's range, backoff, tracker.
 fn update_scale_values(dev: &Device) -> Result<()> {
-    let scale = Raw::full([], 3e38f32, dev)?;
-    let tracker = Raw::full([], 0i32, dev)?;
+    let scale = Raw::scalar(3e38f32, dev)?;
+    let tracker = Raw::scalar(0i32, dev)?;
     let clean = Raw::zeros([], dev)?;
-    let inf = Raw::full([], 1f32, dev)?;
+    let inf = Raw::scalar(1f32, dev)?;
     scale.amp_update_scale_(&tracker, &clean, 2.0, 0.5, 1)?;
     // 6e38 overflows f32: the scale stays, the tracker resets.
     assert_eq!((scale.item::<f32>()?, tracker.item::<i32>()?), (3e38, 0));
@@ -456,7 +456,7 @@ fn update_scale_values(dev: &Device) -> Result<()> {
     scale.amp_update_scale_(&tracker, &clean, 2.0, 0.5, 3)?;
     assert_eq!((scale.item::<f32>()?, tracker.item::<i32>()?), (1.5e38, 1));
     let e = scale.amp_update_scale_(&scale, &clean, 2.0, 0.5, 3).unwrap_err();
-    assert!(e.to_string().contains("growth_tracker must be a int32"), "{e}");
+    assert!(e.to_string().contains("growth_tracker must be a torch.int32 tensor"), "{e}");
     Ok(())
 }
 test_device!(update_scale, update_scale_values);

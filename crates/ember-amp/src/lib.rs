@@ -4,3 +4,5 @@
 
 pub mod autocast;
 pub mod scaler;
+
+pub use scaler::{GradScaler, GradScalerOptions, ScalerError, ScalerState};

@@ -276,8 +276,8 @@ impl GradScaler {
         if let (Some(s), Some(t)) = (&self.scale, &self.growth_tracker) {
             return Ok((s.clone(), t.clone()));
         }
-        let s = Raw::scalar(self.init_scale as f32, &self.device)?;
-        let t = Raw::scalar(self.init_growth_tracker as i32, &self.device)?;
+        let s = Raw::scalar(self.init_scale as f32, self.device)?;
+        let t = Raw::scalar(self.init_growth_tracker as i32, self.device)?;
         self.scale = Some(s.clone());
         self.growth_tracker = Some(t.clone());
         Ok((s, t))
@@ -387,10 +387,10 @@ impl GradScaler {
         }
         // inv_scale = 1 / scale, in f64 then rounded to f32 (PyTorch's
         // `scale.double().reciprocal().float()`), on the device.
-        let inv_scale = Raw::scalar(1f64, &self.device)?
+        let inv_scale = Raw::scalar(1f64, self.device)?
             .div(&scale.to_dtype(DType::F64)?)?
             .to_dtype(DType::F32)?;
-        let found_inf = Raw::scalar(0f32, &self.device)?;
+        let found_inf = Raw::scalar(0f32, self.device)?;
         Raw::amp_foreach_non_finite_check_and_unscale_(&grads, &found_inf, &inv_scale)?;
         Ok(vec![(self.device, found_inf)])
     }
@@ -587,7 +587,10 @@ impl GradScaler {
         }
         Ok(ScalerState::from([
             ("scale".to_string(), Scalar::Float(self.get_scale()?)),
-            ("growth_factor".to_string(), Scalar::Float(self.growth_factor)),
+            (
+                "growth_factor".to_string(),
+                Scalar::Float(self.growth_factor),
+            ),
             (
                 "backoff_factor".to_string(),
                 Scalar::Float(self.backoff_factor),
@@ -675,7 +678,9 @@ impl GradScaler {
             return Err(err(
                 ErrorKind::StateDict,
                 OP,
-                format!("\"_growth_tracker\" must be in [0, growth_interval = {growth_interval}), but is {tracker}"),
+                format!(
+                    "\"_growth_tracker\" must be in [0, growth_interval = {growth_interval}), but is {tracker}"
+                ),
             ));
         }
         if let (Some(s), Some(t)) = (&self.scale, &self.growth_tracker) {

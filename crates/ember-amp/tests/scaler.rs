@@ -102,7 +102,11 @@ fn matches_pytorch(dev: &Device) -> Result<()> {
             step["scale_before"].as_f64().unwrap(),
             "step {k}: scale"
         );
-        for ((p, g), s) in params.iter().zip(step["grads"].as_array().unwrap()).zip(&shapes) {
+        for ((p, g), s) in params
+            .iter()
+            .zip(step["grads"].as_array().unwrap())
+            .zip(&shapes)
+        {
             p.set_grad(Some(&Tensor::from_vec(nums(g), s.clone(), dev)?))?;
         }
         if step["mode"] == "clip" {
@@ -111,7 +115,11 @@ fn matches_pytorch(dev: &Device) -> Result<()> {
             clipped += 1;
         }
         let stepped = scaler.step(&mut opt)?;
-        assert_eq!(stepped, step["stepped"].as_bool().unwrap(), "step {k}: stepped");
+        assert_eq!(
+            stepped,
+            step["stepped"].as_bool().unwrap(),
+            "step {k}: stepped"
+        );
         skipped += usize::from(!stepped);
         let before = scaler.get_scale()?;
         match step["new_scale"].as_f64() {
@@ -144,7 +152,10 @@ fn matches_pytorch(dev: &Device) -> Result<()> {
         }
     }
     // The sequence exercises what it claims to.
-    assert!(skipped >= 3 && grew >= 3 && clipped >= 3, "{skipped} {grew} {clipped}");
+    assert!(
+        skipped >= 3 && grew >= 3 && clipped >= 3,
+        "{skipped} {grew} {clipped}"
+    );
     // The final state has PyTorch's keys and values.
     let want = r["state_dict"].as_object().unwrap();
     let got = scaler.state_dict()?;
@@ -181,8 +192,9 @@ fn unscale_twice_is_an_error(dev: &Device) -> Result<()> {
     let e = scaler.unscale_(&mut opt).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::InvalidArgument);
     assert!(
-        e.to_string()
-            .contains("unscale_() has already been called on this optimizer since the last update()"),
+        e.to_string().contains(
+            "unscale_() has already been called on this optimizer since the last update()"
+        ),
         "{e}"
     );
     // Unchanged: the gradients were not divided again, and step/update go on.
@@ -190,7 +202,10 @@ fn unscale_twice_is_an_error(dev: &Device) -> Result<()> {
     assert!(scaler.step(&mut opt)?);
     assert_eq!(p.to_vec::<f32>()?, vec![0.5, 0.0]);
     let e = scaler.step(&mut opt).unwrap_err();
-    assert!(e.to_string().contains("step() has already been called"), "{e}");
+    assert!(
+        e.to_string().contains("step() has already been called"),
+        "{e}"
+    );
     let e = scaler.unscale_(&mut opt).unwrap_err();
     assert!(e.to_string().contains("after step()"), "{e}");
     scaler.update()?;
@@ -211,7 +226,8 @@ fn step_without_scale_is_an_error(dev: &Device) -> Result<()> {
         scaler.update().unwrap_err(),
     ] {
         assert!(
-            e.to_string().contains("did not use scaler.scale(loss or outputs)"),
+            e.to_string()
+                .contains("did not use scaler.scale(loss or outputs)"),
             "{e}"
         );
     }
@@ -223,9 +239,17 @@ fn step_without_scale_is_an_error(dev: &Device) -> Result<()> {
     p.set_grad(None)?;
     scaler.scale(&scalar_loss(dev))?;
     let e = scaler.step(&mut opt).unwrap_err();
-    assert!(e.to_string().contains("No inf checks were recorded for this optimizer"), "{e}");
+    assert!(
+        e.to_string()
+            .contains("No inf checks were recorded for this optimizer"),
+        "{e}"
+    );
     let e = scaler.update().unwrap_err();
-    assert!(e.to_string().contains("No inf checks were recorded prior to update"), "{e}");
+    assert!(
+        e.to_string()
+            .contains("No inf checks were recorded prior to update"),
+        "{e}"
+    );
     assert_eq!(scaler.get_scale()?, 65536.0);
     Ok(())
 }
@@ -233,7 +257,11 @@ test_device!(step_without_scale, step_without_scale_is_an_error);
 
 /// A scaler for one device with a loss or gradients on the other: an error, nothing changed.
 fn other_device_is_an_error(dev: &Device) -> Result<()> {
-    let other = if dev.is_cpu() { Device::Cuda(0) } else { Device::Cpu };
+    let other = if dev.is_cpu() {
+        Device::Cuda(0)
+    } else {
+        Device::Cpu
+    };
     let mut scaler = GradScaler::new(*dev);
     let e = scaler.scale(&scalar_loss(&other)).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::DeviceMismatch);
@@ -241,11 +269,14 @@ fn other_device_is_an_error(dev: &Device) -> Result<()> {
     let here = f32_param(vec![1.0], &[1], dev);
     let there = f32_param(vec![1.0], &[1], &other);
     here.set_grad(Some(&Tensor::from_vec(vec![65536f32], [1], dev)?))?;
-    there.set_grad(Some(&Tensor::from_vec(vec![65536f32], [1], &other)?))?;
+    there.set_grad(Some(&Tensor::from_vec(vec![65536f32], [1], other)?))?;
     let mut opt = sgd(&[here.clone(), there.clone()], 0.5, 0.0);
     let e = scaler.step(&mut opt).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::DeviceMismatch);
-    assert!(e.to_string().contains("make one GradScaler per device"), "{e}");
+    assert!(
+        e.to_string().contains("make one GradScaler per device"),
+        "{e}"
+    );
     // Neither gradient was unscaled, the optimizer did not step, and the scaler still works
     // with an optimizer on its own device.
     assert_eq!(here.grad().unwrap().to_vec::<f32>()?, vec![65536.0]);
@@ -313,11 +344,31 @@ fn state_dict_round_trip_and_errors(dev: &Device) -> Result<()> {
         ("unknown", unknown, "unexpected key \"scale_\""),
         ("negative scale", bad("scale", Scalar::Float(-1.0)), "scale"),
         ("nan scale", bad("scale", Scalar::Float(f64::NAN)), "scale"),
-        ("growth", bad("growth_factor", Scalar::Float(0.5)), "growth factor"),
-        ("backoff", bad("backoff_factor", Scalar::Float(1.5)), "backoff factor"),
-        ("interval", bad("growth_interval", Scalar::Int(0)), "growth interval"),
-        ("float interval", bad("growth_interval", Scalar::Float(2.0)), "integer"),
-        ("tracker", bad("_growth_tracker", Scalar::Int(7)), "_growth_tracker"),
+        (
+            "growth",
+            bad("growth_factor", Scalar::Float(0.5)),
+            "growth factor",
+        ),
+        (
+            "backoff",
+            bad("backoff_factor", Scalar::Float(1.5)),
+            "backoff factor",
+        ),
+        (
+            "interval",
+            bad("growth_interval", Scalar::Int(0)),
+            "growth interval",
+        ),
+        (
+            "float interval",
+            bad("growth_interval", Scalar::Float(2.0)),
+            "integer",
+        ),
+        (
+            "tracker",
+            bad("_growth_tracker", Scalar::Int(7)),
+            "_growth_tracker",
+        ),
     ] {
         let e = scaler.load_state_dict(&s).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::StateDict, "{case}: {e}");
@@ -386,7 +437,14 @@ fn fused_unscale_values(dev: &Device) -> Result<()> {
     let t = base.t()?;
     let empty = Raw::zeros([0], dev)?;
     let bf16_before = bf16s.to_dtype(DType::F32)?.to_vec::<f32>()?;
-    let all = [f32s.clone(), f64s.clone(), f16s.clone(), bf16s.clone(), t, empty];
+    let all = [
+        f32s.clone(),
+        f64s.clone(),
+        f16s.clone(),
+        bf16s.clone(),
+        t,
+        empty,
+    ];
     Raw::amp_foreach_non_finite_check_and_unscale_(&all, &found, &inv)?;
     assert_eq!(found.item::<f32>()?, 0.0);
     assert_eq!(f32s.to_vec::<f32>()?, vec![1.0, -2.0, 2.5e-4, 7.5e37]);
@@ -433,9 +491,17 @@ fn fused_unscale_values(dev: &Device) -> Result<()> {
     assert_eq!(small.to_vec::<f32>()?, vec![2.0]);
 
     // Bad arguments.
-    let e = Raw::amp_foreach_non_finite_check_and_unscale_(&[small.clone()], &Raw::zeros([2], dev)?, &inv)
-        .unwrap_err();
-    assert!(e.to_string().contains("found_inf must be a 1-element tensor"), "{e}");
+    let e = Raw::amp_foreach_non_finite_check_and_unscale_(
+        std::slice::from_ref(&small),
+        &Raw::zeros([2], dev)?,
+        &inv,
+    )
+    .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("found_inf must be a 1-element tensor"),
+        "{e}"
+    );
     let ints = Raw::from_slice(&[1i64], [1], dev)?;
     assert!(Raw::amp_foreach_non_finite_check_and_unscale_(&[ints], &found, &inv).is_err());
     Ok(())
@@ -455,8 +521,14 @@ fn update_scale_values(dev: &Device) -> Result<()> {
     assert_eq!((scale.item::<f32>()?, tracker.item::<i32>()?), (1.5e38, 0));
     scale.amp_update_scale_(&tracker, &clean, 2.0, 0.5, 3)?;
     assert_eq!((scale.item::<f32>()?, tracker.item::<i32>()?), (1.5e38, 1));
-    let e = scale.amp_update_scale_(&scale, &clean, 2.0, 0.5, 3).unwrap_err();
-    assert!(e.to_string().contains("growth_tracker must be a torch.int32 tensor"), "{e}");
+    let e = scale
+        .amp_update_scale_(&scale, &clean, 2.0, 0.5, 3)
+        .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("growth_tracker must be a torch.int32 tensor"),
+        "{e}"
+    );
     Ok(())
 }
 test_device!(update_scale, update_scale_values);
@@ -468,7 +540,11 @@ fn one_launch_per_device_and_dtype(dev: &Device) -> Result<()> {
     let mut params = Vec::new();
     for i in 0..6 {
         let p = f32_param(vec![1.0; 3 + i], &[3 + i], dev);
-        p.set_grad(Some(&Tensor::from_vec(vec![65536f32; 3 + i], [3 + i], dev)?))?;
+        p.set_grad(Some(&Tensor::from_vec(
+            vec![65536f32; 3 + i],
+            [3 + i],
+            dev,
+        )?))?;
         params.push(p);
     }
     for i in 0..4 {
@@ -486,7 +562,8 @@ fn one_launch_per_device_and_dtype(dev: &Device) -> Result<()> {
     let before = thread_launch_counts();
     scaler.unscale_(&mut opt)?;
     let after = thread_launch_counts();
-    let launched = |name: &str| after.get(name).copied().unwrap_or(0) - before.get(name).copied().unwrap_or(0);
+    let launched =
+        |name: &str| after.get(name).copied().unwrap_or(0) - before.get(name).copied().unwrap_or(0);
     assert_eq!(launched("amp_unscale_f32"), 1);
     assert_eq!(launched("amp_unscale_bf16"), 1);
     let unscale_launches: u64 = after
@@ -510,7 +587,11 @@ fn one_launch_per_device_and_dtype(dev: &Device) -> Result<()> {
     );
     Ok(())
 }
-test_device!(one_launch_per_dtype, one_launch_per_device_and_dtype, [cuda]);
+test_device!(
+    one_launch_per_dtype,
+    one_launch_per_device_and_dtype,
+    [cuda]
+);
 
 /// `unscale_` refuses f16 gradients, as PyTorch ("Attempting to unscale FP16 gradients."),
 /// and leaves them as they were.
@@ -518,13 +599,22 @@ fn f16_gradients_are_refused(dev: &Device) -> Result<()> {
     let p = Tensor::from_vec(vec![1f32], [1], dev)?
         .to_dtype(DType::F16)?
         .requires_grad_(true)?;
-    p.set_grad(Some(&Tensor::from_vec(vec![2f32], [1], dev)?.to_dtype(DType::F16)?))?;
+    p.set_grad(Some(
+        &Tensor::from_vec(vec![2f32], [1], dev)?.to_dtype(DType::F16)?,
+    ))?;
     let mut opt = sgd(std::slice::from_ref(&p), 0.5, 0.0);
     let mut scaler = GradScaler::new(*dev);
     scaler.scale(&scalar_loss(dev))?;
     let e = scaler.unscale_(&mut opt).unwrap_err();
-    assert!(e.to_string().contains("Attempting to unscale FP16 gradients"), "{e}");
-    assert_eq!(p.grad().unwrap().to_dtype(DType::F32)?.to_vec::<f32>()?, vec![2.0]);
+    assert!(
+        e.to_string()
+            .contains("Attempting to unscale FP16 gradients"),
+        "{e}"
+    );
+    assert_eq!(
+        p.grad().unwrap().to_dtype(DType::F32)?.to_vec::<f32>()?,
+        vec![2.0]
+    );
     Ok(())
 }
 test_device!(f16_gradients, f16_gradients_are_refused);
@@ -556,8 +646,10 @@ fn optimizer_is_object_safe_here() {
     let mut opt: Box<dyn Optimizer> = Box::new(sgd(std::slice::from_ref(&p), 0.5, 0.0));
     let mut scaler = GradScaler::new(Device::Cpu);
     scaler.scale(&scalar_loss(&Device::Cpu)).unwrap();
-    p.set_grad(Some(&Tensor::from_vec(vec![65536f32], [1], &Device::Cpu).unwrap()))
-        .unwrap();
+    p.set_grad(Some(
+        &Tensor::from_vec(vec![65536f32], [1], Device::Cpu).unwrap(),
+    ))
+    .unwrap();
     assert!(scaler.step(opt.as_mut()).unwrap());
     assert_eq!(p.to_vec::<f32>().unwrap(), vec![0.5]);
 }

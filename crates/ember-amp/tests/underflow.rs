@@ -97,7 +97,10 @@ fn scaler_rescues_underflowing_gradients(dev: &Device) -> Result<()> {
     // f16 with the scaler: the f32 run's weights, up to f16's rounding of the forward pass.
     let (ws, _, lasts) = train(dev, Mode::F16Scaled)?;
     for (a, b) in ws.iter().zip(&w32) {
-        assert!((a - b).abs() <= 1e-2 * (1.0 + b.abs()), "{ws:?} vs f32 {w32:?}");
+        assert!(
+            (a - b).abs() <= 1e-2 * (1.0 + b.abs()),
+            "{ws:?} vs f32 {w32:?}"
+        );
     }
     assert!(lasts < first32 / 100.0, "scaled f16: {first32} -> {lasts}");
     Ok(())

@@ -286,7 +286,9 @@ impl Storage {
                 for (s, l) in grads.iter_mut() {
                     match &mut **s {
                         Storage::Cuda(c) => cudas.push((&*c, *l)),
-                        other => return Err(mismatch(ember_device::Device::Cuda(f.ordinal()), other)),
+                        other => {
+                            return Err(mismatch(ember_device::Device::Cuda(f.ordinal()), other));
+                        }
                     }
                 }
                 cuda::amp_unscale(&cudas, (f, lf), (i, li))

@@ -18,7 +18,10 @@ fn one_element(op: &'static str, what: &str, t: &Tensor, dtype: DType) -> Result
     if t.numel() != 1 {
         return Err(TensorError::invalid(
             op,
-            format!("{what} must be a 1-element tensor, but has {} elements", t.numel()),
+            format!(
+                "{what} must be a 1-element tensor, but has {} elements",
+                t.numel()
+            ),
         ));
     }
     if t.dtype() != dtype {
@@ -75,7 +78,10 @@ impl Tensor {
             }
         }
         if addr(found_inf.cell()) == addr(inv_scale.cell()) {
-            return Err(TensorError::invalid(OP, "found_inf and inv_scale share storage"));
+            return Err(TensorError::invalid(
+                OP,
+                "found_inf and inv_scale share storage",
+            ));
         }
         let reserved = [addr(found_inf.cell()), addr(inv_scale.cell())];
         // A non-contiguous tensor is unscaled in a contiguous copy written back afterwards;
@@ -96,8 +102,9 @@ impl Tensor {
         let mut pending: Vec<&(Tensor, Option<&Tensor>)> = work.iter().collect();
         while !pending.is_empty() {
             let mut seen = HashSet::new();
-            let (batch, rest): (Vec<_>, Vec<_>) =
-                pending.into_iter().partition(|(t, _)| seen.insert(addr(t.cell())));
+            let (batch, rest): (Vec<_>, Vec<_>) = pending
+                .into_iter()
+                .partition(|(t, _)| seen.insert(addr(t.cell())));
             pending = rest;
             let mut cells: Vec<&Arc<StorageCell>> = batch.iter().map(|(t, _)| t.cell()).collect();
             cells.push(found_inf.cell());
@@ -156,7 +163,11 @@ impl Tensor {
         one_element(OP, "growth_tracker", growth_tracker, DType::I32)?;
         one_element(OP, "found_inf", found_inf, DType::F32)?;
         same_device(&[self, growth_tracker, found_inf])?;
-        let (s, t, f) = (addr(self.cell()), addr(growth_tracker.cell()), addr(found_inf.cell()));
+        let (s, t, f) = (
+            addr(self.cell()),
+            addr(growth_tracker.cell()),
+            addr(found_inf.cell()),
+        );
         if s == t || s == f || t == f {
             return Err(TensorError::invalid(
                 OP,

@@ -36,6 +36,9 @@
 //! (`ember_tensor::Tensor::amp_foreach_non_finite_check_and_unscale_`: one parallel loop
 //! on the CPU, one multi-tensor launch per dtype on CUDA). Every call checks everything it
 //! can before it changes anything, so an error leaves the scaler as it was.
+//! The optimizer's address is its identity, so an optimizer must not be moved between its
+//! `unscale_` and its `step` of one iteration (a training loop borrows it; a moved one would
+//! look new to the scaler and be unscaled twice).
 
 use std::collections::{BTreeMap, HashMap};
 

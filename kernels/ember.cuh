@@ -63,6 +63,26 @@ struct Widen<bf16> {
     __device__ __forceinline__ static bf16 out(float x) { return from_f32<bf16>(x); }
 };
 
+// ---- device pointers read from device memory ------------------------------------------------
+// A multi-tensor kernel takes a table of device addresses (u64) in device memory. On a GPU an
+// address is the pointer; under the emulator it is a tagged address translated here, as
+// pointer parameters are at launch (kernels/README.md, "Pointer tables").
+template <typename T>
+__device__ __forceinline__ T* device_ptr(u64 address) {
+#if defined(__CUDACC__)
+    return reinterpret_cast<T*>(address);
+#else
+    return static_cast<T*>(::ember_emu::translate_device_address(address));
+#endif
+}
+
+// `true` unless x is an infinity or a NaN (the exponent bits are not all ones): a bit test, so
+// no compiler flag can fold it away.
+__device__ __forceinline__ bool finite_bits(float x) { return (__float_as_int(x) & 0x7f800000) != 0x7f800000; }
+__device__ __forceinline__ bool finite_bits(double x) {
+    return (__double_as_longlong(x) & 0x7ff0000000000000ll) != 0x7ff0000000000000ll;
+}
+
 // f64 to T as the CPU backend converts f64 scalars (the `half` crate's from_f64), bit for bit;
 // see Note [f64 to 16-bit rounding] in kernels/README.md. f16: through f32 (two roundings, as
 // the crate does on every x86-64 with F16C); bf16: nearest-even on the double's high 32 bits

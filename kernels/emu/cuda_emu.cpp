@@ -167,6 +167,18 @@ Run& run() {
     return *g_run;
 }
 
+}  // namespace
+
+void* translate_device_address(uint64_t address) {
+    if (address == 0) return nullptr;
+    const EmberKernelLaunch* l = run().launch;
+    void* host = l->translate(l->translate_ctx, address);
+    if (host == nullptr) fatal("a kernel dereferenced a device address outside every live allocation");
+    return host;
+}
+
+namespace {
+
 void to_scheduler(Run& r, Fiber& f, bool dying) {
 #if defined(EMBER_EMU_ASAN)
     __sanitizer_start_switch_fiber(dying ? nullptr : &f.fake_stack, r.scheduler_stack, r.scheduler_stack_size);

@@ -103,6 +103,10 @@ unsigned warp_vote(unsigned mask, bool predicate, unsigned* voters);
 // two agree.
 unsigned active_mask();
 [[noreturn]] void fatal(const char* what);
+// The host address of a device address a kernel read from device memory (a pointer table, as
+// the multi-tensor kernels of amp.cu take): translated like a pointer parameter; an address
+// outside every live allocation is fatal. Null stays null.
+void* translate_device_address(uint64_t address);
 
 // Runs `body(ctx)` as every thread of every block of the launch; returns 0, or a nonzero status
 // after printing why to stderr.
@@ -403,6 +407,11 @@ inline float __logf(float x) { return std::log(x); }
 inline float __fdividef(float a, float b) { return a / b; }
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 inline float __saturatef(float x) { return x < 0.0f ? 0.0f : (x > 1.0f ? 1.0f : x); }
+inline int __float_as_int(float f) {
+    int x;
+    std::memcpy(&x, &f, 4);
+    return x;
+}
 inline long long __double_as_longlong(double d) {
     long long x;
     std::memcpy(&x, &d, 8);

@@ -7,6 +7,8 @@
 //!   Notes [Autocast regions] and [Autocast cache].
 //! - [`policy`]: the one table of which ops run in f16/bf16, in f32, or in the widest input
 //!   dtype (Note [Autocast policy]).
+//! - [`scaler`]: [`GradScaler`] (`torch.amp.GradScaler`): `scale`, `unscale_`, `step`,
+//!   `update`, `state_dict`, over two fused tensor ops (Note [GradScaler state]).
 
 pub mod autocast;
 pub mod policy;
@@ -16,3 +18,4 @@ pub use autocast::{
     AutocastGuard, AutocastOptions, autocast, autocast_with, get_autocast_dtype,
     is_autocast_enabled, with_autocast, with_autocast_opts,
 };
+pub use scaler::{GradScaler, GradScalerOptions, ScalerError, ScalerState};

@@ -261,6 +261,70 @@ impl Storage {
 
 /// Two storages on different devices reached a kernel; the fronts prevent this, so it is an
 /// internal error, reported as the fronts would.
+impl Storage {
+    /// `torch._amp_foreach_non_finite_check_and_unscale_` over `grads` (contiguous layouts
+    /// of float dtypes, all on `found_inf`'s backend): one pass per dtype. See
+    /// `ops/amp.rs`.
+    pub(crate) fn amp_unscale(
+        grads: &mut [(&mut Storage, &Layout)],
+        (found_inf, lf): (&mut Storage, &Layout),
+        (inv_scale, li): (&Storage, &Layout),
+    ) -> Result<()> {
+        match (found_inf, inv_scale) {
+            (Storage::Cpu(f), Storage::Cpu(i)) => {
+                let mut cpus = Vec::with_capacity(grads.len());
+                for (s, l) in grads.iter_mut() {
+                    match &mut **s {
+                        Storage::Cpu(c) => cpus.push((c, *l)),
+                        other => return Err(mismatch(ember_device::Device::Cpu, other)),
+                    }
+                }
+                cpu::amp::unscale(&mut cpus, (f, lf), (i, li))
+            }
+            (Storage::Cuda(f), Storage::Cuda(i)) => {
+                let mut cudas = Vec::with_capacity(grads.len());
+                for (s, l) in grads.iter_mut() {
+                    match &mut **s {
+                        Storage::Cuda(c) => cudas.push((&*c, *l)),
+                        other => {
+                            return Err(mismatch(ember_device::Device::Cuda(f.ordinal()), other));
+                        }
+                    }
+                }
+                cuda::amp_unscale(&cudas, (f, lf), (i, li))
+            }
+            (f, i) => Err(mixed(f, i)),
+        }
+    }
+
+    /// `torch._amp_update_scale_` on one-element storages (f32 scale, i32 tracker, f32
+    /// found_inf).
+    pub(crate) fn amp_update_scale(
+        (scale, ls): (&mut Storage, &Layout),
+        (tracker, lt): (&mut Storage, &Layout),
+        (found_inf, lf): (&Storage, &Layout),
+        update: cpu::amp::ScaleUpdate,
+    ) -> Result<()> {
+        match (scale, tracker, found_inf) {
+            (Storage::Cpu(s), Storage::Cpu(t), Storage::Cpu(f)) => {
+                cpu::amp::update_scale((s, ls), (t, lt), (f, lf), update)
+            }
+            (Storage::Cuda(s), Storage::Cuda(t), Storage::Cuda(f)) => {
+                cuda::amp_update_scale((s, ls), (t, lt), (f, lf), update)
+            }
+            (s, _, f) => Err(mixed(s, f)),
+        }
+    }
+}
+
+/// Unreachable through the fronts, which check devices first.
+fn mismatch(first: ember_device::Device, other: &Storage) -> TensorError {
+    TensorError::DeviceMismatch {
+        first,
+        second: other.device(),
+    }
+}
+
 pub(crate) fn mixed(a: &Storage, b: &Storage) -> TensorError {
     TensorError::DeviceMismatch {
         first: a.device(),

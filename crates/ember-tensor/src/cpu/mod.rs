@@ -3,6 +3,7 @@
 //! plain-slice path the compiler vectorises; others walk [`StridedIndex`]; both split into
 //! parallel chunks above [`PAR_THRESHOLD`](crate::storage::PAR_THRESHOLD) elements.
 
+pub(crate) mod amp;
 pub(crate) mod conv;
 pub(crate) mod elementwise;
 pub(crate) mod index;

@@ -8,9 +8,11 @@
 //! back is always complete. Memory is allocated for that stream (the caching allocator
 //! reuses a block on the stream that freed it; `record_stream` marks other users).
 
+mod amp;
 mod nn;
 mod ops;
 
+pub(crate) use amp::*;
 pub(crate) use nn::*;
 pub(crate) use ops::*;
 

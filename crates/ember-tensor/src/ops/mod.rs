@@ -1,6 +1,7 @@
 //! Op fronts, one file per family. Each front checks devices, infers dtype and shape,
 //! broadcasts and casts the inputs, and calls the storage's kernel (See Note [Dispatch]).
 
+pub(crate) mod amp;
 pub(crate) mod binary;
 pub(crate) mod conv;
 pub(crate) mod index;

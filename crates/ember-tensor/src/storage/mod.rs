@@ -227,6 +227,31 @@ pub(crate) fn write_read_many<R>(
     out.map(|d| f(d, &refs))
 }
 
+/// Runs `f` with write access to every cell of `dsts` (in their order) and read access to
+/// `src`, all locks taken in address order (Note [Storage sharing]). The caller guarantees
+/// that the cells of `dsts` are distinct and that `src` is none of them (the multi-tensor
+/// fronts check it), so each storage is locked once.
+pub(crate) fn write_many_read<R>(
+    dsts: &[&Arc<StorageCell>],
+    src: &Arc<StorageCell>,
+    f: impl FnOnce(&mut [&mut Storage], &Storage) -> R,
+) -> R {
+    let mut order: Vec<usize> = (0..dsts.len()).collect();
+    order.sort_by_key(|&i| dsts[i].addr());
+    let mut writes: Vec<Option<RwLockWriteGuard<'_, Storage>>> =
+        (0..dsts.len()).map(|_| None).collect();
+    let mut read: Option<RwLockReadGuard<'_, Storage>> = None;
+    for i in order {
+        if read.is_none() && src.addr() < dsts[i].addr() {
+            read = Some(src.read());
+        }
+        writes[i] = Some(dsts[i].write());
+    }
+    let read = read.unwrap_or_else(|| src.read());
+    let mut refs: Vec<&mut Storage> = writes.iter_mut().flatten().map(|g| &mut **g).collect();
+    f(&mut refs, &read)
+}
+
 /// `true` if both are the same storage.
 pub(crate) fn same(a: &Arc<StorageCell>, b: &Arc<StorageCell>) -> bool {
     Arc::ptr_eq(a, b)

@@ -74,8 +74,23 @@ pub fn launch_trace() -> Option<PathBuf> {
     state().path.clone()
 }
 
+thread_local! {
+    /// Launches per kernel name made by this thread (the emulator runs a kernel on the
+    /// thread that launches it), for tests that count launches.
+    static THREAD_LAUNCHES: std::cell::RefCell<std::collections::BTreeMap<String, u64>> =
+        const { std::cell::RefCell::new(std::collections::BTreeMap::new()) };
+}
+
+/// How many times this thread launched each kernel on the emulator since it started (kernel
+/// name to count). Tests take it before and after a call to count that call's launches:
+/// per thread, so tests running in parallel in one process do not see each other's.
+pub fn thread_launch_counts() -> std::collections::BTreeMap<String, u64> {
+    THREAD_LAUNCHES.with(|m| m.borrow().clone())
+}
+
 /// Records that kernel `name` is being launched (Note [Launch trace]).
 pub(crate) fn record_launch(name: &str) {
+    THREAD_LAUNCHES.with(|m| *m.borrow_mut().entry(name.to_string()).or_insert(0) += 1);
     let mut s = state();
     let Some(path) = s.path.clone() else {
         return;

@@ -35,7 +35,7 @@ pub use config::{
 pub use kernels::{
     EmulatedKernel, KernelLaunch, lookup_kernel, register_kernel, registered_kernels,
 };
-pub use launch_trace::{ENV_EMULATOR_TRACE, launch_trace, set_launch_trace};
+pub use launch_trace::{ENV_EMULATOR_TRACE, launch_trace, set_launch_trace, thread_launch_counts};
 pub use memory::{ADDRESS_TAG, device_of_address, tagged_address};
 
 use std::collections::HashMap;

@@ -1,4 +1,4 @@
-//! Elementwise ops: binary with broadcasting and promotion, unary, clamp, `where`, casts,
+//! Elementwise ops: binary with broadcasting and promotion, unary, clamp, casts,
 //! device moves, and the in-place forms.
 
 use ember_tensor::{ClampBound, DType, Device, Scalar, Tensor as Raw};
@@ -240,7 +240,10 @@ impl Tensor {
     }
 }
 
-fn raw_operand<'a>(o: &'a Operand<'a>, hold: &'a Option<Raw>) -> ember_tensor::Operand<'a> {
+pub(crate) fn raw_operand<'a>(
+    o: &'a Operand<'a>,
+    hold: &'a Option<Raw>,
+) -> ember_tensor::Operand<'a> {
     match (o, hold) {
         (_, Some(t)) => t.into(),
         (Operand::Scalar(s), None) => (*s).into(),
@@ -472,7 +475,7 @@ impl Tensor {
     /// `torch.Tensor.where(condition, other)`: `self` where `cond` is true, `other`
     /// elsewhere ([`r#where(cond, self, other)`](crate::r#where)).
     pub fn r#where<'b>(&self, cond: &Tensor, other: impl Into<Operand<'b>>) -> Result<Tensor> {
-        r#where(cond, self, other)
+        crate::ops::r#where(cond, self, other)
     }
 
     /// A copy in another dtype; the gradient comes back in this tensor's dtype.
@@ -760,64 +763,4 @@ impl Tensor {
         }
         Ok(self)
     }
-}
-
-/// `torch.where(cond, on_true, on_false)`: `cond ? on_true : on_false` elementwise with
-/// broadcasting; gradients flow to the tensor operands where each was picked.
-///
-/// ```
-/// use ember_autograd::Tensor;
-/// let x = Tensor::from_vec(vec![-1f32, 2., -3.], [3], ())?;
-/// let r = ember_autograd::r#where(&x.gt(0)?, &x, 0.0)?;
-/// assert_eq!(r.to_vec::<f32>()?, vec![0., 2., 0.]);
-/// # Ok::<(), ember_autograd::Error>(())
-/// ```
-pub fn r#where<'a, 'b>(
-    cond: &Tensor,
-    on_true: impl Into<Operand<'a>>,
-    on_false: impl Into<Operand<'b>>,
-) -> Result<Tensor> {
-    let (t, f) = (on_true.into(), on_false.into());
-    if let (Operand::Tensor(a), Operand::Tensor(b)) = (t, f)
-        && let Some(c) = autocast_inputs("where", &[a, b])?
-    {
-        return r#where(cond, &c[0], &c[1]);
-    }
-    let (ht, hf) = (
-        match t {
-            Operand::Tensor(x) => Some(x.data()),
-            _ => None,
-        },
-        match f {
-            Operand::Tensor(x) => Some(x.data()),
-            _ => None,
-        },
-    );
-    let c = cond.data();
-    let y = ember_tensor::r#where(&c, raw_operand(&t, &ht), raw_operand(&f, &hf))?;
-    let mut inputs: Vec<&Tensor> = Vec::new();
-    let mut which = Vec::new();
-    if let Operand::Tensor(x) = t {
-        inputs.push(x);
-        which.push(true);
-    }
-    if let Operand::Tensor(x) = f {
-        inputs.push(x);
-        which.push(false);
-    }
-    maybe_record("WhereBackward0", y.clone(), &inputs, || {
-        Ok(Box::new(move |g: &Raw| {
-            which
-                .iter()
-                .map(|&on_true| {
-                    let r = if on_true {
-                        ember_tensor::r#where(&c, g, 0.0)?
-                    } else {
-                        ember_tensor::r#where(&c, 0.0, g)?
-                    };
-                    Ok(Some(r))
-                })
-                .collect()
-        }) as BackwardFn)
-    })
 }

@@ -8,10 +8,12 @@ mod linalg;
 mod loss;
 mod nn;
 mod reduce;
+mod select;
 mod view;
 
-pub use elementwise::{Operand, r#where};
+pub use elementwise::Operand;
 pub use loss::{CrossEntropyOptions, NllLossOptions};
+pub use select::r#where;
 
 use ember_tensor::Tensor as Raw;
 

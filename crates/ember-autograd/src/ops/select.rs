@@ -1,0 +1,69 @@
+//! `torch.where`: the elementwise select, differentiable in both tensor operands.
+
+use ember_tensor::Tensor as Raw;
+
+use crate::error::Result;
+use crate::graph::{BackwardFn, maybe_record};
+use crate::mode::autocast_inputs;
+use crate::ops::elementwise::{Operand, raw_operand};
+use crate::tensor::Tensor;
+
+/// `torch.where(cond, on_true, on_false)`: `cond ? on_true : on_false` elementwise with
+/// broadcasting; gradients flow to the tensor operands where each was picked.
+///
+/// ```
+/// use ember_autograd::Tensor;
+/// let x = Tensor::from_vec(vec![-1f32, 2., -3.], [3], ())?;
+/// let r = ember_autograd::r#where(&x.gt(0)?, &x, 0.0)?;
+/// assert_eq!(r.to_vec::<f32>()?, vec![0., 2., 0.]);
+/// # Ok::<(), ember_autograd::Error>(())
+/// ```
+pub fn r#where<'a, 'b>(
+    cond: &Tensor,
+    on_true: impl Into<Operand<'a>>,
+    on_false: impl Into<Operand<'b>>,
+) -> Result<Tensor> {
+    let (t, f) = (on_true.into(), on_false.into());
+    if let (Operand::Tensor(a), Operand::Tensor(b)) = (t, f)
+        && let Some(c) = autocast_inputs("where", &[a, b])?
+    {
+        return r#where(cond, &c[0], &c[1]);
+    }
+    let (ht, hf) = (
+        match t {
+            Operand::Tensor(x) => Some(x.data()),
+            _ => None,
+        },
+        match f {
+            Operand::Tensor(x) => Some(x.data()),
+            _ => None,
+        },
+    );
+    let c = cond.data();
+    let y = ember_tensor::r#where(&c, raw_operand(&t, &ht), raw_operand(&f, &hf))?;
+    let mut inputs: Vec<&Tensor> = Vec::new();
+    let mut which = Vec::new();
+    if let Operand::Tensor(x) = t {
+        inputs.push(x);
+        which.push(true);
+    }
+    if let Operand::Tensor(x) = f {
+        inputs.push(x);
+        which.push(false);
+    }
+    maybe_record("WhereBackward0", y.clone(), &inputs, || {
+        Ok(Box::new(move |g: &Raw| {
+            which
+                .iter()
+                .map(|&on_true| {
+                    let r = if on_true {
+                        ember_tensor::r#where(&c, g, 0.0)?
+                    } else {
+                        ember_tensor::r#where(&c, 0.0, g)?
+                    };
+                    Ok(Some(r))
+                })
+                .collect()
+        }) as BackwardFn)
+    })
+}

@@ -194,20 +194,12 @@ pub fn batch_norm(
     eps: f64,
 ) -> Result<Tensor> {
     let dtype = x.dtype();
-    if matches!(dtype, DType::F16 | DType::Bf16) {
-        let y = batch_norm_in(
-            &x.to_dtype(DType::F32)?,
-            running_mean,
-            running_var,
-            weight,
-            bias,
-            training,
-            momentum,
-            eps,
-        )?;
-        return y.to_dtype(dtype);
-    }
-    batch_norm_in(
+    let wide = match dtype {
+        DType::F16 | DType::Bf16 => Some(x.to_dtype(DType::F32)?),
+        _ => None,
+    };
+    let x = wide.as_ref().unwrap_or(x);
+    let y = batch_norm_in(
         x,
         running_mean,
         running_var,
@@ -216,7 +208,12 @@ pub fn batch_norm(
         training,
         momentum,
         eps,
-    )
+    )?;
+    if wide.is_some() {
+        y.to_dtype(dtype)
+    } else {
+        Ok(y)
+    }
 }
 
 /// [`batch_norm`] in `x`'s own dtype.

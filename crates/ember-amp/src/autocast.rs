@@ -378,37 +378,36 @@ impl AutocastPolicy for Policy {
             return t.to_dtype(dtype);
         }
         let version = t.version();
-        let hit = CACHE.with(|c| {
-            c.borrow()
+        let found = CACHE.with(|c| {
+            let c = c.borrow();
+            let i = c
                 .iter()
-                .find(|e| e.leaf.same(t) && e.copy.dtype() == dtype)
-                .map(|e| (e.version == version).then(|| e.copy.clone()))
+                .position(|e| e.leaf.same(t) && e.copy.dtype() == dtype)?;
+            Some((i, (c[i].version == version).then(|| c[i].copy.clone())))
         });
-        match hit {
-            Some(Some(copy)) => Ok(copy),
-            stale => {
-                let copy = t.to_dtype(dtype)?;
-                let entry = Cached {
-                    leaf: t.clone(),
-                    version,
-                    copy: copy.clone(),
-                };
-                let old = CACHE.with(|c| {
-                    let mut c = c.borrow_mut();
-                    let old = if stale.is_some() {
-                        let i = c
-                            .iter()
-                            .position(|e| e.leaf.same(t) && e.copy.dtype() == dtype);
-                        i.map(|i| c.swap_remove(i))
-                    } else {
-                        None
-                    };
-                    c.push(entry);
-                    old
-                });
-                drop(old);
-                Ok(copy)
-            }
+        if let Some((_, Some(copy))) = found {
+            return Ok(copy);
         }
+        // A miss, or a stale copy (the leaf was written in place): cast, then store it in
+        // the stale entry's place (the cast touches no cache, so the index still holds).
+        let copy = t.to_dtype(dtype)?;
+        let entry = Cached {
+            leaf: t.clone(),
+            version,
+            copy: copy.clone(),
+        };
+        let old = CACHE.with(|c| {
+            let mut c = c.borrow_mut();
+            match found.and_then(|(i, _)| c.get_mut(i)) {
+                Some(slot) => Some(std::mem::replace(slot, entry)),
+                None => {
+                    c.push(entry);
+                    None
+                }
+            }
+        });
+        // Dropped outside the borrow: dropping tensors must not run under it.
+        drop(old);
+        Ok(copy)
     }
 }

@@ -191,11 +191,17 @@ fn eligible(t: &Tensor) -> bool {
 /// The autocast hook of an op (Note [Autocast hook]): `None` when autocast leaves `op`'s
 /// `inputs` as they are (always, and after one thread-local read, while autocast is off);
 /// otherwise every input, in order, the eligible ones cast to the policy's dtype and the
-/// others as given. The op then runs on the returned tensors.
-pub fn autocast_inputs(op: &'static str, inputs: &[&Tensor]) -> Result<Option<Vec<Tensor>>> {
+/// others as given. The op then runs on the returned tensors. `inputs` is any iterator
+/// (`[x, w]`, or `[x, w].into_iter().chain(bias)` for optional inputs): it is only walked
+/// when a policy is installed, so an op pays nothing for it while autocast is off.
+pub fn autocast_inputs<'t>(
+    op: &'static str,
+    inputs: impl IntoIterator<Item = &'t Tensor>,
+) -> Result<Option<Vec<Tensor>>> {
     let Some(policy) = current_policy() else {
         return Ok(None);
     };
+    let inputs: Vec<&Tensor> = inputs.into_iter().collect();
     let Some(device) = inputs.iter().find(|t| eligible(t)).map(|t| t.device()) else {
         return Ok(None);
     };
@@ -283,17 +289,17 @@ mod tests {
                 Some(DType::Bf16)
             );
             assert_eq!(autocast_dtype("add", cpu, &[DType::F32]), None);
-            let cast = autocast_inputs("matmul", &[&x, &i])?
+            let cast = autocast_inputs("matmul", [&x, &i])?
                 .map(|v| v.iter().map(Tensor::dtype).collect::<Vec<_>>());
             assert_eq!(cast, Some(vec![DType::Bf16, DType::I64]));
-            assert!(autocast_inputs("add", &[&x])?.is_none());
+            assert!(autocast_inputs("add", [&x])?.is_none());
             assert!(
-                autocast_inputs("matmul", &[&i])?.is_none(),
+                autocast_inputs("matmul", [&i])?.is_none(),
                 "no eligible input"
             );
         }
         assert_eq!(autocast_dtype("matmul", cpu, &[DType::F32]), None);
-        assert!(autocast_inputs("matmul", &[&x])?.is_none());
+        assert!(autocast_inputs("matmul", [&x])?.is_none());
         Ok(())
     }
 }

@@ -69,9 +69,7 @@ pub fn dropout(x: &Tensor, p: f64, training: bool) -> Result<Tensor> {
 
 /// `F.linear(x, weight, bias)`: `x @ weight.T + bias`, `weight` `[out, in]`.
 pub fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
-    let mut args = vec![x, weight];
-    args.extend(bias);
-    if let Some(c) = autocast_inputs("linear", &args)? {
+    if let Some(c) = autocast_inputs("linear", [x, weight].into_iter().chain(bias))? {
         return linear(&c[0], &c[1], c.get(2));
     }
     let in_features = weight.dims().get(1).copied();
@@ -135,10 +133,8 @@ pub fn layer_norm(
 ) -> Result<Tensor> {
     let dims = x.dims();
     let k = normalized_shape.len();
-    let mut args = vec![x];
-    args.extend(weight);
-    args.extend(bias);
-    if let Some(c) = autocast_inputs("layer_norm", &args)? {
+    let inputs = [x].into_iter().chain(weight).chain(bias);
+    if let Some(c) = autocast_inputs("layer_norm", inputs)? {
         let mut rest = c[1..].iter();
         let w = weight.and_then(|_| rest.next());
         let b = bias.and_then(|_| rest.next());
@@ -339,7 +335,7 @@ pub(crate) fn reduce(l: Tensor, reduction: Reduction) -> Result<Tensor> {
 
 /// `F.mse_loss(x, target, reduction=)`: `(x - target)²` reduced (`()` for the mean).
 pub fn mse_loss(x: &Tensor, target: &Tensor, reduction: impl Into<Reduction>) -> Result<Tensor> {
-    if let Some(c) = autocast_inputs("mse_loss", &[x, target])? {
+    if let Some(c) = autocast_inputs("mse_loss", [x, target])? {
         return mse_loss(&c[0], &c[1], reduction);
     }
     same_shape("mse_loss", x, target)?;
@@ -348,7 +344,7 @@ pub fn mse_loss(x: &Tensor, target: &Tensor, reduction: impl Into<Reduction>) ->
 
 /// `F.l1_loss(x, target, reduction=)`: `|x - target|` reduced (`()` for the mean).
 pub fn l1_loss(x: &Tensor, target: &Tensor, reduction: impl Into<Reduction>) -> Result<Tensor> {
-    if let Some(c) = autocast_inputs("l1_loss", &[x, target])? {
+    if let Some(c) = autocast_inputs("l1_loss", [x, target])? {
         return l1_loss(&c[0], &c[1], reduction);
     }
     same_shape("l1_loss", x, target)?;
@@ -365,9 +361,8 @@ pub fn binary_cross_entropy_with_logits(
     reduction: impl Into<Reduction>,
 ) -> Result<Tensor> {
     same_shape("binary_cross_entropy_with_logits", x, target)?;
-    let mut args = vec![x, target];
-    args.extend(pos_weight);
-    if let Some(c) = autocast_inputs("binary_cross_entropy_with_logits", &args)? {
+    let inputs = [x, target].into_iter().chain(pos_weight);
+    if let Some(c) = autocast_inputs("binary_cross_entropy_with_logits", inputs)? {
         return binary_cross_entropy_with_logits(&c[0], &c[1], c.get(2), reduction);
     }
     let y = target;

@@ -259,8 +259,6 @@ impl Storage {
     }
 }
 
-/// Two storages on different devices reached a kernel; the fronts prevent this, so it is an
-/// internal error, reported as the fronts would.
 impl Storage {
     /// `torch._amp_foreach_non_finite_check_and_unscale_` over `grads` (contiguous layouts
     /// of float dtypes, all on `found_inf`'s backend): one pass per dtype. See
@@ -325,6 +323,8 @@ fn mismatch(first: ember_device::Device, other: &Storage) -> TensorError {
     }
 }
 
+/// Two storages on different devices reached a kernel; the fronts prevent this, so it is an
+/// internal error, reported as the fronts would.
 pub(crate) fn mixed(a: &Storage, b: &Storage) -> TensorError {
     TensorError::DeviceMismatch {
         first: a.device(),

@@ -129,8 +129,8 @@ fn pow_exp_grad(g: &Raw, a: &Raw, y: &Raw) -> Result<Raw> {
 impl Tensor {
     fn binary(&self, op: Bin, rhs: Operand<'_>) -> Result<Tensor> {
         let cast = match rhs {
-            Operand::Tensor(rt) => autocast_inputs(bin_op(op), &[self, rt])?,
-            Operand::Scalar(_) => autocast_inputs(bin_op(op), &[self])?,
+            Operand::Tensor(rt) => autocast_inputs(bin_op(op), [self, rt])?,
+            Operand::Scalar(_) => autocast_inputs(bin_op(op), [self])?,
         };
         if let Some(c) = cast {
             let rhs = match rhs {
@@ -300,7 +300,7 @@ macro_rules! unary_methods {
             $(
                 $(#[$doc])*
                 pub fn $name(&self) -> Result<Tensor> {
-                    if let Some(c) = autocast_inputs(stringify!($name), &[self])? {
+                    if let Some(c) = autocast_inputs(stringify!($name), [self])? {
                         return c[0].$name();
                     }
                     let x = self.data();

@@ -98,7 +98,7 @@ impl Tensor {
         rhs: &Tensor,
         f: impl Fn(&Raw, &Raw) -> ember_tensor::Result<Raw>,
     ) -> Result<Tensor> {
-        if let Some(c) = autocast_inputs(op, &[self, rhs])? {
+        if let Some(c) = autocast_inputs(op, [self, rhs])? {
             return c[0].product(op, name, &c[1], f);
         }
         let (a, b) = (self.data(), rhs.data());
@@ -144,7 +144,7 @@ impl Tensor {
         alpha: impl Into<Scalar>,
     ) -> Result<Tensor> {
         let (beta, alpha) = (beta.into(), alpha.into());
-        if let Some(c) = autocast_inputs("addmm", &[self, m1, m2])? {
+        if let Some(c) = autocast_inputs("addmm", [self, m1, m2])? {
             return c[0].addmm_scaled(&c[1], &c[2], beta, alpha);
         }
         let one = |s: Scalar| s.to_f64() == 1.0;

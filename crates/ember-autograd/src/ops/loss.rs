@@ -101,7 +101,7 @@ impl Tensor {
     /// `torch.nn.functional.nll_loss` of log-probabilities (`[C]`, `[N, C]` or
     /// `[N, C, d...]`) at class indices `target` (the weight gets no gradient).
     pub fn nll_loss(&self, target: &Tensor, opts: &NllLossOptions<'_>) -> Result<Tensor> {
-        if let Some(c) = autocast_inputs("nll_loss", &[self])? {
+        if let Some(c) = autocast_inputs("nll_loss", [self])? {
             return c[0].nll_loss(target, opts);
         }
         let x = self.data();
@@ -138,7 +138,7 @@ impl Tensor {
     /// at class indices `target`, with weights, `ignore_index`, label smoothing and
     /// reduction; backward is fused (Note [Cross-entropy backward]).
     pub fn cross_entropy(&self, target: &Tensor, opts: &CrossEntropyOptions<'_>) -> Result<Tensor> {
-        if let Some(c) = autocast_inputs("cross_entropy", &[self])? {
+        if let Some(c) = autocast_inputs("cross_entropy", [self])? {
             return c[0].cross_entropy(target, opts);
         }
         let x = self.data();

@@ -140,9 +140,7 @@ impl Tensor {
         bias: Option<&Tensor>,
         opts: &Conv2dOptions,
     ) -> Result<Tensor> {
-        let mut args = vec![self, weight];
-        args.extend(bias);
-        if let Some(c) = autocast_inputs("conv2d", &args)? {
+        if let Some(c) = autocast_inputs("conv2d", [self, weight].into_iter().chain(bias))? {
             return c[0].conv2d(&c[1], c.get(2), opts);
         }
         let (x, wt) = (self.data(), weight.data());

@@ -230,7 +230,7 @@ impl Tensor {
 
     /// Concatenates along `dim` (all same device and rank; promoted dtype).
     pub fn cat(tensors: &[&Tensor], dim: impl Dim) -> Result<Tensor> {
-        if let Some(c) = autocast_inputs("cat", tensors)? {
+        if let Some(c) = autocast_inputs("cat", tensors.iter().copied())? {
             return Tensor::cat(&c.iter().collect::<Vec<_>>(), dim);
         }
         let raws: Vec<Raw> = tensors.iter().map(|t| t.data()).collect();
@@ -271,7 +271,7 @@ impl Tensor {
 
     /// Stacks along a new dim.
     pub fn stack(tensors: &[&Tensor], dim: impl Dim) -> Result<Tensor> {
-        if let Some(c) = autocast_inputs("stack", tensors)? {
+        if let Some(c) = autocast_inputs("stack", tensors.iter().copied())? {
             return Tensor::stack(&c.iter().collect::<Vec<_>>(), dim);
         }
         let rank = tensors.first().map(|t| t.rank()).unwrap_or(0);

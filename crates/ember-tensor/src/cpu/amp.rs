@@ -133,15 +133,10 @@ pub(crate) fn unscale(
     (inv_scale, li): (&CpuStorage, &Layout),
 ) -> Result<()> {
     let inv: f32 = one(inv_scale, li)?;
-    let mut found = false;
-    for dtype in [DType::F32, DType::F64, DType::F16, DType::Bf16] {
-        found |= match dtype {
-            DType::F32 => unscale_dtype::<f32>(grads, dtype, inv)?,
-            DType::F64 => unscale_dtype::<f64>(grads, dtype, inv)?,
-            DType::F16 => unscale_dtype::<f16>(grads, dtype, inv)?,
-            _ => unscale_dtype::<bf16>(grads, dtype, inv)?,
-        };
-    }
+    let found = unscale_dtype::<f32>(grads, DType::F32, inv)?
+        | unscale_dtype::<f64>(grads, DType::F64, inv)?
+        | unscale_dtype::<f16>(grads, DType::F16, inv)?
+        | unscale_dtype::<bf16>(grads, DType::Bf16, inv)?;
     if found {
         *one_mut::<f32>(found_inf, lf)? = 1.0;
     }

@@ -13,11 +13,21 @@
 //! checkpoint's learning rate, said on stderr and in the summary's `notes`. A loss that
 //! becomes NaN or infinite stops the run with an error (Note [Train checkpoint] says what a
 //! checkpoint holds and how it is checked).
+//!
+//! Note [Mixed-precision training]: `--amp bf16|f16` runs each batch's forward and loss
+//! under `autocast(device, dtype)` (validation too), with f32 master weights and Adam's
+//! moments in f32, as PyTorch's recipe: f16 with a `GradScaler` (loss scaling; a step whose
+//! gradients hold inf/NaN is skipped and the scale backs off), bf16 without one (its range is
+//! f32's, so nothing underflows that f32 would keep). Without `--amp` the same loop runs with
+//! a disabled scaler, which is a pass-through. The scaler's state (PyTorch's `state_dict`
+//! keys) is in the checkpoint, so a resumed f16 run continues with the scale and growth
+//! tracker it stopped with; a resume with another `--amp` than the checkpoint's is an error.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
+use ember_amp::{GradScaler, GradScalerOptions};
 use ember_autograd::Tensor;
 use ember_device::{Device, cuda};
 use ember_nn::data::{DataLoader, Dataset, TensorDataset, digits};
@@ -53,6 +63,34 @@ impl ModelKind {
         match self {
             ModelKind::Mlp => "mlp",
             ModelKind::Cnn => "cnn",
+        }
+    }
+}
+
+/// The lower precision of `--amp`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AmpDtype {
+    /// bfloat16, without loss scaling.
+    Bf16,
+    /// float16, with a `GradScaler`.
+    F16,
+}
+
+impl AmpDtype {
+    /// `bf16` or `f16`, as the command line spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AmpDtype::Bf16 => "bf16",
+            AmpDtype::F16 => "f16",
+        }
+    }
+
+    /// The dtype autocast runs products in.
+    pub fn dtype(self) -> ember_tensor::DType {
+        match self {
+            AmpDtype::Bf16 => ember_tensor::DType::Bf16,
+            AmpDtype::F16 => ember_tensor::DType::F16,
         }
     }
 }
@@ -104,6 +142,8 @@ pub struct TrainConfig {
     pub resume: Option<PathBuf>,
     /// Worker threads preparing batches.
     pub num_workers: usize,
+    /// Train under autocast in this dtype (Note [Mixed-precision training]); `None`: f32.
+    pub amp: Option<AmpDtype>,
 }
 
 impl Default for TrainConfig {
@@ -119,6 +159,7 @@ impl Default for TrainConfig {
             save: None,
             resume: None,
             num_workers: 0,
+            amp: None,
         }
     }
 }
@@ -171,6 +212,13 @@ pub struct TrainSummary {
     pub seed: u64,
     /// The learning rate trained with (after any override).
     pub lr: f64,
+    /// The autocast dtype (`bf16`, `f16`), or `None` for f32 training.
+    pub amp: Option<AmpDtype>,
+    /// The `GradScaler`'s scale at the end (f16 only).
+    pub loss_scale: Option<f64>,
+    /// Optimizer steps the `GradScaler` skipped in this run because a gradient was inf or
+    /// NaN (0 without f16).
+    pub skipped_steps: usize,
     /// What the run decided that the user should know (an `--lr` overriding the
     /// checkpoint's); the command line prints each on stderr.
     pub notes: Vec<String>,
@@ -334,6 +382,19 @@ pub fn train(cfg: &TrainConfig, progress: &mut dyn Progress) -> Result<TrainSumm
             )
             .into());
         }
+        if c.amp != cfg.amp {
+            let name = |a: Option<AmpDtype>| a.map_or("f32 (no --amp)", AmpDtype::as_str);
+            return Err(NnError::invalid(
+                "ember train",
+                format!(
+                    "{} was trained in {}, but {} was asked for; resume with the checkpoint's precision",
+                    resume_path(cfg),
+                    name(c.amp),
+                    name(cfg.amp)
+                ),
+            )
+            .into());
+        }
         if c.epoch >= cfg.epochs {
             return Err(NnError::invalid(
                 "ember train",
@@ -382,9 +443,17 @@ pub fn train(cfg: &TrainConfig, progress: &mut dyn Progress) -> Result<TrainSumm
             ..Default::default()
         },
     )?;
+    // f16 scales the loss; f32 and bf16 get a disabled scaler, a pass-through.
+    let mut scaler = GradScaler::with_options(
+        device,
+        GradScalerOptions {
+            enabled: cfg.amp == Some(AmpDtype::F16),
+            ..Default::default()
+        },
+    )?;
     let mut start_epoch = 0;
     if let Some(c) = &ckpt {
-        c.apply(&model, &mut opt)?;
+        c.apply(&model, &mut opt, &mut scaler)?;
         start_epoch = c.epoch;
         if let Some(lr) = cfg.lr {
             let old = opt.param_groups().first().map_or(f64::NAN, |g| g.lr);
@@ -405,6 +474,7 @@ pub fn train(cfg: &TrainConfig, progress: &mut dyn Progress) -> Result<TrainSumm
     ember_memory::reset_peak_memory_stats(device)?;
     let started = Instant::now();
     let mut seen = 0usize;
+    let mut skipped_steps = 0usize;
     let mut history = Vec::new();
     for epoch in start_epoch..cfg.epochs {
         model.train(true);
@@ -417,9 +487,15 @@ pub fn train(cfg: &TrainConfig, progress: &mut dyn Progress) -> Result<TrainSumm
                 batch[1].to_non_blocking(device)?,
             );
             opt.zero_grad(true)?;
-            let loss = loss_fn.forward(&model.forward(&bx)?, &by)?;
-            loss.backward()?;
-            opt.step()?;
+            let loss = {
+                let _autocast = autocast_region(cfg.amp, device)?;
+                loss_fn.forward(&model.forward(&bx)?, &by)?
+            };
+            scaler.scale(&loss)?.backward()?;
+            if !scaler.step(&mut opt)? {
+                skipped_steps += 1;
+            }
+            scaler.update()?;
             let l = loss.item::<f32>()? as f64;
             if !l.is_finite() {
                 return Err(NnError::invalid(
@@ -448,7 +524,10 @@ pub fn train(cfg: &TrainConfig, progress: &mut dyn Progress) -> Result<TrainSumm
         let stats = EpochStats {
             epoch: epoch + 1,
             train_loss: total / batches.max(1) as f64,
-            val_accuracy: accuracy(&model, &val_x, &val_y)?,
+            val_accuracy: {
+                let _autocast = autocast_region(cfg.amp, device)?;
+                accuracy(&model, &val_x, &val_y)?
+            },
         };
         progress.epoch_end(&stats);
         history.push(stats);
@@ -458,8 +537,7 @@ pub fn train(cfg: &TrainConfig, progress: &mut dyn Progress) -> Result<TrainSumm
                 cfg.model,
                 (seed, cfg.val_fraction),
                 epoch + 1,
-                &model,
-                &opt,
+                (&model, &opt, cfg.amp, &scaler),
             )?;
         }
     }
@@ -487,8 +565,24 @@ pub fn train(cfg: &TrainConfig, progress: &mut dyn Progress) -> Result<TrainSumm
         checkpoint: cfg.save.as_ref().map(|p| p.display().to_string()),
         seed,
         lr,
+        amp: cfg.amp,
+        loss_scale: if scaler.is_enabled() {
+            Some(scaler.get_scale()?)
+        } else {
+            None
+        },
+        skipped_steps,
         notes,
     })
+}
+
+/// The autocast region of `--amp` on `device` (none for f32).
+fn autocast_region(
+    amp: Option<AmpDtype>,
+    device: Device,
+) -> Result<Option<ember_amp::AutocastGuard>, Error> {
+    amp.map(|a| ember_amp::autocast(device, a.dtype()))
+        .transpose()
 }
 
 /// Share of `x`'s rows whose arg-max class is `y`, without recording history.

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use ember::train::{DeviceChoice, EpochStats, ModelKind, Progress, TrainConfig};
+use ember::train::{AmpDtype, DeviceChoice, EpochStats, ModelKind, Progress, TrainConfig};
 use indicatif::{ProgressBar, ProgressStyle};
 
 /// Ember: a deep-learning framework with PyTorch's GPU workflow.
@@ -56,6 +56,10 @@ enum Command {
         /// Continue from a checkpoint written by --save.
         #[arg(long)]
         resume: Option<PathBuf>,
+        /// Mixed precision: forward and loss under autocast in bf16 (no loss scaling) or
+        /// f16 (with a GradScaler), f32 master weights [default: f32 throughout].
+        #[arg(long, value_enum)]
+        amp: Option<AmpDtype>,
         /// Print one JSON summary on stdout (no progress bar).
         #[arg(long)]
         json: bool,
@@ -140,7 +144,13 @@ fn train(cfg: TrainConfig, json: bool) -> ExitCode {
         }
     };
     if !json {
-        eprintln!("training {} on {device} ({why})", cfg.model.as_str());
+        let precision = cfg
+            .amp
+            .map_or(String::new(), |a| format!(", autocast {}", a.as_str()));
+        eprintln!(
+            "training {} on {device}{precision} ({why})",
+            cfg.model.as_str()
+        );
     }
     let summary = match ember::train::train(&cfg, &mut bar) {
         Ok(s) => s,
@@ -191,6 +201,7 @@ fn main() -> ExitCode {
             num_workers,
             save,
             resume,
+            amp,
             json,
         } => {
             let cfg = TrainConfig {
@@ -203,6 +214,7 @@ fn main() -> ExitCode {
                 num_workers,
                 save,
                 resume,
+                amp,
                 ..TrainConfig::default()
             };
             return train(cfg, json);

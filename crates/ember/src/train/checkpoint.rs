@@ -5,7 +5,9 @@
 //! under `model.`, the optimizer's under `optimizer.`, and metadata — `format`
 //! ([`FORMAT`]), `epoch`, `model`, `seed` (of the train/validation split and the data
 //! order), `val_fraction` (of the split), the random generators' states (`rng.cpu`,
-//! `rng.cuda:0`, ...) and the CRC-32 of the data (`ember.crc32`, Note [Checkpoint checksum]
+//! `rng.cuda:0`, ...), `amp` (`bf16`, `f16`; absent for f32 training) with the
+//! `GradScaler`'s state under `scaler.` (`scaler.scale`, `scaler._growth_tracker`, ...: its
+//! `state_dict` keys, present for f16), and the CRC-32 of the data (`ember.crc32`, Note [Checkpoint checksum]
 //! in `ember-tensor`). [`read_checkpoint`] refuses a file without the checksum (every
 //! file of this format has one) and a file whose metadata does not parse;
 //! [`Checkpoint::restore`] loads the state into a fresh model and optimizer, whose
@@ -16,14 +18,16 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use ember_amp::{GradScaler, ScalerState};
 use ember_autograd::ErrorKind;
 use ember_device::{Device, cuda};
 use ember_nn::layers::Sequential;
 use ember_nn::optim::{Adam, AdamOptions, Optimizer};
 use ember_nn::{Error, Module, StateDict};
+use ember_tensor::Scalar;
 use ember_tensor::random::{GeneratorState, default_generator};
 
-use super::{ModelKind, build_model};
+use super::{AmpDtype, ModelKind, build_model};
 
 /// The `format` metadata of the checkpoints this version writes and reads.
 pub const FORMAT: &str = "ember-train-checkpoint-v2";
@@ -39,10 +43,13 @@ pub struct Checkpoint {
     pub seed: u64,
     /// The share of the digits held out for validation.
     pub val_fraction: f64,
+    /// The autocast dtype it was trained in (`None`: f32).
+    pub amp: Option<AmpDtype>,
     /// The file's metadata, as written.
     pub metadata: BTreeMap<String, String>,
     model_state: StateDict,
     optimizer_state: StateDict,
+    scaler_state: ScalerState,
     rng: Vec<(Device, GeneratorState)>,
 }
 
@@ -104,6 +111,34 @@ pub fn read_checkpoint(path: &Path) -> Result<Checkpoint, Error> {
         .ok()
         .filter(|f: &f64| (0.0..=1.0).contains(f))
         .ok_or_else(|| parse_err("val_fraction", v))?;
+    let amp = match meta.get("amp").map(String::as_str) {
+        None => None,
+        Some("bf16") => Some(AmpDtype::Bf16),
+        Some("f16") => Some(AmpDtype::F16),
+        Some(other) => return Err(parse_err("amp", other)),
+    };
+    let mut scaler_state = ScalerState::new();
+    for (k, v) in &meta {
+        if let Some(key) = k.strip_prefix("scaler.") {
+            // Integers stay integers (growth_interval, _growth_tracker); the scaler's
+            // load_state_dict checks keys, types and ranges.
+            let value = match v.parse::<i64>() {
+                Ok(i) => Scalar::Int(i),
+                Err(_) => Scalar::Float(v.parse().map_err(|_| parse_err(k, v))?),
+            };
+            scaler_state.insert(key.to_string(), value);
+        }
+    }
+    if (amp == Some(AmpDtype::F16)) == scaler_state.is_empty() {
+        return Err(bad(
+            path,
+            format!(
+                "its metadata has amp {:?} and {} scaler.* keys: an f16 checkpoint holds the GradScaler's state, others none",
+                amp.map(AmpDtype::as_str),
+                scaler_state.len()
+            ),
+        ));
+    }
     let mut rng = Vec::new();
     for device in rng_devices() {
         let Some(s) = meta.get(&format!("rng.{device}")) else {
@@ -135,19 +170,30 @@ pub fn read_checkpoint(path: &Path) -> Result<Checkpoint, Error> {
         model,
         seed,
         val_fraction,
+        amp,
         metadata: meta,
         model_state,
         optimizer_state,
+        scaler_state,
         rng,
     })
 }
 
 impl Checkpoint {
-    /// Loads the state into `model` and `opt` (both checked by their `load_state_dict`) and
-    /// restores the random generators.
-    pub fn apply(&self, model: &dyn Module, opt: &mut dyn Optimizer) -> Result<(), Error> {
+    /// Loads the state into `model`, `opt` and `scaler` (each checked by its
+    /// `load_state_dict`; a disabled scaler takes nothing) and restores the random
+    /// generators.
+    pub fn apply(
+        &self,
+        model: &dyn Module,
+        opt: &mut dyn Optimizer,
+        scaler: &mut GradScaler,
+    ) -> Result<(), Error> {
         model.load_state_dict(&self.model_state)?;
         opt.load_state_dict(&self.optimizer_state)?;
+        if scaler.is_enabled() {
+            scaler.load_state_dict(&self.scaler_state)?;
+        }
         for (device, state) in &self.rng {
             default_generator(*device).set_state(state);
         }
@@ -165,14 +211,14 @@ impl Checkpoint {
     }
 }
 
-/// Writes a checkpoint of `model` and `opt` after `epoch` epochs (Note [Train checkpoint]).
+/// Writes a checkpoint of the model, the optimizer and the scaler of an `amp` run after
+/// `epoch` epochs (Note [Train checkpoint]).
 pub(super) fn save_checkpoint(
     path: &Path,
     kind: ModelKind,
     split: (u64, f64),
     epoch: usize,
-    model: &dyn Module,
-    opt: &dyn Optimizer,
+    (model, opt, amp, scaler): (&dyn Module, &dyn Optimizer, Option<AmpDtype>, &GradScaler),
 ) -> Result<(), Error> {
     let mut tensors = StateDict::new();
     for (k, v) in model.state_dict() {
@@ -187,6 +233,18 @@ pub(super) fn save_checkpoint(
     meta.insert("model".to_string(), kind.as_str().to_string());
     meta.insert("seed".to_string(), split.0.to_string());
     meta.insert("val_fraction".to_string(), split.1.to_string());
+    if let Some(a) = amp {
+        meta.insert("amp".to_string(), a.as_str().to_string());
+    }
+    for (k, v) in scaler.state_dict()? {
+        let v = match v {
+            Scalar::Int(i) => i.to_string(),
+            // `{}` of an f64 reads back exactly.
+            Scalar::Float(f) => f.to_string(),
+            Scalar::Bool(b) => b.to_string(),
+        };
+        meta.insert(format!("scaler.{k}"), v);
+    }
     for device in rng_devices() {
         let st = default_generator(device).get_state();
         meta.insert(

@@ -486,9 +486,9 @@ fn checkpoint_recomputes_under_autocast(device: &Device) -> Result<()> {
             let y = {
                 let _g = autocast(*device, lower)?;
                 if checkpointed {
-                    checkpoint(block.clone(), &[x.clone()])?
+                    checkpoint(block.clone(), std::slice::from_ref(&x))?
                 } else {
-                    block(&[x.clone()])?
+                    block(std::slice::from_ref(&x))?
                 }
             };
             assert_eq!(y.dtype(), lower, "checkpointed: {checkpointed}");

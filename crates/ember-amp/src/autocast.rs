@@ -37,7 +37,10 @@
 //! recorded `to_dtype`, so every use sends its gradient back through the one cast to the
 //! leaf in f32. A cached copy is remade when the leaf was written in place since (its
 //! version moved). The cache is dropped when the outermost region of the thread ends, and
-//! [`autocast_cache_len`] makes it observable.
+//! [`autocast_cache_len`] makes it observable. Casts are cached only inside a region of the
+//! thread: a policy reinstalled outside every region (a checkpointed block recomputed during
+//! a backward that runs after the region ended, Note [Checkpoint] in `ember-autograd`)
+//! casts afresh, since no region end would drop what it cached.
 
 use std::cell::{Cell, RefCell};
 use std::sync::Arc;
@@ -373,7 +376,8 @@ impl AutocastPolicy for Policy {
             && t.requires_grad()
             && t.is_leaf()
             && !t.is_view()
-            && is_grad_enabled();
+            && is_grad_enabled()
+            && state().depth > 0;
         if !cacheable {
             return t.to_dtype(dtype);
         }

@@ -1,6 +1,7 @@
 //! Autocast on every device: the policy table walked op by op, gradients reaching leaves in
 //! their own dtype, the cast cache, nesting and `enabled = false`, per-device-type
-//! isolation, constructors, and bad dtypes.
+//! isolation, constructors, bad dtypes, and checkpointed blocks recomputed under the
+//! forward's autocast.
 
 use ember_amp::autocast::{
     AutocastOptions, autocast, autocast_cache_len, autocast_with, get_autocast_dtype,
@@ -8,7 +9,7 @@ use ember_amp::autocast::{
 };
 use ember_amp::policy::{FP32_OPS, LOWER_PRECISION_OPS, PROMOTE_OPS};
 use ember_autograd::{
-    CrossEntropyOptions, ErrorKind, NllLossOptions, Reduction, Result, Tensor, no_grad,
+    CrossEntropyOptions, ErrorKind, NllLossOptions, Reduction, Result, Tensor, checkpoint, no_grad,
 };
 use ember_nn::functional as F;
 use ember_tensor::{Conv2dOptions, DType, Device};
@@ -465,3 +466,52 @@ fn cuda_index_is_ignored(device: &Device) -> Result<()> {
     Ok(())
 }
 test_device!(cuda_index_is_ignored, cuda_index_is_ignored, [cuda1]);
+
+/// A block checkpointed inside a region is recomputed under the region's autocast during a
+/// backward that runs after the region ended (Note [Checkpoint] in `ember-autograd`): the
+/// gradients equal those of the same block without checkpointing, bit for bit, and the
+/// recomputation leaves nothing in the cast cache.
+fn checkpoint_recomputes_under_autocast(device: &Device) -> Result<()> {
+    let x = rand(&[8, 16], 81, device)?.requires_grad_(true)?;
+    let w1 = rand(&[16, 16], 82, device)?.requires_grad_(true)?;
+    let w2 = rand(&[16, 4], 83, device)?.requires_grad_(true)?;
+    let (v1, v2) = (w1.clone(), w2.clone());
+    let block = move |xs: &[Tensor]| xs[0].matmul(&v1)?.relu()?.matmul(&v2);
+    for lower in LOWER {
+        let mut runs = Vec::new();
+        for checkpointed in [false, true] {
+            for t in [&x, &w1, &w2] {
+                t.set_grad(None)?;
+            }
+            let y = {
+                let _g = autocast(*device, lower)?;
+                if checkpointed {
+                    checkpoint(block.clone(), std::slice::from_ref(&x))?
+                } else {
+                    block(std::slice::from_ref(&x))?
+                }
+            };
+            assert_eq!(y.dtype(), lower, "checkpointed: {checkpointed}");
+            // The backward runs outside the region, as in a training loop.
+            y.to_dtype(DType::F32)?.square()?.sum_all()?.backward()?;
+            assert_eq!(autocast_cache_len(), 0, "the recomputation caches nothing");
+            let grads = [&x, &w1, &w2]
+                .iter()
+                .map(|t| {
+                    let g = t
+                        .grad()
+                        .ok_or_else(|| ember_autograd::Error::invalid("test", "no grad"))?;
+                    assert_eq!(g.dtype(), DType::F32, "f32 leaves get f32 gradients");
+                    g.to_vec::<f32>()
+                })
+                .collect::<Result<Vec<_>>>()?;
+            runs.push(grads);
+        }
+        assert_eq!(runs[0], runs[1], "checkpointed under autocast({lower})");
+    }
+    Ok(())
+}
+test_device!(
+    checkpoint_recomputes_under_autocast,
+    checkpoint_recomputes_under_autocast
+);

@@ -9,7 +9,11 @@
 //! fresh graph (a nested run of the engine, which also accumulates into the parameters the
 //! function captured, as PyTorch's reentrant checkpoint does), puts the random state back,
 //! and returns the inputs' gradients. Gradients equal those without checkpointing, and peak memory during
-//! the forward drops by the activations the function would have saved.
+//! the forward drops by the activations the function would have saved. The recomputation
+//! also runs under the autocast policy the forward ran under (Note [Autocast hook]), as
+//! PyTorch's checkpoint re-enters the forward's autocast state: a block checkpointed inside
+//! an autocast region is recomputed in the same dtypes during a backward that runs outside
+//! it, so its output and its gradients match the forward's.
 
 use std::sync::Arc;
 
@@ -18,7 +22,7 @@ use ember_tensor::random::{GeneratorState, default_generator};
 
 use crate::error::{AutogradError, Result};
 use crate::graph::{BackwardFn, Saved, needs_grad, record};
-use crate::mode::{enable_grad, no_grad};
+use crate::mode::{current_policy, enable_grad, no_grad, set_autocast_policy};
 use crate::tensor::Tensor;
 
 /// The states of the default generators of `devices`.
@@ -65,6 +69,8 @@ where
         }
     }
     let states = rng_states(&devices);
+    // The forward's autocast state, for the recomputation (Note [Checkpoint]).
+    let autocast = current_policy();
     let out = {
         let _g = no_grad();
         f(inputs)?
@@ -89,6 +95,7 @@ where
         set_rng_states(&states);
         let rerun = {
             let _g = enable_grad();
+            let _ac = set_autocast_policy(autocast.clone());
             f(&detached)
         };
         set_rng_states(&now);

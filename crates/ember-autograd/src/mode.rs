@@ -166,8 +166,9 @@ impl Drop for AutocastGuard {
 }
 
 /// The policy installed on this thread, if any (one thread-local read when none is).
+/// `checkpoint` keeps it to recompute under the forward's autocast state.
 #[inline]
-fn current_policy() -> Option<Arc<dyn AutocastPolicy>> {
+pub(crate) fn current_policy() -> Option<Arc<dyn AutocastPolicy>> {
     if !AUTOCAST.with(Cell::get) {
         return None;
     }

@@ -2,15 +2,21 @@
 //! discovery and properties, creating tensors on a device and moving them with `to`, `cpu()`,
 //! pinned memory with non-blocking copies, the allocator's statistics (`memory_allocated`, its
 //! peak, `memory_reserved`, `memory_summary`), freeing memory (`drop` is `del`, then
-//! `empty_cache`), `no_grad` inference, and gradient checkpointing of a model's blocks, with
-//! the peak memory it saves.
+//! `empty_cache`), `no_grad` inference, gradient checkpointing of a model's blocks, with
+//! the peak memory it saves, and automatic mixed precision ([`run_amp`]): the AMP training
+//! loop with `autocast()` and a `GradScaler` (f16 with the scaler on CUDA, bf16 with the
+//! scaler disabled on the CPU, as PyTorch recommends), on the model with and without
+//! checkpointing, which must train alike.
 //!
 //! `cargo run --example gpu_computing_chapter`
 
 use std::sync::Arc;
 
-use ember::nn::{Linear, Module, ReLU, Sequential, checkpoint};
-use ember::{Device, Error, Tensor, cuda, memory, no_grad};
+use ember::amp::{AutocastOptions, GradScaler, GradScalerOptions};
+use ember::data::{DataLoader, Dataset, TensorDataset};
+use ember::nn::{CrossEntropyLoss, Linear, Loss, Module, ReLU, Sequential, checkpoint};
+use ember::optim::{Adam, AdamOptions, Optimizer};
+use ember::{DType, Device, Error, Tensor, amp, cuda, memory, no_grad};
 
 fn ensure(ok: bool, what: &str) -> Result<(), Error> {
     if ok {
@@ -215,7 +221,153 @@ pub fn run(device: Device, second: Device) -> Result<(), Error> {
     Ok(())
 }
 
+/// One AMP training run ([`amp_train`]).
+#[derive(Debug)]
+pub struct AmpRun {
+    /// The mean loss of each epoch.
+    pub epoch_losses: Vec<f64>,
+    /// The dtype of the model's output under `autocast()` (f16 on CUDA, bf16 on the CPU).
+    pub output_dtype: DType,
+    /// The dtype of the loss (f32: cross-entropy runs in f32 under autocast).
+    pub loss_dtype: DType,
+    /// The dtypes of the parameters' gradients after the scaled backward (f32).
+    pub grad_dtypes: Vec<DType>,
+    /// Whether the scaler was enabled (on CUDA only).
+    pub scaler_enabled: bool,
+    /// The optimizer steps, those the scaler skipped, and the scale after the last update.
+    pub steps: usize,
+    /// See `steps`.
+    pub skipped: usize,
+    /// See `steps`.
+    pub scale: f64,
+    /// The parameters after training.
+    pub weights: Vec<Vec<f32>>,
+}
+
+/// The chapter's AMP loop: `scaler = GradScaler()`, Adam, and for each batch the forward
+/// and the loss under `autocast()` (the device's default dtype), `scaler.scale(loss)
+/// .backward()`, `scaler.step(optimizer)`, `scaler.update()`.
+pub fn amp_train(
+    model: &LargeModel,
+    train_loader: &DataLoader,
+    device: Device,
+    num_epochs: u64,
+) -> Result<AmpRun, Error> {
+    // Initialize the gradient scaler: f16 on CUDA needs it; on the CPU autocast computes in
+    // bf16 (f32's range) and the scaler is disabled, as `torch.cuda.amp.GradScaler` disables
+    // itself without CUDA.
+    let mut scaler = GradScaler::with_options(
+        device,
+        GradScalerOptions {
+            enabled: device.is_cuda(),
+            ..Default::default()
+        },
+    )?;
+    model.to(device)?;
+    let mut optimizer = Adam::new(
+        model.parameters(),
+        AdamOptions {
+            lr: 0.01,
+            ..Default::default()
+        },
+    )?;
+    let criterion = CrossEntropyLoss::new();
+    let mut run = AmpRun {
+        epoch_losses: Vec::new(),
+        output_dtype: DType::F32,
+        loss_dtype: DType::F32,
+        grad_dtypes: Vec::new(),
+        scaler_enabled: scaler.is_enabled(),
+        steps: 0,
+        skipped: 0,
+        scale: 0.0,
+        weights: Vec::new(),
+    };
+    for epoch in 0..num_epochs {
+        let mut total = 0.0;
+        for batch in train_loader.epoch(epoch)? {
+            let batch = batch?;
+            let inputs = batch[0].to(device)?; // inputs.cuda()
+            let targets = batch[1].to(device)?;
+            optimizer.zero_grad(true)?;
+            // Forward pass with automatic casting to FP16.
+            let (outputs, loss) = {
+                let _ac = amp::autocast_with(AutocastOptions::new(device))?;
+                let outputs = model.call(&inputs)?;
+                let loss = criterion.forward(&outputs, &targets)?;
+                (outputs, loss)
+            };
+            // Backward pass with scaled gradients.
+            scaler.scale(&loss)?.backward()?;
+            run.output_dtype = outputs.dtype();
+            run.loss_dtype = loss.dtype();
+            run.grad_dtypes = model
+                .parameters()
+                .iter()
+                .filter_map(|p| p.grad().map(|g| g.dtype()))
+                .collect();
+            // Unscale and update.
+            run.steps += 1;
+            run.skipped += usize::from(!scaler.step(&mut optimizer)?);
+            scaler.update()?;
+            total += loss.item::<f32>()? as f64;
+        }
+        run.epoch_losses.push(total / train_loader.len() as f64);
+    }
+    run.scale = scaler.get_scale()?;
+    run.weights = model
+        .parameters()
+        .iter()
+        .map(|p| p.to_vec::<f32>())
+        .collect::<Result<_, _>>()?;
+    Ok(run)
+}
+
+/// Mixed precision on `device`: the AMP loop for `epochs` epochs on a learnable task (the
+/// labels are the arg-max of a fixed linear map of the inputs), on the chapter's model
+/// without and with gradient checkpointing. Returns both runs.
+pub fn run_amp(device: Device, epochs: u64) -> Result<(AmpRun, AmpRun), Error> {
+    let width = 32;
+    let inputs = Tensor::randn([256, width], ())?;
+    let labels = inputs.mm(&Tensor::randn([width, width], ())?)?.argmax(1)?;
+    let dataset: Arc<dyn Dataset> = Arc::new(TensorDataset::new(vec![inputs, labels])?);
+    let train_loader = DataLoader::new(dataset).batch_size(32).shuffle(true);
+    let seed = ember::tensor::random::initial_seed();
+    ember::tensor::random::manual_seed(seed);
+    let plain = amp_train(
+        &LargeModel::new(width, 1, false)?,
+        &train_loader,
+        device,
+        epochs,
+    )?;
+    ember::tensor::random::manual_seed(seed);
+    let ckpt = amp_train(
+        &LargeModel::new(width, 1, true)?,
+        &train_loader,
+        device,
+        epochs,
+    )?;
+    println!("AMP epoch losses: {:.4?}", plain.epoch_losses);
+    println!("  checkpointed:   {:.4?}", ckpt.epoch_losses);
+    let (first, last) = (plain.epoch_losses.first(), plain.epoch_losses.last());
+    if let (Some(first), Some(last)) = (first, last) {
+        ensure(last < first, "AMP training lowers the loss")?;
+    }
+    ensure(
+        plain.grad_dtypes.iter().all(|&d| d == DType::F32),
+        "f32 master weights get f32 gradients",
+    )?;
+    ensure(
+        plain.weights == ckpt.weights,
+        "checkpointing under autocast trains exactly as without it",
+    )?;
+    Ok((plain, ckpt))
+}
+
 #[allow(dead_code)]
 fn main() -> Result<(), Error> {
-    run(ember::try_gpu(0), ember::try_gpu(1))
+    let device = ember::try_gpu(0);
+    run(device, ember::try_gpu(1))?;
+    run_amp(device, 5)?;
+    Ok(())
 }

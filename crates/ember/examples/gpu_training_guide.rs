@@ -1,15 +1,18 @@
 //! The PyTorch walk-through "GPU Training with PyTorch on CUDA" (docs/walkthroughs.md),
 //! replayed in Rust: CUDA availability and properties, moving a model and its data, monitoring
 //! memory around a forward pass and `empty_cache`, and gradient accumulation over
-//! micro-batches. (Mixed precision and `DataParallel` come with the AMP and parallel crates.)
-//! The layer sizes are a tenth of the text's so that the CI runs it on the emulated GPU in
-//! seconds.
+//! micro-batches; and mixed precision with a `GradScaler` ([`run_amp`]): one step with
+//! `unscale_` and the gradient clipping it is there for, then the full AMP loop (f16 and the
+//! scaler on CUDA; bf16 with the scaler disabled on the CPU, as PyTorch recommends).
+//! (`DataParallel` comes with the parallel crate.) The layer sizes are a tenth of the text's
+//! so that the CI runs it on the emulated GPU in seconds.
 //!
 //! `cargo run --example gpu_training_guide`
 
+use ember::amp::{AutocastOptions, GradScaler, GradScalerOptions};
 use ember::nn::{CrossEntropyLoss, Linear, Loss, Module, ReLU, Sequential};
-use ember::optim::{Adam, AdamOptions, Optimizer};
-use ember::{Device, Error, Tensor, cuda, memory};
+use ember::optim::{Adam, AdamOptions, Optimizer, clip_grad_norm_, get_total_norm};
+use ember::{DType, Device, Error, Tensor, amp, cuda, memory};
 
 fn ensure(ok: bool, what: &str) -> Result<(), Error> {
     if ok {
@@ -159,7 +162,168 @@ pub fn run(device: Device) -> Result<(), Error> {
     Ok(())
 }
 
+/// What the guide's mixed-precision section saw ([`run_amp`]), for the tests.
+#[derive(Debug)]
+pub struct AmpReport {
+    /// The dtype `autocast()` computed the model's output in (f16 on CUDA, bf16 on the CPU).
+    pub output_dtype: DType,
+    /// The dtype of the loss (f32: `CrossEntropyLoss` runs in f32 under autocast).
+    pub loss_dtype: DType,
+    /// Whether the scaler was enabled (on CUDA only).
+    pub scaler_enabled: bool,
+    /// The total gradient norm after the scaled backward, and after `unscale_`.
+    pub scaled_norm: f64,
+    /// See `scaled_norm`.
+    pub true_norm: f64,
+    /// The scale of the first step (65536 on CUDA, 1 when disabled).
+    pub first_scale: f64,
+    /// `clip_grad_norm_`'s bound, what it returned (the norm before clipping) and the total
+    /// norm after it.
+    pub max_norm: f64,
+    /// See `max_norm`.
+    pub clip_returned: f64,
+    /// See `max_norm`.
+    pub clipped_norm: f64,
+    /// The dtypes of the gradients in the loop (f32: the master weights' own).
+    pub grad_dtypes: Vec<DType>,
+    /// The mean loss of each epoch of the loop.
+    pub epoch_losses: Vec<f64>,
+    /// The scaler's steps in all (the single step and the loop's), and those it skipped.
+    pub steps: usize,
+    /// See `steps`.
+    pub skipped: usize,
+    /// The scale and the growth tracker after the last `update`.
+    pub scale: f64,
+    /// See `scale`.
+    pub growth_tracker: i64,
+}
+
+/// `GradScaler()` on `device`: enabled on CUDA (f16), disabled on the CPU (bf16 needs no
+/// scaling; `torch.cuda.amp.GradScaler` disables itself without CUDA).
+fn grad_scaler(device: Device) -> Result<GradScaler, Error> {
+    GradScaler::with_options(
+        device,
+        GradScalerOptions {
+            enabled: device.is_cuda(),
+            ..Default::default()
+        },
+    )
+}
+
+/// The total 2-norm of the gradients of `params`.
+fn grad_norm(params: &[Tensor]) -> Result<f64, Error> {
+    let grads: Vec<Tensor> = params.iter().filter_map(Tensor::grad).collect();
+    Ok(get_total_norm(&grads, 2.0, false)?.item::<f32>()? as f64)
+}
+
+/// The guide's mixed precision with a `GradScaler` on `device` (`torch.cuda.amp.autocast()`
+/// is an autocast region in the device's default dtype: f16 on CUDA, bf16 on the CPU), with
+/// `batches` mini-batches in each of the loop's three epochs.
+pub fn run_amp(device: Device, batches: usize) -> Result<AmpReport, Error> {
+    // Model and optimizer.
+    let model = Sequential::new()
+        .add(Linear::new(100, 51, ())?)
+        .add(ReLU::new())
+        .add(Linear::new(51, 10, ())?);
+    model.to(device)?;
+    let mut optimizer = Adam::new(
+        model.parameters(),
+        AdamOptions {
+            lr: 0.001,
+            ..Default::default()
+        },
+    )?;
+    let criterion = CrossEntropyLoss::new();
+    // GradScaler handles loss scaling for float16 stability.
+    let mut scaler = grad_scaler(device)?;
+    let first_scale = scaler.get_scale()?;
+    // Synthetic data.
+    let x = Tensor::randn([64, 100], ())?.to(device)?;
+    let y = Tensor::randint(0, 10, [64], ())?.to(device)?;
+    // Training step with mixed precision.
+    let (output, loss) = {
+        let _ac = amp::autocast_with(AutocastOptions::new(device))?; // float16 forward
+        let output = model.call(&x)?;
+        let loss = criterion.forward(&output, &y)?;
+        (output, loss)
+    };
+    // Scale loss and backward (float32).
+    optimizer.zero_grad(true)?;
+    scaler.scale(&loss)?.backward()?;
+    let params = model.parameters();
+    let scaled_norm = grad_norm(&params)?;
+    // Unscale, then clip the true gradients (what unscale_ is for), then step.
+    scaler.unscale_(&mut optimizer)?;
+    let true_norm = grad_norm(&params)?;
+    let max_norm = 0.25;
+    let clip_returned = clip_grad_norm_(&params, max_norm, 2.0)?.item::<f32>()? as f64;
+    let clipped_norm = grad_norm(&params)?;
+    println!(
+        "gradient norm: {scaled_norm:.4e} scaled, {true_norm:.4} unscaled, {clipped_norm:.4} clipped to {max_norm}"
+    );
+    ensure(
+        clipped_norm <= max_norm * (1.0 + 1e-4),
+        "clipping bounds the norm",
+    )?;
+    let mut steps = 1;
+    let mut skipped = usize::from(!scaler.step(&mut optimizer)?);
+    scaler.update()?;
+    println!("Loss (mixed precision): {:.4}", loss.item::<f32>()?);
+
+    // Usage in a full training loop.
+    let num_epochs = 3;
+    let mut epoch_losses = Vec::new();
+    let mut grad_dtypes = Vec::new();
+    for epoch in 0..num_epochs {
+        model.train(true);
+        let mut epoch_loss = 0.0;
+        for _ in 0..batches {
+            let x_batch = Tensor::randn([64, 100], ())?.to(device)?;
+            let y_batch = Tensor::randint(0, 10, [64], ())?.to(device)?;
+            // Mixed precision forward.
+            let loss = {
+                let _ac = amp::autocast_with(AutocastOptions::new(device))?;
+                criterion.forward(&model.call(&x_batch)?, &y_batch)?
+            };
+            optimizer.zero_grad(true)?;
+            scaler.scale(&loss)?.backward()?;
+            grad_dtypes = params
+                .iter()
+                .filter_map(|p| p.grad().map(|g| g.dtype()))
+                .collect();
+            steps += 1;
+            skipped += usize::from(!scaler.step(&mut optimizer)?);
+            scaler.update()?;
+            epoch_loss += loss.item::<f32>()? as f64;
+        }
+        let mean = epoch_loss / batches as f64;
+        println!("Epoch {}: Loss = {mean:.4}", epoch + 1);
+        ensure(mean.is_finite(), "finite loss")?;
+        epoch_losses.push(mean);
+    }
+    Ok(AmpReport {
+        output_dtype: output.dtype(),
+        loss_dtype: loss.dtype(),
+        scaler_enabled: scaler.is_enabled(),
+        scaled_norm,
+        true_norm,
+        first_scale,
+        max_norm,
+        clip_returned,
+        clipped_norm,
+        grad_dtypes,
+        epoch_losses,
+        steps,
+        skipped,
+        scale: scaler.get_scale()?,
+        growth_tracker: scaler.get_growth_tracker()?,
+    })
+}
+
 #[allow(dead_code)]
 fn main() -> Result<(), Error> {
-    run(Device::cuda_if_available())
+    let device = Device::cuda_if_available();
+    run(device)?;
+    run_amp(device, 10)?;
+    Ok(())
 }

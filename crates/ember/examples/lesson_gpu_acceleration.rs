@@ -2,17 +2,24 @@
 //! replayed in Rust: moving tensors between devices, device-agnostic code, several GPUs with
 //! `set_device` and a device guard, a custom model (`MyModel`) moved with `to(device)`, and the
 //! complete training loop over a `DataLoader` with pinned memory, worker threads and
-//! non-blocking copies, then evaluation under `no_grad`. (Mixed precision comes with the AMP
-//! crate.)
+//! non-blocking copies, then evaluation under `no_grad`; and mixed precision ([`run_amp`]):
+//! the AMP training loop (`autocast()` with a `GradScaler`: f16 and a scaler on CUDA; bf16
+//! and the scaler disabled on the CPU, as PyTorch recommends), "How AMP works" (`mm` in
+//! f16/bf16, `cross_entropy` in f32, the scaled loss, the unscaled gradients, the scale after
+//! a clean step and after an overflow), the BF16 loop without a scaler, and
+//! `benchmark_precision` (time and peak memory of f32, f16 with AMP and bf16 inference).
 //!
 //! `cargo run --example lesson_gpu_acceleration`
 
 use std::sync::Arc;
+use std::time::Instant;
 
+use ember::amp::{AutocastGuard, AutocastOptions, GradScaler, GradScalerOptions};
 use ember::data::{DataLoader, Dataset, TensorDataset};
-use ember::nn::{CrossEntropyLoss, Linear, Loss, Module, ReLU};
-use ember::optim::{Adam, AdamOptions, Optimizer};
-use ember::{Device, Error, Tensor, cuda, no_grad};
+use ember::nn::{CrossEntropyLoss, Linear, Loss, Module, ReLU, functional as F};
+use ember::optim::{Adam, AdamOptions, Optimizer, SGD, SgdOptions};
+use ember::tensor::{MatmulPrecision, matmul_precision, set_float32_matmul_precision};
+use ember::{DType, Device, Error, Tensor, amp, cuda, memory, no_grad};
 
 fn ensure(ok: bool, what: &str) -> Result<(), Error> {
     if ok {
@@ -186,7 +193,384 @@ pub fn run(device: Device, second: Device) -> Result<(), Error> {
     Ok(())
 }
 
+/// The lesson's learnable task: 512 inputs of 100 features, labelled by the arg-max of a
+/// fixed linear map, in pinned batches of 32 from two workers.
+fn task_loader() -> Result<DataLoader, Error> {
+    let inputs = Tensor::randn([512, 100], ())?;
+    let teacher = Tensor::randn([100, 10], ())?;
+    let labels = inputs.mm(&teacher)?.argmax(1)?;
+    let dataset: Arc<dyn Dataset> = Arc::new(TensorDataset::new(vec![inputs, labels])?);
+    Ok(DataLoader::new(dataset)
+        .batch_size(32)
+        .shuffle(true)
+        .pin_memory(true)
+        .num_workers(2))
+}
+
+/// `torch.cuda.amp.autocast()`: an autocast region on `device`'s type in its default dtype
+/// (f16 on CUDA, bf16 on the CPU).
+pub fn autocast(device: Device) -> Result<AutocastGuard, Error> {
+    amp::autocast_with(AutocastOptions::new(device))
+}
+
+/// `GradScaler()` for a loop on `device`: enabled on CUDA, where autocast computes in f16;
+/// disabled (every call a pass-through) on the CPU, where autocast computes in bf16, which
+/// has f32's range and needs no scaling (as `torch.cuda.amp.GradScaler` disables itself
+/// without CUDA).
+pub fn grad_scaler(device: Device) -> Result<GradScaler, Error> {
+    GradScaler::with_options(
+        device,
+        GradScalerOptions {
+            enabled: device.is_cuda(),
+            ..Default::default()
+        },
+    )
+}
+
+/// What the lesson's mixed-precision sections saw ([`run_amp`]), for the tests.
+#[derive(Debug)]
+pub struct AmpReport {
+    /// The dtype `autocast()` took on the device (f16 on CUDA, bf16 on the CPU).
+    pub autocast_dtype: DType,
+    /// Whether the AMP loop's scaler was enabled (on CUDA only).
+    pub scaler_enabled: bool,
+    /// The mean loss of each epoch of the AMP loop.
+    pub amp_losses: Vec<f64>,
+    /// The dtype of the model's output inside `autocast()`.
+    pub output_dtype: DType,
+    /// The dtype of the loss (`CrossEntropyLoss` runs in f32 under autocast).
+    pub loss_dtype: DType,
+    /// The dtypes of the parameters' gradients after the scaled backward.
+    pub grad_dtypes: Vec<DType>,
+    /// The optimizer steps the AMP loop took and the ones the scaler skipped (inf/NaN).
+    pub steps: usize,
+    /// See `steps`.
+    pub skipped: usize,
+    /// The loop's scale after its last `update` (1 when the scaler is disabled).
+    pub scale: f64,
+    /// "How AMP works": the dtype of `torch.mm` under autocast.
+    pub mm_dtype: DType,
+    /// "How AMP works": the dtype of `F.cross_entropy` under autocast.
+    pub cross_entropy_dtype: DType,
+    /// The scaled loss over the loss (the scale, 65536).
+    pub loss_scale: f64,
+    /// Whether `unscale_` left exactly the scaled gradients over the scale.
+    pub unscaled_exactly: bool,
+    /// The largest difference between the unscaled AMP gradients and the f32 ones, relative
+    /// to the largest f32 gradient.
+    pub grad_rel_error: f64,
+    /// The scale after a clean step (kept, growth comes after 2000), and after an
+    /// overflowing one (halved).
+    pub scale_after_clean: f64,
+    /// See `scale_after_clean`.
+    pub scale_after_overflow: f64,
+    /// Whether the scaler stepped on the overflow (it must not).
+    pub stepped_on_overflow: bool,
+    /// The mean loss of each epoch of the BF16 loop (no scaler).
+    pub bf16_losses: Vec<f64>,
+    /// The dtype of the model's output in the BF16 loop.
+    pub bf16_output_dtype: DType,
+    /// `benchmark_precision`'s rows: f32, f16 with AMP, bf16.
+    pub benchmark: Vec<PrecisionRun>,
+}
+
+/// One row of [`benchmark_precision`].
+#[derive(Debug, Clone)]
+pub struct PrecisionRun {
+    /// "FP32", "FP16" or "BF16".
+    pub name: &'static str,
+    /// Wall time of the iterations, with the device synchronised at the end.
+    pub seconds: f64,
+    /// Peak bytes allocated on the device above what was allocated before the loop.
+    pub peak_bytes: u64,
+}
+
+/// Runs `iterations` forward passes of `model` on `data` under `no_grad` (and autocast in
+/// `autocast_dtype` if given), timed to a synchronised device, with the peak memory above
+/// the start.
+fn time_inference(
+    model: &MyModel,
+    data: &Tensor,
+    iterations: usize,
+    autocast_dtype: Option<DType>,
+) -> Result<(f64, u64), Error> {
+    let device = data.device();
+    let base = memory::memory_allocated(device)?;
+    memory::reset_peak_memory_stats(device)?;
+    let start = Instant::now();
+    for _ in 0..iterations {
+        let _g = no_grad();
+        let _ac = match autocast_dtype {
+            Some(dt) => Some(amp::autocast(device, dt)?),
+            None => None,
+        };
+        model.call(data)?;
+    }
+    if let Device::Cuda(i) = device {
+        cuda::synchronize(Some(i))?;
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    let peak = memory::max_memory_allocated(device)?.saturating_sub(base);
+    Ok((seconds, peak))
+}
+
+/// The lesson's `benchmark_precision`: the same inference in FP32 (the baseline), in FP16
+/// with AMP (`model.half()`, `data.half()`, under autocast in f16) and in BF16
+/// (`model.bfloat16()`), printing the time and speedup of each and its peak memory. Casts the
+/// model in place, as `model.half()` does: it ends in bf16. (The FP16 row runs under
+/// autocast in f16 on every device: on the CPU, `autocast()` alone would mean bf16.)
+pub fn benchmark_precision(
+    model: &MyModel,
+    data: &Tensor,
+    iterations: usize,
+) -> Result<Vec<PrecisionRun>, Error> {
+    let mut runs = Vec::new();
+    for (name, dtype, autocast_dtype) in [
+        ("FP32", DType::F32, None),
+        ("FP16", DType::F16, Some(DType::F16)),
+        ("BF16", DType::Bf16, None),
+    ] {
+        model.to(dtype)?; // model.float() / model.half() / model.bfloat16()
+        let data = data.to_dtype(dtype)?;
+        let (seconds, peak_bytes) = time_inference(model, &data, iterations, autocast_dtype)?;
+        runs.push(PrecisionRun {
+            name,
+            seconds,
+            peak_bytes,
+        });
+    }
+    let base = runs[0].seconds;
+    for r in &runs {
+        let speed = if r.name == "FP32" {
+            "baseline".to_string()
+        } else {
+            format!("{:.2}x speedup", base / r.seconds)
+        };
+        println!(
+            "{}: {:.3}s ({speed}), peak memory {:.1} KiB",
+            r.name,
+            r.seconds,
+            r.peak_bytes as f64 / 1024.0
+        );
+    }
+    Ok(runs)
+}
+
+/// The mixed-precision sections of the lesson on `device`, with `epochs` epochs for each
+/// training loop and `iterations` for the benchmark.
+pub fn run_amp(device: Device, epochs: u64, iterations: usize) -> Result<AmpReport, Error> {
+    let train_loader = task_loader()?;
+    let criterion = CrossEntropyLoss::new();
+
+    // Automatic Mixed Precision: the training loop.
+    let mut scaler = grad_scaler(device)?; // scaler = GradScaler()
+    let model = MyModel::new()?;
+    model.to(device)?;
+    let mut optimizer = Adam::new(
+        model.parameters(),
+        AdamOptions {
+            lr: 0.01,
+            ..Default::default()
+        },
+    )?;
+    let (mut output_dtype, mut loss_dtype, mut grad_dtypes) = (DType::F32, DType::F32, vec![]);
+    let (mut steps, mut skipped) = (0, 0);
+    let mut autocast_dtype = DType::F32;
+    let mut amp_losses = Vec::new();
+    for epoch in 0..epochs {
+        let mut total = 0.0;
+        for (batch_idx, batch) in train_loader.epoch(epoch)?.enumerate() {
+            let batch = batch?;
+            let data = batch[0].to_non_blocking(device)?;
+            let target = batch[1].to_non_blocking(device)?;
+            optimizer.zero_grad(true)?;
+            // Forward pass with autocast.
+            let (output, loss) = {
+                let _ac = autocast(device)?;
+                autocast_dtype = amp::get_autocast_dtype(device);
+                let output = model.call(&data)?;
+                let loss = criterion.forward(&output, &target)?;
+                (output, loss)
+            };
+            // Backward pass with gradient scaling.
+            scaler.scale(&loss)?.backward()?;
+            if batch_idx == 0 && epoch == 0 {
+                output_dtype = output.dtype();
+                loss_dtype = loss.dtype();
+                grad_dtypes = model
+                    .parameters()
+                    .iter()
+                    .filter_map(|p| p.grad().map(|g| g.dtype()))
+                    .collect();
+            }
+            // Optimizer step with unscaling.
+            if !scaler.step(&mut optimizer)? {
+                skipped += 1;
+            }
+            scaler.update()?;
+            steps += 1;
+            let loss = loss.item::<f32>()? as f64;
+            if batch_idx % 100 == 0 {
+                println!("Loss: {loss:.4}");
+            }
+            total += loss;
+        }
+        amp_losses.push(total / train_loader.len() as f64);
+    }
+    println!("AMP epoch losses: {amp_losses:.4?}");
+    let first_last = (amp_losses.first(), amp_losses.last());
+    if let (Some(&first), Some(&last)) = first_last {
+        ensure(last < first, "AMP training lowers the loss")?;
+    }
+    ensure(
+        grad_dtypes.iter().all(|&d| d == DType::F32),
+        "f32 master weights get f32 gradients",
+    )?;
+
+    // How AMP works. 1. autocast() casts operations: mm in f16 (bf16 on the CPU),
+    // cross_entropy in f32.
+    let x = Tensor::randn([64, 100], device)?;
+    let y = Tensor::randn([100, 10], device)?.requires_grad_(true)?; // a weight
+    let target = Tensor::randint(0, 10, [64], device)?;
+    let (z, loss) = {
+        let _ac = autocast(device)?;
+        let z = x.mm(&y)?; // FP16 matrix multiplication
+        let loss = F::cross_entropy(&z, &target, ())?; // FP32 loss
+        (z, loss)
+    };
+    println!("mm: {}, cross_entropy: {}", z.dtype(), loss.dtype());
+    // 2. GradScaler prevents gradient underflow. Enabled here on every device, to show the
+    // mechanism (`torch.amp.GradScaler("cpu")` works too; bf16 just does not need it).
+    let mut demo = GradScaler::new(device);
+    let mut sgd = SGD::new(
+        vec![y.clone()],
+        SgdOptions {
+            lr: 0.1,
+            ..Default::default()
+        },
+    )?;
+    let scaled_loss = demo.scale(&loss)?; // loss * scale_factor, scale_factor = 65536
+    let loss_scale = scaled_loss.item::<f32>()? as f64 / loss.item::<f32>()? as f64;
+    scaled_loss.backward()?; // scaled gradients
+    let scaled: Vec<f32> = grad_of(&y)?;
+    demo.unscale_(&mut sgd)?; // unscaled_grads = grads / scale_factor
+    let unscaled: Vec<f32> = grad_of(&y)?;
+    let unscaled_exactly = scaled.iter().zip(&unscaled).all(|(s, u)| s / 65536.0 == *u);
+    // The same gradients in f32, without autocast.
+    let y32 = y.detach().requires_grad_(true)?;
+    F::cross_entropy(&x.mm(&y32)?, &target, ())?.backward()?;
+    let exact = grad_of(&y32)?;
+    let largest = exact.iter().fold(0f32, |m, g| m.max(g.abs())) as f64;
+    let grad_rel_error = unscaled
+        .iter()
+        .zip(&exact)
+        .fold(0f64, |m, (a, b)| m.max((a - b).abs() as f64))
+        / largest;
+    println!("unscaled AMP gradients within {grad_rel_error:.1e} of f32's (relative)");
+    demo.step(&mut sgd)?; // optimizer.step()
+    demo.update()?; // increase if no overflow (after 2000 clean steps), decrease if overflow
+    let scale_after_clean = demo.get_scale()?;
+    // An overflow: a loss so large that its scaled gradients are inf. The step is skipped
+    // and the scale halved.
+    sgd.zero_grad(true)?;
+    let before = y.to_vec::<f32>()?;
+    let huge = {
+        let _ac = autocast(device)?;
+        F::cross_entropy(&x.mm(&y)?, &target, ())?.mul(1e35)?
+    };
+    demo.scale(&huge)?.backward()?;
+    let stepped_on_overflow = demo.step(&mut sgd)?;
+    demo.update()?;
+    let scale_after_overflow = demo.get_scale()?;
+    ensure(
+        y.to_vec::<f32>()? == before,
+        "a skipped step leaves the weight",
+    )?;
+    println!(
+        "scale: {scale_after_clean} after a clean step, {scale_after_overflow} after an overflow"
+    );
+
+    // BFloat16: f32's range, so no gradient scaling.
+    let precision = matmul_precision();
+    set_float32_matmul_precision("medium")?;
+    let model = MyModel::new()?;
+    model.to(device)?;
+    let mut optimizer = Adam::new(
+        model.parameters(),
+        AdamOptions {
+            lr: 0.01,
+            ..Default::default()
+        },
+    )?;
+    let mut bf16_losses = Vec::new();
+    let mut bf16_output_dtype = DType::F32;
+    for epoch in 0..epochs {
+        let mut total = 0.0;
+        for batch in train_loader.epoch(epoch)? {
+            let batch = batch?;
+            let data = batch[0].to_non_blocking(device)?;
+            let target = batch[1].to_non_blocking(device)?;
+            optimizer.zero_grad(true)?;
+            let (output, loss) = {
+                let _ac = amp::autocast(device, DType::Bf16)?;
+                let output = model.call(&data)?;
+                let loss = criterion.forward(&output, &target)?;
+                (output, loss)
+            };
+            bf16_output_dtype = output.dtype();
+            loss.backward()?; // no scaler needed
+            optimizer.step()?;
+            total += loss.item::<f32>()? as f64;
+        }
+        bf16_losses.push(total / train_loader.len() as f64);
+    }
+    set_float32_matmul_precision(match precision {
+        MatmulPrecision::Highest => "highest",
+        MatmulPrecision::High => "high",
+        MatmulPrecision::Medium => "medium",
+    })?;
+    println!("BF16 epoch losses: {bf16_losses:.4?}");
+
+    // Comparing precision types (the text's data is 128 x 1000 for its wider MyModel; this
+    // one takes 100 features).
+    let model = MyModel::new()?;
+    model.to(device)?;
+    let data = Tensor::randn([128, 100], device)?;
+    let benchmark = benchmark_precision(&model, &data, iterations)?;
+
+    Ok(AmpReport {
+        autocast_dtype,
+        scaler_enabled: scaler.is_enabled(),
+        amp_losses,
+        output_dtype,
+        loss_dtype,
+        grad_dtypes,
+        steps,
+        skipped,
+        scale: scaler.get_scale()?,
+        mm_dtype: z.dtype(),
+        cross_entropy_dtype: loss.dtype(),
+        loss_scale,
+        unscaled_exactly,
+        grad_rel_error,
+        scale_after_clean,
+        scale_after_overflow,
+        stepped_on_overflow,
+        bf16_losses,
+        bf16_output_dtype,
+        benchmark,
+    })
+}
+
+/// The gradient of `t` as f32 values (empty without one).
+fn grad_of(t: &Tensor) -> Result<Vec<f32>, Error> {
+    t.grad().map_or(Ok(Vec::new()), |g| g.to_vec::<f32>())
+}
+
 #[allow(dead_code)]
 fn main() -> Result<(), Error> {
-    run(ember::try_gpu(0), ember::try_gpu(1))
+    let device = ember::try_gpu(0);
+    run(device, ember::try_gpu(1))?;
+    run_amp(device, 5, 100)?;
+    Ok(())
 }

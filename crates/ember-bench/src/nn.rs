@@ -54,14 +54,22 @@ fn sync(device: Device) -> Result<(), String> {
     }
 }
 
-/// Times `f` as the other cases do: one call to size the rounds, then the median of five.
-fn time(device: Device, mut f: impl FnMut() -> Result<(), String>) -> Result<f64, String> {
+/// Times `f` as the other cases do: one call to size the rounds, then the median of five
+/// (with `quick`, that one call's time: see `Options::quick`).
+fn time(
+    device: Device,
+    quick: bool,
+    mut f: impl FnMut() -> Result<(), String>,
+) -> Result<f64, String> {
     f()?;
     sync(device)?;
     let t = std::time::Instant::now();
     f()?;
     sync(device)?;
     let once = t.elapsed().as_secs_f64().max(1e-7);
+    if quick {
+        return Ok(once * 1e9);
+    }
     let iters = ((0.2 / once) as usize).clamp(1, 10_000);
     let mut failed = None;
     let ns = ns_per_iter(5, iters, || {
@@ -103,6 +111,7 @@ fn train_case(
     batch: usize,
     device: Device,
     amp: Option<DType>,
+    quick: bool,
 ) -> Result<Record, String> {
     let (model, x) = model_and_input(widths, batch, device)?;
     let mut opt = Adam::new(model.parameters(), AdamOptions::default()).map_err(err)?;
@@ -111,7 +120,7 @@ fn train_case(
     let loss_fn = CrossEntropyLoss::new();
     // f16 needs loss scaling (PyTorch's recipe); bf16 has f32's range and runs without.
     let mut scaler = (amp == Some(DType::F16)).then(|| GradScaler::new(device));
-    let ns = time(device, || {
+    let ns = time(device, quick, || {
         opt.zero_grad(true).map_err(err)?;
         let loss = {
             let _region = amp
@@ -146,6 +155,7 @@ fn forward_case(
     batch: usize,
     device: Device,
     amp: Option<DType>,
+    quick: bool,
 ) -> Result<Record, String> {
     let (model, x) = model_and_input(widths, batch, device)?;
     let _no_grad = ember_autograd::no_grad();
@@ -165,7 +175,7 @@ fn forward_case(
     forward()?;
     sync(device)?;
     let peak = ember_memory::max_memory_allocated(device).map_err(err)?;
-    let ns = time(device, forward)?;
+    let ns = time(device, quick, forward)?;
     let mut r = record(name, device, ns * 1e-6, "ms");
     r.extra.insert(
         "peak_memory_bytes".into(),
@@ -228,13 +238,16 @@ pub fn run(opts: &Options, out: &mut Vec<Record>) -> Result<(), String> {
                 }
                 let batch = if emulated { 4 } else { batch };
                 let mut r = if train {
-                    train_case(&name, widths, batch, device, amp)
+                    train_case(&name, widths, batch, device, amp, opts.quick)
                 } else {
-                    forward_case(&name, widths, batch, device, amp)
+                    forward_case(&name, widths, batch, device, amp, opts.quick)
                 }
                 .map_err(|e| format!("{name} on {device}: {e}"))?;
                 if let Some(dt) = amp {
                     r.extra.insert("autocast".into(), short(dt).into());
+                }
+                if opts.quick {
+                    r.extra.insert("quick".into(), true.into());
                 }
                 if emulated {
                     r.extra.insert("emulated".into(), true.into());

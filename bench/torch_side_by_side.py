@@ -81,6 +81,8 @@ class Case:
     scale: float = 1.0
     # Also measure the peak memory of one call (`peak_memory_bytes` in the record).
     peak_memory: bool = False
+    # The devices the case runs on (Ember's benchmark program has the same ones).
+    devices: tuple[str, ...] = ("cpu", "cuda")
 
 
 def _matmul(m: int, k: int, n: int, dtype: str = "float32", trans: str = "") -> Callable:
@@ -177,8 +179,21 @@ def _mlp(widths: tuple[int, ...]):
     return torch.nn.Sequential(*layers).to(DEVICE)
 
 
-def _train(widths: tuple[int, ...], batch: int) -> Callable:
-    """One Adam step of a `Linear-ReLU-Linear`, as Ember's `train_mlp_*`; the rate is samples/s."""
+def _autocast(amp: str | None):
+    """`torch.autocast(DEVICE, dtype=amp)`, or a region that does nothing for f32."""
+    import contextlib
+
+    import torch
+
+    if amp is None:
+        return contextlib.nullcontext()
+    return torch.autocast(DEVICE, dtype=getattr(torch, amp))
+
+
+def _train(widths: tuple[int, ...], batch: int, amp: str | None = None) -> Callable:
+    """One Adam step of a `Linear-ReLU-Linear`, as Ember's `train_mlp_*`; the rate is samples/s.
+    With `amp` ("bfloat16", "float16") the forward and loss run under autocast on the f32
+    master weights, as Ember's `train_mlp_*_bf16`/`_f16`; float16 steps through a GradScaler."""
 
     def setup():
         import torch
@@ -188,19 +203,28 @@ def _train(widths: tuple[int, ...], batch: int) -> Callable:
         x = torch.randn(batch, widths[0], device=DEVICE)
         y = torch.randint(0, widths[-1], (batch,), device=DEVICE)
         loss_fn = torch.nn.CrossEntropyLoss()
+        scaler = torch.amp.GradScaler(DEVICE) if amp == "float16" else None
 
         def step():
             opt.zero_grad(set_to_none=True)
-            loss_fn(model(x), y).backward()
-            opt.step()
+            with _autocast(amp):
+                loss = loss_fn(model(x), y)
+            if scaler is None:
+                loss.backward()
+                opt.step()
+            else:
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
 
         return step, float(batch)
 
     return setup
 
 
-def _forward(widths: tuple[int, ...], batch: int) -> Callable:
-    """A forward under `no_grad`, as Ember's `fwd_mlp_*` (time per call, and its peak memory)."""
+def _forward(widths: tuple[int, ...], batch: int, amp: str | None = None) -> Callable:
+    """A forward under `no_grad`, as Ember's `fwd_mlp_*` (time per call, and its peak memory),
+    under autocast when `amp` is given (`fwd_mlp_*_bf16`/`_f16`)."""
 
     def setup():
         import torch
@@ -209,7 +233,7 @@ def _forward(widths: tuple[int, ...], batch: int) -> Callable:
         x = torch.randn(batch, widths[0], device=DEVICE)
 
         def fwd():
-            with torch.no_grad():
+            with torch.no_grad(), _autocast(amp):
                 model(x)
 
         return fwd, 1.0
@@ -274,6 +298,21 @@ CASES: list[Case] = (
         Case("train_mlp_2000_1000_100_b128", "samples/s", True, _train((2000, 1000, 100), 128)),
         Case("fwd_mlp_10000_5000_2000_10_b256", "ms", False,
              _forward((10000, 5000, 2000, 10), 256), 1e3, peak_memory=True),
+    ]
+    # Under autocast: bf16 on the CPU and CUDA, f16 (with a GradScaler) on CUDA only, as
+    # Ember's benchmark program runs them.
+    + [
+        case
+        for amp, short, devices in [("bfloat16", "bf16", ("cpu", "cuda")), ("float16", "f16", ("cuda",))]
+        for case in [
+            Case(f"train_mlp_1000_512_10_b64_{short}", "samples/s", True,
+                 _train((1000, 512, 10), 64, amp), devices=devices),
+            Case(f"train_mlp_2000_1000_100_b128_{short}", "samples/s", True,
+                 _train((2000, 1000, 100), 128, amp), devices=devices),
+            Case(f"fwd_mlp_10000_5000_2000_10_b256_{short}", "ms", False,
+                 _forward((10000, 5000, 2000, 10), 256, amp), 1e3, peak_memory=True,
+                 devices=devices),
+        ]
     ]
 )
 
@@ -571,7 +610,7 @@ def main() -> None:
         log(f"PyTorch side skipped: {why}")
 
     worker = TorchWorker(args.threads, args.device) if why is None else None
-    selected = [c for c in CASES if args.filter in c.name]
+    selected = [c for c in CASES if args.filter in c.name and args.device in c.devices]
     ember_rounds: list[list[dict]] = []
     torch_rounds: list[list[dict]] = []
     for i in range(args.rounds):

@@ -18,6 +18,10 @@ pub struct Options {
     pub json: bool,
     pub filter: Option<String>,
     pub devices: DeviceSel,
+    /// `--quick`: the cases that honour it (`nn.rs`) time one call instead of rounds, and
+    /// their records say `"quick": true`: a smoke test that the paths run, not a
+    /// measurement.
+    pub quick: bool,
 }
 
 impl Options {
@@ -26,10 +30,12 @@ impl Options {
             json: false,
             filter: None,
             devices: DeviceSel::All,
+            quick: false,
         };
         while let Some(a) = args.next() {
             match a.as_str() {
                 "--json" => opts.json = true,
+                "--quick" => opts.quick = true,
                 "--filter" => {
                     opts.filter = Some(args.next().ok_or("--filter needs a value")?);
                 }
@@ -48,7 +54,7 @@ impl Options {
                 }
                 other => {
                     return Err(format!(
-                        "unknown argument {other:?}; expected --json, --filter S, --device cpu|cuda|all"
+                        "unknown argument {other:?}; expected --json, --quick, --filter S, --device cpu|cuda|all"
                     ));
                 }
             }

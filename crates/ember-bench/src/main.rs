@@ -1,4 +1,4 @@
-//! Ember's benchmark program. Run it through `cargo xtask bench [--json] [--filter S]
+//! Ember's benchmark program. Run it through `cargo xtask bench [--json] [--quick] [--filter S]
 //! [--device cpu|cuda|all]`.
 //!
 //! Every case produces a [`Record`]: `name`, `device`, `threads`, `value`, `unit`, plus

@@ -9,10 +9,18 @@
 //!   carries `peak_memory_bytes`, the allocator's peak during one forward above what was
 //!   allocated before it (weights and input). Target: at most PyTorch's peak.
 //!
+//! - Under autocast (mixed precision, `ember-amp`), the same cases with the dtype appended
+//!   to the name: `*_bf16` on the CPU (autocast bf16, Adam on the f32 master weights, no
+//!   scaler, as PyTorch recommends) and on CUDA; `*_f16` on CUDA only, with a `GradScaler`
+//!   (`scale(loss).backward()`, `step`, `update`). The forward's peak memory then includes
+//!   the 16-bit copies of the weights made during the forward (under `no_grad` nothing is
+//!   cached, Note [Autocast cache]). Target: at least PyTorch's rate, at most its peak.
+//!
 //! `bench/torch_side_by_side.py` runs the same programs in PyTorch. On the emulated
 //! `cuda:0` the batches shrink to 4 rows (the records say `"emulated": true` and `batch`),
 //! so the path runs everywhere and a real GPU measures the full size.
 
+use ember_amp::{GradScaler, autocast};
 use ember_device::{Device, cuda};
 use ember_nn::layers::{Linear, ReLU, Sequential};
 use ember_nn::loss::CrossEntropyLoss;
@@ -46,14 +54,22 @@ fn sync(device: Device) -> Result<(), String> {
     }
 }
 
-/// Times `f` as the other cases do: one call to size the rounds, then the median of five.
-fn time(device: Device, mut f: impl FnMut() -> Result<(), String>) -> Result<f64, String> {
+/// Times `f` as the other cases do: one call to size the rounds, then the median of five
+/// (with `quick`, that one call's time: see `Options::quick`).
+fn time(
+    device: Device,
+    quick: bool,
+    mut f: impl FnMut() -> Result<(), String>,
+) -> Result<f64, String> {
     f()?;
     sync(device)?;
     let t = std::time::Instant::now();
     f()?;
     sync(device)?;
     let once = t.elapsed().as_secs_f64().max(1e-7);
+    if quick {
+        return Ok(once * 1e9);
+    }
     let iters = ((0.2 / once) as usize).clamp(1, 10_000);
     let mut failed = None;
     let ns = ns_per_iter(5, iters, || {
@@ -94,19 +110,38 @@ fn train_case(
     widths: &[usize],
     batch: usize,
     device: Device,
+    amp: Option<DType>,
+    quick: bool,
 ) -> Result<Record, String> {
     let (model, x) = model_and_input(widths, batch, device)?;
     let mut opt = Adam::new(model.parameters(), AdamOptions::default()).map_err(err)?;
     let classes = *widths.last().unwrap_or(&1) as i64;
     let y = Tensor::randint(0, classes, [batch], (device, DType::I64)).map_err(err)?;
     let loss_fn = CrossEntropyLoss::new();
-    let ns = time(device, || {
+    // f16 needs loss scaling (PyTorch's recipe); bf16 has f32's range and runs without.
+    let mut scaler = (amp == Some(DType::F16)).then(|| GradScaler::new(device));
+    let ns = time(device, quick, || {
         opt.zero_grad(true).map_err(err)?;
-        let loss = loss_fn
-            .forward(&model.forward(&x).map_err(err)?, &y)
-            .map_err(err)?;
-        loss.backward().map_err(err)?;
-        opt.step().map_err(err)
+        let loss = {
+            let _region = amp
+                .map(|dt| autocast(device, dt))
+                .transpose()
+                .map_err(err)?;
+            loss_fn
+                .forward(&model.forward(&x).map_err(err)?, &y)
+                .map_err(err)?
+        };
+        match scaler.as_mut() {
+            Some(s) => {
+                s.scale(&loss).map_err(err)?.backward().map_err(err)?;
+                s.step(&mut opt).map_err(err)?;
+                s.update().map_err(err)
+            }
+            None => {
+                loss.backward().map_err(err)?;
+                opt.step().map_err(err)
+            }
+        }
     })?;
     let steps = 1e9 / ns;
     let mut r = record(name, device, steps * batch as f64, "samples/s");
@@ -119,10 +154,19 @@ fn forward_case(
     widths: &[usize],
     batch: usize,
     device: Device,
+    amp: Option<DType>,
+    quick: bool,
 ) -> Result<Record, String> {
     let (model, x) = model_and_input(widths, batch, device)?;
     let _no_grad = ember_autograd::no_grad();
-    let forward = || model.forward(&x).map(drop).map_err(err);
+    // One region per forward, as `with torch.autocast(...)` around the call.
+    let forward = || {
+        let _region = amp
+            .map(|dt| autocast(device, dt))
+            .transpose()
+            .map_err(err)?;
+        model.forward(&x).map(drop).map_err(err)
+    };
     // The peak of one forward (its output included), above the weights and the input.
     forward()?;
     sync(device)?;
@@ -131,13 +175,22 @@ fn forward_case(
     forward()?;
     sync(device)?;
     let peak = ember_memory::max_memory_allocated(device).map_err(err)?;
-    let ns = time(device, forward)?;
+    let ns = time(device, quick, forward)?;
     let mut r = record(name, device, ns * 1e-6, "ms");
     r.extra.insert(
         "peak_memory_bytes".into(),
         peak.saturating_sub(before).into(),
     );
     Ok(r)
+}
+
+/// The dtype as case names spell it (`bf16`, `f16`).
+fn short(dt: DType) -> &'static str {
+    match dt {
+        DType::Bf16 => "bf16",
+        DType::F16 => "f16",
+        _ => "f32",
+    }
 }
 
 type Case = (&'static str, &'static [usize], usize, bool);
@@ -167,22 +220,41 @@ pub fn run(opts: &Options, out: &mut Vec<Record>) -> Result<(), String> {
         devices.push((Device::Cuda(0), cuda::is_emulated()));
     }
     for (device, emulated) in devices {
-        for (name, widths, batch, train) in CASES {
-            if !opts.wants(name) {
-                continue;
+        // f32, then each autocast dtype of the device (the CPU's default is bf16; CUDA's
+        // f16, with a scaler in training, and bf16).
+        let amps: &[Option<DType>] = if device.is_cuda() {
+            &[None, Some(DType::F16), Some(DType::Bf16)]
+        } else {
+            &[None, Some(DType::Bf16)]
+        };
+        for &amp in amps {
+            for (base, widths, batch, train) in CASES {
+                let name = match amp {
+                    None => base.to_string(),
+                    Some(dt) => format!("{base}_{}", short(dt)),
+                };
+                if !opts.wants(&name) {
+                    continue;
+                }
+                let batch = if emulated { 4 } else { batch };
+                let mut r = if train {
+                    train_case(&name, widths, batch, device, amp, opts.quick)
+                } else {
+                    forward_case(&name, widths, batch, device, amp, opts.quick)
+                }
+                .map_err(|e| format!("{name} on {device}: {e}"))?;
+                if let Some(dt) = amp {
+                    r.extra.insert("autocast".into(), short(dt).into());
+                }
+                if opts.quick {
+                    r.extra.insert("quick".into(), true.into());
+                }
+                if emulated {
+                    r.extra.insert("emulated".into(), true.into());
+                    r.extra.insert("batch".into(), batch.into());
+                }
+                out.push(r);
             }
-            let batch = if emulated { 4 } else { batch };
-            let mut r = if train {
-                train_case(name, widths, batch, device)
-            } else {
-                forward_case(name, widths, batch, device)
-            }
-            .map_err(|e| format!("{name} on {device}: {e}"))?;
-            if emulated {
-                r.extra.insert("emulated".into(), true.into());
-                r.extra.insert("batch".into(), batch.into());
-            }
-            out.push(r);
         }
     }
     Ok(())

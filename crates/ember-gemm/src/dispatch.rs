@@ -1,6 +1,7 @@
 //! The public GEMM entry points: check once, pick a backend, stage 16-bit data where a
 //! backend lacks it, run.
 
+use crate::amx;
 use crate::backend::{Backend, Preference, auto_uses_mkl, preference};
 use crate::dpbf16;
 use crate::elem::{DType, Element};
@@ -340,7 +341,8 @@ fn into_f32<T: Element>(
             }
         }
     }
-    // bf16 on AVX-512 BF16: Note [bf16 dot products], any layout.
+    // bf16 on AMX (Note [AMX tiles]) or AVX-512 BF16 (Note [bf16 dot products]), any
+    // layout.
     if T::DTYPE == DType::Bf16
         && dpbf16::available()
         && let (Some(abits), Some(bbits)) = (T::as_bits(a.data), T::as_bits(b.data))
@@ -349,10 +351,18 @@ fn into_f32<T: Element>(
         let gs: Vec<RawGemm<u16>> = (0..p.batch)
             .map(|i| RawGemm::from_views(&a16, &b16, &mut c, i, alpha, beta))
             .collect();
+        let use_amx = amx::available();
         let kernel = |g: RawGemm<u16>| {
             // SAFETY: `g` is a block of a product built from checked views, blocks write
-            // disjoint C, and `dpbf16::available()` held above.
-            unsafe { dpbf16::gemm(g) };
+            // disjoint C, and `dpbf16::available()` held above (`amx::available()` where
+            // it is used).
+            unsafe {
+                if use_amx {
+                    amx::gemm(g);
+                } else {
+                    dpbf16::gemm(g);
+                }
+            };
         };
         // SAFETY: `gs` come from checked views with disjoint C per member.
         unsafe { split::run_batch(&gs, threads, &kernel) };

@@ -29,8 +29,9 @@ use crate::split::RawGemm;
 
 /// Rows of C per micro-tile.
 const MR: usize = 8;
-/// Columns of C per micro-tile (two 16-lane vectors).
-const NR: usize = 32;
+/// Columns of C per micro-tile (two 16-lane vectors); also the panel width of `amx`, which
+/// packs B with [`pack_b`].
+pub(crate) const NR: usize = 32;
 /// k per packed block (even: whole pairs). Large, so that C, updated once per block, is
 /// read and written once for k up to 2048: a 2048² C updated every 256 of k spent a fifth
 /// of the kernel's time in its stores. A B panel (`KC × NR` bf16, 128 KiB) stays in L2 while
@@ -93,7 +94,7 @@ pub(crate) unsafe fn gemm(g: RawGemm<u16>) {
             let kc = KC.min(g.k - pc);
             let pairs = kc.div_ceil(2);
             // SAFETY: rows `pc..pc + kc` and columns `jc..jc + nc` lie inside B's view.
-            unsafe { pack_b(&g, pc, kc, jc, nc, bpack) };
+            unsafe { pack_b(&g, pc, kc, jc, nc, pairs, bpack) };
             for ic in (0..g.m).step_by(MC) {
                 let mc = MC.min(g.m - ic);
                 // SAFETY: rows `ic..ic + mc` and columns `pc..pc + kc` lie inside A's view.
@@ -136,16 +137,56 @@ fn pair(lo: u16, hi: u16) -> u32 {
     u32::from(lo) | (u32::from(hi) << 16)
 }
 
-/// Packs `B[pc..pc+kc, jc..jc+nc]` as `NR`-column panels of pairs, zero-padded.
+/// Packs `B[pc..pc+kc, jc..jc+nc]` as `NR`-column panels of `pairs` pairs each (at least
+/// `kc.div_ceil(2)`; `amx` pads to whole tiles), zero-padded.
 ///
 /// # Safety
 /// The block must lie inside B's checked view.
-unsafe fn pack_b(g: &RawGemm<u16>, pc: usize, kc: usize, jc: usize, nc: usize, out: &mut [u32]) {
-    let pairs = kc.div_ceil(2);
+pub(crate) unsafe fn pack_b(
+    g: &RawGemm<u16>,
+    pc: usize,
+    kc: usize,
+    jc: usize,
+    nc: usize,
+    pairs: usize,
+    out: &mut [u32],
+) {
+    debug_assert!(pairs >= kc.div_ceil(2));
     // SAFETY: the caller's contract: `(pc + r, jc + j)` with `r < kc`, `j < nc` is inside B.
     let at = |r: usize, j: usize| unsafe { *g.b.add((pc + r) * g.b_rs + (jc + j) * g.b_cs) };
     for (panel, dst) in out.chunks_mut(pairs * NR).take(nc.div_ceil(NR)).enumerate() {
         let j0 = panel * NR;
+        if g.b_rs == 1 && j0 + NR <= nc {
+            // A column-major B (`x @ w.t()`): a column's pairs are consecutive u32s, so the
+            // panel is its NR columns transposed, 8 columns × 8 pairs at a time (the rest of
+            // the pairs, an odd k's last and the padding, one by one below).
+            let whole = kc / 2;
+            for c0 in (0..NR).step_by(8) {
+                let cols: [*const u16; 8] =
+                    std::array::from_fn(|c| g.b.wrapping_add(pc + (jc + j0 + c0 + c) * g.b_cs));
+                let mut p = 0;
+                while p + 8 <= whole {
+                    let at_p = cols.map(|r| r.wrapping_add(2 * p));
+                    // SAFETY: each column's elements `pc + 2p .. pc + 2p + 16` are inside B
+                    // (2p + 16 <= 2·whole <= kc); `dst` holds `pairs · NR` entries, and
+                    // `(p + 7)·NR + c0 + 8 <= (p + 8)·NR <= pairs · NR`.
+                    unsafe { transpose(&at_p, &mut dst[p * NR + c0..], NR) };
+                    p += 8;
+                }
+                for q in p..pairs {
+                    for c in 0..8 {
+                        let j = j0 + c0 + c;
+                        dst[q * NR + c0 + c] = if 2 * q >= kc {
+                            0
+                        } else {
+                            let hi = if 2 * q + 1 < kc { at(2 * q + 1, j) } else { 0 };
+                            pair(at(2 * q, j), hi)
+                        };
+                    }
+                }
+            }
+            continue;
+        }
         for (p, row) in dst.chunks_mut(NR).enumerate() {
             if g.b_cs == 1 && j0 + NR <= nc && 2 * p + 1 < kc {
                 // Rows 2p and 2p + 1 of a whole panel, each NR consecutive elements.
@@ -157,7 +198,7 @@ unsafe fn pack_b(g: &RawGemm<u16>, pc: usize, kc: usize, jc: usize, nc: usize, o
             }
             for (jj, d) in row.iter_mut().enumerate() {
                 let j = j0 + jj;
-                *d = if j >= nc {
+                *d = if j >= nc || 2 * p >= kc {
                     0
                 } else {
                     let hi = if 2 * p + 1 < kc { at(2 * p + 1, j) } else { 0 };
@@ -190,7 +231,7 @@ unsafe fn pack_a(g: &RawGemm<u16>, ic: usize, mc: usize, pc: usize, kc: usize, o
                 let at_p = rows.map(|r| r.wrapping_add(2 * p));
                 // SAFETY: each row's elements `pc + 2p .. pc + 2p + 16` are inside A (2p + 16
                 // <= 2·whole <= kc), and `dst` holds `pairs · MR >= (p + 8) · MR` entries.
-                unsafe { transpose(&at_p, &mut dst[p * MR..(p + 8) * MR]) };
+                unsafe { transpose(&at_p, &mut dst[p * MR..(p + 8) * MR], MR) };
                 p += 8;
             }
             for (ii, &r) in rows.iter().enumerate() {
@@ -254,21 +295,22 @@ unsafe fn interleave(r0: *const u16, r1: *const u16, out: &mut [u32]) {
     }
 }
 
-/// `out[q·MR + i] = rows[i]`'s pair `q` for `q < 8`, `i < MR`: eight pairs of each of the
-/// panel's MR rows (each row's 16 elements read as 8 u32s), transposed as the panel holds
-/// them (8×8 u32, the usual unpack / shuffle / lane-permute network).
+/// `out[q·stride + i] = rows[i]`'s pair `q` for `q < 8`, `i < 8`: eight pairs of each of
+/// eight rows (each row's 16 elements read as 8 u32s), transposed (8×8 u32, the usual
+/// unpack / shuffle / lane-permute network). An A panel takes it with `stride` MR; a B
+/// panel of a column-major B (its columns' pairs are consecutive) with `stride` NR.
 ///
 /// # Safety
-/// Each row pointer must address 16 readable elements; `out` holds `8 · MR` entries; the CPU
-/// must have AVX2 (as [`available`] checks).
+/// Each row pointer must address 16 readable elements; `out` holds `7 · stride + 8` entries;
+/// the CPU must have AVX2 (as [`available`] checks).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn transpose(rows: &[*const u16; MR], out: &mut [u32]) {
+unsafe fn transpose(rows: &[*const u16; MR], out: &mut [u32], stride: usize) {
     use std::arch::x86_64::{__m256, _mm256_loadu_ps, _mm256_permute2f128_ps};
     use std::arch::x86_64::{_mm256_shuffle_ps, _mm256_storeu_ps};
     use std::arch::x86_64::{_mm256_unpackhi_ps, _mm256_unpacklo_ps};
     const { assert!(MR == 8) };
-    assert!(out.len() >= 8 * MR);
+    assert!(stride >= 8 && out.len() >= 7 * stride + 8);
     // Loads and shuffles of float vectors move bits unchanged (no NaN is touched).
     // SAFETY: the caller's contract: 16 u16 = 8 u32 readable from each row pointer.
     let r: [__m256; MR] = rows.map(|p| unsafe { _mm256_loadu_ps(p.cast::<f32>()) });
@@ -288,11 +330,11 @@ unsafe fn transpose(rows: &[*const u16; MR], out: &mut [u32]) {
     for (c, (&top, &bottom)) in s[0].iter().zip(&s[1]).enumerate() {
         let first = _mm256_permute2f128_ps::<0x20>(top, bottom);
         let second = _mm256_permute2f128_ps::<0x31>(top, bottom);
-        // SAFETY: `out` holds 64 entries (checked above); pairs c and c + 4 start at 8c and
-        // 8c + 32.
+        // SAFETY: `out` holds `7 · stride + 8` entries (checked above); pairs c and c + 4
+        // start at `stride · c` and `stride · (c + 4)`, eight entries each.
         unsafe {
-            _mm256_storeu_ps(out.as_mut_ptr().add(MR * c).cast::<f32>(), first);
-            _mm256_storeu_ps(out.as_mut_ptr().add(MR * (c + 4)).cast::<f32>(), second);
+            _mm256_storeu_ps(out.as_mut_ptr().add(stride * c).cast::<f32>(), first);
+            _mm256_storeu_ps(out.as_mut_ptr().add(stride * (c + 4)).cast::<f32>(), second);
         }
     }
 }
@@ -302,11 +344,11 @@ unsafe fn transpose(rows: &[*const u16; MR], out: &mut [u32]) {
 /// # Safety
 /// As the x86-64 version: each row pointer must address 16 readable elements.
 #[cfg(not(target_arch = "x86_64"))]
-unsafe fn transpose(rows: &[*const u16; MR], out: &mut [u32]) {
+unsafe fn transpose(rows: &[*const u16; MR], out: &mut [u32], stride: usize) {
     for q in 0..8 {
         for (i, &r) in rows.iter().enumerate() {
             // SAFETY: the caller's contract: 16 elements are readable from each row pointer.
-            out[q * MR + i] = unsafe { pair(*r.add(2 * q), *r.add(2 * q + 1)) };
+            out[q * stride + i] = unsafe { pair(*r.add(2 * q), *r.add(2 * q + 1)) };
         }
     }
 }

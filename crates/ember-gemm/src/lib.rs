@@ -35,6 +35,7 @@
 //! - [`parallel`]: the parallel loop in which the calling thread takes part (Note [The
 //!   caller joins the loop]); the GEMM's blocks and `ember-tensor`'s CPU kernels use it.
 
+mod amx;
 mod backend;
 mod dispatch;
 mod dpbf16;

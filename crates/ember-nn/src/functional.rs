@@ -69,8 +69,18 @@ pub fn dropout(x: &Tensor, p: f64, training: bool) -> Result<Tensor> {
 
 /// `F.linear(x, weight, bias)`: `x @ weight.T + bias`, `weight` `[out, in]`.
 pub fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
-    if let Some(c) = autocast_inputs("linear", [x, weight].into_iter().chain(bias))? {
-        return linear(&c[0], &c[1], c.get(2));
+    if let Some(mut c) = autocast_inputs("linear", [x, weight].into_iter().chain(bias))? {
+        // The 16-bit copies of the input and the weight go before the bias is added (the
+        // tape keeps them where a gradient needs them): under `no_grad` a layer then holds
+        // them and its product at once, as PyTorch's fused addmm does, not them and two
+        // outputs (`fwd_mlp_*_bf16`'s peak memory).
+        let b = if bias.is_some() { c.pop() } else { None };
+        let y = linear(&c[0], &c[1], None)?;
+        drop(c);
+        return match b {
+            Some(b) => y.add(&b),
+            None => Ok(y),
+        };
     }
     let in_features = weight.dims().get(1).copied();
     if weight.rank() != 2 || x.dims().last().copied() != in_features {

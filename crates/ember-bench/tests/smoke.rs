@@ -1,0 +1,55 @@
+//! The benchmark program runs its training cases end to end, f32 and under autocast, on the
+//! CPU and on the emulated `cuda:0` (so the AMP paths of `nn.rs` stay exercised on machines
+//! without a GPU), with `--quick` (one timed call per case). Only the records' presence and
+//! shape are checked, never their values' size: timings belong in saved results, not in
+//! tests.
+
+use std::process::Command;
+
+use serde_json::Value;
+
+#[test]
+fn training_cases_run_f32_and_under_autocast_on_cpu_and_emulated_cuda() {
+    let out = Command::new(env!("CARGO_BIN_EXE_ember-bench"))
+        .args([
+            "--json",
+            "--quick",
+            "--device",
+            "all",
+            "--filter",
+            "train_mlp_1000_512_10_b64",
+        ])
+        .env("EMBER_CUDA_EMULATOR", "1")
+        .env("RAYON_NUM_THREADS", "2")
+        .output()
+        .expect("ember-bench starts");
+    assert!(
+        out.status.success(),
+        "ember-bench failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let records: Vec<Value> = serde_json::from_slice(&out.stdout).expect("a JSON array");
+    let find = |name: &str, device: &str| {
+        records
+            .iter()
+            .find(|r| r["name"] == name && r["device"] == device)
+            .unwrap_or_else(|| panic!("no record {name} on {device} in {records:?}"))
+    };
+    for (name, device, amp) in [
+        ("train_mlp_1000_512_10_b64", "cpu", None),
+        ("train_mlp_1000_512_10_b64_bf16", "cpu", Some("bf16")),
+        ("train_mlp_1000_512_10_b64", "cuda:0", None),
+        ("train_mlp_1000_512_10_b64_f16", "cuda:0", Some("f16")),
+        ("train_mlp_1000_512_10_b64_bf16", "cuda:0", Some("bf16")),
+    ] {
+        let r = find(name, device);
+        assert_eq!(r["unit"], "samples/s", "{name}");
+        assert!(r["value"].as_f64().is_some_and(f64::is_finite), "{r}");
+        assert_eq!(r["autocast"].as_str(), amp, "{r}");
+        assert_eq!(r["quick"], true, "{r}");
+        if device.starts_with("cuda") {
+            assert_eq!(r["emulated"], true, "{r}");
+            assert_eq!(r["batch"], 4, "{r}");
+        }
+    }
+}

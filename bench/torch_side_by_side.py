@@ -515,14 +515,16 @@ def ember_version() -> dict:
 
 
 def command_line() -> str:
-    """This run's command, with paths inside the checkout (or bundle) written relative to it."""
+    """This run's command, with paths inside the checkout (or bundle) written relative to it
+    and paths outside it shortened to their last three parts (`.../bench-venv/bin/python`):
+    saved results name no developer's machine."""
     words = []
     for a in sys.argv[1:]:
         if os.path.isabs(a):
             try:
                 a = str(Path(a).resolve().relative_to(ROOT))
             except ValueError:
-                pass
+                a = "/".join(["...", *Path(a).parts[-3:]])
         words.append(shlex.quote(a))
     return " ".join(["python3 bench/torch_side_by_side.py", *words])
 

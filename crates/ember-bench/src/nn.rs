@@ -20,7 +20,7 @@
 //! `cuda:0` the batches shrink to 4 rows (the records say `"emulated": true` and `batch`),
 //! so the path runs everywhere and a real GPU measures the full size.
 
-use ember_amp::{GradScaler, autocast};
+use ember_amp::{GradScaler, GradScalerOptions, autocast};
 use ember_device::{Device, cuda};
 use ember_nn::layers::{Linear, ReLU, Sequential};
 use ember_nn::loss::CrossEntropyLoss;
@@ -118,8 +118,16 @@ fn train_case(
     let classes = *widths.last().unwrap_or(&1) as i64;
     let y = Tensor::randint(0, classes, [batch], (device, DType::I64)).map_err(err)?;
     let loss_fn = CrossEntropyLoss::new();
-    // f16 needs loss scaling (PyTorch's recipe); bf16 has f32's range and runs without.
-    let mut scaler = (amp == Some(DType::F16)).then(|| GradScaler::new(device));
+    // f16 needs loss scaling (PyTorch's recipe); bf16 has f32's range and runs without:
+    // its scaler is disabled, a pass-through.
+    let mut scaler = GradScaler::with_options(
+        device,
+        GradScalerOptions {
+            enabled: amp == Some(DType::F16),
+            ..Default::default()
+        },
+    )
+    .map_err(err)?;
     let ns = time(device, quick, || {
         opt.zero_grad(true).map_err(err)?;
         let loss = {
@@ -131,17 +139,9 @@ fn train_case(
                 .forward(&model.forward(&x).map_err(err)?, &y)
                 .map_err(err)?
         };
-        match scaler.as_mut() {
-            Some(s) => {
-                s.scale(&loss).map_err(err)?.backward().map_err(err)?;
-                s.step(&mut opt).map_err(err)?;
-                s.update().map_err(err)
-            }
-            None => {
-                loss.backward().map_err(err)?;
-                opt.step().map_err(err)
-            }
-        }
+        scaler.scale(&loss).map_err(err)?.backward().map_err(err)?;
+        scaler.step(&mut opt).map_err(err)?;
+        scaler.update().map_err(err)
     })?;
     let steps = 1e9 / ns;
     let mut r = record(name, device, steps * batch as f64, "samples/s");

@@ -191,9 +191,7 @@ impl Checkpoint {
     ) -> Result<(), Error> {
         model.load_state_dict(&self.model_state)?;
         opt.load_state_dict(&self.optimizer_state)?;
-        if scaler.is_enabled() {
-            scaler.load_state_dict(&self.scaler_state)?;
-        }
+        scaler.load_state_dict(&self.scaler_state)?;
         for (device, state) in &self.rng {
             default_generator(*device).set_state(state);
         }

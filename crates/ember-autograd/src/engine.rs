@@ -14,10 +14,12 @@
 //! input's dtype; a device mismatch is an error), so gradients always land on the device of
 //! the tensor they belong to.
 
+use std::borrow::Cow;
 use std::collections::hash_map::Entry;
 use std::collections::{BinaryHeap, HashMap, HashSet};
 use std::sync::Arc;
 
+use ember_device::trace::{self, Category};
 use ember_tensor::Tensor as Raw;
 
 use crate::error::{AutogradError, Result};
@@ -278,6 +280,18 @@ pub(crate) fn execute(
 }
 
 fn run_node(node: &Node, g: &Raw, retain_graph: bool) -> Result<Vec<Option<Raw>>> {
+    // The two ranges PyTorch's profiler shows for each node (Note [Zero-cost tracing]).
+    let _evaluate = trace::range_named(Category::Backward, || {
+        Cow::Owned(format!(
+            "autograd::engine::evaluate_function: {}",
+            node.name
+        ))
+    });
+    let _node = trace::range_with_inputs(
+        Category::Backward,
+        || Cow::Borrowed(node.name),
+        || ember_tensor::describe_inputs(&[g]),
+    );
     let mut slot = lock(&node.backward);
     let grads = if retain_graph || !node.frees {
         let f = slot

@@ -128,6 +128,21 @@ pub fn driver() -> Result<Arc<dyn Driver>> {
     }
 }
 
+/// `torch.cuda.is_initialized()`: whether the process's CUDA driver was chosen already (by
+/// any CUDA call, or [`use_emulator`]). Asking does not choose one.
+pub fn is_initialized() -> bool {
+    CHOICE.get().is_some()
+}
+
+/// The process's CUDA driver if one was chosen already and is usable; never chooses one
+/// (for observers such as the profiler, which must not fix the process's choice).
+pub fn initialized_driver() -> Option<Arc<dyn Driver>> {
+    match CHOICE.get()? {
+        Choice::Driver { driver, .. } => Some(Arc::clone(driver)),
+        Choice::Unavailable(_) => None,
+    }
+}
+
 /// `torch.cuda.is_available()`: a driver was found and it has at least one device.
 pub fn is_available() -> bool {
     device_count() > 0

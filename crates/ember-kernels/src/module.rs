@@ -1,10 +1,12 @@
 //! [`Module`]: Ember's kernels loaded on one device, with function handles cached by name, and
 //! [`launch_config_1d`], the launch geometry of the grid-stride kernels.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use ember_device::driver::{Driver, FunctionHandle, LaunchConfig, ModuleHandle, StreamHandle};
+use ember_device::trace::device::{ActivityKind, Launch, timed};
 
 use crate::{KernelArgs, KernelsError, load_module};
 
@@ -91,9 +93,20 @@ impl Module {
     ) -> Result<(), KernelsError> {
         let f = self.function(name)?;
         let mut params = args.params();
-        // SAFETY: forwarded from this function's contract; `params` points into `args`,
-        // which outlives the call.
-        unsafe { self.driver.launch_kernel(f, config, stream, &mut params)? };
+        let describe = || Launch {
+            api: "cudaLaunchKernel",
+            kind: ActivityKind::Kernel,
+            name: Cow::Owned(name.to_string()),
+            bytes: 0,
+            grid: [config.grid.0, config.grid.1, config.grid.2],
+            block: [config.block.0, config.block.1, config.block.2],
+        };
+        // Timed on the device while the profiler listens (Note [Device activity]).
+        timed(&*self.driver, self.device, stream, describe, || {
+            // SAFETY: forwarded from this function's contract; `params` points into `args`,
+            // which outlives the call.
+            unsafe { self.driver.launch_kernel(f, config, stream, &mut params) }
+        })?;
         Ok(())
     }
 }

@@ -49,6 +49,8 @@ pub(crate) trait UnaryOpT: Send + Sync + 'static {
 /// An elementwise binary op over two operands of one dtype, giving that dtype.
 pub(crate) trait BinaryOpT: Send + Sync + 'static {
     const NAME: &'static str;
+    /// The in-place form's name (`add_`), as the profiler shows it.
+    const INPLACE_NAME: &'static str;
     /// The CUDA kernel's base name (read by the CUDA backend, issue 4).
     #[allow(dead_code)]
     const KERNEL: &'static str;
@@ -259,6 +261,7 @@ macro_rules! binary_op {
         pub(crate) struct $name;
         impl BinaryOpT for $name {
             const NAME: &'static str = $op;
+            const INPLACE_NAME: &'static str = concat!($op, "_");
             const KERNEL: &'static str = $kernel;
             const BOOL_OK: bool = $bok;
             #[inline(always)]
@@ -315,6 +318,7 @@ binary_op!(LogicalXor, "logical_xor", "blxor", bool_ok: true, a, b => float: a -
 pub(crate) struct Div;
 impl BinaryOpT for Div {
     const NAME: &'static str = "div";
+    const INPLACE_NAME: &'static str = "div_";
     const KERNEL: &'static str = "bdiv";
     const BOOL_OK: bool = true;
     const FLOAT_ONLY: bool = true;

@@ -414,6 +414,11 @@ fn guarded<T>(what: impl FnOnce() -> String, f: impl FnOnce() -> Result<T>) -> R
 impl Job {
     /// The batch of `indices`, collated and pinned as configured; a panic becomes an error.
     fn make(&self, batch: usize, indices: &[usize]) -> Result<Vec<Tensor>> {
+        // On a worker thread this is the worker's own range; inline it nests in `next`'s.
+        let _fetch =
+            ember_device::trace::range_named(ember_device::trace::Category::UserAnnotation, || {
+                "DataLoader.fetch".into()
+            });
         guarded(
             || format!("making batch {batch}"),
             || self.make_inner(indices),
@@ -620,6 +625,18 @@ impl Iterator for DataLoaderIter {
     fn next(&mut self) -> Option<Self::Item> {
         let i = self.next;
         let indices = self.batches.get(i)?;
+        let _next =
+            ember_device::trace::range_named(ember_device::trace::Category::UserAnnotation, || {
+                match self.mode {
+                    Mode::Inline(_) => {
+                        "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
+                    }
+                    Mode::Workers(_) => {
+                        "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__"
+                    }
+                }
+                .into()
+            });
         let item = match &mut self.mode {
             Mode::Inline(job) => job.make(i, indices),
             Mode::Workers(w) => loop {

@@ -289,6 +289,10 @@ macro_rules! adam_optimizer {
     ($t:ty) => {
         impl Optimizer for $t {
             fn step(&mut self) -> Result<()> {
+                let _step = ember_device::trace::range_named(
+                    ember_device::trace::Category::UserAnnotation,
+                    || concat!("Optimizer.step#", stringify!($t), ".step").into(),
+                );
                 adam_step(&mut self.groups)
             }
 

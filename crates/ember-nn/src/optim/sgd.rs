@@ -111,6 +111,10 @@ impl SGD {
 
 impl Optimizer for SGD {
     fn step(&mut self) -> Result<()> {
+        let _step =
+            ember_device::trace::range_named(ember_device::trace::Category::UserAnnotation, || {
+                "Optimizer.step#SGD.step".into()
+            });
         let _no_grad = ember_autograd::no_grad();
         for (group, slots) in self.groups.iter_mut() {
             let Hyper::Sgd {

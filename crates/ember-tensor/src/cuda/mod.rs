@@ -16,10 +16,12 @@ pub(crate) use amp::*;
 pub(crate) use nn::*;
 pub(crate) use ops::*;
 
+use std::borrow::Cow;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use ember_device::Device;
-use ember_device::driver::{DevicePtr, Driver, LaunchConfig, StreamHandle};
+use ember_device::driver::{DevicePtr, Driver, GemmDesc, LaunchConfig, StreamHandle};
+use ember_device::trace::device::{ActivityKind, Launch, timed};
 use ember_kernels::{KernelArgs, Module, StridedLayout};
 use ember_memory::{Allocation, CachingAllocator};
 
@@ -113,6 +115,57 @@ impl Ctx {
     pub(crate) fn stream(&self) -> StreamHandle {
         ember_device::cuda::current_stream(self.ordinal)
     }
+
+    /// One cuBLAS GEMM on the current stream (timed while the profiler listens).
+    pub(crate) fn gemm(&self, desc: &GemmDesc) -> Result<()> {
+        let stream = self.stream();
+        let describe = || Launch {
+            api: "cublasGemmStridedBatchedEx",
+            kind: ActivityKind::Kernel,
+            name: Cow::Owned(format!(
+                "cublas gemm {}x{}x{} batch {} {}",
+                desc.m,
+                desc.n,
+                desc.k,
+                desc.batch,
+                format!("{:?}", desc.dtype).to_lowercase()
+            )),
+            bytes: 0,
+            grid: [0; 3],
+            block: [0; 3],
+        };
+        timed(&*self.driver, self.ordinal, stream, describe, || {
+            self.driver.gemm(self.ordinal, stream, desc)
+        })?;
+        Ok(())
+    }
+
+    /// Times `call`, a copy of `bytes` on `stream`, while the profiler listens.
+    fn copy<T>(
+        &self,
+        stream: StreamHandle,
+        kind: ActivityKind,
+        bytes: usize,
+        call: impl FnOnce() -> ember_device::Result<T>,
+    ) -> Result<T> {
+        let describe = || Launch {
+            api: if stream == StreamHandle::DEFAULT && kind != ActivityKind::MemcpyDtoD {
+                "cudaMemcpy"
+            } else {
+                "cudaMemcpyAsync"
+            },
+            kind,
+            name: Cow::Borrowed(match kind {
+                ActivityKind::MemcpyHtoD => "Memcpy HtoD (Host -> Device)",
+                ActivityKind::MemcpyDtoH => "Memcpy DtoH (Device -> Host)",
+                _ => "Memcpy DtoD (Device -> Device)",
+            }),
+            bytes: bytes as u64,
+            grid: [0; 3],
+            block: [0; 3],
+        };
+        Ok(timed(&*self.driver, self.ordinal, stream, describe, call)?)
+    }
 }
 
 /// Device memory holding `len` elements of one dtype on one CUDA device.
@@ -175,7 +228,10 @@ impl CudaStorage {
         let out = CudaStorage::alloc(ctx, src.dtype(), src.len())?;
         let bytes = src.as_bytes();
         if !bytes.is_empty() {
-            ctx.driver.memcpy_htod(out.ptr_at(0), bytes, ctx.stream())?;
+            let stream = ctx.stream();
+            ctx.copy(stream, ActivityKind::MemcpyHtoD, bytes.len(), || {
+                ctx.driver.memcpy_htod(out.ptr_at(0), bytes, stream)
+            })?;
         }
         Ok(out)
     }
@@ -188,15 +244,17 @@ impl CudaStorage {
         let bytes = src.as_bytes();
         if !bytes.is_empty() {
             let stream = ctx.stream();
-            // SAFETY: `bytes` is `src`'s pinned allocation; `record_stream` below keeps the
-            // caching allocator from reusing (or releasing, which waits for recorded events)
-            // that block until the work enqueued on `stream` by now — this copy — has
-            // completed, so the memory stays valid for the copy even if `src` is dropped.
-            // `out` holds exactly `bytes.len()` bytes.
-            unsafe {
-                ctx.driver
-                    .memcpy_htod_async(out.ptr_at(0), bytes.as_ptr(), bytes.len(), stream)?
-            };
+            ctx.copy(stream, ActivityKind::MemcpyHtoD, bytes.len(), || {
+                // SAFETY: `bytes` is `src`'s pinned allocation; `record_stream` below keeps the
+                // caching allocator from reusing (or releasing, which waits for recorded events)
+                // that block until the work enqueued on `stream` by now — this copy — has
+                // completed, so the memory stays valid for the copy even if `src` is dropped.
+                // `out` holds exactly `bytes.len()` bytes.
+                unsafe {
+                    ctx.driver
+                        .memcpy_htod_async(out.ptr_at(0), bytes.as_ptr(), bytes.len(), stream)
+                }
+            })?;
             src.record_stream(stream);
         }
         Ok(out)
@@ -213,9 +271,11 @@ impl CudaStorage {
         let mut out = CpuStorage::zeroed(self.dtype, self.len)?;
         out.write_bytes_with(|bytes| {
             if !bytes.is_empty() {
-                self.ctx
-                    .driver
-                    .memcpy_dtoh(bytes, self.ptr_at(0), self.ctx.stream())?;
+                let stream = self.ctx.stream();
+                let n = bytes.len();
+                self.ctx.copy(stream, ActivityKind::MemcpyDtoH, n, || {
+                    self.ctx.driver.memcpy_dtoh(bytes, self.ptr_at(0), stream)
+                })?;
             }
             Ok(())
         })?;
@@ -227,12 +287,12 @@ impl CudaStorage {
         let out = CudaStorage::alloc(ctx, self.dtype, self.len)?;
         let bytes = self.len * self.dtype.size_in_bytes();
         if bytes > 0 {
-            self.ctx.driver.memcpy_dtod_async(
-                out.ptr_at(0),
-                self.ptr_at(0),
-                bytes,
-                self.ctx.stream(),
-            )?;
+            let stream = self.ctx.stream();
+            self.ctx.copy(stream, ActivityKind::MemcpyDtoD, bytes, || {
+                self.ctx
+                    .driver
+                    .memcpy_dtod_async(out.ptr_at(0), self.ptr_at(0), bytes, stream)
+            })?;
             // The destination device's default stream does not order against the source's:
             // finish the copy before the new storage is used there.
             self.ctx.driver.synchronize(self.ctx.ordinal)?;

@@ -544,7 +544,7 @@ pub(crate) fn conv2d(
                 dtype,
                 allow_tf32: allow_tf32(),
             };
-            ctx.driver.gemm(ctx.ordinal, ctx.stream(), &desc)?;
+            ctx.gemm(&desc)?;
         }
         n0 += nc;
     }

@@ -614,7 +614,7 @@ pub(crate) fn matmul(
         dtype,
         allow_tf32: allow_tf32(),
     };
-    ctx.driver.gemm(ctx.ordinal, ctx.stream(), &desc)?;
+    ctx.gemm(&desc)?;
     Ok(out)
 }
 

@@ -63,6 +63,7 @@ impl Tensor {
         found_inf: &Tensor,
         inv_scale: &Tensor,
     ) -> Result<()> {
+        let _op = crate::profile::op("_amp_foreach_non_finite_check_and_unscale_", &[]);
         const OP: &str = "_amp_foreach_non_finite_check_and_unscale_";
         one_element(OP, "found_inf", found_inf, DType::F32)?;
         one_element(OP, "inv_scale", inv_scale, DType::F32)?;
@@ -158,6 +159,7 @@ impl Tensor {
         backoff_factor: f64,
         growth_interval: i32,
     ) -> Result<&Tensor> {
+        let _op = crate::profile::op1("_amp_update_scale_", self);
         const OP: &str = "_amp_update_scale_";
         one_element(OP, "current_scale", self, DType::F32)?;
         one_element(OP, "growth_tracker", growth_tracker, DType::I32)?;

@@ -63,6 +63,7 @@ impl Tensor {
     }
 
     fn binary_op<O: BinaryOpT>(&self, rhs: Operand<'_>) -> Result<Tensor> {
+        let _op = crate::profile::op(O::NAME, &[self.as_input(), (&rhs).into()]);
         let mut dtype = result_type(&[Promo::Tensor(self.dtype(), self.rank()), promo(&rhs)]);
         if O::FLOAT_ONLY && !dtype.is_float() {
             dtype = DType::F32;
@@ -159,6 +160,7 @@ impl Tensor {
     }
 
     fn cmp_op(&self, op: CmpOp, rhs: Operand<'_>) -> Result<Tensor> {
+        let _op = crate::profile::op(op.name(), &[self.as_input(), (&rhs).into()]);
         let dtype = result_type(&[Promo::Tensor(self.dtype(), self.rank()), promo(&rhs)]);
         let Prepared2 {
             a,
@@ -202,6 +204,7 @@ impl Tensor {
     }
 
     fn logical_op<O: BinaryOpT>(&self, rhs: Operand<'_>) -> Result<Tensor> {
+        let _op = crate::profile::op(O::NAME, &[self.as_input(), (&rhs).into()]);
         let rhs = match rhs {
             Operand::Scalar(s) => Operand::Scalar(Scalar::Bool(s.to_f64() != 0.0)),
             t => t,
@@ -234,6 +237,7 @@ impl Tensor {
 
     /// Elementwise `!self` on truthiness, as bool.
     pub fn logical_not(&self) -> Result<Tensor> {
+        let _op = crate::profile::op1("logical_not", self);
         self.logical_xor(true)
     }
 
@@ -274,6 +278,7 @@ pub fn r#where<'a, 'b>(
         });
     }
     let (t, f) = (on_true.into(), on_false.into());
+    let _op = crate::profile::op("where", &[cond.as_input(), (&t).into(), (&f).into()]);
     let dtype = result_type(&[promo(&t), promo(&f)]);
     let t = operand_tensor(t, dtype, cond.device())?;
     let f = operand_tensor(f, dtype, cond.device())?;

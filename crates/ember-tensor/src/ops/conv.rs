@@ -155,6 +155,14 @@ impl Tensor {
     ) -> Result<Tensor> {
         let mut all = vec![self, weight];
         all.extend(bias);
+        let _op = crate::profile::op(
+            "conv2d",
+            &[
+                self.as_input(),
+                weight.as_input(),
+                bias.map_or(crate::profile::Input::Other, Tensor::as_input),
+            ],
+        );
         same_device(&all)?;
         let (xs, ws) = (self.shape(), weight.shape());
         if weight.rank() != 4 {

@@ -26,6 +26,7 @@ impl Tensor {
     /// # Ok::<(), ember_tensor::TensorError>(())
     /// ```
     pub fn index_select(&self, dim: impl Dim, indices: &Tensor) -> Result<Tensor> {
+        let _op = crate::profile::op("index_select", &[self.as_input(), indices.as_input()]);
         same_device(&[self, indices])?;
         check_index_dtype("index_select", indices)?;
         if indices.rank() > 1 {
@@ -56,6 +57,7 @@ impl Tensor {
     /// `torch.gather`: `out[i][j] = self[index[i][j]][j]` for `dim = 0`; `index` has this
     /// tensor's rank and no larger size than it outside `dim`.
     pub fn gather(&self, dim: impl Dim, index: &Tensor) -> Result<Tensor> {
+        let _op = crate::profile::op("gather", &[self.as_input(), index.as_input()]);
         same_device(&[self, index])?;
         check_index_dtype("gather", index)?;
         let d = dim.index(self.rank(), "gather")?;
@@ -112,6 +114,10 @@ impl Tensor {
     /// `torch.scatter_add` (out of place): a copy with `src[i][j]` added at
     /// `[index[i][j]][j]` for `dim = 0`. The embedding backward.
     pub fn scatter_add(&self, dim: impl Dim, index: &Tensor, src: &Tensor) -> Result<Tensor> {
+        let _op = crate::profile::op(
+            "scatter_add",
+            &[self.as_input(), index.as_input(), src.as_input()],
+        );
         same_device(&[self, index, src])?;
         check_index_dtype("scatter_add", index)?;
         if self.rank() == 0 {
@@ -149,6 +155,14 @@ impl Tensor {
 
     /// `value` where `mask` (bool, broadcastable to this shape) is true; keeps this dtype.
     pub fn masked_fill(&self, mask: &Tensor, value: impl Into<Scalar>) -> Result<Tensor> {
+        let _op = crate::profile::op(
+            "masked_fill",
+            &[
+                self.as_input(),
+                mask.as_input(),
+                crate::profile::Input::Scalar,
+            ],
+        );
         if mask.dtype() != DType::Bool {
             return Err(TensorError::DTypeMismatch {
                 op: "masked_fill",
@@ -171,6 +185,7 @@ impl Tensor {
     /// `torch.nn.functional.one_hot`: an i64 tensor with a new last dim of
     /// `num_classes` (`None`: max + 1). Values must lie in `[0, num_classes)`.
     pub fn one_hot(&self, num_classes: Option<usize>) -> Result<Tensor> {
+        let _op = crate::profile::op1("one_hot", self);
         if self.dtype() != DType::I64 {
             return Err(TensorError::DTypeMismatch {
                 op: "one_hot",
@@ -214,6 +229,7 @@ impl Tensor {
     /// Embedding lookup: rows of this `[num, dim]` weight at `indices` (any shape), giving
     /// `indices.shape + [dim]`.
     pub fn embedding(&self, indices: &Tensor) -> Result<Tensor> {
+        let _op = crate::profile::op("embedding", &[self.as_input(), indices.as_input()]);
         self.check_rank("embedding", 2)?;
         let flat = indices.reshape([indices.numel()])?;
         let rows = self.index_select(0, &flat)?;

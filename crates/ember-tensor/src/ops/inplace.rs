@@ -58,6 +58,7 @@ impl Tensor {
     /// # Ok::<(), ember_tensor::TensorError>(())
     /// ```
     pub fn copy_(&self, src: &Tensor) -> Result<&Tensor> {
+        let _op = crate::profile::op("copy_", &[self.as_input(), src.as_input()]);
         self.writable("copy_")?;
         // The one op that crosses devices, as PyTorch's: the source comes over first.
         let src = &src.to_device(self.device())?;
@@ -70,6 +71,7 @@ impl Tensor {
 
     /// Sets every element to `value` (cast to this dtype).
     pub fn fill_(&self, value: impl Into<Scalar>) -> Result<&Tensor> {
+        let _op = crate::profile::op("fill_", &[self.as_input(), crate::profile::Input::Scalar]);
         self.writable("fill_")?;
         let value = value.into();
         value.check_fits("fill_", self.dtype())?;
@@ -83,6 +85,7 @@ impl Tensor {
     }
 
     fn binary_<O: BinaryOpT>(&self, rhs: Operand<'_>) -> Result<&Tensor> {
+        let _op = crate::profile::op(O::INPLACE_NAME, &[self.as_input(), (&rhs).into()]);
         self.writable(O::NAME)?;
         let dt = self.dtype();
         let promo = match rhs {
@@ -144,6 +147,7 @@ impl Tensor {
     /// # Ok::<(), ember_tensor::TensorError>(())
     /// ```
     pub fn addcmul_(&self, t1: &Tensor, t2: &Tensor, value: f64) -> Result<&Tensor> {
+        let _op = crate::profile::op("addcmul_", &[self.as_input(), t1.as_input(), t2.as_input()]);
         if self.fused3_("addcmul_", t1, t2, FusedOp::Addcmul(value))? {
             return Ok(self);
         }
@@ -154,6 +158,7 @@ impl Tensor {
     /// broadcast to this shape. Computed as `self + (value * t1) / t2`, PyTorch's order; on
     /// the CPU, for f32/f64 operands of this shape, in one pass without temporaries.
     pub fn addcdiv_(&self, t1: &Tensor, t2: &Tensor, value: f64) -> Result<&Tensor> {
+        let _op = crate::profile::op("addcdiv_", &[self.as_input(), t1.as_input(), t2.as_input()]);
         if self.fused3_("addcdiv_", t1, t2, FusedOp::Addcdiv(value))? {
             return Ok(self);
         }
@@ -166,6 +171,7 @@ impl Tensor {
     /// tensor's dtype (f32 for the half types). `end` (broadcast to this shape) must have
     /// this tensor's dtype, a floating one.
     pub fn lerp_(&self, end: &Tensor, weight: f64) -> Result<&Tensor> {
+        let _op = crate::profile::op("lerp_", &[self.as_input(), end.as_input()]);
         self.writable("lerp_")?;
         let dt = self.dtype();
         if !dt.is_float() || end.dtype() != dt {
@@ -235,6 +241,7 @@ impl Tensor {
 
     /// Clamps every element into `[min, max]` in place (either bound optional).
     pub fn clamp_(&self, min: impl ClampBound, max: impl ClampBound) -> Result<&Tensor> {
+        let _op = crate::profile::op1("clamp_", self);
         let (min, max) = (min.bound(), max.bound());
         self.writable("clamp_")?;
         let dt = self.dtype();

@@ -359,6 +359,7 @@ impl Tensor {
     /// # Ok::<(), ember_tensor::TensorError>(())
     /// ```
     pub fn nll_loss(&self, target: &Tensor, opts: &NllLossOptions<'_>) -> Result<Tensor> {
+        let _op = crate::profile::op("nll_loss", &[self.as_input(), target.as_input()]);
         let p = prepare("nll_loss", self, target, opts.weight)?;
         let (loss, w) = p.terms(opts.ignore_index)?;
         let r = match opts.reduction {
@@ -386,6 +387,7 @@ impl Tensor {
     /// # Ok::<(), ember_tensor::TensorError>(())
     /// ```
     pub fn cross_entropy(&self, target: &Tensor, opts: &CrossEntropyOptions<'_>) -> Result<Tensor> {
+        let _op = crate::profile::op("cross_entropy_loss", &[self.as_input(), target.as_input()]);
         let eps = opts.label_smoothing;
         if !(0.0..=1.0).contains(&eps) {
             return Err(TensorError::invalid(

@@ -21,6 +21,7 @@ impl Tensor {
     /// # Ok::<(), ember_tensor::TensorError>(())
     /// ```
     pub fn matmul(&self, rhs: &Tensor) -> Result<Tensor> {
+        let _op = crate::profile::op("matmul", &[self.as_input(), rhs.as_input()]);
         same_device(&[self, rhs])?;
         let err = || TensorError::MatmulShape {
             op: "matmul",
@@ -102,6 +103,7 @@ impl Tensor {
 
     /// Batched matrix product of two 3-D tensors with equal batch size.
     pub fn bmm(&self, rhs: &Tensor) -> Result<Tensor> {
+        let _op = crate::profile::op("bmm", &[self.as_input(), rhs.as_input()]);
         if self.rank() != 3 || rhs.rank() != 3 || self.dims()[0] != rhs.dims()[0] {
             return Err(TensorError::MatmulShape {
                 op: "bmm",
@@ -114,6 +116,7 @@ impl Tensor {
 
     /// Product of two matrices.
     pub fn mm(&self, rhs: &Tensor) -> Result<Tensor> {
+        let _op = crate::profile::op("mm", &[self.as_input(), rhs.as_input()]);
         if self.rank() != 2 || rhs.rank() != 2 {
             return Err(TensorError::MatmulShape {
                 op: "mm",
@@ -146,6 +149,7 @@ impl Tensor {
         beta: impl Into<Scalar>,
         alpha: impl Into<Scalar>,
     ) -> Result<Tensor> {
+        let _op = crate::profile::op("addmm", &[self.as_input(), m1.as_input(), m2.as_input()]);
         let p = m1.mm(m2)?;
         let r = p.mul(alpha.into())?.add(&self.mul(beta.into())?)?;
         if r.shape() != p.shape() {

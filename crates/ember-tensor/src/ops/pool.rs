@@ -278,6 +278,7 @@ impl Tensor {
     /// flat index `h·W + w` into its input plane (i64), as PyTorch's `return_indices=True`;
     /// the backward pass scatters gradients to these positions.
     pub fn max_pool2d_with_indices(&self, opts: &MaxPool2dOptions) -> Result<(Tensor, Tensor)> {
+        let _op = crate::profile::op1("max_pool2d_with_indices", self);
         let (x4, p, batched) = pool_setup(
             self,
             "max_pool2d",
@@ -307,6 +308,7 @@ impl Tensor {
     /// # Ok::<(), ember_tensor::TensorError>(())
     /// ```
     pub fn avg_pool2d(&self, opts: &AvgPool2dOptions) -> Result<Tensor> {
+        let _op = crate::profile::op1("avg_pool2d", self);
         let (x4, p, batched) = pool_setup(
             self,
             "avg_pool2d",

@@ -30,6 +30,7 @@ impl Tensor {
     }
 
     fn reduce_op(&self, op: ReduceOp, dims: &[usize], keepdim: bool) -> Result<Tensor> {
+        let _op = crate::profile::op1(op.name(), self);
         let s = self.with_storage(|s, l| s.reduce(op, l, dims))?;
         let shape: Vec<usize> = self
             .dims()
@@ -102,6 +103,7 @@ impl Tensor {
     }
 
     fn mean_impl(&self, dims: &[usize], keepdim: bool) -> Result<Tensor> {
+        let _op = crate::profile::op1("mean", self);
         let x = self.float_input("mean")?;
         let n = self.reduce_n(dims);
         x.reduce_op(ReduceOp::Sum, dims, keepdim)?
@@ -209,6 +211,7 @@ impl Tensor {
         keepdim: bool,
         op: &'static str,
     ) -> Result<Tensor> {
+        let _op = crate::profile::op1("var", self);
         let x = self.float_input(op)?;
         let n = self.reduce_n(dims) as f64;
         let mean = x.reduce_op(ReduceOp::Sum, dims, true)?.div(n)?;
@@ -257,6 +260,7 @@ impl Tensor {
     /// `log(sum(exp(x)))` over `dims`, computed stably (max subtracted first). Integer
     /// inputs compute in f32.
     pub fn logsumexp(&self, dims: impl ReduceDims) -> Result<Tensor> {
+        let _op = crate::profile::op1("logsumexp", self);
         let keepdim = dims.keepdim();
         let d = self.reduce_dims(dims.dims(), "logsumexp")?;
         let out_dtype = if self.dtype().is_float() {
@@ -299,6 +303,7 @@ impl Tensor {
     }
 
     fn norm_impl(&self, p: f64, dims: &[usize], keepdim: bool) -> Result<Tensor> {
+        let _op = crate::profile::op1("linalg_vector_norm", self);
         let x = self.float_input("norm")?;
         let a = x.abs()?;
         let r = if p == 2.0 {
@@ -339,11 +344,13 @@ impl Tensor {
     /// # Ok::<(), ember_tensor::TensorError>(())
     /// ```
     pub fn softmax(&self, dim: impl Dim) -> Result<Tensor> {
+        let _op = crate::profile::op1("softmax", self);
         self.softmax_op(dim, false)
     }
 
     /// `log(softmax(x))` along `dim`, computed as `x - max - log(sum(exp(x - max)))`.
     pub fn log_softmax(&self, dim: impl Dim) -> Result<Tensor> {
+        let _op = crate::profile::op1("log_softmax", self);
         self.softmax_op(dim, true)
     }
 

@@ -8,6 +8,7 @@ use crate::tensor::Tensor;
 
 impl Tensor {
     fn unary_op<O: UnaryOpT>(&self) -> Result<Tensor> {
+        let _op = crate::profile::op1(O::NAME, self);
         let dtype =
             unary_compute_dtype(O::KIND, self.dtype()).ok_or(TensorError::UnsupportedDType {
                 op: O::NAME,
@@ -138,6 +139,7 @@ impl Tensor {
     /// # Ok::<(), ember_tensor::TensorError>(())
     /// ```
     pub fn clamp(&self, min: impl ClampBound, max: impl ClampBound) -> Result<Tensor> {
+        let _op = crate::profile::op1("clamp", self);
         let (min, max) = (min.bound(), max.bound());
         if min.is_none() && max.is_none() {
             return Err(TensorError::invalid(

@@ -260,6 +260,7 @@ impl Tensor {
         if dtype == self.dtype() {
             return Ok(self.clone());
         }
+        let _op = crate::profile::op1("_to_copy", self);
         let s = self.with_storage(|s, l| s.cast(l, dtype))?;
         Ok(Tensor::from_storage(s, self.shape()))
     }
@@ -274,6 +275,7 @@ impl Tensor {
 
     /// A contiguous copy with its own storage (PyTorch's `clone()`; Rust's `Clone` shares).
     pub fn copy(&self) -> Result<Tensor> {
+        let _op = crate::profile::op1("clone", self);
         let s = self.with_storage(|s, l| s.cast(l, self.dtype()))?;
         Ok(Tensor::from_storage(s, self.shape()))
     }
@@ -289,6 +291,7 @@ impl Tensor {
         if *device == self.device() {
             return Ok(self.clone());
         }
+        let _op = crate::profile::op1("_to_copy", self);
         // Only the view's elements travel: a contiguous copy on the source device first
         // when the view is not the whole storage in order.
         let whole = self.is_contiguous()

@@ -22,10 +22,10 @@
 //! use ember_device::trace::{self, Subscriber, TraceEvent};
 //!
 //! #[derive(Debug, Default)]
-//! struct Names(Mutex<Vec<&'static str>>);
+//! struct Names(Mutex<Vec<String>>);
 //! impl Subscriber for Names {
 //!     fn on_event(&self, event: &TraceEvent) {
-//!         self.0.lock().unwrap().push(event.name);
+//!         self.0.lock().unwrap().push(event.name.to_string());
 //!     }
 //! }
 //!
@@ -40,12 +40,15 @@
 //! assert!(seen.windows(2).any(|w| w == ["inner", "outer"]));
 //! ```
 
+use std::borrow::Cow;
 use std::cell::Cell;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::thread::ThreadId;
 use std::time::Instant;
+
+pub mod device;
 
 /// What kind of event a [`TraceEvent`] is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -56,22 +59,67 @@ pub enum EventKind {
     Instant,
 }
 
+/// Who made a range, as the profiler groups and draws it (the `cat` of a Chrome trace).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Category {
+    /// A tensor op (`ember-tensor`'s fronts); shown with the `aten::` prefix PyTorch uses.
+    Op,
+    /// A user's `record_function`, an optimizer step, a DataLoader batch, a profiler step.
+    UserAnnotation,
+    /// An autograd backward node (`MulBackward0`) or the engine's evaluation around it.
+    Backward,
+    /// A call into the CUDA driver or a library that enqueues device work
+    /// (`cudaLaunchKernel`, `cudaMemcpyAsync`, `cublasGemm`); carries a correlation id.
+    Runtime,
+    /// Anything else (allocator points, internal ranges).
+    Other,
+}
+
 /// One completed range or point event.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TraceEvent {
+    /// Unique per range (0 for a point event); matches [`Subscriber::on_begin`]'s id.
+    pub id: u64,
     /// The name given at the call site.
-    pub name: &'static str,
-    /// Metadata from the call site's closure; empty if none was given.
+    pub name: Cow<'static, str>,
+    /// What made it.
+    pub category: Category,
+    /// Metadata from the call site's closure; empty if none was given. Ops write
+    /// `{"Input Dims":[[2,3],[]],"Input type":["float","Scalar"]}` when shapes are recorded
+    /// (see [`shapes_wanted`]); allocator points write a JSON object too.
     pub metadata: String,
     /// Range or point.
     pub kind: EventKind,
     /// The thread the event happened on.
     pub thread: ThreadId,
+    /// A small process-unique number for the thread (1 for the first thread that traced).
+    pub tid: u64,
     /// When the range began (or the point happened).
     pub start: Instant,
     /// When the range ended (equal to `start` for a point).
     pub end: Instant,
     /// Traced ranges open around this one on its thread.
+    pub depth: u32,
+    /// Links a [`Category::Runtime`] range to the device activity it enqueued (0 if none).
+    pub correlation: u64,
+}
+
+/// A range that has just opened (delivered to [`Subscriber::on_begin`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct BeginEvent {
+    /// The range's id, repeated in its [`TraceEvent`].
+    pub id: u64,
+    /// The name given at the call site.
+    pub name: Cow<'static, str>,
+    /// What made it.
+    pub category: Category,
+    /// Metadata from the call site's closure.
+    pub metadata: String,
+    /// A small process-unique number for the thread.
+    pub tid: u64,
+    /// When it began.
+    pub start: Instant,
+    /// Traced ranges open around it on its thread.
     pub depth: u32,
 }
 
@@ -79,21 +127,54 @@ pub struct TraceEvent {
 pub trait Subscriber: Send + Sync + fmt::Debug {
     /// Called for each completed range and each point event.
     fn on_event(&self, event: &TraceEvent);
+
+    /// Called when a range opens while someone listens (so that a profiler can close ranges
+    /// still open when it stops). The default ignores it.
+    fn on_begin(&self, _event: &BeginEvent) {}
 }
 
 static ACTIVE: AtomicUsize = AtomicUsize::new(0);
+static SHAPES: AtomicBool = AtomicBool::new(false);
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+static NEXT_RANGE: AtomicU64 = AtomicU64::new(1);
+static NEXT_TID: AtomicU64 = AtomicU64::new(1);
 type Subscribers = Vec<(u64, Arc<dyn Subscriber>)>;
 static SUBSCRIBERS: RwLock<Subscribers> = RwLock::new(Vec::new());
 
 thread_local! {
     static DEPTH: Cell<u32> = const { Cell::new(0) };
+    static TID: Cell<u64> = const { Cell::new(0) };
 }
 
 /// `true` while at least one subscriber listens.
 #[inline]
 pub fn is_active() -> bool {
     ACTIVE.load(Ordering::Relaxed) != 0
+}
+
+/// Whether ops should describe their inputs' shapes and dtypes in their metadata (the
+/// profiler's `record_shapes`). Only meaningful while [`is_active`].
+#[inline]
+pub fn shapes_wanted() -> bool {
+    SHAPES.load(Ordering::Relaxed)
+}
+
+/// Turn shape recording on or off for every op (the profiler sets it while it records).
+pub fn set_shapes_wanted(on: bool) {
+    SHAPES.store(on, Ordering::Relaxed);
+}
+
+/// This thread's small process-unique number (assigned on first use, from 1).
+pub fn thread_tid() -> u64 {
+    TID.with(|t| {
+        let v = t.get();
+        if v != 0 {
+            return v;
+        }
+        let v = NEXT_TID.fetch_add(1, Ordering::Relaxed);
+        t.set(v);
+        v
+    })
 }
 
 /// Start delivering events to `subscriber` until the returned [`Subscription`] is dropped.
@@ -125,24 +206,30 @@ impl Drop for Subscription {
     }
 }
 
-fn deliver(event: &TraceEvent) {
-    let subs: Vec<Arc<dyn Subscriber>> = SUBSCRIBERS
+fn subscribers() -> Vec<Arc<dyn Subscriber>> {
+    SUBSCRIBERS
         .read()
         .unwrap_or_else(|e| e.into_inner())
         .iter()
         .map(|(_, s)| Arc::clone(s))
-        .collect();
-    for s in subs {
+        .collect()
+}
+
+fn deliver(event: &TraceEvent) {
+    for s in subscribers() {
         s.on_event(event);
     }
 }
 
 #[derive(Debug)]
 struct OpenRange {
-    name: &'static str,
+    id: u64,
+    name: Cow<'static, str>,
+    category: Category,
     metadata: String,
     start: Instant,
     depth: u32,
+    correlation: u64,
 }
 
 /// An open range; the event is delivered when it is dropped. Inert (no state, nothing on
@@ -154,6 +241,11 @@ pub struct RangeGuard {
 }
 
 impl RangeGuard {
+    /// A guard that records nothing.
+    pub const fn inert() -> RangeGuard {
+        RangeGuard { open: None }
+    }
+
     /// `true` if this range is being traced.
     pub fn is_recording(&self) -> bool {
         self.open.is_some()
@@ -166,13 +258,17 @@ impl Drop for RangeGuard {
             let end = Instant::now();
             DEPTH.with(|d| d.set(open.depth));
             deliver(&TraceEvent {
+                id: open.id,
                 name: open.name,
+                category: open.category,
                 metadata: open.metadata,
                 kind: EventKind::Range,
                 thread: std::thread::current().id(),
+                tid: thread_tid(),
                 start: open.start,
                 end,
                 depth: open.depth,
+                correlation: open.correlation,
             });
         }
     }
@@ -182,33 +278,114 @@ impl Drop for RangeGuard {
 #[inline]
 pub fn range(name: &'static str) -> RangeGuard {
     if !is_active() {
-        return RangeGuard { open: None };
+        return RangeGuard::inert();
     }
-    open_range(name, String::new())
+    open_range(Cow::Borrowed(name), Category::Other, String::new(), 0)
 }
 
 /// Open a range with metadata; `metadata` runs only if someone listens.
 #[inline]
 pub fn range_with(name: &'static str, metadata: impl FnOnce() -> String) -> RangeGuard {
     if !is_active() {
-        return RangeGuard { open: None };
+        return RangeGuard::inert();
     }
-    open_range(name, metadata())
+    open_range(Cow::Borrowed(name), Category::Other, metadata(), 0)
+}
+
+/// Open a tensor op's range (`name` without the `aten::` prefix); `inputs` describes the
+/// inputs (see [`TraceEvent::metadata`]) and runs only if someone listens and wants shapes.
+#[inline]
+pub fn op_range(name: &'static str, inputs: impl FnOnce() -> String) -> RangeGuard {
+    if !is_active() {
+        return RangeGuard::inert();
+    }
+    let metadata = if shapes_wanted() {
+        inputs()
+    } else {
+        String::new()
+    };
+    open_range(Cow::Borrowed(name), Category::Op, metadata, 0)
+}
+
+/// Open a range of `category` whose name is made only if someone listens.
+#[inline]
+pub fn range_named(category: Category, name: impl FnOnce() -> Cow<'static, str>) -> RangeGuard {
+    if !is_active() {
+        return RangeGuard::inert();
+    }
+    open_range(name(), category, String::new(), 0)
+}
+
+/// Open a range of `category` whose name is made only if someone listens, and whose inputs
+/// are described (as [`op_range`]'s) only if shapes are wanted too.
+#[inline]
+pub fn range_with_inputs(
+    category: Category,
+    name: impl FnOnce() -> Cow<'static, str>,
+    inputs: impl FnOnce() -> String,
+) -> RangeGuard {
+    if !is_active() {
+        return RangeGuard::inert();
+    }
+    let metadata = if shapes_wanted() {
+        inputs()
+    } else {
+        String::new()
+    };
+    open_range(name(), category, metadata, 0)
+}
+
+/// Open a [`Category::Runtime`] range that enqueued the device activity `correlation`.
+pub(crate) fn runtime_range(name: &'static str, correlation: u64) -> RangeGuard {
+    if !is_active() {
+        return RangeGuard::inert();
+    }
+    open_range(
+        Cow::Borrowed(name),
+        Category::Runtime,
+        String::new(),
+        correlation,
+    )
 }
 
 #[cold]
-fn open_range(name: &'static str, metadata: String) -> RangeGuard {
+fn open_range(
+    name: Cow<'static, str>,
+    category: Category,
+    metadata: String,
+    correlation: u64,
+) -> RangeGuard {
     let depth = DEPTH.with(|d| {
         let depth = d.get();
         d.set(depth + 1);
         depth
     });
+    let id = NEXT_RANGE.fetch_add(1, Ordering::Relaxed);
+    let start = Instant::now();
+    let subs = subscribers();
+    if !subs.is_empty() {
+        let begin = BeginEvent {
+            id,
+            name: name.clone(),
+            category,
+            metadata: metadata.clone(),
+            tid: thread_tid(),
+            start,
+            depth,
+        };
+        for s in subs {
+            s.on_begin(&begin);
+        }
+    }
     RangeGuard {
         open: Some(OpenRange {
+            id,
             name,
+            category,
             metadata,
-            start: Instant::now(),
+            start,
             depth,
+            correlation,
         }),
     }
 }
@@ -225,13 +402,17 @@ pub fn instant(name: &'static str, metadata: impl FnOnce() -> String) {
 fn emit_instant(name: &'static str, metadata: String) {
     let now = Instant::now();
     deliver(&TraceEvent {
-        name,
+        id: 0,
+        name: Cow::Borrowed(name),
+        category: Category::Other,
         metadata,
         kind: EventKind::Instant,
         thread: std::thread::current().id(),
+        tid: thread_tid(),
         start: now,
         end: now,
         depth: DEPTH.with(Cell::get),
+        correlation: 0,
     });
 }
 
@@ -283,7 +464,7 @@ mod tests {
         let events = rec.take();
         let summary: Vec<_> = events
             .iter()
-            .map(|e| (e.name, e.kind, e.depth, e.metadata.as_str()))
+            .map(|e| (e.name.as_ref(), e.kind, e.depth, e.metadata.as_str()))
             .collect();
         assert_eq!(
             summary,

@@ -1,0 +1,643 @@
+//! [`profile`] and [`Profiler`]: recording with the trace hooks, cycles of a [`Schedule`].
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime};
+
+use ember_device::cuda;
+use ember_device::driver::{Driver, EventHandle, StreamHandle};
+use ember_device::trace::device::{self as device_trace, DeviceActivity, DeviceSink};
+use ember_device::trace::{
+    self, BeginEvent, Category, EventKind, RangeGuard, Subscriber, Subscription, TraceEvent,
+};
+
+use crate::error::{ProfilerError, Result};
+use crate::event::{self, Profile, RawDevice, RawMemory, RawRange};
+use crate::schedule::{ProfilerAction, Schedule};
+
+/// What to record, as `torch.profiler.ProfilerActivity`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ProfilerActivity {
+    /// Host ranges: ops, autograd nodes, `record_function`, driver calls.
+    Cpu,
+    /// Device work: kernels and copies, timed on the device.
+    Cuda,
+}
+
+/// Called with each finished cycle's trace (`on_trace_ready`).
+pub type TraceHandler = Box<dyn FnMut(&Profile) -> Result<()> + Send>;
+
+/// The arguments of `torch.profiler.profile(...)`.
+pub struct ProfileOptions {
+    /// What to record; [`ProfileOptions::default`] gives both, as PyTorch's default where
+    /// CUDA is available (`Cuda` records nothing where no CUDA device runs work).
+    pub activities: Vec<ProfilerActivity>,
+    /// Record each op's input dims and dtypes.
+    pub record_shapes: bool,
+    /// Record each allocation and free of the caching allocators.
+    pub profile_memory: bool,
+    /// Record the call site of each op.
+    pub with_stack: bool,
+    /// Which steps to record; `None` records from start to stop.
+    pub schedule: Option<Schedule>,
+    /// Called with the trace of each finished cycle (and, without a schedule, at stop).
+    pub on_trace_ready: Option<TraceHandler>,
+}
+
+impl fmt::Debug for ProfileOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ProfileOptions")
+            .field("activities", &self.activities)
+            .field("record_shapes", &self.record_shapes)
+            .field("profile_memory", &self.profile_memory)
+            .field("with_stack", &self.with_stack)
+            .field("schedule", &self.schedule)
+            .field(
+                "on_trace_ready",
+                &self.on_trace_ready.as_ref().map(|_| "<handler>"),
+            )
+            .finish()
+    }
+}
+
+impl Default for ProfileOptions {
+    fn default() -> Self {
+        ProfileOptions {
+            activities: vec![ProfilerActivity::Cpu, ProfilerActivity::Cuda],
+            record_shapes: false,
+            profile_memory: false,
+            with_stack: false,
+            schedule: None,
+            on_trace_ready: None,
+        }
+    }
+}
+
+impl ProfileOptions {
+    /// The defaults (see [`ProfileOptions::activities`]).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Set the activities.
+    pub fn activities(mut self, a: impl IntoIterator<Item = ProfilerActivity>) -> Self {
+        self.activities = a.into_iter().collect();
+        self
+    }
+
+    /// Set `record_shapes`.
+    pub fn record_shapes(mut self, on: bool) -> Self {
+        self.record_shapes = on;
+        self
+    }
+
+    /// Set `profile_memory`.
+    pub fn profile_memory(mut self, on: bool) -> Self {
+        self.profile_memory = on;
+        self
+    }
+
+    /// Set `with_stack`.
+    pub fn with_stack(mut self, on: bool) -> Self {
+        self.with_stack = on;
+        self
+    }
+
+    /// Set the schedule.
+    pub fn schedule(mut self, s: Schedule) -> Self {
+        self.schedule = Some(s);
+        self
+    }
+
+    /// Set `on_trace_ready`.
+    pub fn on_trace_ready(
+        mut self,
+        handler: impl FnMut(&Profile) -> Result<()> + Send + 'static,
+    ) -> Self {
+        self.on_trace_ready = Some(Box::new(handler));
+        self
+    }
+}
+
+/// `torch.profiler.record_function(name)`: a user range, shown as `user_annotation`; it ends
+/// when the guard drops. Free (one atomic load) while no profiler records.
+///
+/// ```
+/// let _forward = ember_profiler::record_function("forward");
+/// ```
+pub fn record_function(name: impl Into<Cow<'static, str>>) -> RangeGuard {
+    trace::range_named(Category::UserAnnotation, || name.into())
+}
+
+static PROFILING: AtomicBool = AtomicBool::new(false);
+
+/// Start profiling, as `with torch.profiler.profile(...) as prof:`; recording ends at
+/// [`Profiler::stop`] or when the profiler drops. One profiler at a time per process: a
+/// second is [`ProfilerError::AlreadyActive`].
+///
+/// ```
+/// use ember_profiler::{ProfileOptions, ProfilerActivity, profile, record_function};
+/// let mut prof = profile(ProfileOptions::new().activities([ProfilerActivity::Cpu]))?;
+/// {
+///     let _r = record_function("work");
+/// }
+/// prof.stop()?;
+/// let table = prof.key_averages()?.table("cpu_time_total", 10)?;
+/// assert!(table.contains("work"));
+/// # Ok::<(), ember_profiler::ProfilerError>(())
+/// ```
+pub fn profile(options: ProfileOptions) -> Result<Profiler> {
+    if PROFILING
+        .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+        .is_err()
+    {
+        return Err(ProfilerError::AlreadyActive);
+    }
+    let mut p = Profiler {
+        cpu: options.activities.contains(&ProfilerActivity::Cpu),
+        cuda: options.activities.contains(&ProfilerActivity::Cuda),
+        options,
+        step_num: 0,
+        action: ProfilerAction::None,
+        recording: None,
+        step_range: None,
+        last: None,
+        stopped: false,
+    };
+    let first = p.action_for(0);
+    p.transit(ProfilerAction::None, first)?;
+    p.action = first;
+    p.open_step_range();
+    Ok(p)
+}
+
+/// `with profile(...) as prof: f(prof)`: runs `f` with a profiler, stops it, and returns
+/// `f`'s result with the stopped profiler (for its tables and traces).
+pub fn with_profile<T>(
+    options: ProfileOptions,
+    f: impl FnOnce(&mut Profiler) -> T,
+) -> Result<(T, Profiler)> {
+    let mut p = profile(options)?;
+    let out = f(&mut p);
+    p.stop()?;
+    Ok((out, p))
+}
+
+/// A running (then stopped) profiler. See [`profile`].
+pub struct Profiler {
+    options: ProfileOptions,
+    cpu: bool,
+    cuda: bool,
+    step_num: u64,
+    action: ProfilerAction,
+    recording: Option<Recording>,
+    step_range: Option<RangeGuard>,
+    last: Option<Profile>,
+    stopped: bool,
+}
+
+impl fmt::Debug for Profiler {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Profiler")
+            .field("options", &self.options)
+            .field("step_num", &self.step_num)
+            .field("action", &self.action)
+            .field("stopped", &self.stopped)
+            .finish()
+    }
+}
+
+impl Profiler {
+    /// `prof.step()`: the end of one step of the loop; moves the schedule on.
+    pub fn step(&mut self) -> Result<()> {
+        if self.stopped {
+            return Err(ProfilerError::Stopped { op: "step" });
+        }
+        self.step_range = None;
+        let prev = self.action;
+        self.step_num += 1;
+        let next = self.action_for(self.step_num);
+        self.transit(prev, next)?;
+        self.action = next;
+        self.open_step_range();
+        Ok(())
+    }
+
+    /// The step number (steps taken so far).
+    pub fn step_num(&self) -> u64 {
+        self.step_num
+    }
+
+    /// The action of the current step.
+    pub fn current_action(&self) -> ProfilerAction {
+        self.action
+    }
+
+    /// Stop recording: the current cycle's trace is kept (and handed to `on_trace_ready`).
+    /// Stopping twice is harmless.
+    pub fn stop(&mut self) -> Result<()> {
+        if self.stopped {
+            return Ok(());
+        }
+        self.stopped = true;
+        self.step_range = None;
+        let result = match self.action {
+            ProfilerAction::Record | ProfilerAction::RecordAndSave => self.finish_cycle(),
+            ProfilerAction::Warmup | ProfilerAction::None => {
+                self.recording = None;
+                Ok(())
+            }
+        };
+        PROFILING.store(false, Ordering::Release);
+        result
+    }
+
+    /// The last finished trace (after [`Profiler::stop`], or the last cycle a schedule
+    /// finished).
+    pub fn profile(&self) -> Result<&Profile> {
+        match &self.last {
+            Some(p) => Ok(p),
+            None if !self.stopped => Err(ProfilerError::StillRunning { op: "profile" }),
+            None => Err(ProfilerError::Stopped { op: "profile" }),
+        }
+    }
+
+    /// `prof.key_averages()`: events grouped by name, over the last finished trace.
+    pub fn key_averages(&self) -> Result<crate::table::KeyAverages> {
+        Ok(self.last_or_running("key_averages")?.key_averages(false))
+    }
+
+    /// `prof.key_averages(group_by_input_shape=True)`.
+    pub fn key_averages_by_input_shape(&self) -> Result<crate::table::KeyAverages> {
+        Ok(self.last_or_running("key_averages")?.key_averages(true))
+    }
+
+    /// `prof.export_chrome_trace(path)`: the last finished trace as a Chrome trace file.
+    pub fn export_chrome_trace(&self, path: impl AsRef<std::path::Path>) -> Result<()> {
+        self.last_or_running("export_chrome_trace")?
+            .export_chrome_trace(path)
+    }
+
+    fn last_or_running(&self, op: &'static str) -> Result<&Profile> {
+        match &self.last {
+            Some(p) => Ok(p),
+            None if !self.stopped => Err(ProfilerError::StillRunning { op }),
+            None => Ok(empty_profile()),
+        }
+    }
+
+    fn action_for(&self, step: u64) -> ProfilerAction {
+        match &self.options.schedule {
+            Some(s) => s.action(step),
+            None => ProfilerAction::Record,
+        }
+    }
+
+    fn open_step_range(&mut self) {
+        if self.options.schedule.is_some() && self.action != ProfilerAction::None {
+            let n = self.step_num;
+            self.step_range = Some(trace::range_named(Category::UserAnnotation, || {
+                Cow::Owned(format!("ProfilerStep#{n}"))
+            }));
+        }
+    }
+
+    /// PyTorch's `_transit_action` table.
+    fn transit(&mut self, prev: ProfilerAction, next: ProfilerAction) -> Result<()> {
+        use ProfilerAction::{None as N, Record as R, RecordAndSave as S, Warmup as W};
+        match (prev, next) {
+            (N, N) | (W, W) | (R, R) | (R, S) => Ok(()),
+            (N, W) | (N, R) | (N, S) => {
+                self.start_recording();
+                Ok(())
+            }
+            (W, N) => {
+                self.recording = None;
+                Ok(())
+            }
+            (W, R) | (W, S) => {
+                // The warm-up ran the hooks; what they recorded is dropped.
+                self.start_recording();
+                Ok(())
+            }
+            (R, N) | (S, N) => self.finish_cycle(),
+            (R, W) | (S, W) | (S, R) | (S, S) => {
+                let r = self.finish_cycle();
+                self.start_recording();
+                r
+            }
+        }
+    }
+
+    fn start_recording(&mut self) {
+        self.recording = None;
+        self.recording = Some(Recording::start(&self.options, self.cpu, self.cuda));
+    }
+
+    fn finish_cycle(&mut self) -> Result<()> {
+        let Some(rec) = self.recording.take() else {
+            return Ok(());
+        };
+        let profile = rec.finish(&self.options);
+        let handled = match &mut self.options.on_trace_ready {
+            Some(h) => h(&profile).map_err(|e| ProfilerError::Handler(Box::new(e))),
+            None => Ok(()),
+        };
+        self.last = Some(profile);
+        handled
+    }
+}
+
+impl Drop for Profiler {
+    fn drop(&mut self) {
+        // Errors of a handler at drop have nowhere to go; `stop()` reports them.
+        let _ = self.stop();
+    }
+}
+
+/// The trace of a profiler that recorded no step (its tables are empty).
+fn empty_profile() -> &'static Profile {
+    static EMPTY: std::sync::OnceLock<Profile> = std::sync::OnceLock::new();
+    EMPTY.get_or_init(|| Profile {
+        events: Vec::new(),
+        started_at: SystemTime::UNIX_EPOCH,
+        duration: Duration::ZERO,
+        activities: Vec::new(),
+        record_shapes: false,
+        profile_memory: false,
+        with_stack: false,
+        devices: Vec::new(),
+        emulated: false,
+        untimed: 0,
+    })
+}
+
+/// What the hooks deliver during one cycle.
+#[derive(Debug, Default)]
+struct Collected {
+    ranges: Vec<RawRange>,
+    open: HashMap<u64, BeginEvent>,
+    memory: Vec<RawMemory>,
+    device: Vec<DeviceActivity>,
+}
+
+/// The subscriber and device sink of one cycle.
+#[derive(Debug)]
+struct Collector {
+    cpu: bool,
+    memory: bool,
+    state: Mutex<Collected>,
+}
+
+impl Collector {
+    fn lock(&self) -> MutexGuard<'_, Collected> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Subscriber for Collector {
+    fn on_begin(&self, e: &BeginEvent) {
+        if self.cpu {
+            self.lock().open.insert(e.id, e.clone());
+        }
+    }
+
+    fn on_event(&self, e: &TraceEvent) {
+        match e.kind {
+            EventKind::Range if self.cpu => {
+                let mut s = self.lock();
+                s.open.remove(&e.id);
+                s.ranges.push(RawRange {
+                    name: e.name.to_string(),
+                    category: e.category,
+                    metadata: e.metadata.clone(),
+                    tid: e.tid,
+                    start: e.start,
+                    end: e.end,
+                    depth: e.depth,
+                    correlation: e.correlation,
+                    truncated: false,
+                });
+            }
+            EventKind::Instant
+                if self.memory && (e.name == "memory.alloc" || e.name == "memory.free") =>
+            {
+                if let Some(record) = event::parse_memory(&e.name, &e.metadata) {
+                    self.lock().memory.push(RawMemory {
+                        tid: e.tid,
+                        at: e.start,
+                        depth: e.depth,
+                        record,
+                    });
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+impl DeviceSink for Collector {
+    fn on_activity(&self, activity: DeviceActivity) {
+        self.lock().device.push(activity);
+    }
+}
+
+/// A reference event per device, recorded on the idle device when the cycle ends, that
+/// places device times on the host clock (Note [Device activity] in `ember-device`).
+#[derive(Debug)]
+struct DeviceClock {
+    device: usize,
+    event: EventHandle,
+    host: Instant,
+}
+
+/// One cycle being recorded.
+#[derive(Debug)]
+struct Recording {
+    collector: Arc<Collector>,
+    subscription: Option<Subscription>,
+    cuda: bool,
+    t0: Instant,
+    started_at: SystemTime,
+    untimed_before: u64,
+}
+
+impl Recording {
+    fn start(options: &ProfileOptions, cpu: bool, cuda: bool) -> Recording {
+        let collector = Arc::new(Collector {
+            cpu,
+            memory: options.profile_memory,
+            state: Mutex::new(Collected::default()),
+        });
+        if cuda {
+            // Installing the sink touches no CUDA state: the process's driver is chosen by
+            // the user's first CUDA call, during the profile or before it.
+            let sink: Arc<dyn DeviceSink> = collector.clone();
+            device_trace::set_sink(Some(sink));
+        }
+        trace::set_shapes_wanted(options.record_shapes);
+        let subscription = (cpu || options.profile_memory).then(|| {
+            let sub: Arc<dyn Subscriber> = collector.clone();
+            trace::subscribe(sub)
+        });
+        Recording {
+            collector,
+            subscription,
+            cuda,
+            t0: Instant::now(),
+            started_at: SystemTime::now(),
+            untimed_before: device_trace::untimed_count(),
+        }
+    }
+
+    fn finish(mut self, options: &ProfileOptions) -> Profile {
+        let end = Instant::now();
+        self.subscription = None;
+        trace::set_shapes_wanted(false);
+        if self.cuda {
+            device_trace::set_sink(None);
+        }
+        let collected = std::mem::take(&mut *self.collector.lock());
+        // Device work was enqueued only if the process has a driver already.
+        let driver = cuda::initialized_driver().filter(|_| !collected.device.is_empty());
+        let mut clocks: Vec<DeviceClock> = Vec::new();
+        if let Some(d) = &driver {
+            for a in &collected.device {
+                if !clocks.iter().any(|c| c.device == a.device)
+                    && let Some(c) = device_clock(&**d, a.device)
+                {
+                    clocks.push(c);
+                }
+            }
+        }
+        let mut ranges = collected.ranges;
+        ranges.extend(collected.open.into_values().map(|b| RawRange {
+            name: b.name.into_owned(),
+            category: b.category,
+            metadata: b.metadata,
+            tid: b.tid,
+            start: b.start,
+            end,
+            depth: b.depth,
+            correlation: 0,
+            truncated: true,
+        }));
+        let mut untimed = 0;
+        let mut device = Vec::with_capacity(collected.device.len());
+        let mut used = Vec::new();
+        for a in collected.device {
+            match resolve(driver.as_deref(), &clocks, &a) {
+                Some(d) => {
+                    if !used.contains(&d.device) {
+                        used.push(d.device);
+                    }
+                    device.push(d);
+                }
+                None => untimed += 1,
+            }
+        }
+        used.sort_unstable();
+        let devices = match &driver {
+            Some(d) => used
+                .iter()
+                .filter_map(|&i| d.properties(i).ok().map(|p| (i, p)))
+                .collect(),
+            None => Vec::new(),
+        };
+        if let Some(d) = &driver {
+            for c in &clocks {
+                let _ = d.event_destroy(c.event);
+            }
+        }
+        let emulated = driver.is_some() && cuda::is_emulated();
+        let events = event::resolve(self.t0, ranges, collected.memory, device, emulated);
+        Profile {
+            events,
+            started_at: self.started_at,
+            duration: end.saturating_duration_since(self.t0),
+            activities: options.activities.clone(),
+            record_shapes: options.record_shapes,
+            profile_memory: options.profile_memory,
+            with_stack: options.with_stack,
+            devices,
+            emulated,
+            untimed: untimed + device_trace::untimed_count().saturating_sub(self.untimed_before),
+        }
+    }
+}
+
+/// Device times of `a` on the host clock, from the clock of its device (a reference event
+/// recorded on the idle device after the work: the host time then minus the device time
+/// from `a`'s events to it); its events are destroyed either way.
+fn resolve(
+    driver: Option<&dyn Driver>,
+    clocks: &[DeviceClock],
+    a: &DeviceActivity,
+) -> Option<RawDevice> {
+    let d = driver?;
+    let times = clocks
+        .iter()
+        .find(|c| c.device == a.device)
+        .and_then(|clock| {
+            let to_start = d.event_elapsed_ms(a.start, clock.event).ok()?;
+            let to_end = d.event_elapsed_ms(a.end, clock.event).ok()?;
+            let start = clock.host.checked_sub(ms(to_start))?;
+            let end = clock.host.checked_sub(ms(to_end.min(to_start)))?;
+            Some((start, end))
+        });
+    let _ = d.event_destroy(a.start);
+    let _ = d.event_destroy(a.end);
+    let (start, end) = times?;
+    Some(RawDevice {
+        kind: a.launch.kind,
+        name: a.launch.name.to_string(),
+        device: a.device,
+        stream: a.stream.0,
+        correlation: a.correlation,
+        start,
+        end,
+        bytes: a.launch.bytes,
+        grid: a.launch.grid,
+        block: a.launch.block,
+    })
+}
+
+impl Drop for Recording {
+    fn drop(&mut self) {
+        if self.cuda {
+            device_trace::set_sink(None);
+        }
+        trace::set_shapes_wanted(false);
+        // A cycle dropped unfinished (a warm-up): its device events are ours to destroy.
+        let left = std::mem::take(&mut self.collector.lock().device);
+        if let Some(d) = cuda::initialized_driver() {
+            for a in left {
+                let _ = d.event_destroy(a.start);
+                let _ = d.event_destroy(a.end);
+            }
+        }
+    }
+}
+
+fn ms(v: f32) -> Duration {
+    Duration::from_secs_f64(f64::from(v.max(0.0)) / 1e3)
+}
+
+/// Wait for `device` to be idle, record a reference event and note the host time.
+fn device_clock(d: &dyn Driver, device: usize) -> Option<DeviceClock> {
+    d.synchronize(device).ok()?;
+    let event = d.event_create(device, true).ok()?;
+    if d.event_record(event, StreamHandle::DEFAULT).is_err() || d.event_synchronize(event).is_err()
+    {
+        let _ = d.event_destroy(event);
+        return None;
+    }
+    Some(DeviceClock {
+        device,
+        event,
+        host: Instant::now(),
+    })
+}

@@ -1,0 +1,128 @@
+//! Op ranges for the profiler: each op front opens one [`trace::op_range`] named as PyTorch's
+//! op without its `aten::` prefix (`add`, `mm`, `_to_copy`), describing its inputs when
+//! shapes are recorded. See Note [Zero-cost tracing] in `ember_device::trace`: while no
+//! profiler listens this is one relaxed atomic load and nothing else.
+
+use std::fmt::Write as _;
+
+use ember_device::trace::{self, RangeGuard};
+
+use crate::dtype::DType;
+use crate::scalar::Operand;
+use crate::tensor::Tensor;
+
+/// One input as the profiler describes it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Input<'a> {
+    /// A tensor: its dims and dtype.
+    Tensor(&'a Tensor),
+    /// A Python-style number.
+    Scalar,
+    /// Anything else (an option, a list of ints).
+    Other,
+}
+
+impl<'a> From<&'a Tensor> for Input<'a> {
+    fn from(t: &'a Tensor) -> Self {
+        Input::Tensor(t)
+    }
+}
+
+impl<'a> From<&Operand<'a>> for Input<'a> {
+    fn from(o: &Operand<'a>) -> Self {
+        match o {
+            Operand::Tensor(t) => Input::Tensor(t),
+            _ => Input::Scalar,
+        }
+    }
+}
+
+/// Open the range of op `name` over `inputs`.
+#[inline]
+pub(crate) fn op(name: &'static str, inputs: &[Input<'_>]) -> RangeGuard {
+    trace::op_range(name, || describe(inputs))
+}
+
+/// Open the range of a one-tensor op.
+#[inline]
+pub(crate) fn op1(name: &'static str, x: &Tensor) -> RangeGuard {
+    trace::op_range(name, || describe(&[Input::Tensor(x)]))
+}
+
+/// How the profiler describes `inputs` (for ranges opened outside this crate, such as the
+/// autograd engine's): `{"Input Dims":[[2,3]],"Input type":["float"]}`.
+pub fn describe_inputs(inputs: &[&Tensor]) -> String {
+    let inputs: Vec<Input<'_>> = inputs.iter().map(|t| Input::Tensor(t)).collect();
+    describe(&inputs)
+}
+
+/// PyTorch's name for a dtype in a trace's `Input type`.
+pub fn torch_type_name(dtype: DType) -> &'static str {
+    match dtype {
+        DType::F32 => "float",
+        DType::F64 => "double",
+        DType::F16 => "c10::Half",
+        DType::Bf16 => "c10::BFloat16",
+        DType::I64 => "long int",
+        DType::I32 => "int",
+        DType::U8 => "unsigned char",
+        DType::Bool => "bool",
+    }
+}
+
+/// `{"Input Dims":[[2,3],[]],"Input type":["float","Scalar"]}`, the args PyTorch writes.
+fn describe(inputs: &[Input<'_>]) -> String {
+    let mut dims = String::from("{\"Input Dims\":[");
+    let mut types = String::from(",\"Input type\":[");
+    for (i, input) in inputs.iter().enumerate() {
+        if i > 0 {
+            dims.push(',');
+            types.push(',');
+        }
+        dims.push('[');
+        let ty = match input {
+            Input::Tensor(t) => {
+                for (j, d) in t.dims().iter().enumerate() {
+                    if j > 0 {
+                        dims.push(',');
+                    }
+                    let _ = write!(dims, "{d}");
+                }
+                torch_type_name(t.dtype())
+            }
+            Input::Scalar => "Scalar",
+            Input::Other => "",
+        };
+        dims.push(']');
+        let _ = write!(types, "\"{ty}\"");
+    }
+    dims.push(']');
+    types.push_str("]}");
+    dims + &types
+}
+
+impl Tensor {
+    /// This tensor as a profiler input.
+    #[inline]
+    pub(crate) fn as_input(&self) -> Input<'_> {
+        Input::Tensor(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn describes_tensors_scalars_and_others_as_pytorch_does() -> crate::Result<()> {
+        let a = Tensor::zeros([2, 3], DType::F32)?;
+        let b = Tensor::zeros([], DType::Bf16)?;
+        let s = describe(&[a.as_input(), b.as_input(), Input::Scalar, Input::Other]);
+        assert_eq!(
+            s,
+            r#"{"Input Dims":[[2,3],[],[],[]],"Input type":["float","c10::BFloat16","Scalar",""]}"#
+        );
+        assert_eq!(describe(&[]), r#"{"Input Dims":[],"Input type":[]}"#);
+        Ok(())
+    }
+}

@@ -38,6 +38,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
     if let Some(a) = args.first() {
         return Err(format!("`test` takes no arguments, found {a:?}"));
     }
+    ensure_chromium()?;
     run_step(
         "cargo fmt --check",
         cargo().args(["fmt", "--all", "--", "--check"]),
@@ -116,6 +117,51 @@ pub fn run(args: &[String]) -> Result<(), String> {
     report::run(&["--check".to_string()])?;
     eprintln!("==> all checks passed");
     Ok(())
+}
+
+/// The browser the profiler's memory-timeline test renders its page in
+/// (`crates/ember-profiler/tests/timeline.rs`): `EMBER_CHROMIUM`, or Debian's `chromium`
+/// (or `chromium-browser`, `google-chrome`) on `PATH`; installed with apt-get when missing
+/// and this process may, else an error saying what to install.
+fn ensure_chromium() -> Result<(), String> {
+    let on_path = |name: &str| {
+        std::env::var_os("PATH")
+            .iter()
+            .flat_map(std::env::split_paths)
+            .any(|d| d.join(name).is_file())
+    };
+    if std::env::var_os("EMBER_CHROMIUM").is_some()
+        || ["chromium", "chromium-browser", "google-chrome"]
+            .iter()
+            .any(|n| on_path(n))
+    {
+        return Ok(());
+    }
+    let root = Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
+    if root && on_path("apt-get") {
+        eprintln!(
+            "==> installing Debian's chromium (headless browser for the memory-timeline test)"
+        );
+        let ok = Command::new("sh")
+            .args([
+                "-c",
+                "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null",
+            ])
+            .status()
+            .is_ok_and(|s| s.success());
+        if ok && on_path("chromium") {
+            return Ok(());
+        }
+    }
+    Err(
+        "headless Chromium is needed by the profiler's memory-timeline test and none was found \
+         (chromium, chromium-browser or google-chrome on PATH, or EMBER_CHROMIUM): install it \
+         (Debian: sudo apt-get install chromium)"
+            .into(),
+    )
 }
 
 #[cfg(test)]

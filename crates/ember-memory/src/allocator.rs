@@ -139,11 +139,12 @@ impl CachingAllocator {
         let (block, addr, totals) = {
             let mut state = self.lock();
             let block = state.malloc(self.raw.as_ref(), bytes, stream)?;
-            let totals = tracing::active().then(|| state.totals());
-            (block, state.block_info(block).0, totals)
+            let (addr, size, _) = state.block_info(block);
+            let totals = tracing::active().then(|| (state.totals(), size));
+            (block, addr, totals)
         };
-        if let Some(totals) = totals {
-            tracing::emit("memory.alloc", self.device, addr, bytes, totals);
+        if let Some((totals, size)) = totals {
+            tracing::emit("memory.alloc", self.device, addr, size, totals);
         }
         Ok(Allocation {
             allocator: self.owner(),
@@ -154,14 +155,15 @@ impl CachingAllocator {
         })
     }
 
-    fn free(&self, block: u32, addr: u64, len: usize) {
+    fn free(&self, block: u32, addr: u64) {
         let totals = {
             let mut state = self.lock();
+            let size = state.block_info(block).1;
             state.free(self.raw.as_ref(), block);
-            tracing::active().then(|| state.totals())
+            tracing::active().then(|| (state.totals(), size))
         };
-        if let Some(totals) = totals {
-            tracing::emit("memory.free", self.device, addr, len, totals);
+        if let Some((totals, size)) = totals {
+            tracing::emit("memory.free", self.device, addr, size, totals);
         }
     }
 
@@ -357,7 +359,7 @@ impl Allocation {
 impl Drop for Allocation {
     fn drop(&mut self) {
         if self.block != NIL {
-            self.allocator.get().free(self.block, self.addr, self.len);
+            self.allocator.get().free(self.block, self.addr);
         }
     }
 }

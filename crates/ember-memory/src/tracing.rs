@@ -1,7 +1,8 @@
 //! Allocation and free events for `ember_device::trace` subscribers (the profiler's memory
 //! timeline): point events named `memory.alloc` and `memory.free` whose metadata is a JSON
-//! object `{"device", "addr", "bytes", "total_allocated", "total_reserved"}` (totals after
-//! the event). Emitted after the allocator's lock is released (see Note \[Locking\]); free of
+//! object `{"device", "addr", "bytes", "total_allocated", "total_reserved"}`: `bytes` is the
+//! block's size as the allocator counts it in `memory_allocated` (the request rounded up, as
+//! PyTorch reports it), the totals are those after the event. Emitted after the allocator's lock is released (see Note \[Locking\]); free of
 //! cost beyond one relaxed atomic load while nobody subscribes.
 
 use ember_device::Device;

@@ -216,17 +216,31 @@ pub fn tensorboard_trace_handler(
     worker_name: Option<String>,
 ) -> impl FnMut(&Profile) -> Result<()> + Send + 'static {
     let dir = dir.into();
-    let worker = worker_name.unwrap_or_else(|| format!("{}_{}", host_name(), std::process::id()));
     move |profile: &Profile| {
-        fs::create_dir_all(&dir).map_err(|source| ProfilerError::Io {
-            op: "tensorboard_trace_handler",
-            path: dir.clone(),
-            source,
-        })?;
-        let ns = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
-        let path = dir.join(format!("{worker}.{ns}.pt.trace.json"));
-        profile.export_chrome_trace(path)
+        write_tensorboard_trace(profile, &dir, worker_name.as_deref()).map(drop)
     }
+}
+
+/// What [`tensorboard_trace_handler`] does with one trace: write it into `dir` (created if
+/// missing) as `{worker_name}.{time_ns}.pt.trace.json`; returns the file's path.
+pub fn write_tensorboard_trace(
+    profile: &Profile,
+    dir: &Path,
+    worker_name: Option<&str>,
+) -> Result<PathBuf> {
+    fs::create_dir_all(dir).map_err(|source| ProfilerError::Io {
+        op: "tensorboard_trace_handler",
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    let worker = worker_name.map_or_else(
+        || format!("{}_{}", host_name(), std::process::id()),
+        str::to_string,
+    );
+    let ns = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let path = dir.join(format!("{worker}.{ns}.pt.trace.json"));
+    profile.export_chrome_trace(&path)?;
+    Ok(path)
 }

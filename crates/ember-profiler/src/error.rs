@@ -50,3 +50,21 @@ pub enum ProfilerError {
 
 /// `Result` with [`ProfilerError`].
 pub type Result<T, E = ProfilerError> = std::result::Result<T, E>;
+
+impl ProfilerError {
+    /// The kind it is carried as in Ember's one [`Error`](ember_autograd::Error).
+    pub fn kind(&self) -> ember_device::ErrorKind {
+        use ember_device::ErrorKind;
+        match self {
+            ProfilerError::Io { .. } => ErrorKind::Io,
+            ProfilerError::Handler(inner) => inner.kind(),
+            _ => ErrorKind::InvalidArgument,
+        }
+    }
+}
+
+impl From<ProfilerError> for ember_autograd::Error {
+    fn from(e: ProfilerError) -> Self {
+        ember_autograd::Error::new(e.kind(), e)
+    }
+}

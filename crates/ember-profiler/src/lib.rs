@@ -23,7 +23,8 @@
 //! - [`schedule`](mod@schedule) cycles through wait, warm-up and active steps;
 //!   [`Profiler::step`] moves it on.
 //! - [`table`]: `key_averages()` and PyTorch's table.
-//! - [`chrome`]: `export_chrome_trace` and [`tensorboard_trace_handler`].
+//! - `export_chrome_trace` and [`tensorboard_trace_handler`] (the schema is below).
+//! - [`timeline`]: the memory timeline, `export_memory_timeline` (Note [Memory categories]).
 //!
 //! # Where the events come from
 //!
@@ -66,8 +67,9 @@ mod event;
 mod profiler;
 pub mod schedule;
 pub mod table;
+pub mod timeline;
 
-pub use chrome::tensorboard_trace_handler;
+pub use chrome::{tensorboard_trace_handler, write_tensorboard_trace};
 pub use error::{ProfilerError, Result};
 pub use event::{Event, EventType, MemoryRecord, Profile, Track};
 pub use profiler::{
@@ -76,3 +78,4 @@ pub use profiler::{
 };
 pub use schedule::{ProfilerAction, Schedule, schedule};
 pub use table::{FunctionEventAvg, KeyAverages};
+pub use timeline::{DeviceTimeline, MemoryCategory};

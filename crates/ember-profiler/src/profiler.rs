@@ -281,6 +281,12 @@ impl Profiler {
             .export_chrome_trace(path)
     }
 
+    /// `export_memory_timeline(path)`: the last finished trace's memory as one HTML page.
+    pub fn export_memory_timeline(&self, path: impl AsRef<std::path::Path>) -> Result<()> {
+        self.last_or_running("export_memory_timeline")?
+            .export_memory_timeline(path)
+    }
+
     fn last_or_running(&self, op: &'static str) -> Result<&Profile> {
         match &self.last {
             Some(p) => Ok(p),
@@ -630,6 +636,9 @@ fn ms(v: f32) -> Duration {
 fn device_clock(d: &dyn Driver, device: usize) -> Option<DeviceClock> {
     d.synchronize(device).ok()?;
     let event = d.event_create(device, true).ok()?;
+    // The idle device stamps the event as soon as it is recorded: the host time just before
+    // the call is its host time, off by the latency of one event record.
+    let host = Instant::now();
     if d.event_record(event, StreamHandle::DEFAULT).is_err() || d.event_synchronize(event).is_err()
     {
         let _ = d.event_destroy(event);
@@ -638,6 +647,6 @@ fn device_clock(d: &dyn Driver, device: usize) -> Option<DeviceClock> {
     Some(DeviceClock {
         device,
         event,
-        host: Instant::now(),
+        host,
     })
 }

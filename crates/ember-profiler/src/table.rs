@@ -264,7 +264,7 @@ fn share(part: u64, total: u64) -> String {
 }
 
 /// PyTorch's `_format_memory`.
-fn memory(bytes: i64) -> String {
+pub(crate) fn memory(bytes: i64) -> String {
     const KB: f64 = 1024.0;
     let b = bytes as f64;
     if b.abs() >= KB * KB * KB {

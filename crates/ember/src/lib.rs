@@ -35,6 +35,8 @@
 //!   `DataLoader`, the shipped digits (all `ember-nn`).
 //! - [`amp`] — automatic mixed precision (`ember-amp`): `autocast` regions and the
 //!   policy table.
+//! - [`profiler`] — the profiler (`ember-profiler`): `profile`, `record_function`,
+//!   schedules, `key_averages` tables, Chrome/TensorBoard traces, memory timelines.
 //! - [`info`] — what `ember info` prints, as a value; [`train`] — what `ember train` runs.
 //!
 //! - [`prelude`] — what a training loop uses, in one `use ember::prelude::*`.
@@ -125,6 +127,28 @@ pub mod autograd {
 /// ```
 pub mod amp {
     pub use ember_amp::*;
+}
+
+/// The profiler (`ember-profiler`, `torch.profiler`): `profile`, `record_function`,
+/// schedules, `key_averages` tables, Chrome/TensorBoard traces, memory timelines.
+///
+/// ```
+/// use ember::profiler::{ProfileOptions, ProfilerActivity, profile, record_function};
+/// use ember::Tensor;
+/// let mut prof = profile(ProfileOptions::new().activities([ProfilerActivity::Cpu]).record_shapes(true))?;
+/// {
+///     let _r = record_function("matmul");
+///     let a = Tensor::ones([4, 4], ())?;
+///     a.matmul(&a)?;
+/// }
+/// prof.stop()?;
+/// let averages = prof.key_averages()?;
+/// assert_eq!(averages.get("matmul").map(|r| r.count), Some(1));
+/// assert!(averages.get("aten::matmul").is_some());
+/// # Ok::<(), ember::Error>(())
+/// ```
+pub mod profiler {
+    pub use ember_profiler::*;
 }
 
 /// The caching allocator and memory statistics, for every device (the CPU included).

@@ -260,3 +260,108 @@ fn a_resumed_run_matches_an_uninterrupted_one() {
     assert_eq!(out.status.code(), Some(1));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `--profile DIR`: steps 4–6 recorded, one TensorBoard trace, the memory timeline, and the
+/// top-10 table sorted by device time on CUDA (CPU time on the CPU), in the JSON summary and
+/// printed (Note [Profiling a run]).
+#[test]
+fn train_profile_writes_a_trace_a_timeline_and_the_table() {
+    for (device, emulator) in [("cpu", None), ("cuda", Some("1"))] {
+        let dir =
+            std::env::temp_dir().join(format!("ember-cli-profile-{}-{device}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let d = dir.to_str().unwrap();
+        let v = train_json(
+            &["--epochs", "1", "--device", device, "--profile", d],
+            emulator,
+        );
+        let p = &v["profile"];
+        assert_eq!(p["steps"], serde_json::json!([4, 5, 6]), "{p}");
+        assert_eq!(p["dir"], d);
+        let traces = p["traces"].as_array().unwrap();
+        assert_eq!(traces.len(), 1, "{p}");
+        let trace = traces[0].as_str().unwrap();
+        assert!(
+            trace.ends_with(".pt.trace.json") && trace.starts_with(d),
+            "{trace}"
+        );
+        let doc: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(trace).unwrap()).unwrap();
+        let names: Vec<&str> = doc["traceEvents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|e| e["name"].as_str())
+            .collect();
+        for step in ["ProfilerStep#4", "ProfilerStep#5", "ProfilerStep#6"] {
+            assert_eq!(names.iter().filter(|n| **n == step).count(), 1, "{step}");
+        }
+        assert!(!names.contains(&"ProfilerStep#3") && !names.contains(&"ProfilerStep#7"));
+        assert_eq!(
+            names
+                .iter()
+                .filter(|n| **n == "Optimizer.step#Adam.step")
+                .count(),
+            3
+        );
+        let kernels = doc["traceEvents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["cat"] == "kernel")
+            .count();
+        assert_eq!(
+            kernels > 0,
+            device == "cuda",
+            "{kernels} kernels on {device}"
+        );
+        let page = std::fs::read_to_string(p["memory_timeline"].as_str().unwrap()).unwrap();
+        assert!(page.contains("<svg") && page.contains("class=\"series\""));
+        let sort = if device == "cuda" {
+            "cuda_time_total"
+        } else {
+            "cpu_time_total"
+        };
+        assert_eq!(p["sort_by"], sort);
+        let table = p["table"].as_str().unwrap();
+        let lines: Vec<&str> = table.lines().collect();
+        assert!(
+            lines[1].contains("Name") && lines[1].contains("# of Calls"),
+            "{table}"
+        );
+        assert_eq!(lines[1].contains("Self CUDA"), device == "cuda", "{table}");
+        assert_eq!(
+            lines.len(),
+            3 + 10 + 2 + usize::from(device == "cuda"),
+            "{table}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    // Printed, without --json.
+    let dir = std::env::temp_dir().join(format!("ember-cli-profile-{}-text", std::process::id()));
+    let out = ember(
+        &[
+            "train",
+            "--epochs",
+            "1",
+            "--device",
+            "cpu",
+            "--profile",
+            dir.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("profile of steps [4, 5, 6] (sorted by cpu_time_total):"),
+        "{text}"
+    );
+    assert!(text.contains("Self CPU time total: "), "{text}");
+    assert!(text.contains("memory timeline: "), "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -60,6 +60,10 @@ enum Command {
         /// f16 (with a GradScaler), f32 master weights [default: f32 throughout].
         #[arg(long, value_enum)]
         amp: Option<AmpDtype>,
+        /// Profile a few steps after a warm-up: trace files (Chrome/TensorBoard), a memory
+        /// timeline and the top-10 table go here.
+        #[arg(long, value_name = "DIR")]
+        profile: Option<PathBuf>,
         /// Print one JSON summary on stdout (no progress bar).
         #[arg(long)]
         json: bool,
@@ -176,6 +180,16 @@ fn train(cfg: TrainConfig, json: bool) -> ExitCode {
         if let Some(p) = &summary.checkpoint {
             println!("checkpoint: {p}");
         }
+        if let Some(p) = &summary.profile {
+            println!(
+                "profile of steps {:?} (sorted by {}):\n{}traces: {}\nmemory timeline: {}",
+                p.steps,
+                p.sort_by,
+                p.table,
+                p.traces.join(", "),
+                p.memory_timeline.as_deref().unwrap_or("(nothing recorded)")
+            );
+        }
     }
     ExitCode::SUCCESS
 }
@@ -202,6 +216,7 @@ fn main() -> ExitCode {
             save,
             resume,
             amp,
+            profile,
             json,
         } => {
             let cfg = TrainConfig {
@@ -215,6 +230,7 @@ fn main() -> ExitCode {
                 save,
                 resume,
                 amp,
+                profile,
                 ..TrainConfig::default()
             };
             return train(cfg, json);

@@ -66,6 +66,9 @@ pub struct RealDriver {
     /// Per device: (CUdevice, retained primary context as an address).
     devices: Vec<(sys::CUdevice, usize)>,
     tables: Mutex<Tables>,
+    /// Held across a cuDNN call and the `cudnnSetStream` before it: a handle serves one
+    /// call at a time.
+    cudnn_calls: Mutex<()>,
 }
 
 impl RealDriver {
@@ -137,6 +140,7 @@ impl RealDriver {
             version,
             devices,
             tables: Mutex::new(Tables::default()),
+            cudnn_calls: Mutex::new(()),
         })
     }
 

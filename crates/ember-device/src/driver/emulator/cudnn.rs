@@ -125,7 +125,7 @@ fn record(call: ConvCall) {
     CALLS.with(|c| c.borrow_mut().push(call));
 }
 
-/// (algo, workspace kind, deterministic, time factor) in heuristic order.
+/// Which workspace an emulated algorithm claims (sizes in `workspace`).
 #[derive(Clone, Copy)]
 enum Ws {
     None,
@@ -133,6 +133,8 @@ enum Ws {
     Col,
 }
 
+/// (algo, workspace, deterministic, time factor) in heuristic order: Note [Emulated cuDNN
+/// algorithms]'s table.
 fn table(direction: ConvDirection) -> &'static [(u32, Ws, bool, f32)] {
     match direction {
         ConvDirection::Forward => &[
@@ -338,4 +340,131 @@ pub(crate) fn run(mem: &mut MemoryState, desc: &ConvDesc) -> Result<()> {
             .fill(0xA5);
     }
     super::conv::conv(mem, call, desc)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::driver::emulator::{Emulator, EmulatorConfig};
+    use crate::driver::{ConvBuffers, Driver, GemmType, StreamHandle};
+
+    fn f32s(v: &[f32]) -> Vec<u8> {
+        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    fn back(emu: &Emulator, p: DevicePtr, n: usize) -> Vec<f32> {
+        let mut b = vec![0u8; 4 * n];
+        emu.memcpy_dtoh(&mut b, p, StreamHandle::DEFAULT).unwrap();
+        b.chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect()
+    }
+
+    /// x = 0..9 as [1, 1, 3, 3], w = ones [1, 1, 2, 2], y [1, 1, 2, 2].
+    fn problem(direction: ConvDirection) -> ConvProblem {
+        ConvProblem {
+            direction,
+            dtype: GemmType::F32,
+            x_dims: [1, 1, 3, 3],
+            x_strides: [9, 9, 3, 1],
+            w_dims: [1, 1, 2, 2],
+            y_dims: [1, 1, 2, 2],
+            y_strides: [4, 4, 2, 1],
+            pad: (0, 0),
+            stride: (1, 1),
+            dilation: (1, 1),
+            groups: 1,
+            allow_tf32: true,
+        }
+    }
+
+    #[test]
+    fn three_directions_known_values_and_refusals() {
+        let emu = Emulator::new(EmulatorConfig::devices(1)).unwrap();
+        let s = StreamHandle::DEFAULT;
+        let x = emu.malloc(0, 36).unwrap();
+        let w = emu.malloc(0, 16).unwrap();
+        let y = emu.malloc(0, 16).unwrap();
+        let ws = emu.malloc(0, 64).unwrap();
+        let xs: Vec<f32> = (0..9).map(|v| v as f32).collect();
+        emu.memcpy_htod(x, &f32s(&xs), s).unwrap();
+        emu.memcpy_htod(w, &f32s(&[1.0; 4]), s).unwrap();
+        let buffers = ConvBuffers {
+            x,
+            w,
+            y,
+            workspace: ws,
+            workspace_bytes: 64,
+        };
+        let run = |direction, algo| {
+            let desc = ConvDesc {
+                problem: problem(direction),
+                algo,
+                alpha: 1.0,
+                beta: 0.0,
+                buffers,
+            };
+            emu.conv(0, s, &desc)
+        };
+        run(ConvDirection::Forward, 1).unwrap();
+        assert_eq!(back(&emu, y, 4), vec![8.0, 12.0, 20.0, 24.0]);
+        run(ConvDirection::BackwardData, 0).unwrap();
+        // Each input position gets one term per window covering it (y = [8, 12, 20, 24]).
+        assert_eq!(
+            back(&emu, x, 9),
+            vec![8.0, 20.0, 12.0, 28.0, 64.0, 36.0, 20.0, 44.0, 24.0]
+        );
+        emu.memcpy_htod(x, &f32s(&xs), s).unwrap();
+        run(ConvDirection::BackwardFilter, 1).unwrap();
+        // dw[r, s] = Σ y[p, q] · x[p + r, q + s].
+        assert_eq!(back(&emu, w, 4), vec![168.0, 232.0, 360.0, 424.0]);
+        // An unknown algorithm, too little workspace, a wrong output size: errors.
+        assert!(run(ConvDirection::Forward, 9).is_err());
+        let mut small = ConvDesc {
+            problem: problem(ConvDirection::Forward),
+            algo: 2,
+            alpha: 1.0,
+            beta: 0.0,
+            buffers,
+        };
+        small.buffers.workspace_bytes = 4;
+        let e = emu.conv(0, s, &small).unwrap_err().to_string();
+        assert!(e.contains("needs 64 bytes of workspace, got 4"), "{e}");
+        small.problem.y_dims = [1, 1, 3, 3];
+        assert!(emu.conv(0, s, &small).is_err());
+        // Refusals as the thread's claims say.
+        set_thread_cudnn(Some(EmulatedCudnn {
+            max_tensor_elements: 4,
+            ..EmulatedCudnn::default()
+        }));
+        let e = emu
+            .conv_algorithms(
+                0,
+                s,
+                &problem(ConvDirection::Forward),
+                ConvSearch::Heuristic,
+            )
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("CUDNN_STATUS_NOT_SUPPORTED"), "{e}");
+        set_thread_cudnn(Some(EmulatedCudnn {
+            present: false,
+            ..EmulatedCudnn::default()
+        }));
+        assert!(emu.cudnn_version(0).is_err());
+        set_thread_cudnn(None);
+        assert_eq!(emu.cudnn_version(0).unwrap(), EMULATED_CUDNN_VERSION);
+        let list = emu
+            .conv_algorithms(
+                0,
+                s,
+                &problem(ConvDirection::Forward),
+                ConvSearch::Heuristic,
+            )
+            .unwrap();
+        assert_eq!(
+            list.iter().map(|a| a.algo).collect::<Vec<_>>(),
+            vec![1, 0, 2]
+        );
+    }
 }

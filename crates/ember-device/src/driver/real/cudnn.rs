@@ -6,7 +6,8 @@
 //! probed once. Loading checks that the library is present, that it is cuDNN 9 or newer
 //! (the bindings are 9.2's), and that every entry point used here resolves, all before the
 //! first call into it and under `catch_unwind` (cudarc panics on a missing symbol): after
-//! that, calls cannot panic. Descriptors are made per call and destroyed on drop.
+//! that, calls cannot panic. Descriptors are made per call and destroyed on drop; calls are
+//! serialised (a handle is bound to one stream at a time).
 //!
 //! Math type, as PyTorch sets it: f16/bf16 `CUDNN_TENSOR_OP_MATH`; f32 `CUDNN_DEFAULT_MATH`
 //! (TF32 allowed) or `CUDNN_FMA_MATH` (no tensor cores) after `allow_tf32`; f64 default.
@@ -329,6 +330,7 @@ impl RealDriver {
         search: ConvSearch,
     ) -> Result<Vec<ConvAlgoPerf>> {
         const CALL: &str = "cudnnGet/FindConvolutionAlgorithm";
+        let _serial = self.cudnn_calls.lock().unwrap_or_else(|e| e.into_inner());
         let h = self.cudnn_on(CALL, device, stream)?;
         let d = Descriptors::new(CALL, p)?;
         let mut n: c_int = 0;
@@ -356,120 +358,122 @@ impl RealDriver {
             ),
         };
         let bench = matches!(search, ConvSearch::Benchmark(_));
-        // SAFETY (all three arms): the perf arrays are zeroed, which is a valid value of
+        // SAFETY: in all three arms, the perf arrays are zeroed, which is a valid value of
         // every field (each enum has a variant 0); cuDNN writes at most `req` entries and
         // `n` says how many. The descriptors are alive; in benchmark mode the buffers are
         // the caller's device memory for this problem (the seam's contract) and the
         // workspace holds `ws_bytes`.
-        let mut out = match p.direction {
-            ConvDirection::Forward => unsafe {
-                let mut perf =
-                    [std::mem::zeroed::<dnn::cudnnConvolutionFwdAlgoPerf_t>(); MAX_ALGOS];
-                check_dnn(
-                    CALL,
-                    if bench {
-                        dnn::cudnnFindConvolutionForwardAlgorithmEx(
-                            h,
-                            d.x,
-                            x,
-                            d.w,
-                            w,
-                            d.conv,
-                            d.y,
-                            y,
-                            req,
-                            &mut n,
-                            perf.as_mut_ptr(),
-                            ws,
-                            ws_bytes,
-                        )
-                    } else {
-                        dnn::cudnnGetConvolutionForwardAlgorithm_v7(
-                            h,
-                            d.x,
-                            d.w,
-                            d.conv,
-                            d.y,
-                            req,
-                            &mut n,
-                            perf.as_mut_ptr(),
-                        )
-                    },
-                )?;
-                perfs!(perf, (n.max(0) as usize).min(MAX_ALGOS))
-            },
-            ConvDirection::BackwardData => unsafe {
-                let mut perf =
-                    [std::mem::zeroed::<dnn::cudnnConvolutionBwdDataAlgoPerf_t>(); MAX_ALGOS];
-                check_dnn(
-                    CALL,
-                    if bench {
-                        dnn::cudnnFindConvolutionBackwardDataAlgorithmEx(
-                            h,
-                            d.w,
-                            w,
-                            d.y,
-                            y,
-                            d.conv,
-                            d.x,
-                            x,
-                            req,
-                            &mut n,
-                            perf.as_mut_ptr(),
-                            ws,
-                            ws_bytes,
-                        )
-                    } else {
-                        dnn::cudnnGetConvolutionBackwardDataAlgorithm_v7(
-                            h,
-                            d.w,
-                            d.y,
-                            d.conv,
-                            d.x,
-                            req,
-                            &mut n,
-                            perf.as_mut_ptr(),
-                        )
-                    },
-                )?;
-                perfs!(perf, (n.max(0) as usize).min(MAX_ALGOS))
-            },
-            ConvDirection::BackwardFilter => unsafe {
-                let mut perf =
-                    [std::mem::zeroed::<dnn::cudnnConvolutionBwdFilterAlgoPerf_t>(); MAX_ALGOS];
-                check_dnn(
-                    CALL,
-                    if bench {
-                        dnn::cudnnFindConvolutionBackwardFilterAlgorithmEx(
-                            h,
-                            d.x,
-                            x,
-                            d.y,
-                            y,
-                            d.conv,
-                            d.w,
-                            w,
-                            req,
-                            &mut n,
-                            perf.as_mut_ptr(),
-                            ws,
-                            ws_bytes,
-                        )
-                    } else {
-                        dnn::cudnnGetConvolutionBackwardFilterAlgorithm_v7(
-                            h,
-                            d.x,
-                            d.y,
-                            d.conv,
-                            d.w,
-                            req,
-                            &mut n,
-                            perf.as_mut_ptr(),
-                        )
-                    },
-                )?;
-                perfs!(perf, (n.max(0) as usize).min(MAX_ALGOS))
-            },
+        let mut out = unsafe {
+            match p.direction {
+                ConvDirection::Forward => {
+                    let mut perf =
+                        [std::mem::zeroed::<dnn::cudnnConvolutionFwdAlgoPerf_t>(); MAX_ALGOS];
+                    check_dnn(
+                        CALL,
+                        if bench {
+                            dnn::cudnnFindConvolutionForwardAlgorithmEx(
+                                h,
+                                d.x,
+                                x,
+                                d.w,
+                                w,
+                                d.conv,
+                                d.y,
+                                y,
+                                req,
+                                &mut n,
+                                perf.as_mut_ptr(),
+                                ws,
+                                ws_bytes,
+                            )
+                        } else {
+                            dnn::cudnnGetConvolutionForwardAlgorithm_v7(
+                                h,
+                                d.x,
+                                d.w,
+                                d.conv,
+                                d.y,
+                                req,
+                                &mut n,
+                                perf.as_mut_ptr(),
+                            )
+                        },
+                    )?;
+                    perfs!(perf, (n.max(0) as usize).min(MAX_ALGOS))
+                }
+                ConvDirection::BackwardData => {
+                    let mut perf =
+                        [std::mem::zeroed::<dnn::cudnnConvolutionBwdDataAlgoPerf_t>(); MAX_ALGOS];
+                    check_dnn(
+                        CALL,
+                        if bench {
+                            dnn::cudnnFindConvolutionBackwardDataAlgorithmEx(
+                                h,
+                                d.w,
+                                w,
+                                d.y,
+                                y,
+                                d.conv,
+                                d.x,
+                                x,
+                                req,
+                                &mut n,
+                                perf.as_mut_ptr(),
+                                ws,
+                                ws_bytes,
+                            )
+                        } else {
+                            dnn::cudnnGetConvolutionBackwardDataAlgorithm_v7(
+                                h,
+                                d.w,
+                                d.y,
+                                d.conv,
+                                d.x,
+                                req,
+                                &mut n,
+                                perf.as_mut_ptr(),
+                            )
+                        },
+                    )?;
+                    perfs!(perf, (n.max(0) as usize).min(MAX_ALGOS))
+                }
+                ConvDirection::BackwardFilter => {
+                    let mut perf =
+                        [std::mem::zeroed::<dnn::cudnnConvolutionBwdFilterAlgoPerf_t>(); MAX_ALGOS];
+                    check_dnn(
+                        CALL,
+                        if bench {
+                            dnn::cudnnFindConvolutionBackwardFilterAlgorithmEx(
+                                h,
+                                d.x,
+                                x,
+                                d.y,
+                                y,
+                                d.conv,
+                                d.w,
+                                w,
+                                req,
+                                &mut n,
+                                perf.as_mut_ptr(),
+                                ws,
+                                ws_bytes,
+                            )
+                        } else {
+                            dnn::cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+                                h,
+                                d.x,
+                                d.y,
+                                d.conv,
+                                d.w,
+                                req,
+                                &mut n,
+                                perf.as_mut_ptr(),
+                            )
+                        },
+                    )?;
+                    perfs!(perf, (n.max(0) as usize).min(MAX_ALGOS))
+                }
+            }
         };
         if !bench {
             // The heuristics' memory field is an estimate; ask for the exact size.
@@ -516,6 +520,7 @@ impl RealDriver {
             ConvDirection::BackwardData => "cudnnConvolutionBackwardData",
             ConvDirection::BackwardFilter => "cudnnConvolutionBackwardFilter",
         };
+        let _serial = self.cudnn_calls.lock().unwrap_or_else(|e| e.into_inner());
         let h = self.cudnn_on(call, device, stream)?;
         let d = Descriptors::new(call, p)?;
         let (a64, b64) = (desc.alpha, desc.beta);

@@ -359,6 +359,23 @@ fn run(
         .unwrap_or_else(|| TensorError::invalid("conv2d", "cuDNN offered no algorithm to run")))
 }
 
+/// The problem and its ranked algorithms, or `None` (recorded as a fallback) when cuDNN
+/// cannot express or refuses it.
+fn plan(
+    ctx: &Arc<Ctx>,
+    built: std::result::Result<ConvProblem, String>,
+    bufs: (DevicePtr, DevicePtr, DevicePtr),
+) -> Result<Option<(ConvProblem, Vec<ConvAlgoPerf>)>> {
+    let prob = match built {
+        Ok(prob) => prob,
+        Err(why) => {
+            fall_back(why);
+            return Ok(None);
+        }
+    };
+    Ok(candidates(ctx, &prob, bufs)?.map(|list| (prob, list)))
+}
+
 /// Whether the convolution has work and cuDNN may take it.
 fn eligible(ctx: &Ctx, x: [usize; 4], w: [usize; 4], p: &Conv2dParams) -> bool {
     let nonempty = x.iter().chain(&w).all(|&d| d > 0) && p.out.0 > 0 && p.out.1 > 0;
@@ -385,21 +402,15 @@ pub(crate) fn conv2d_forward(
     let dtype = gemm_type("conv2d", x.dtype())?;
     let xo = operand(x, lx, false)?;
     let wo = operand(w, lw, true)?;
-    let prob = match problem(
+    let built = problem(
         ConvDirection::Forward,
         dtype,
         (xd, xo.strides),
         wd,
         (yd, packed(yd)),
         p,
-    ) {
-        Ok(prob) => prob,
-        Err(why) => {
-            fall_back(why);
-            return Ok(None);
-        }
-    };
-    let Some(list) = candidates(ctx, &prob, (xo.ptr, wo.ptr, DevicePtr::NULL))? else {
+    );
+    let Some((prob, list)) = plan(ctx, built, (xo.ptr, wo.ptr, DevicePtr::NULL))? else {
         return Ok(None);
     };
     let total = yd.iter().product();
@@ -438,21 +449,15 @@ pub(crate) fn conv2d_backward_data(
     let dtype = gemm_type("conv2d_backward_input", dy.dtype())?;
     let yo = operand(dy, ly, false)?;
     let wo = operand(w, lw, true)?;
-    let prob = match problem(
+    let built = problem(
         ConvDirection::BackwardData,
         dtype,
         (x_dims, packed(x_dims)),
         wd,
         (yd, yo.strides),
         p,
-    ) {
-        Ok(prob) => prob,
-        Err(why) => {
-            fall_back(why);
-            return Ok(None);
-        }
-    };
-    let Some(list) = candidates(ctx, &prob, (DevicePtr::NULL, wo.ptr, yo.ptr))? else {
+    );
+    let Some((prob, list)) = plan(ctx, built, (DevicePtr::NULL, wo.ptr, yo.ptr))? else {
         return Ok(None);
     };
     let dx = CudaStorage::alloc(ctx, dy.dtype(), x_dims.iter().product())?;
@@ -480,21 +485,15 @@ pub(crate) fn conv2d_backward_filter(
     let dtype = gemm_type("conv2d_backward_weight", dy.dtype())?;
     let yo = operand(dy, ly, false)?;
     let xo = operand(x, lx, false)?;
-    let prob = match problem(
+    let built = problem(
         ConvDirection::BackwardFilter,
         dtype,
         (xd, xo.strides),
         w_dims,
         (yd, yo.strides),
         p,
-    ) {
-        Ok(prob) => prob,
-        Err(why) => {
-            fall_back(why);
-            return Ok(None);
-        }
-    };
-    let Some(list) = candidates(ctx, &prob, (xo.ptr, DevicePtr::NULL, yo.ptr))? else {
+    );
+    let Some((prob, list)) = plan(ctx, built, (xo.ptr, DevicePtr::NULL, yo.ptr))? else {
         return Ok(None);
     };
     let dw = CudaStorage::alloc(ctx, dy.dtype(), w_dims.iter().product())?;

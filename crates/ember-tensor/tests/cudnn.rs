@@ -61,6 +61,14 @@ impl Trace {
         (r, Trace { calls, launches })
     }
 
+    /// [`Trace::of`] with the emulated cuDNN claiming `cudnn` for this thread meanwhile.
+    fn claiming<R>(cudnn: EmulatedCudnn, f: impl FnOnce() -> R) -> (R, Trace) {
+        set_thread_cudnn(Some(cudnn));
+        let r = Trace::of(f);
+        set_thread_cudnn(None);
+        r
+    }
+
     fn runs(&self, d: ConvDirection) -> Vec<u32> {
         self.calls
             .iter()
@@ -108,6 +116,12 @@ fn three(x: &Tensor, w: &Tensor, b: &Tensor, o: &Conv2dOptions, seed: u64) -> [V
     let gx = g.conv2d_backward_input(dims(x), w, o).unwrap();
     let gw = g.conv2d_backward_weight(x, dims(w), o).unwrap();
     [values(&y), values(&gx), values(&gw)]
+}
+
+/// conv2d of copies of `x` and `w` on the CPU (the reference).
+fn cpu_conv(x: &Tensor, w: &Tensor, o: &Conv2dOptions) -> Tensor {
+    let (x, w) = (x.to_device(CPU).unwrap(), w.to_device(CPU).unwrap());
+    x.conv2d(&w, None, o).unwrap()
 }
 
 fn dims(t: &Tensor) -> [usize; 4] {
@@ -242,16 +256,18 @@ fn without_cudnn_the_im2col_path_runs() {
     let b = tensor(&[4], 22, DType::F32, dev);
     let o = Conv2dOptions::new().padding(1).groups(2);
     let (with, _) = Trace::of(|| three(&x, &w, &b, &o, 23));
-    set_thread_cudnn(Some(EmulatedCudnn {
+    let absent = EmulatedCudnn {
         present: false,
         ..EmulatedCudnn::default()
-    }));
-    let (path, why) = cudnn::conv_path(0);
+    };
+    let ((path, why, available, version), _) = Trace::claiming(absent, || {
+        let (path, why) = cudnn::conv_path(0);
+        (path, why, cudnn::is_available(), cudnn::version())
+    });
     assert_eq!(path, "im2col");
     assert!(why.contains("pretends it is absent"), "{why}");
-    assert!(!cudnn::is_available() && cudnn::version().is_none());
-    let (without, t) = Trace::of(|| three(&x, &w, &b, &o, 23));
-    set_thread_cudnn(None);
+    assert!(!available && version.is_none());
+    let (without, t) = Trace::claiming(absent, || three(&x, &w, &b, &o, 23));
     assert!(
         t.runs(Forward).is_empty() && t.calls.is_empty(),
         "{:?}",
@@ -294,22 +310,17 @@ fn shapes_cudnn_refuses_fall_back_to_im2col_and_are_recorded() {
     let x = tensor(&[1, 3, 11, 13], 40, DType::F32, dev);
     let w = tensor(&[2, 3, 3, 3], 41, DType::F32, dev);
     let o = Conv2dOptions::new();
-    let want = x
-        .to_device(CPU)
-        .unwrap()
-        .conv2d(&w.to_device(CPU).unwrap(), None, &o)
-        .unwrap();
-    set_thread_cudnn(Some(EmulatedCudnn {
+    let want = cpu_conv(&x, &w, &o);
+    let small = EmulatedCudnn {
         max_tensor_elements: 100,
         ..EmulatedCudnn::default()
-    }));
-    let (y, t) = Trace::of(|| {
+    };
+    let (y, t) = Trace::claiming(small, || {
         (
             x.conv2d(&w, None, &o).unwrap(),
             x.conv2d(&w, None, &o).unwrap(),
         )
     });
-    set_thread_cudnn(None);
     assert!(
         t.runs(Forward).is_empty() && t.launched("im2col_f32"),
         "{:?}",
@@ -329,11 +340,7 @@ fn shapes_cudnn_refuses_fall_back_to_im2col_and_are_recorded() {
     let same = Conv2dOptions::new().padding(Padding::Same);
     let (y, t) = Trace::of(|| x.conv2d(&w2, None, &same).unwrap());
     assert!(t.runs(Forward).is_empty() && t.launched("im2col_f32"));
-    let cpu = x
-        .to_device(CPU)
-        .unwrap()
-        .conv2d(&w2.to_device(CPU).unwrap(), None, &same)
-        .unwrap();
+    let cpu = cpu_conv(&x, &w2, &same);
     within(1e-5, 24.0, "asymmetric").assert(&values(&y), &values(&cpu));
     assert!(cudnn::fallbacks().iter().any(|f| f.contains("asymmetric")));
 }
@@ -372,11 +379,7 @@ fn benchmark_mode_searches_once_per_shape_and_picks_the_fastest() {
         (0, 0, vec![2])
     );
     assert_eq!(t3.searches(), 1);
-    let cpu = x
-        .to_device(CPU)
-        .unwrap()
-        .conv2d(&w.to_device(CPU).unwrap(), None, &o)
-        .unwrap();
+    let cpu = cpu_conv(&x, &w, &o);
     within(1e-5, 27.0, "benchmark").assert(&values(&y), &values(&cpu));
 }
 
@@ -418,18 +421,15 @@ fn workspace_that_cannot_be_had_moves_to_an_algorithm_that_fits_or_is_out_of_mem
     let x = tensor(&[1, 3, 9, 14], 70, DType::F32, dev);
     let w = tensor(&[2, 3, 3, 3], 71, DType::F32, dev);
     let o = Conv2dOptions::new();
-    let want = x
-        .to_device(CPU)
-        .unwrap()
-        .conv2d(&w.to_device(CPU).unwrap(), None, &o)
-        .unwrap();
+    let want = cpu_conv(&x, &w, &o);
     // Far more than the emulated device's 16 GiB.
-    set_thread_cudnn(Some(EmulatedCudnn {
-        workspace_override: Some(1 << 45),
-        ..EmulatedCudnn::default()
-    }));
-    let (y, t) = Trace::of(|| x.conv2d(&w, None, &o));
-    set_thread_cudnn(None);
+    let (y, t) = Trace::claiming(
+        EmulatedCudnn {
+            workspace_override: Some(1 << 45),
+            ..EmulatedCudnn::default()
+        },
+        || x.conv2d(&w, None, &o),
+    );
     assert_eq!(
         t.runs(Forward),
         vec![0],
@@ -439,13 +439,14 @@ fn workspace_that_cannot_be_had_moves_to_an_algorithm_that_fits_or_is_out_of_mem
     within(1e-5, 27.0, "fits").assert(&values(&y.unwrap()), &values(&want));
 
     let x = tensor(&[1, 3, 9, 15], 72, DType::F32, dev);
-    set_thread_cudnn(Some(EmulatedCudnn {
-        workspace_override: Some(1 << 45),
-        every_algorithm_needs_workspace: true,
-        ..EmulatedCudnn::default()
-    }));
-    let (r, t) = Trace::of(|| x.conv2d(&w, None, &o));
-    set_thread_cudnn(None);
+    let (r, t) = Trace::claiming(
+        EmulatedCudnn {
+            workspace_override: Some(1 << 45),
+            every_algorithm_needs_workspace: true,
+            ..EmulatedCudnn::default()
+        },
+        || x.conv2d(&w, None, &o),
+    );
     let e = r.unwrap_err();
     assert!(e.is_out_of_memory(), "{e}");
     assert!(t.runs(Forward).is_empty());

@@ -94,6 +94,45 @@ impl Storage {
         }
     }
 
+    /// The input gradient `[N, C, H, W]` of conv2d from the output gradient (`self`) and
+    /// the weight, where the backend has a kernel for it (CUDA with cuDNN); `None` tells
+    /// the front to compose it from primitives (`ops/conv_grad.rs`).
+    pub(crate) fn conv2d_backward_data(
+        &self,
+        ly: &Layout,
+        w: &Storage,
+        lw: &Layout,
+        x_dims: [usize; 4],
+        p: &Conv2dParams,
+    ) -> Result<Option<Storage>> {
+        match (self, w) {
+            (Storage::Cpu(_), Storage::Cpu(_)) => Ok(None),
+            (Storage::Cuda(dy), Storage::Cuda(w)) => {
+                Ok(cuda::conv2d_backward_data(dy, ly, w, lw, x_dims, p)?.map(Storage::Cuda))
+            }
+            (dy, w) => Err(mixed(dy, w)),
+        }
+    }
+
+    /// The weight gradient `[O, C/groups, kH, kW]` of conv2d from the output gradient
+    /// (`self`) and the input; `None` as for [`Storage::conv2d_backward_data`].
+    pub(crate) fn conv2d_backward_filter(
+        &self,
+        ly: &Layout,
+        x: &Storage,
+        lx: &Layout,
+        w_dims: [usize; 4],
+        p: &Conv2dParams,
+    ) -> Result<Option<Storage>> {
+        match (self, x) {
+            (Storage::Cpu(_), Storage::Cpu(_)) => Ok(None),
+            (Storage::Cuda(dy), Storage::Cuda(x)) => {
+                Ok(cuda::conv2d_backward_filter(dy, ly, x, lx, w_dims, p)?.map(Storage::Cuda))
+            }
+            (dy, x) => Err(mixed(dy, x)),
+        }
+    }
+
     /// Max pooling: the maxima (`[N, C, out_h, out_w]`, the input's dtype) and their
     /// positions (i64, flat `h * W + w` within each input plane, as PyTorch).
     pub(crate) fn max_pool2d(&self, l: &Layout, p: &Pool2dParams) -> Result<(Storage, Storage)> {

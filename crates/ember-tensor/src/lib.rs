@@ -21,11 +21,14 @@
 //!   (Note [Storage sharing]); `backend`: the per-op-family dispatch (Note [Dispatch]).
 //! - `tensor`: [`Tensor`] — creation, reading back, `Display`, views; `ops/*`: op fronts;
 //!   `cpu/*`: CPU kernels; `op`: op declarations.
+//! - [`backends`]: `torch.backends.cudnn`'s switches (`allow_tf32`, `benchmark`,
+//!   `deterministic`, `enabled`) for convolutions on CUDA.
 //! - [`random`]: the Philox [`random::Generator`], per-device defaults, [`random::manual_seed`]
 //!   (Note [Random streams]); [`io`]: safetensors [`io::save`]/[`io::load`] (Note [Atomic save]).
 
 mod backend;
 mod backend_nn;
+pub mod backends;
 mod cpu;
 mod cuda;
 pub mod dtype;

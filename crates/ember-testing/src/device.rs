@@ -11,7 +11,9 @@
 //!   both passes of `cargo xtask test` (with and without `EMBER_CUDA_EMULATOR`), and their
 //!   launches reach the launch trace of the traced pass. Nothing is skipped.
 //! - Under `EMBER_GPU_TEST=1` (`cargo xtask gpu-test`) the real driver serves them instead,
-//!   and it must be there: a missing real GPU fails the test, it does not pass unrun.
+//!   and it must be there: a missing real GPU fails the test, it does not pass unrun. TF32
+//!   for convolutions (`backends::cudnn::allow_tf32`) is then switched off, so f32 results
+//!   compare with f64 references at f32 tolerances.
 //! - The one case that is skipped is a second device the machine does not have: `cuda:1`
 //!   under `EMBER_GPU_TEST=1` on a single-GPU machine. The test then prints
 //!   `skipped: <test> on cuda:1: ...` (on stderr, shown with `--nocapture`) and returns;
@@ -70,6 +72,10 @@ pub fn prepare(device: Device) -> Result<Device, Skipped> {
         return Ok(device);
     };
     if real_gpu_requested() {
+        // Tests compare f32 results with f64 references at f32 tolerances: convolutions must
+        // not take TF32's 10-bit products, which `backends::cudnn::allow_tf32` allows by
+        // default (as PyTorch's own test suite turns it off for such comparisons).
+        ember_tensor::backends::cudnn::set_allow_tf32(false);
         assert!(
             cuda::is_available() && !cuda::is_emulated(),
             "{ENV_GPU_TEST} is set but no real CUDA device is available: {}",

@@ -35,6 +35,28 @@ pub struct Info {
     pub cpu: CpuInfo,
     /// Per device (`"cpu"`, `"cuda:0"`, ...), the allocator's `memory_stats` keys.
     pub memory: BTreeMap<String, BTreeMap<String, i64>>,
+    /// How conv2d runs on the current CUDA device; `None` without CUDA.
+    pub conv: Option<ConvInfo>,
+}
+
+/// How conv2d runs on CUDA: cuDNN or the im2col fallback, why, and the
+/// `backends::cudnn` settings (Note [Convolutions on cuDNN]).
+#[derive(Clone, Debug, Serialize)]
+pub struct ConvInfo {
+    /// `"cudnn"` or `"im2col"`.
+    pub path: &'static str,
+    /// The cuDNN version in words, or why the im2col path is taken.
+    pub reason: String,
+    /// `cudnnGetVersion` (`90100` = 9.1.0), when cuDNN loads.
+    pub cudnn_version: Option<usize>,
+    /// `backends::cudnn::allow_tf32`.
+    pub allow_tf32: bool,
+    /// `backends::cudnn::benchmark`.
+    pub benchmark: bool,
+    /// `backends::cudnn::deterministic`.
+    pub deterministic: bool,
+    /// Convolutions of this process that cuDNN could not run (they took im2col).
+    pub fallbacks: Vec<String>,
 }
 
 /// One CUDA device, as `get_device_properties` reports it.
@@ -114,6 +136,21 @@ pub fn collect() -> Info {
         devices,
         cpu: cpu_info(),
         memory,
+        conv: available.then(conv_info),
+    }
+}
+
+fn conv_info() -> ConvInfo {
+    use ember_tensor::backends::cudnn;
+    let (path, reason) = cudnn::conv_path(cuda::current_device().unwrap_or(0));
+    ConvInfo {
+        path,
+        reason,
+        cudnn_version: cudnn::version(),
+        allow_tf32: cudnn::allow_tf32(),
+        benchmark: cudnn::benchmark(),
+        deterministic: cudnn::deterministic(),
+        fallbacks: cudnn::fallbacks(),
     }
 }
 
@@ -230,6 +267,22 @@ impl Info {
                 d.l2_cache_size >> 20,
                 if d.emulated { " (emulated)" } else { "" }
             );
+        }
+        if let Some(c) = &self.conv {
+            let path = if c.path == "cudnn" {
+                "cuDNN"
+            } else {
+                "im2col + cuBLAS"
+            };
+            let _ = writeln!(s, "conv2d on CUDA:   {path} ({})", c.reason);
+            let _ = writeln!(
+                s,
+                "  cudnn settings: allow_tf32 {}, benchmark {}, deterministic {}",
+                c.allow_tf32, c.benchmark, c.deterministic
+            );
+            for f in &c.fallbacks {
+                let _ = writeln!(s, "  fell back:      {f}");
+            }
         }
         let _ = writeln!(s);
         let _ = writeln!(

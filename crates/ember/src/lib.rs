@@ -29,6 +29,8 @@
 //! - [`Device`], [`try_gpu`], [`try_all_gpus`] — from `ember-device`.
 //! - [`cuda`] — `torch.cuda`'s discovery calls, streams and events; [`driver`] the seam.
 //! - [`memory`] — the caching allocator and its statistics (`ember-memory`).
+//! - [`backends`] — `torch.backends.cudnn`: `allow_tf32`, `benchmark`, `deterministic`,
+//!   `enabled` for convolutions on CUDA (`ember::backends::cudnn::set_benchmark(true)`).
 //! - [`trace`] — scoped ranges the profiler subscribes to.
 //! - [`nn`] — `torch.nn`: [`Module`](nn::Module), layers, losses, init; [`optim`] —
 //!   optimizers, learning-rate schedulers, gradient clipping; [`data`] — `Dataset`,
@@ -72,7 +74,7 @@ pub use ember_autograd::{
 };
 pub use ember_device::{Device, DeviceError, cuda, driver, trace, try_all_gpus, try_gpu};
 pub use ember_nn::{data, io, optim};
-pub use ember_tensor::{Approximate, DType, Options, Reduction};
+pub use ember_tensor::{Approximate, DType, Options, Reduction, backends};
 /// `f16` and `bf16` (the `half` crate Ember uses), for reading 16-bit tensors:
 /// `x.to_vec::<ember::half::bf16>()`.
 pub use half;

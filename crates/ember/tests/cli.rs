@@ -7,7 +7,8 @@ fn ember(args: &[&str], emulator: Option<&str>) -> std::process::Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_ember"));
     cmd.args(args)
         .env_remove("EMBER_CUDA_EMULATOR")
-        .env_remove("EMBER_CUDA_EMULATOR_MEMORY");
+        .env_remove("EMBER_CUDA_EMULATOR_MEMORY")
+        .env_remove("EMBER_CUDA_EMULATOR_CUDNN");
     if let Some(n) = emulator {
         cmd.env("EMBER_CUDA_EMULATOR", n);
     }
@@ -76,6 +77,33 @@ fn info_lists_two_emulated_devices() {
         assert!(d["multi_processor_count"].as_u64().unwrap() > 0);
     }
     assert!(v["memory"]["cuda:1"].is_object(), "{}", v["memory"]);
+    // The emulator serves cuDNN's convolution calls.
+    assert_eq!(v["conv"]["path"], "cudnn", "{}", v["conv"]);
+    assert_eq!(v["conv"]["cudnn_version"], 90100);
+    assert_eq!(v["conv"]["allow_tf32"], true);
+    assert_eq!(v["conv"]["benchmark"], false);
+}
+
+#[test]
+fn info_says_which_conv_path_runs_and_why() {
+    let out = Command::new(env!("CARGO_BIN_EXE_ember"))
+        .args(["info", "--json"])
+        .env("EMBER_CUDA_EMULATOR", "1")
+        .env("EMBER_CUDA_EMULATOR_CUDNN", "0")
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["conv"]["path"], "im2col", "{}", v["conv"]);
+    let why = v["conv"]["reason"].as_str().unwrap();
+    assert!(why.contains("EMBER_CUDA_EMULATOR_CUDNN"), "{why}");
+    assert!(v["conv"]["cudnn_version"].is_null());
+    let text = ember(&["info"], Some("1"));
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("conv2d on CUDA:   cuDNN (cuDNN 9.1.0)"),
+        "{text}"
+    );
+    assert!(info_json(None)["conv"].is_null());
 }
 
 #[test]

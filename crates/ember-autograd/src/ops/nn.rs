@@ -1,17 +1,14 @@
 //! `conv2d`, `max_pool2d`, `avg_pool2d` with backward.
 //!
-//! Note [Convolution backward]: the backward gathers the input patches with one
-//! `index_select` over the zero-padded input (the `im2col` matrix, indices built on the
-//! host), takes the weight gradient as `Σ_n g_n · colsᵀ_n` per group and the input
-//! gradient as `wᵀ · g` scattered back with `scatter_add` over the same indices (`col2im`),
-//! and the bias gradient as `g` summed over batch and space. Pooling scatters the gradient
+//! Convolution backward is `ember-tensor`'s `conv2d_backward_input` and
+//! `conv2d_backward_weight` (cuDNN on CUDA where it can run, else composed from primitives:
+//! Note [Convolution backward] in `crates/ember-tensor/src/ops/conv_grad.rs`); the bias
+//! gradient is `g` summed over batch and space. Pooling scatters the gradient
 //! to the positions each output read: the argmax for max pooling, every window element
 //! (divided by the forward's divisor) for average pooling. All of it is `ember-tensor` ops,
 //! so it runs on every device.
 
-use ember_tensor::{
-    AvgPool2dOptions, Conv2dOptions, Device, MaxPool2dOptions, Padding, Size2, Tensor as Raw,
-};
+use ember_tensor::{AvgPool2dOptions, Conv2dOptions, Device, MaxPool2dOptions, Tensor as Raw};
 
 use crate::error::Result;
 use crate::graph::{BackwardFn, Saved, maybe_record};
@@ -22,112 +19,6 @@ use crate::tensor::Tensor;
 fn i64_tensor(v: Vec<i64>, device: Device) -> Result<Raw> {
     let n = v.len();
     Ok(Raw::from_vec(v, [n], Device::Cpu)?.to_device(device)?)
-}
-
-/// Geometry of one convolution, batched form.
-#[derive(Clone, Copy)]
-struct Geom {
-    n: usize,
-    c: usize,
-    h: usize,
-    w: usize,
-    o: usize,
-    kh: usize,
-    kw: usize,
-    groups: usize,
-    stride: (usize, usize),
-    dilation: (usize, usize),
-    pad: (usize, usize),
-    out: (usize, usize),
-    /// The padded buffer the patches are read from.
-    hb: usize,
-    wb: usize,
-}
-
-impl Geom {
-    /// Flat positions in the `[C, hb, wb]` padded buffer, ordered `[C, kh, kw, oh, ow]`.
-    fn im2col_index(&self) -> Vec<i64> {
-        let mut v = Vec::with_capacity(self.c * self.kh * self.kw * self.out.0 * self.out.1);
-        for c in 0..self.c {
-            for i in 0..self.kh {
-                for j in 0..self.kw {
-                    for oh in 0..self.out.0 {
-                        for ow in 0..self.out.1 {
-                            let r = oh * self.stride.0 + i * self.dilation.0;
-                            let q = ow * self.stride.1 + j * self.dilation.1;
-                            v.push(((c * self.hb + r) * self.wb + q) as i64);
-                        }
-                    }
-                }
-            }
-        }
-        v
-    }
-}
-
-fn conv_backward(
-    g: &Raw,
-    x: &Raw,
-    wt: &Raw,
-    geo: Geom,
-    need: (bool, bool, bool),
-) -> Result<Vec<Option<Raw>>> {
-    let Geom {
-        n,
-        c,
-        h,
-        w,
-        o,
-        kh,
-        kw,
-        groups,
-        ..
-    } = geo;
-    let (cg, og) = (c / groups, o / groups);
-    let l = geo.out.0 * geo.out.1;
-    let kk = kh * kw;
-    let dev = x.device();
-    let g4 = g.reshape([n, groups, og, l])?;
-    let idx = i64_tensor(geo.im2col_index(), dev)?;
-    let m = idx.numel();
-    let gx = if need.0 {
-        // wᵀ · g per group, then col2im.
-        let wg = wt.reshape([groups, og, cg * kk])?.transpose(1, 2)?;
-        let cols = wg.matmul(&g4)?.reshape([n, m])?;
-        let full = idx.unsqueeze(0)?.expand([n, m])?;
-        let z = Raw::zeros([n, c * geo.hb * geo.wb], (dev, g.dtype()))?;
-        let padded = z
-            .scatter_add(1, &full, &cols)?
-            .reshape([n, c, geo.hb, geo.wb])?;
-        Some(
-            padded
-                .narrow(2, geo.pad.0, h)?
-                .narrow(3, geo.pad.1, w)?
-                .contiguous()?,
-        )
-    } else {
-        None
-    };
-    let gw = if need.1 {
-        let xp = Raw::zeros([n, c, geo.hb, geo.wb], (dev, x.dtype()))?;
-        xp.narrow(2, geo.pad.0, h)?
-            .narrow(3, geo.pad.1, w)?
-            .copy_(x)?;
-        let cols = xp
-            .reshape([n, c * geo.hb * geo.wb])?
-            .index_select(1, &idx)?
-            .reshape([n, groups, cg * kk, l])?;
-        let gw = g4.matmul(&cols.transpose(2, 3)?)?.sum(0)?;
-        Some(gw.reshape([o, cg, kh, kw])?)
-    } else {
-        None
-    };
-    let gb = if need.2 {
-        Some(g.sum([0usize, 2, 3])?)
-    } else {
-        None
-    };
-    Ok(vec![gx, gw, gb])
 }
 
 impl Tensor {
@@ -149,38 +40,8 @@ impl Tensor {
         let mut inputs = vec![self, weight];
         inputs.extend(bias);
         let batched = x.rank() == 4;
+        let opts = *opts;
         maybe_record("ConvolutionBackward0", y.clone(), &inputs, || {
-            let x4 = if batched { x.clone() } else { x.unsqueeze(0)? };
-            let y4 = if batched { y.clone() } else { y.unsqueeze(0)? };
-            let (d, wd) = (x4.dims(), wt.dims());
-            let (eh, ew) = (
-                (wd[2].max(1) - 1) * opts.dilation.0 + 1,
-                (wd[3].max(1) - 1) * opts.dilation.1 + 1,
-            );
-            let (pad, stride) = match opts.padding {
-                Padding::Explicit(p) => ((p.0, p.1), opts.stride),
-                Padding::Valid => ((0, 0), opts.stride),
-                Padding::Same => (((eh - 1) / 2, (ew - 1) / 2), Size2(1, 1)),
-            };
-            let out = (y4.dims()[2], y4.dims()[3]);
-            let hb = ((out.0.max(1) - 1) * stride.0 + eh).max(pad.0 + d[2]);
-            let wb = ((out.1.max(1) - 1) * stride.1 + ew).max(pad.1 + d[3]);
-            let geo = Geom {
-                n: d[0],
-                c: d[1],
-                h: d[2],
-                w: d[3],
-                o: wd[0],
-                kh: wd[2],
-                kw: wd[3],
-                groups: opts.groups,
-                stride: (stride.0, stride.1),
-                dilation: (opts.dilation.0, opts.dilation.1),
-                pad,
-                out,
-                hb,
-                wb,
-            };
             let need = (
                 self.requires_grad(),
                 weight.requires_grad(),
@@ -191,14 +52,29 @@ impl Tensor {
             let sw = Saved::of("ConvolutionBackward0", weight)?;
             let f: BackwardFn = Box::new(move |g| {
                 let x = sx.get()?;
+                let wt = sw.get()?;
                 let x4 = if batched { x.clone() } else { x.unsqueeze(0)? };
                 let g4 = if batched { g.clone() } else { g.unsqueeze(0)? };
-                let mut r = conv_backward(&g4, &x4, &sw.get()?, geo, need)?;
-                if !batched && let Some(gx) = r[0].take() {
-                    r[0] = Some(gx.squeeze_dim(0)?);
-                }
-                if !has_bias {
-                    r.truncate(2);
+                let x_dims: [usize; 4] = [x4.dims()[0], x4.dims()[1], x4.dims()[2], x4.dims()[3]];
+                let w_dims: [usize; 4] = [wt.dims()[0], wt.dims()[1], wt.dims()[2], wt.dims()[3]];
+                let gx = if need.0 {
+                    let gx = g4.conv2d_backward_input(x_dims, &wt, &opts)?;
+                    Some(if batched { gx } else { gx.squeeze_dim(0)? })
+                } else {
+                    None
+                };
+                let gw = if need.1 {
+                    Some(g4.conv2d_backward_weight(&x4, w_dims, &opts)?)
+                } else {
+                    None
+                };
+                let mut r = vec![gx, gw];
+                if has_bias {
+                    r.push(if need.2 {
+                        Some(g4.sum([0usize, 2, 3])?)
+                    } else {
+                        None
+                    });
                 }
                 Ok(r)
             });

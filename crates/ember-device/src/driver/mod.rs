@@ -5,8 +5,8 @@
 //! Everything Ember does to a GPU goes through [`Driver`]: device count and properties, raw
 //! allocation, copies, memset, streams, events, module load, kernel launch (the shape of
 //! `cuLaunchKernel`: a function, grid, block, dynamic shared bytes, a stream and a `void**`
-//! parameter array) and library calls (GEMM; NCCL collectives join when data parallelism
-//! arrives). Two implementations exist:
+//! parameter array) and library calls (GEMM; cuDNN convolutions, see Note [cuDNN convolutions
+//! through the seam] in `conv.rs`; NCCL collectives join when data parallelism arrives). Two implementations exist:
 //!
 //! - [`real::RealDriver`]: cudarc's driver API with dynamic loading, over raw device
 //!   pointers. It is thin: each method is one or two checked driver calls.
@@ -18,8 +18,11 @@
 //! Streams and events are opaque handles issued by the driver. Stream handle `0`
 //! ([`StreamHandle::DEFAULT`]) is each device's default (legacy) stream.
 
+mod conv;
 pub mod emulator;
 pub mod real;
+
+pub use conv::{ConvAlgoPerf, ConvBuffers, ConvDesc, ConvDirection, ConvProblem, ConvSearch};
 
 use std::ffi::c_void;
 use std::fmt;
@@ -140,7 +143,7 @@ pub struct LaunchConfig {
     pub shared_mem_bytes: u32,
 }
 
-/// Element types a GEMM can read and write.
+/// Element types a GEMM (and a convolution) can read and write.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum GemmType {
     /// IEEE binary32.
@@ -331,4 +334,23 @@ pub trait Driver: Send + Sync + fmt::Debug {
     /// Enqueue a strided-batched GEMM on `stream` (cuBLAS `cublasGemmStridedBatchedEx` on
     /// a real GPU, the CPU GEMM under the emulator).
     fn gemm(&self, device: usize, stream: StreamHandle, desc: &GemmDesc) -> Result<()>;
+
+    /// The version of the convolution library (cuDNN's `cudnnGetVersion`, e.g. 90100 for
+    /// 9.1.0) usable on `device`, loading it and making the device's handle on first use. An
+    /// absent or unusable library is [`crate::DeviceError::Unsupported`] saying why; callers
+    /// then take another path.
+    fn cudnn_version(&self, device: usize) -> Result<usize>;
+    /// The algorithms for `problem` on `device`, best (heuristic) or fastest (benchmark)
+    /// first (`cudnnGetConvolution*Algorithm_v7` / `cudnnFindConvolution*AlgorithmEx`). A
+    /// problem the library does not support is an error (or an empty list).
+    fn conv_algorithms(
+        &self,
+        device: usize,
+        stream: StreamHandle,
+        problem: &ConvProblem,
+        search: ConvSearch,
+    ) -> Result<Vec<ConvAlgoPerf>>;
+    /// Enqueue one convolution on `stream` (`cudnnConvolutionForward`,
+    /// `...BackwardData`, `...BackwardFilter`; the CPU convolution under the emulator).
+    fn conv(&self, device: usize, stream: StreamHandle, desc: &ConvDesc) -> Result<()>;
 }

@@ -1,5 +1,5 @@
 //! [`RealDriver`]: the [`Driver`] seam on NVIDIA's driver through cudarc's raw bindings,
-//! loaded at run time (see `docs/cuda-without-gpu.md`).
+//! loaded at run time (see `docs/cuda-without-gpu.md`); cuDNN convolutions in `real/cudnn.rs`.
 //!
 //! Thin on purpose: every method makes the device's primary context current and issues one
 //! or two checked driver calls. Handles are the driver's own pointers as `u64`, kept in tables
@@ -55,6 +55,8 @@ struct Tables {
     functions: HashMap<u64, usize>,
     /// device → cuBLAS handle
     cublas: HashMap<usize, u64>,
+    /// device → cuDNN handle, or why cuDNN cannot be used (probed once per device)
+    cudnn: HashMap<usize, std::result::Result<u64, String>>,
 }
 
 /// NVIDIA's driver behind the [`Driver`] seam. Build with [`RealDriver::probe`].
@@ -64,6 +66,9 @@ pub struct RealDriver {
     /// Per device: (CUdevice, retained primary context as an address).
     devices: Vec<(sys::CUdevice, usize)>,
     tables: Mutex<Tables>,
+    /// Held across a cuDNN call and the `cudnnSetStream` before it: a handle serves one
+    /// call at a time.
+    cudnn_calls: Mutex<()>,
 }
 
 impl RealDriver {
@@ -135,6 +140,7 @@ impl RealDriver {
             version,
             devices,
             tables: Mutex::new(Tables::default()),
+            cudnn_calls: Mutex::new(()),
         })
     }
 
@@ -256,4 +262,7 @@ impl RealDriver {
     }
 }
 
+mod cudnn;
 mod driver_impl;
+
+pub use cudnn::MIN_CUDNN_VERSION;

@@ -9,10 +9,12 @@
 //! reuses a block on the stream that freed it; `record_stream` marks other users).
 
 mod amp;
+mod cudnn;
 mod nn;
 mod ops;
 
 pub(crate) use amp::*;
+pub(crate) use cudnn::{conv_path, conv2d_backward_data, conv2d_backward_filter, cudnn_fallbacks};
 pub(crate) use nn::*;
 pub(crate) use ops::*;
 

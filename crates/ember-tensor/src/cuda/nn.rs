@@ -444,9 +444,25 @@ pub(crate) fn avg_pool2d(
 /// Most elements of one im2col buffer (samples are processed in chunks below it).
 const COL_ELEMENTS: usize = 16 << 20;
 
-/// conv2d as im2col + one strided-batched GEMM per group and chunk of samples, the bias
-/// broadcast into the output first (GEMM with beta = 1). See kernels/conv.cu.
+/// conv2d on cuDNN where it can run (Note [Convolutions on cuDNN]), else im2col + GEMM.
 pub(crate) fn conv2d(
+    x: &CudaStorage,
+    lx: &Layout,
+    w: &CudaStorage,
+    lw: &Layout,
+    bias: Option<(&CudaStorage, &Layout)>,
+    p: &Conv2dParams,
+) -> Result<CudaStorage> {
+    match super::cudnn::conv2d_forward(x, lx, w, lw, bias, p)? {
+        Some(out) => Ok(out),
+        None => conv2d_im2col(x, lx, w, lw, bias, p),
+    }
+}
+
+/// conv2d as im2col + one strided-batched GEMM per group and chunk of samples, the bias
+/// broadcast into the output first (GEMM with beta = 1). See kernels/conv.cu. The fallback
+/// of the cuDNN path.
+fn conv2d_im2col(
     x: &CudaStorage,
     lx: &Layout,
     w: &CudaStorage,

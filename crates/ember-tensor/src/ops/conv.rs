@@ -203,27 +203,6 @@ impl Tensor {
                 hint: "convolution needs a floating dtype; convert with to_dtype(DType::F32)",
             });
         }
-        let Conv2dOptions {
-            stride,
-            padding,
-            dilation,
-            groups,
-        } = *opts;
-        if groups == 0 {
-            return Err(invalid("non-positive groups is not supported".into()));
-        }
-        if stride.0 == 0 || stride.1 == 0 {
-            return Err(invalid(format!(
-                "non-positive stride is not supported, got stride ({}, {})",
-                stride.0, stride.1
-            )));
-        }
-        if dilation.0 == 0 || dilation.1 == 0 {
-            return Err(invalid(format!(
-                "dilation should be greater than zero, got dilation ({}, {})",
-                dilation.0, dilation.1
-            )));
-        }
         let x = if batched {
             self.clone()
         } else {
@@ -235,23 +214,6 @@ impl Tensor {
         let &[o, cg, kh, kw] = weight.dims() else {
             return Err(mismatch(format!("unexpected weight {ws}")));
         };
-        if o % groups != 0 {
-            return Err(mismatch(format!(
-                "given groups = {groups}, expected weight {ws} to be divisible by {groups} at dimension 0"
-            )));
-        }
-        if cg.checked_mul(groups) != Some(c) {
-            return Err(mismatch(if groups == 1 {
-                format!(
-                    "expected weight with C/groups = {cg} input channels, but input {xs} has {c} (weight {ws})"
-                )
-            } else {
-                format!(
-                    "expected weight with C/groups = {} input channels (groups = {groups}), but input {xs} has {c} channels and weight {ws} has {cg}",
-                    c / groups
-                )
-            }));
-        }
         if let Some(b) = bias
             && b.dims() != [o]
         {
@@ -260,41 +222,9 @@ impl Tensor {
                 b.shape()
             )));
         }
-        // Effective kernel extent d·(k-1)+1 per dim.
-        let ext = |k: usize, d: usize| k.saturating_sub(1).checked_mul(d).map(|v| v + 1);
-        let (Some(eh), Some(ew)) = (ext(kh, dilation.0), ext(kw, dilation.1)) else {
-            return Err(invalid(format!("kernel extent of weight {ws} overflows")));
-        };
-        // (pad_before, pad_total) per dim.
-        let (ph, pw) = match padding {
-            Padding::Explicit(p) => ((p.0, 2 * p.0), (p.1, 2 * p.1)),
-            Padding::Valid => ((0, 0), (0, 0)),
-            Padding::Same => {
-                if stride != Size2(1, 1) {
-                    return Err(invalid(
-                        "padding='same' is not supported for strided convolutions".into(),
-                    ));
-                }
-                let (th, tw) = (eh - 1, ew - 1);
-                ((th / 2, th), (tw / 2, tw))
-            }
-        };
-        let (hp, wp) = (h.saturating_add(ph.1), w.saturating_add(pw.1));
-        if kh == 0 || kw == 0 || hp < eh || wp < ew {
-            return Err(mismatch(format!(
-                "calculated padded input size per channel: ({hp} x {wp}); kernel size: ({eh} x {ew}); kernel size can't be greater than actual input size (input {xs}, weight {ws})"
-            )));
-        }
-        let out = ((hp - eh) / stride.0 + 1, (wp - ew) / stride.1 + 1);
-        let out_shape = Shape::from(vec![n, o, out.0, out.1]);
+        let p = geometry(xs, ws, [n, c, h, w], [o, cg, kh, kw], opts)?;
+        let out_shape = Shape::from(vec![n, o, p.out.0, p.out.1]);
         out_shape.checked_numel("conv2d")?;
-        let p = Conv2dParams {
-            stride: (stride.0, stride.1),
-            pad: (ph.0, pw.0),
-            dilation: (dilation.0, dilation.1),
-            groups,
-            out,
-        };
         let (lx, lw) = (x.layout().clone(), weight.layout().clone());
         let s = match bias {
             None => read_many(&[x.cell(), weight.cell()], |s| {
@@ -310,4 +240,87 @@ impl Tensor {
         let y = Tensor::from_storage(s, out_shape);
         if batched { Ok(y) } else { y.squeeze_dim(0) }
     }
+}
+
+/// The geometry of a convolution of input `x` (`[N, C, H, W]`) with weight `w`
+/// (`[O, C/groups, kH, kW]`) under `opts`, with PyTorch's checks and messages (`xs`, `ws`
+/// are the shapes as the user passed them, for the messages).
+pub(crate) fn geometry(
+    xs: &Shape,
+    ws: &Shape,
+    [_n, c, h, w]: [usize; 4],
+    [o, cg, kh, kw]: [usize; 4],
+    opts: &Conv2dOptions,
+) -> Result<Conv2dParams> {
+    let Conv2dOptions {
+        stride,
+        padding,
+        dilation,
+        groups,
+    } = *opts;
+    if groups == 0 {
+        return Err(invalid("non-positive groups is not supported".into()));
+    }
+    if stride.0 == 0 || stride.1 == 0 {
+        return Err(invalid(format!(
+            "non-positive stride is not supported, got stride ({}, {})",
+            stride.0, stride.1
+        )));
+    }
+    if dilation.0 == 0 || dilation.1 == 0 {
+        return Err(invalid(format!(
+            "dilation should be greater than zero, got dilation ({}, {})",
+            dilation.0, dilation.1
+        )));
+    }
+    if o % groups != 0 {
+        return Err(mismatch(format!(
+            "given groups = {groups}, expected weight {ws} to be divisible by {groups} at dimension 0"
+        )));
+    }
+    if cg.checked_mul(groups) != Some(c) {
+        return Err(mismatch(if groups == 1 {
+            format!(
+                "expected weight with C/groups = {cg} input channels, but input {xs} has {c} (weight {ws})"
+            )
+        } else {
+            format!(
+                "expected weight with C/groups = {} input channels (groups = {groups}), but input {xs} has {c} channels and weight {ws} has {cg}",
+                c / groups
+            )
+        }));
+    }
+    // Effective kernel extent d·(k-1)+1 per dim.
+    let ext = |k: usize, d: usize| k.saturating_sub(1).checked_mul(d).map(|v| v + 1);
+    let (Some(eh), Some(ew)) = (ext(kh, dilation.0), ext(kw, dilation.1)) else {
+        return Err(invalid(format!("kernel extent of weight {ws} overflows")));
+    };
+    // (pad_before, pad_total) per dim.
+    let (ph, pw) = match padding {
+        Padding::Explicit(p) => ((p.0, 2 * p.0), (p.1, 2 * p.1)),
+        Padding::Valid => ((0, 0), (0, 0)),
+        Padding::Same => {
+            if stride != Size2(1, 1) {
+                return Err(invalid(
+                    "padding='same' is not supported for strided convolutions".into(),
+                ));
+            }
+            let (th, tw) = (eh - 1, ew - 1);
+            ((th / 2, th), (tw / 2, tw))
+        }
+    };
+    let (hp, wp) = (h.saturating_add(ph.1), w.saturating_add(pw.1));
+    if kh == 0 || kw == 0 || hp < eh || wp < ew {
+        return Err(mismatch(format!(
+            "calculated padded input size per channel: ({hp} x {wp}); kernel size: ({eh} x {ew}); kernel size can't be greater than actual input size (input {xs}, weight {ws})"
+        )));
+    }
+    let out = ((hp - eh) / stride.0 + 1, (wp - ew) / stride.1 + 1);
+    Ok(Conv2dParams {
+        stride: (stride.0, stride.1),
+        pad: (ph.0, pw.0),
+        dilation: (dilation.0, dilation.1),
+        groups,
+        out,
+    })
 }

@@ -4,6 +4,7 @@
 pub(crate) mod amp;
 pub(crate) mod binary;
 pub(crate) mod conv;
+pub(crate) mod conv_grad;
 pub(crate) mod index;
 pub(crate) mod inplace;
 pub(crate) mod loss;

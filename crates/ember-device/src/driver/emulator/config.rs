@@ -10,6 +10,8 @@
 //! - `EMBER_CUDA_EMULATOR_TRACE=FILE`: append the name of every launched kernel to `FILE`, once
 //!   per name per process (read by `launch_trace.rs`, Note [Launch trace]; `cargo xtask test`'s
 //!   launch-coverage check uses it).
+//! - `EMBER_CUDA_EMULATOR_CUDNN=0`: the emulated cuDNN is absent (read by `cudnn.rs`, Note
+//!   [Emulated cuDNN algorithms]); convolutions then take the im2col path.
 
 use crate::error::{DeviceError, Result};
 

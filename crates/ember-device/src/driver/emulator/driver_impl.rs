@@ -5,12 +5,13 @@ use std::ffi::c_void;
 use std::time::Instant;
 
 use super::{
-    Emulator, EventState, FunctionState, HOST_ALIGN, KernelLaunch, device_of_address, gemm,
+    Emulator, EventState, FunctionState, HOST_ALIGN, KernelLaunch, cudnn, device_of_address, gemm,
     invalid_handle, kernel_name_ok, lookup_kernel, translate_for_kernel,
 };
 use crate::driver::{
-    DeviceProperties, DevicePtr, Driver, DriverKind, EventHandle, FunctionHandle, GemmDesc,
-    LaunchConfig, ModuleHandle, StreamHandle,
+    ConvAlgoPerf, ConvBuffers, ConvDesc, ConvProblem, ConvSearch, DeviceProperties, DevicePtr,
+    Driver, DriverKind, EventHandle, FunctionHandle, GemmDesc, LaunchConfig, ModuleHandle,
+    StreamHandle,
 };
 use crate::error::{DeviceError, Result};
 
@@ -481,5 +482,75 @@ impl Driver for Emulator {
             }
         }
         gemm::gemm(&mut self.mem(), desc)
+    }
+
+    fn cudnn_version(&self, device: usize) -> Result<usize> {
+        self.check_device(device)?;
+        cudnn::version()
+    }
+
+    fn conv_algorithms(
+        &self,
+        device: usize,
+        stream: StreamHandle,
+        problem: &ConvProblem,
+        search: ConvSearch,
+    ) -> Result<Vec<ConvAlgoPerf>> {
+        self.check_library_call("cudnnFindConvolution*AlgorithmEx", device, stream)?;
+        if let ConvSearch::Benchmark(b) = search {
+            self.check_conv_buffers("cudnnFindConvolution*AlgorithmEx", device, problem, &b)?;
+        }
+        cudnn::algorithms(&self.mem(), problem, search)
+    }
+
+    fn conv(&self, device: usize, stream: StreamHandle, desc: &ConvDesc) -> Result<()> {
+        let call = cudnn::run_name(desc.problem.direction);
+        self.check_library_call(call, device, stream)?;
+        self.check_conv_buffers(call, device, &desc.problem, &desc.buffers)?;
+        cudnn::run(&mut self.mem(), desc)
+    }
+}
+
+impl Emulator {
+    /// A library call on `device` enqueued on `stream`: the device exists and the stream is
+    /// the default one or one of that device's.
+    fn check_library_call(
+        &self,
+        call: &'static str,
+        device: usize,
+        stream: StreamHandle,
+    ) -> Result<()> {
+        self.check_device(device)?;
+        match self.stream_device(call, stream)? {
+            Some(d) if d != device => Err(DeviceError::Driver {
+                call,
+                code: "CUDNN_STATUS_BAD_PARAM".into(),
+                detail: format!("a call on cuda:{device} enqueued on a stream of cuda:{d}"),
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// The convolution's tensors (and workspace, if any) are memory of `device`.
+    fn check_conv_buffers(
+        &self,
+        call: &'static str,
+        device: usize,
+        problem: &ConvProblem,
+        b: &ConvBuffers,
+    ) -> Result<()> {
+        let [nx, nw, ny] = problem.numels();
+        let mut operands = vec![("x", b.x, nx), ("w", b.w, nw), ("y", b.y, ny)];
+        operands.push(("workspace", b.workspace, b.workspace_bytes));
+        for (name, ptr, len) in operands {
+            if len > 0 && device_of_address(ptr) != Some(device) {
+                return Err(DeviceError::Driver {
+                    call,
+                    code: "CUDNN_STATUS_BAD_PARAM".into(),
+                    detail: format!("{name} at {ptr:?} is not memory of cuda:{device}"),
+                });
+            }
+        }
+        Ok(())
     }
 }

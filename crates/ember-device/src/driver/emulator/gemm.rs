@@ -23,7 +23,7 @@ pub(crate) fn element_size(dtype: GemmType) -> usize {
     }
 }
 
-fn read(dtype: GemmType, bytes: &[u8]) -> Vec<f64> {
+pub(crate) fn read(dtype: GemmType, bytes: &[u8]) -> Vec<f64> {
     match dtype {
         GemmType::F32 => bytes
             .chunks_exact(4)
@@ -44,7 +44,7 @@ fn read(dtype: GemmType, bytes: &[u8]) -> Vec<f64> {
     }
 }
 
-fn write(dtype: GemmType, value: f64, out: &mut [u8]) {
+pub(crate) fn write(dtype: GemmType, value: f64, out: &mut [u8]) {
     match dtype {
         GemmType::F32 => out.copy_from_slice(&(value as f32).to_le_bytes()),
         GemmType::F64 => out.copy_from_slice(&value.to_le_bytes()),

@@ -3,7 +3,7 @@
 //!
 //! Note [Emulated streams]:
 //!
-//! Every operation enqueued on a stream (copies, memset, kernel launches, GEMM, event
+//! Every operation enqueued on a stream (copies, memset, kernel launches, GEMM, convolutions, event
 //! records) runs to completion at enqueue time, on the calling thread. That is one valid
 //! in-order schedule: each stream's work completes in order, and every cross-stream ordering
 //! a program establishes with events holds trivially. So `stream_synchronize`,
@@ -18,11 +18,14 @@
 //! peer copies do). [`StreamHandle::DEFAULT`] is valid on every device and resolves to the
 //! device the operation names: the destination of `memcpy_htod`, `memset_d8_async` and
 //! `memcpy_dtod_async`, the source of `memcpy_dtoh`, the event's device for `event_record`,
-//! the function's module device for `launch_kernel`, and the `device` argument of `gemm`.
+//! the function's module device for `launch_kernel`, and the `device` argument of `gemm`
+//! and the convolution calls.
 //! Calls that take only a stream (`stream_synchronize`, `stream_query`,
 //! `stream_wait_event`) accept it as is: there is nothing pending on any device.
 
 mod config;
+mod conv;
+mod cudnn;
 mod gemm;
 mod kernels;
 mod launch_trace;
@@ -31,6 +34,10 @@ mod memory;
 pub use config::{
     DEFAULT_TOTAL_MEMORY, ENV_EMULATOR, ENV_EMULATOR_MEMORY, EmulatedDeviceConfig, EmulatorConfig,
     MAX_EMULATED_DEVICES, MAX_TOTAL_MEMORY, parse_size,
+};
+pub use cudnn::{
+    ConvCall, EMULATED_CUDNN_VERSION, ENV_EMULATOR_CUDNN, EmulatedCudnn, set_thread_cudnn,
+    thread_conv_calls, thread_cudnn,
 };
 pub use kernels::{
     EmulatedKernel, KernelLaunch, lookup_kernel, register_kernel, registered_kernels,

@@ -1,6 +1,7 @@
 //! `impl Driver for RealDriver`: one or two checked driver calls per method.
 
 use super::*;
+use crate::driver::{ConvAlgoPerf, ConvDesc, ConvProblem, ConvSearch};
 
 use sys::CUdevice_attribute as A;
 
@@ -480,6 +481,24 @@ impl Driver for RealDriver {
                 cublas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
             )
         })
+    }
+
+    fn cudnn_version(&self, device: usize) -> Result<usize> {
+        self.cudnn_version_impl(device)
+    }
+
+    fn conv_algorithms(
+        &self,
+        device: usize,
+        stream: StreamHandle,
+        problem: &ConvProblem,
+        search: ConvSearch,
+    ) -> Result<Vec<ConvAlgoPerf>> {
+        self.conv_algorithms_impl(device, stream, problem, search)
+    }
+
+    fn conv(&self, device: usize, stream: StreamHandle, desc: &ConvDesc) -> Result<()> {
+        self.conv_impl(device, stream, desc)
     }
 }
 

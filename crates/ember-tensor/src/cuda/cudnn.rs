@@ -352,7 +352,7 @@ fn run(
                 workspace_bytes: if ws.is_some() { a.workspace_bytes } else { 0 },
             },
         };
-        ctx.driver.conv(ctx.ordinal, ctx.stream(), &desc)?;
+        ctx.conv(&desc)?;
         return Ok(());
     }
     Err(last_oom

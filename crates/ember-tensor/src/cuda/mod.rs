@@ -22,7 +22,9 @@ use std::borrow::Cow;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use ember_device::Device;
-use ember_device::driver::{DevicePtr, Driver, GemmDesc, LaunchConfig, StreamHandle};
+use ember_device::driver::{
+    ConvDesc, ConvDirection, DevicePtr, Driver, GemmDesc, LaunchConfig, StreamHandle,
+};
 use ember_device::trace::device::{ActivityKind, Launch, timed};
 use ember_kernels::{KernelArgs, Module, StridedLayout};
 use ember_memory::{Allocation, CachingAllocator};
@@ -138,6 +140,34 @@ impl Ctx {
         };
         timed(&*self.driver, self.ordinal, stream, describe, || {
             self.driver.gemm(self.ordinal, stream, desc)
+        })?;
+        Ok(())
+    }
+
+    /// One cuDNN convolution on the current stream (timed while the profiler listens).
+    pub(crate) fn conv(&self, desc: &ConvDesc) -> Result<()> {
+        let stream = self.stream();
+        let describe = || {
+            let p = &desc.problem;
+            let dtype = format!("{:?}", p.dtype).to_lowercase();
+            Launch {
+                api: match p.direction {
+                    ConvDirection::Forward => "cudnnConvolutionForward",
+                    ConvDirection::BackwardData => "cudnnConvolutionBackwardData",
+                    ConvDirection::BackwardFilter => "cudnnConvolutionBackwardFilter",
+                },
+                kind: ActivityKind::Kernel,
+                name: Cow::Owned(format!(
+                    "cudnn {:?} x{:?} w{:?} algo {} {dtype}",
+                    p.direction, p.x_dims, p.w_dims, desc.algo
+                )),
+                bytes: 0,
+                grid: [0; 3],
+                block: [0; 3],
+            }
+        };
+        timed(&*self.driver, self.ordinal, stream, describe, || {
+            self.driver.conv(self.ordinal, stream, desc)
         })?;
         Ok(())
     }

@@ -9,10 +9,12 @@
 //! reuses a block on the stream that freed it; `record_stream` marks other users).
 
 mod amp;
+mod fused;
 mod nn;
 mod ops;
 
 pub(crate) use amp::*;
+pub(crate) use fused::*;
 pub(crate) use nn::*;
 pub(crate) use ops::*;
 

@@ -213,7 +213,12 @@ pub fn batch_norm(
         .into());
     }
     if training {
-        let n: usize = dims.iter().enumerate().filter(|&(d, _)| d != 1).map(|(_, &v)| v).product();
+        let n: usize = dims
+            .iter()
+            .enumerate()
+            .filter(|&(d, _)| d != 1)
+            .map(|(_, &v)| v)
+            .product();
         if n <= 1 {
             return Err(NnError::invalid(
                 "batch_norm",

@@ -9,7 +9,9 @@ use std::collections::BTreeMap;
 
 use ember_device::cuda;
 use ember_device::driver::emulator::{EmulatorConfig, thread_launch_counts};
-use ember_nn::layers::{BatchNorm, Conv2d, Conv2dConfig, Flatten, Linear, MaxPool2d, ReLU, Sequential};
+use ember_nn::layers::{
+    BatchNorm, Conv2d, Conv2dConfig, Flatten, Linear, MaxPool2d, ReLU, Sequential,
+};
 use ember_nn::loss::{CrossEntropyLoss, Loss};
 use ember_nn::optim::{Adam, AdamOptions, Optimizer};
 use ember_nn::{Module, Tensor};
@@ -80,7 +82,12 @@ fn launches_of_one_cnn_training_step() {
     let count = |name: &str| launched.get(name).copied().unwrap_or(0);
     // Two BatchNorm2d layers: one statistics and one normalising kernel each forward, one
     // reduction and one elementwise kernel each backward.
-    for k in ["batch_norm_stats_f32", "batch_norm_apply_f32", "batch_norm_bwd_reduce_f32", "batch_norm_bwd_elem_f32"] {
+    for k in [
+        "batch_norm_stats_f32",
+        "batch_norm_apply_f32",
+        "batch_norm_bwd_reduce_f32",
+        "batch_norm_bwd_elem_f32",
+    ] {
         assert_eq!(count(k), 2, "{k}");
     }
     // Cross-entropy: one forward and one backward kernel, no log-softmax or NLL kernels.

@@ -443,7 +443,10 @@ fn layers_and_losses_pass_gradcheck() {
 fn fused_batch_norm_passes_gradcheck_for_input_weight_and_bias() {
     let _rng = rng_lock();
     for d in devices() {
-        for (k, shape) in [vec![5usize, 3], vec![2, 3, 4], vec![2, 3, 2, 3]].into_iter().enumerate() {
+        for (k, shape) in [vec![5usize, 3], vec![2, 3, 4], vec![2, 3, 2, 3]]
+            .into_iter()
+            .enumerate()
+        {
             let n: usize = shape.iter().product();
             let x = tensor(values(n, 20 + k as u64, -2.0, 2.0), &shape, DType::F64, d)
                 .requires_grad_(true)
@@ -469,15 +472,37 @@ fn fused_batch_norm_passes_gradcheck_for_input_weight_and_bias() {
                         1e-5,
                     )
                 };
-                gradcheck(f, &[x.clone(), w.clone(), b.clone()], GradcheckOptions::default())
-                    .unwrap();
+                gradcheck(
+                    f,
+                    &[x.clone(), w.clone(), b.clone()],
+                    GradcheckOptions::default(),
+                )
+                .unwrap();
                 let plain = |v: &[Tensor]| {
-                    ember_nn::functional::batch_norm(&v[0], Some(&rm), Some(&rv), None, None, training, 0.0, 1e-5)
+                    ember_nn::functional::batch_norm(
+                        &v[0],
+                        Some(&rm),
+                        Some(&rv),
+                        None,
+                        None,
+                        training,
+                        0.0,
+                        1e-5,
+                    )
                 };
                 gradcheck(plain, std::slice::from_ref(&x), GradcheckOptions::default()).unwrap();
             }
-            let y = ember_nn::functional::batch_norm(&x, None, None, Some(&w), Some(&b), true, 0.1, 1e-5)
-                .unwrap();
+            let y = ember_nn::functional::batch_norm(
+                &x,
+                None,
+                None,
+                Some(&w),
+                Some(&b),
+                true,
+                0.1,
+                1e-5,
+            )
+            .unwrap();
             assert_eq!(y.grad_fn_name(), Some("NativeBatchNormBackward0"));
         }
     }
@@ -496,14 +521,35 @@ fn fused_batch_norm_backward_of_16_bit_input_matches_f32() {
             let x32 = x16.to_dtype(DType::F32).unwrap();
             let run = |x: &Tensor| {
                 let x = x.requires_grad_(true).unwrap();
-                let w = tensor(values(3, 41, 0.5, 1.5), &[3], DType::F32, d).requires_grad_(true).unwrap();
-                let b = tensor(values(3, 42, -0.5, 0.5), &[3], DType::F32, d).requires_grad_(true).unwrap();
-                let y = ember_nn::functional::batch_norm(&x, None, None, Some(&w), Some(&b), true, 0.1, 1e-5)
+                let w = tensor(values(3, 41, 0.5, 1.5), &[3], DType::F32, d)
+                    .requires_grad_(true)
                     .unwrap();
-                let up = tensor(values(24, 43, -1.0, 1.0), &[2, 3, 4], DType::F32, d).to_dtype(y.dtype()).unwrap();
+                let b = tensor(values(3, 42, -0.5, 0.5), &[3], DType::F32, d)
+                    .requires_grad_(true)
+                    .unwrap();
+                let y = ember_nn::functional::batch_norm(
+                    &x,
+                    None,
+                    None,
+                    Some(&w),
+                    Some(&b),
+                    true,
+                    0.1,
+                    1e-5,
+                )
+                .unwrap();
+                let up = tensor(values(24, 43, -1.0, 1.0), &[2, 3, 4], DType::F32, d)
+                    .to_dtype(y.dtype())
+                    .unwrap();
                 y.mul(&up).unwrap().sum_all().unwrap().backward().unwrap();
                 let v = |t: Tensor| t.to_dtype(DType::F64).unwrap().to_vec::<f64>().unwrap();
-                (y.dtype(), x.grad().unwrap().dtype(), v(x.grad().unwrap()), v(w.grad().unwrap()), v(b.grad().unwrap()))
+                (
+                    y.dtype(),
+                    x.grad().unwrap().dtype(),
+                    v(x.grad().unwrap()),
+                    v(w.grad().unwrap()),
+                    v(b.grad().unwrap()),
+                )
             };
             let (ydt, gdt, gx, gw, gb) = run(&x16);
             assert_eq!((ydt, gdt), (dt, dt));

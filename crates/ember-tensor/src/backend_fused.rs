@@ -90,13 +90,25 @@ impl<'a> CeOperands<'a> {
         let ((x, lx), (t, lt)) = (self.x, self.target);
         match x {
             Storage::Cpu(xs) => {
-                let (l, w, s) =
-                    cpu::cross_entropy::forward(xs, lx, on_cpu(x, t)?, lt, opt_cpu(x, self.weight)?, p)?;
+                let (l, w, s) = cpu::cross_entropy::forward(
+                    xs,
+                    lx,
+                    on_cpu(x, t)?,
+                    lt,
+                    opt_cpu(x, self.weight)?,
+                    p,
+                )?;
                 Ok((Storage::Cpu(l), Storage::Cpu(w), Storage::Cpu(s)))
             }
             Storage::Cuda(xs) => {
-                let (l, w, s) =
-                    cuda::cross_entropy_fwd(xs, lx, on_cuda(x, t)?, lt, opt_cuda(x, self.weight)?, p)?;
+                let (l, w, s) = cuda::cross_entropy_fwd(
+                    xs,
+                    lx,
+                    on_cuda(x, t)?,
+                    lt,
+                    opt_cuda(x, self.weight)?,
+                    p,
+                )?;
                 Ok((Storage::Cuda(l), Storage::Cuda(w), Storage::Cuda(s)))
             }
         }
@@ -262,8 +274,7 @@ impl Storage {
                     eps: st.eps,
                 };
                 let w = weight.map(|w| on_cpu(self, w)).transpose()?;
-                let (dx, sums) =
-                    cpu::batch_norm::backward(dy, on_cpu(self, x)?, lx, &st, w, b)?;
+                let (dx, sums) = cpu::batch_norm::backward(dy, on_cpu(self, x)?, lx, &st, w, b)?;
                 Ok((
                     dx.map(Storage::Cpu),
                     sums.map(|(a, b)| (Storage::Cpu(a), Storage::Cpu(b))),

@@ -30,7 +30,10 @@ impl Tensor {
         eps: f64,
     ) -> Result<Tensor> {
         let x = self.data();
-        let (rm, rv) = (running_mean.map(Tensor::data), running_var.map(Tensor::data));
+        let (rm, rv) = (
+            running_mean.map(Tensor::data),
+            running_var.map(Tensor::data),
+        );
         let (w, b) = (weight.map(Tensor::data), bias.map(Tensor::data));
         let (y, saved) = x.batch_norm_forward(
             rm.as_ref(),

@@ -129,7 +129,10 @@ fn stats_t<T: BnFloat>(
             *r = (T::ONE - mom) * *r + mom * unbiased;
         }
     }
-    Ok((CpuStorage::from_slice(&mean)?, CpuStorage::from_slice(&invstd)?))
+    Ok((
+        CpuStorage::from_slice(&mean)?,
+        CpuStorage::from_slice(&invstd)?,
+    ))
 }
 
 /// `k[ch]`: the invstd, or `1 / sqrt(var + eps)` from a variance.

@@ -287,7 +287,10 @@ fn bwd<T: CeFloat>(
         let hit = (T::ONE - eps) * wt;
         let sh = if valid { share } else { T::ZERO };
         let a = if valid { hit + sh * big_w } else { T::ZERO };
-        let mut scale = g.get(if per_row { i } else { 0 }).copied().unwrap_or(T::ZERO);
+        let mut scale = g
+            .get(if per_row { i } else { 0 })
+            .copied()
+            .unwrap_or(T::ZERO);
         if let Some(tot) = total {
             scale = scale / tot;
         }

@@ -4,12 +4,12 @@
 use ember_device::driver::DevicePtr;
 use ember_kernels::{KernelArgs, launch_config_1d};
 
+use super::CudaStorage;
 use super::nn::{
     bad_position, bad_target, check_index_dtype, error_slot, first_bad_on_host, index_at,
     indexed_name,
 };
 use super::ops::{full, row_config};
-use super::CudaStorage;
 use crate::backend_fused::{BnStats, CrossEntropyParams};
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
@@ -273,7 +273,12 @@ pub(crate) fn batch_norm_stats(
 }
 
 /// The statistics' pointers and flags as the kernels take them.
-fn stats_args(args: &mut KernelArgs, st: &BnStats<'_, CudaStorage>, c: usize, cd: DType) -> Result<()> {
+fn stats_args(
+    args: &mut KernelArgs,
+    st: &BnStats<'_, CudaStorage>,
+    c: usize,
+    cd: DType,
+) -> Result<()> {
     check_vec(st.mean, c, cd)?;
     check_vec(st.v, c, cd)?;
     args.ptr(st.mean.ptr_at(0))

@@ -9,9 +9,9 @@
 //! one kernel writing the scores' gradient once. The autograd layer records the pair as one
 //! op (Note [Cross-entropy backward] in `ember-autograd`).
 
+use crate::backend_fused::{CeBackward, CeOperands, CrossEntropyParams};
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
-use crate::backend_fused::{CeBackward, CeOperands, CrossEntropyParams};
 use crate::storage::{Storage, read_many};
 use crate::tensor::{Tensor, same_device};
 

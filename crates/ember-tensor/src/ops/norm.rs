@@ -97,13 +97,18 @@ impl Tensor {
         if dims.len() < 2 {
             return Err(TensorError::invalid(
                 OP,
-                format!("expected input [N, C, *] with at least 2 dims, found {}", self.shape()),
+                format!(
+                    "expected input [N, C, *] with at least 2 dims, found {}",
+                    self.shape()
+                ),
             ));
         }
         let (n, c) = (dims[0], dims[1]);
         let s: usize = dims[2..].iter().product();
         let x = self.contiguous()?.reshape([n, c, s])?;
-        let w = weight.map(|w| channel_vec(w, c, cd, "weight")).transpose()?;
+        let w = weight
+            .map(|w| channel_vec(w, c, cd, "weight"))
+            .transpose()?;
         let b = bias.map(|b| channel_vec(b, c, cd, "bias")).transpose()?;
         let saved = if training {
             if n * s <= 1 {
@@ -225,7 +230,9 @@ impl Tensor {
         let s: usize = dims[2..].iter().product();
         let x = self.contiguous()?.reshape([n, c, s])?;
         let dy = from_start(grad.to_dtype(self.dtype())?.reshape([n, c, s])?)?;
-        let w = weight.map(|w| channel_vec(w, c, cd, "weight")).transpose()?;
+        let w = weight
+            .map(|w| channel_vec(w, c, cd, "weight"))
+            .transpose()?;
         let b = BnBackward {
             training: saved.training,
             sums: need[1] || need[2],

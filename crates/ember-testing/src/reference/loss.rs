@@ -134,7 +134,11 @@ pub fn cross_entropy_grad(
             let m = (0..c).map(at).fold(f64::NEG_INFINITY, f64::max);
             let lse = m + (0..c).map(|k| (at(k) - m).exp()).sum::<f64>().ln();
             let a = |k: usize| {
-                let hit = if k == tgt as usize { (1.0 - eps) * wc(k) } else { 0.0 };
+                let hit = if k == tgt as usize {
+                    (1.0 - eps) * wc(k)
+                } else {
+                    0.0
+                };
                 hit + eps / c as f64 * wc(k)
             };
             let big_a: f64 = (0..c).map(a).sum();

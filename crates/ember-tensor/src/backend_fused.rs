@@ -178,7 +178,7 @@ pub(crate) struct BnBackward {
 }
 
 /// The backward's results: the input gradient and `(Σ dy, Σ dy·x̂)`, as asked.
-pub(crate) type BnGrads = (Option<Storage>, Option<(Storage, Storage)>);
+pub(crate) type BnGrads<S = Storage> = (Option<S>, Option<(S, S)>);
 
 impl Storage {
     /// Batch statistics of contiguous `[N, C, S]` `self`: per channel the mean and the

@@ -5,7 +5,7 @@
 
 use ember_gemm::parallel::for_each_chunk_mut;
 
-use crate::backend_fused::{BnBackward, BnStats};
+use crate::backend_fused::{BnBackward, BnGrads, BnStats};
 use crate::cpu::cast;
 use crate::dtype::{DType, WithDType};
 use crate::error::{Result, TensorError};
@@ -206,7 +206,7 @@ pub(crate) fn backward(
     st: &BnStats<'_, CpuStorage>,
     weight: Option<&CpuStorage>,
     b: &BnBackward,
-) -> Result<(Option<CpuStorage>, Option<(CpuStorage, CpuStorage)>)> {
+) -> Result<BnGrads<CpuStorage>> {
     match compute_dtype(x.dtype())? {
         DType::F64 => backward_t::<f64>(dy, x, lx, st, weight, b),
         _ => backward_t::<f32>(dy, x, lx, st, weight, b),
@@ -220,7 +220,7 @@ fn backward_t<T: BnFloat>(
     st: &BnStats<'_, CpuStorage>,
     weight: Option<&CpuStorage>,
     b: &BnBackward,
-) -> Result<(Option<CpuStorage>, Option<(CpuStorage, CpuStorage)>)> {
+) -> Result<BnGrads<CpuStorage>> {
     let (xd, [n, c, s]) = operand::<T>(x, lx)?;
     // dy is contiguous from its storage's start (the front's `from_start`).
     let (mut g, _) = operand::<T>(dy, &Layout::contiguous(lx.shape().clone()))?;

@@ -329,7 +329,7 @@ pub(crate) fn batch_norm_backward(
     st: &BnStats<'_, CudaStorage>,
     weight: Option<&CudaStorage>,
     b: &crate::backend_fused::BnBackward,
-) -> Result<(Option<CudaStorage>, Option<(CudaStorage, CudaStorage)>)> {
+) -> Result<crate::backend_fused::BnGrads<CudaStorage>> {
     let cd = compute_dtype(x.dtype())?;
     let (n, c, s) = ncs(lx)?;
     let ctx = x.ctx();

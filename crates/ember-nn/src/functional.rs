@@ -236,7 +236,7 @@ pub fn batch_norm(
         )
         .into());
     }
-    Ok(x.batch_norm(
+    x.batch_norm(
         running_mean,
         running_var,
         weight,
@@ -244,7 +244,7 @@ pub fn batch_norm(
         training,
         momentum,
         eps,
-    )?)
+    )
 }
 
 /// `F.cross_entropy(x, target, weight=, ignore_index=, reduction=, label_smoothing=)`:

@@ -27,6 +27,7 @@ using i64 = long long;
 using i32 = int;
 using u8 = unsigned char;
 using u64 = unsigned long long;
+using u32 = unsigned int;
 
 // ---- dtypes: 16-bit floats are stored as such and computed in f32 ---------------------------
 __device__ __forceinline__ float to_f32(float x) { return x; }

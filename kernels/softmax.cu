@@ -5,54 +5,27 @@
 //   log_softmax_{f32,f64,f16,bf16}(i64 outer, i64 size, i64 inner, const T* in, T* out)
 //
 // `out` has the input's shape, contiguous. One kernel per row: an online pass keeps the running
-// max m and s = Σ exp(x - m) (rescaling s when m grows), then a second pass writes
-// exp(x - m) * (1 / s), or (x - m) - ln s for log-softmax (the CPU's form, which does not round
-// at max's magnitude). f16/bf16 compute in f32 (as the CPU, which softmaxes them in f32), f32
-// in f32, f64 in f64. Special values as crates/ember-tensor/src/cpu/softmax.rs: a NaN anywhere
-// in a row makes the row NaN, +inf makes it NaN (inf - inf), a row of -inf is NaN.
+// max m and s = Σ exp(x - m) (rescaling s when m grows; kernels/softmax.cuh), then a second
+// pass writes exp(x - m) * (1 / s), or (x - m) - ln s for log-softmax (the CPU's form, which
+// does not round at max's magnitude). f16/bf16 compute in f32 (as the CPU, which softmaxes
+// them in f32), f32 in f32, f64 in f64. Special values as crates/ember-tensor/src/cpu/softmax.rs:
+// a NaN anywhere in a row makes the row NaN, +inf makes it NaN (inf - inf), a row of -inf is
+// NaN.
 //
-// Work shapes, chosen per launch: inner == 1: one block per row (grid-stride over rows),
-// shuffle block reduction of (m, s), blockDim.x a multiple of 32; inner > 1: one thread per
-// (outer, inner) column, reading coalesced across threads. Any 1-D grid.
-#include "ember.cuh"
+// Work shapes, chosen per launch: inner == 1 (contiguous rows): one block per row (grid-stride
+// over rows), shuffle block reduction of (m, s), blockDim.x a multiple of 32; within a row
+// 32-bit index arithmetic (rows shorter than 2^31) and 16-byte vector loads and stores
+// (`for_row` in softmax.cuh) where the row's start is 16-byte aligned in both `in` and `out`
+// (always for f64, and for f32/f16/bf16 whenever size·sizeof(T) is a multiple of 16, as for
+// C = 1000 in f32); longer rows take the same loop in 64 bits, unvectorised. inner > 1: one
+// thread per (outer, inner) column, reading coalesced across threads. Any 1-D grid.
+//
+// Bound: bytes = 3·n·sizeof(T) (the row read twice, the second time mostly from L1/L2 for
+// rows up to tens of KiB, and written once: 2·n·sizeof(T) when the second read hits cache);
+// flops ≈ 8·n (max, exp, add, rescale; exp or a subtraction on the way out).
+#include "softmax.cuh"
 
 namespace ember {
-
-__device__ __forceinline__ float sm_exp(float x) { return expf(x); }
-__device__ __forceinline__ double sm_exp(double x) { return exp(x); }
-__device__ __forceinline__ float sm_log(float x) { return logf(x); }
-__device__ __forceinline__ double sm_log(double x) { return log(x); }
-
-template <typename C>
-struct MaxSum {
-    C m, s;
-};
-
-template <typename C>
-struct MaxSumOp {
-    using A = MaxSum<C>;
-    __device__ __forceinline__ static A identity() { return A{-static_cast<C>(INFINITY), 0}; }
-    // One element. A NaN never becomes the max but turns s into NaN; a -inf while the max is
-    // still -inf adds nothing (the CPU's exp(-inf - m) is 0 once m is finite, and if m stays
-    // -inf the whole row is NaN anyway).
-    __device__ __forceinline__ static A step(A a, C x) {
-        if (x > a.m) {
-            a.s = a.s * sm_exp(a.m - x) + sm_exp(x - x);  // exp(x - x) is NaN for x = +inf, as on the CPU
-            a.m = x;
-        } else if (!(x == a.m && x == -static_cast<C>(INFINITY))) {
-            a.s += sm_exp(x - a.m);
-        }
-        return a;
-    }
-    __device__ __forceinline__ static C scale(A a, C m) { return a.m == m ? a.s : a.s * sm_exp(a.m - m); }
-    __device__ __forceinline__ static A combine(A a, A b) {
-        const C m = b.m > a.m ? b.m : a.m;
-        return A{m, scale(a, m) + scale(b, m)};
-    }
-    __device__ __forceinline__ static A shfl_xor(A a, int mask) {
-        return A{__shfl_xor_sync(FULL_MASK, a.m, mask), __shfl_xor_sync(FULL_MASK, a.s, mask)};
-    }
-};
 
 template <typename T, bool LOG>
 __device__ __forceinline__ T softmax_out(typename Widen<T>::type x, typename Widen<T>::type m,
@@ -65,6 +38,32 @@ __device__ __forceinline__ T softmax_out(typename Widen<T>::type x, typename Wid
     }
 }
 
+// One contiguous row shorter than 2^31: (m, s) through row_max_sum, then the output in the
+// same element order, vectorised when both rows are 16-byte aligned.
+template <typename T, bool LOG>
+__device__ __forceinline__ void softmax_row32(const T* __restrict__ x, T* __restrict__ y, u32 size,
+                                              MaxSum<typename Widen<T>::type>* scratch) {
+    using C = typename Widen<T>::type;
+    const MaxSum<C> a = row_max_sum<u32>(x, size, scratch);
+    const C k = LOG ? sm_log(a.s) : static_cast<C>(1) / a.s;
+    u32 head = 0;
+    if (aligned16(x) && aligned16(y)) {
+        constexpr u32 N = Pack16<T>::N;
+        const u32 packs = size / N;
+        const uint4* x16 = reinterpret_cast<const uint4*>(x);
+        uint4* y16 = reinterpret_cast<uint4*>(y);
+        for (u32 p = threadIdx.x; p < packs; p += blockDim.x) {
+            Pack16<T> v, w;
+            v.raw = x16[p];
+#pragma unroll
+            for (u32 j = 0; j < N; j++) w.v[j] = softmax_out<T, LOG>(Widen<T>::in(v.v[j]), a.m, k);
+            y16[p] = w.raw;
+        }
+        head = packs * N;
+    }
+    for (u32 r = head + threadIdx.x; r < size; r += blockDim.x) y[r] = softmax_out<T, LOG>(Widen<T>::in(x[r]), a.m, k);
+}
+
 template <typename T, bool LOG>
 __device__ void softmax(i64 outer, i64 size, i64 inner, const T* in, T* out) {
     using C = typename Widen<T>::type;
@@ -74,6 +73,10 @@ __device__ void softmax(i64 outer, i64 size, i64 inner, const T* in, T* out) {
         for (i64 row = blockIdx.x; row < outer; row += gridDim.x) {
             const T* x = in + row * size;
             T* y = out + row * size;
+            if (size < (i64(1) << 31)) {
+                softmax_row32<T, LOG>(x, y, static_cast<u32>(size), scratch);
+                continue;
+            }
             MaxSum<C> a = Op::identity();
             for (i64 r = threadIdx.x; r < size; r += blockDim.x) a = Op::step(a, Widen<T>::in(x[r]));
             a = block_combine<Op>(a, scratch);

@@ -19,7 +19,7 @@
 
 use ember_autograd::mode::autocast_inputs;
 use ember_autograd::{CrossEntropyOptions, NllLossOptions};
-use ember_tensor::{Approximate, AvgPool2dOptions, Conv2dOptions, DType, Dim, MaxPool2dOptions};
+use ember_tensor::{Approximate, AvgPool2dOptions, Conv2dOptions, Dim, MaxPool2dOptions};
 
 pub use ember_tensor::Reduction;
 
@@ -185,46 +185,13 @@ pub fn layer_norm(
 /// otherwise (they must be given then).
 ///
 /// The output has the input's dtype. A 16-bit input (f16, bf16) is normalised in f32 and
-/// the result cast back, as PyTorch's kernels accumulate in f32: a mixed-precision model
-/// (16-bit activations from an autocast convolution, f32 weights and running statistics)
-/// keeps 16-bit activations through its batch norms, and the statistics stay accurate.
+/// the result rounded once to its dtype, as PyTorch's kernels accumulate in f32: a
+/// mixed-precision model (16-bit activations from an autocast convolution, f32 weights and
+/// running statistics) keeps 16-bit activations through its batch norms, and the statistics
+/// stay accurate. It runs as fused kernels (`Tensor::batch_norm`: one statistics kernel and
+/// one normalising kernel forward, one reduction and one elementwise kernel backward).
 #[allow(clippy::too_many_arguments)]
 pub fn batch_norm(
-    x: &Tensor,
-    running_mean: Option<&Tensor>,
-    running_var: Option<&Tensor>,
-    weight: Option<&Tensor>,
-    bias: Option<&Tensor>,
-    training: bool,
-    momentum: f64,
-    eps: f64,
-) -> Result<Tensor> {
-    let dtype = x.dtype();
-    let wide = match dtype {
-        DType::F16 | DType::Bf16 => Some(x.to_dtype(DType::F32)?),
-        _ => None,
-    };
-    let x = wide.as_ref().unwrap_or(x);
-    let y = batch_norm_in(
-        x,
-        running_mean,
-        running_var,
-        weight,
-        bias,
-        training,
-        momentum,
-        eps,
-    )?;
-    if wide.is_some() {
-        y.to_dtype(dtype)
-    } else {
-        Ok(y)
-    }
-}
-
-/// [`batch_norm`] in `x`'s own dtype.
-#[allow(clippy::too_many_arguments)]
-fn batch_norm_in(
     x: &Tensor,
     running_mean: Option<&Tensor>,
     running_var: Option<&Tensor>,
@@ -245,12 +212,13 @@ fn batch_norm_in(
         )
         .into());
     }
-    let c = dims[1];
-    let mut bshape = vec![1usize; dims.len()];
-    bshape[1] = c;
-    let axes: Vec<usize> = (0..dims.len()).filter(|&d| d != 1).collect();
-    let (mean, var) = if training {
-        let n: usize = axes.iter().map(|&d| dims[d]).product();
+    if training {
+        let n: usize = dims
+            .iter()
+            .enumerate()
+            .filter(|&(d, _)| d != 1)
+            .map(|(_, &v)| v)
+            .product();
         if n <= 1 {
             return Err(NnError::invalid(
                 "batch_norm",
@@ -261,40 +229,22 @@ fn batch_norm_in(
             )
             .into());
         }
-        let mean = x.mean((axes.as_slice(), true))?;
-        let var = x.var_correction((axes.as_slice(), true), 0.0)?;
-        let _guard = ember_autograd::no_grad();
-        if let Some(rm) = running_mean {
-            let rm = rm.data();
-            let bm = mean.data().reshape([c])?;
-            rm.copy_(&rm.mul(1.0 - momentum)?.add(&bm.mul(momentum)?)?)?;
-        }
-        if let Some(rv) = running_var {
-            let rv = rv.data();
-            let bv = var.data().reshape([c])?.mul(n as f64 / (n - 1) as f64)?;
-            rv.copy_(&rv.mul(1.0 - momentum)?.add(&bv.mul(momentum)?)?)?;
-        }
-        (mean, var)
-    } else {
-        match (running_mean, running_var) {
-            (Some(m), Some(v)) => (m.reshape(bshape.as_slice())?, v.reshape(bshape.as_slice())?),
-            _ => {
-                return Err(NnError::invalid(
-                    "batch_norm",
-                    "running_mean and running_var must be given when training is false",
-                )
-                .into());
-            }
-        }
-    };
-    let mut y = x.sub(&mean)?.mul(&var.add(eps)?.rsqrt()?)?;
-    if let Some(w) = weight {
-        y = y.mul(&w.reshape(bshape.as_slice())?)?;
+    } else if running_mean.is_none() || running_var.is_none() {
+        return Err(NnError::invalid(
+            "batch_norm",
+            "running_mean and running_var must be given when training is false",
+        )
+        .into());
     }
-    if let Some(b) = bias {
-        y = y.add(&b.reshape(bshape.as_slice())?)?;
-    }
-    Ok(y)
+    x.batch_norm(
+        running_mean,
+        running_var,
+        weight,
+        bias,
+        training,
+        momentum,
+        eps,
+    )
 }
 
 /// `F.cross_entropy(x, target, weight=, ignore_index=, reduction=, label_smoothing=)`:

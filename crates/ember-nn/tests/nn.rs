@@ -435,6 +435,133 @@ fn layers_and_losses_pass_gradcheck() {
     }
 }
 
+/// The fused batch norm's backward (`NativeBatchNormBackward0`: one per-channel reduction
+/// and one elementwise kernel) against finite differences for the input, the weight and the
+/// bias together, in training (batch statistics) and eval (running statistics), for
+/// `[N, C]`, `[N, C, L]` and `[N, C, H, W]`, with and without affine parameters.
+#[test]
+fn fused_batch_norm_passes_gradcheck_for_input_weight_and_bias() {
+    let _rng = rng_lock();
+    for d in devices() {
+        for (k, shape) in [vec![5usize, 3], vec![2, 3, 4], vec![2, 3, 2, 3]]
+            .into_iter()
+            .enumerate()
+        {
+            let n: usize = shape.iter().product();
+            let x = tensor(values(n, 20 + k as u64, -2.0, 2.0), &shape, DType::F64, d)
+                .requires_grad_(true)
+                .unwrap();
+            let w = tensor(values(3, 30, 0.5, 1.5), &[3], DType::F64, d)
+                .requires_grad_(true)
+                .unwrap();
+            let b = tensor(values(3, 31, -0.5, 0.5), &[3], DType::F64, d)
+                .requires_grad_(true)
+                .unwrap();
+            let rm = tensor(values(3, 32, -0.2, 0.2), &[3], DType::F64, d);
+            let rv = tensor(values(3, 33, 0.5, 1.5), &[3], DType::F64, d);
+            for training in [true, false] {
+                let f = |v: &[Tensor]| {
+                    ember_nn::functional::batch_norm(
+                        &v[0],
+                        Some(&rm),
+                        Some(&rv),
+                        Some(&v[1]),
+                        Some(&v[2]),
+                        training,
+                        0.0,
+                        1e-5,
+                    )
+                };
+                gradcheck(
+                    f,
+                    &[x.clone(), w.clone(), b.clone()],
+                    GradcheckOptions::default(),
+                )
+                .unwrap();
+                let plain = |v: &[Tensor]| {
+                    ember_nn::functional::batch_norm(
+                        &v[0],
+                        Some(&rm),
+                        Some(&rv),
+                        None,
+                        None,
+                        training,
+                        0.0,
+                        1e-5,
+                    )
+                };
+                gradcheck(plain, std::slice::from_ref(&x), GradcheckOptions::default()).unwrap();
+            }
+            let y = ember_nn::functional::batch_norm(
+                &x,
+                None,
+                None,
+                Some(&w),
+                Some(&b),
+                true,
+                0.1,
+                1e-5,
+            )
+            .unwrap();
+            assert_eq!(y.grad_fn_name(), Some("NativeBatchNormBackward0"));
+        }
+    }
+}
+
+/// The fused batch norm's backward on 16-bit input (read and written as f16/bf16, computed in
+/// f32) against the same backward on the f32 copy of the input: the input gradient in the
+/// input's dtype, the weight and bias gradients in the parameters' f32.
+#[test]
+fn fused_batch_norm_backward_of_16_bit_input_matches_f32() {
+    let _rng = rng_lock();
+    for d in devices() {
+        for dt in [DType::F16, DType::Bf16] {
+            let x32 = tensor(values(2 * 3 * 4, 40, -2.0, 2.0), &[2, 3, 4], DType::F32, d);
+            let x16 = x32.to_dtype(dt).unwrap();
+            let x32 = x16.to_dtype(DType::F32).unwrap();
+            let run = |x: &Tensor| {
+                let x = x.requires_grad_(true).unwrap();
+                let w = tensor(values(3, 41, 0.5, 1.5), &[3], DType::F32, d)
+                    .requires_grad_(true)
+                    .unwrap();
+                let b = tensor(values(3, 42, -0.5, 0.5), &[3], DType::F32, d)
+                    .requires_grad_(true)
+                    .unwrap();
+                let y = ember_nn::functional::batch_norm(
+                    &x,
+                    None,
+                    None,
+                    Some(&w),
+                    Some(&b),
+                    true,
+                    0.1,
+                    1e-5,
+                )
+                .unwrap();
+                let up = tensor(values(24, 43, -1.0, 1.0), &[2, 3, 4], DType::F32, d)
+                    .to_dtype(y.dtype())
+                    .unwrap();
+                y.mul(&up).unwrap().sum_all().unwrap().backward().unwrap();
+                let v = |t: Tensor| t.to_dtype(DType::F64).unwrap().to_vec::<f64>().unwrap();
+                (
+                    y.dtype(),
+                    x.grad().unwrap().dtype(),
+                    v(x.grad().unwrap()),
+                    v(w.grad().unwrap()),
+                    v(b.grad().unwrap()),
+                )
+            };
+            let (ydt, gdt, gx, gw, gb) = run(&x16);
+            assert_eq!((ydt, gdt), (dt, dt));
+            let (_, _, gx32, gw32, gb32) = run(&x32);
+            let tol = if dt == DType::F16 { 1e-2 } else { 6e-2 };
+            close(&gx, &gx32, tol);
+            close(&gw, &gw32, tol);
+            close(&gb, &gb32, tol);
+        }
+    }
+}
+
 #[test]
 fn losses_match_naive_references() {
     let _rng = rng_lock();

@@ -169,33 +169,6 @@ impl Storage {
         }
     }
 
-    /// [`Storage::nll_loss`] of `log_softmax(x, 1)` for scores `x` (`[N, C, L]`, f32 or
-    /// f64): for `[N, C, 1]` contiguous scores the CPU computes each row's `max` and
-    /// `ln Σ exp(x - max)` and the log-probability at the target alone, as `log_softmax`
-    /// rounds it; otherwise, and on CUDA, it is the log-softmax kernel, then the NLL kernel.
-    pub(crate) fn log_softmax_nll_loss(
-        &self,
-        lx: &Layout,
-        target: &Storage,
-        lt: &Layout,
-        weight: Option<(&Storage, &Layout)>,
-        ignore_index: i64,
-    ) -> Result<(Storage, Storage)> {
-        let cpu_weight = match weight {
-            None => Some(None),
-            Some((Storage::Cpu(w), lw)) => Some(Some((w, lw))),
-            Some(_) => None,
-        };
-        if let (Storage::Cpu(x), Storage::Cpu(t), Some(w)) = (self, target, cpu_weight)
-            && let Some((l, w)) = cpu::loss::log_softmax_nll_loss(x, lx, t, lt, w, ignore_index)?
-        {
-            return Ok((Storage::Cpu(l), Storage::Cpu(w)));
-        }
-        let logp = self.softmax(lx, 1, true)?;
-        let lp = Layout::contiguous(lx.shape().clone());
-        logp.nll_loss(&lp, target, lt, weight, ignore_index)
-    }
-
     /// The unreduced negative log-likelihood of log-probabilities `x` (`[N, C, L]`, f32 or
     /// f64) at class indices `target` (`[N, L]`, i64 or i32): per element `-w[t] * x[t]`
     /// and the weight `w[t]` used (both 0 where `t == ignore_index`), each `[N, L]` in

@@ -27,6 +27,7 @@
 //!   (Note [Random streams]); [`io`]: safetensors [`io::save`]/[`io::load`] (Note [Atomic save]).
 
 mod backend;
+mod backend_fused;
 mod backend_nn;
 pub mod backends;
 mod cpu;
@@ -54,7 +55,8 @@ pub use error::{Result, TensorError};
 pub use layout::Layout;
 pub use ops::binary::r#where;
 pub use ops::conv::{Conv2dOptions, Padding, Size2};
-pub use ops::loss::{CrossEntropyOptions, NllLossOptions, Reduction};
+pub use ops::loss::{CrossEntropyOptions, CrossEntropySaved, NllLossOptions, Reduction};
+pub use ops::norm::{BatchNormGrads, BatchNormSaved};
 pub use ops::pool::{AvgPool2dOptions, MaxPool2dOptions};
 pub use ops::unary::Approximate;
 pub use precision::{MatmulPrecision, matmul_precision, set_float32_matmul_precision};

@@ -333,3 +333,77 @@ fn loss_errors(device: &Device) {
     );
 }
 test_device!(loss_errors, loss_errors);
+
+/// The fused backward (`cross_entropy_backward`, one kernel) against the f64 gradient of
+/// the reference formula (`reference::cross_entropy_grad`), over shapes (`[C]`, `[N, C]`,
+/// `[N, C, d...]`), weights, ignore_index, smoothing, reductions, f32/f64/f16/bf16 logits
+/// in several layouts and i64/i32 targets; the gradient has the logits' dtype and shape.
+fn cross_entropy_backward_matches_reference(device: &Device) {
+    proptest!(ProptestConfig::with_cases(200), |(
+        (n, c, extra) in (1usize..=3, 1usize..=6, prop::collection::vec(1usize..=3, 0..=2)),
+        (weighted, eps_i, red_i, di, layout, i32_target, seed)
+            in (any::<bool>(), 0usize..4, 0usize..3, 0usize..4, 0u8..3, any::<bool>(), any::<u64>()),
+    )| {
+        let dtype = FLOAT_DTYPES[di];
+        let eps = [0.0, 0.1, 0.37, 1.0][eps_i];
+        let red = [Reduction::None, Reduction::Sum, Reduction::Mean][red_i];
+        let l: usize = extra.iter().product();
+        let mut xshape = vec![n, c];
+        xshape.extend(&extra);
+        let mut tshape = vec![n];
+        tshape.extend(&extra);
+        let logits: Vec<f64> = rand_vec(n * c * l, seed).iter().map(|v| v * 4.0).collect();
+        let x = make(&logits, &xshape, dtype, layout, device);
+        let xv = values(&x);
+        let tv: Vec<i64> = rand_vec(n * l, seed ^ 5).iter().enumerate().map(|(i, r)| {
+            if i % 3 == 2 { -100 } else { ((r + 1.0) / 2.0 * c as f64) as i64 % c as i64 }
+        }).collect();
+        let t = Tensor::from_vec(tv.clone(), tshape.clone(), device).unwrap();
+        let t = if i32_target { t.to_dtype(DType::I32).unwrap() } else { t };
+        let wv: Vec<f64> = rand_vec(c, seed ^ 9).iter().map(|v| v + 1.5).collect();
+        let w = Tensor::from_vec(wv, [c], device).unwrap().to_dtype(dtype).unwrap();
+        let wv = values(&w);
+        let mut o = CrossEntropyOptions::new().reduction(red).label_smoothing(eps);
+        if weighted {
+            o = o.weight(&w);
+        }
+        let (loss, saved) = x.cross_entropy_forward(&t, &o).unwrap();
+        let gv: Vec<f64> = rand_vec(loss.numel(), seed ^ 11).iter().map(|v| v + 0.25).collect();
+        let g = Tensor::from_vec(gv.clone(), loss.dims(), device).unwrap().to_dtype(dtype).unwrap();
+        let gv = values(&g);
+        let got = x.cross_entropy_backward(&t, &o, &saved, &g).unwrap();
+        prop_assert_eq!(got.dtype(), dtype);
+        prop_assert_eq!(got.dims(), xshape.as_slice());
+        let r = CrossEntropy {
+            weight: weighted.then_some(wv.as_slice()),
+            ignore_index: -100,
+            label_smoothing: eps,
+            reduction: red,
+            log_input: false,
+        };
+        let want = reference::cross_entropy_grad(&xv, (n, c, l), &tv, &r, &gv);
+        within(tol(dtype) * 4.0, 1.0, "cross_entropy backward").assert(&got, &want);
+    });
+}
+test_device!(
+    cross_entropy_backward_matches_reference,
+    cross_entropy_backward_matches_reference
+);
+
+/// The backward's operand checks: a gradient of the wrong size is an error, not a read past
+/// its end.
+fn cross_entropy_backward_rejects_a_mismatched_gradient(device: &Device) {
+    let x = Tensor::zeros([2, 3], device).unwrap();
+    let t = Tensor::new(&[0i64, 2], device).unwrap();
+    let o = CrossEntropyOptions::new().reduction(Reduction::None);
+    let (_, saved) = x.cross_entropy_forward(&t, &o).unwrap();
+    let e = x
+        .cross_entropy_backward(&t, &o, &saved, &Tensor::ones([5], device).unwrap())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("gradient"), "{e}");
+}
+test_device!(
+    cross_entropy_backward_rejects_a_mismatched_gradient,
+    cross_entropy_backward_rejects_a_mismatched_gradient
+);

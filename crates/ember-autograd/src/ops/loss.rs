@@ -1,5 +1,10 @@
 //! `nll_loss` and `cross_entropy` with a fused backward.
 //!
+//! `cross_entropy` records one op over the fused kernels of `ember-tensor`
+//! (`Tensor::cross_entropy_forward` / `cross_entropy_backward`: one kernel each way, the
+//! backward computing the formula below per score); `nll_loss`'s backward is built from
+//! tensor ops (`coefficients`).
+//!
 //! Note [Cross-entropy backward]: per target element `i` (a row of scores along the class
 //! dim) the loss is `-Σ_c a_ic·logp_ic` with `a_ic = valid_i·((1-ε)·w_{t_i}·[c = t_i] +
 //! (ε/C)·w_c)` (ε the label smoothing, `w` the class weights or 1, `valid_i` 0 where the
@@ -41,16 +46,6 @@ struct LossSpec {
     ignore_index: i64,
     reduction: Reduction,
     smoothing: f64,
-}
-
-/// `x` as `[N, C, L]` with the class dim in the middle.
-fn three_d(x: &Raw) -> Result<(Raw, usize, usize, usize)> {
-    let d = x.dims();
-    let (n, c, l) = match d.len() {
-        1 => (1, d[0], 1),
-        _ => (d[0], d[1], d[2..].iter().product()),
-    };
-    Ok((x.reshape([n, c, l])?, n, c, l))
 }
 
 /// The coefficients `a` of Note [Cross-entropy backward] as `[N, C, L]`, and the mean
@@ -144,24 +139,23 @@ impl Tensor {
         let x = self.data();
         let t = target.data();
         let weight = opts.nll.weight.map(Tensor::data);
-        let y = x.cross_entropy(&t, &opts.with_weight(weight.as_ref()))?;
-        let spec = LossSpec {
-            target: t,
-            weight,
-            ignore_index: opts.nll.ignore_index,
-            reduction: opts.nll.reduction,
-            smoothing: opts.label_smoothing,
-        };
+        let raw_opts = opts.with_weight(weight.as_ref());
+        let (y, saved) = x.cross_entropy_forward(&t, &raw_opts)?;
+        let (ignore_index, reduction) = (opts.nll.ignore_index, opts.nll.reduction);
+        let smoothing = opts.label_smoothing;
         maybe_record("CrossEntropyLossBackward0", y, &[self], || {
             let sx = Saved::of("CrossEntropyLossBackward0", self)?;
             Ok(bw1(move |g| {
                 let x = sx.get()?;
-                let (x3, n, c, l) = three_d(&x)?;
-                let p = x3.softmax(1)?;
-                let (a, total) = coefficients(&spec, x.dtype(), n, c, l)?;
-                let s = scale(&spec, &g.to_dtype(x.dtype())?, &total, n, l)?;
-                let d = p.mul(&a.sum((1, true))?)?.sub(&a)?;
-                Ok(d.mul(&s)?.reshape(x.shape())?)
+                let o = ember_tensor::CrossEntropyOptions::new()
+                    .ignore_index(ignore_index)
+                    .reduction(reduction)
+                    .label_smoothing(smoothing);
+                let o = match &weight {
+                    Some(w) => o.weight(w),
+                    None => o,
+                };
+                Ok(x.cross_entropy_backward(&t, &o, &saved, g)?)
             }))
         })
     }

@@ -7,6 +7,7 @@ mod index;
 mod linalg;
 mod loss;
 mod nn;
+mod norm;
 mod reduce;
 mod select;
 mod view;

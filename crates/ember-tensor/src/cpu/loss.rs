@@ -1,21 +1,19 @@
 //! CPU negative log-likelihood: the per-element terms `-w[t]·x[n, t, l]` and weights
 //! `w[t]` that the `nll_loss` / `cross_entropy` fronts reduce.
 
-use crate::cpu::contiguous_slice;
-use crate::cpu::softmax::{self, SoftmaxFloat};
 use crate::dtype::{DType, WithDType};
 use crate::error::{Result, TensorError};
 use crate::layout::Layout;
 use crate::storage::CpuStorage;
 
-fn corrupt() -> TensorError {
+pub(super) fn corrupt() -> TensorError {
     TensorError::invalid(
         "nll_loss",
         "layout reaches outside its storage (internal error)",
     )
 }
 
-fn check_layout(len: usize, l: &Layout, rank: usize) -> Result<()> {
+pub(super) fn check_layout(len: usize, l: &Layout, rank: usize) -> Result<()> {
     if l.rank() != rank || (l.numel() > 0 && l.max_extent() > len) {
         return Err(corrupt());
     }
@@ -23,7 +21,7 @@ fn check_layout(len: usize, l: &Layout, rank: usize) -> Result<()> {
 }
 
 /// Class indices of `t` (`[N, L]`, i64 or i32) in row-major order, as i64.
-fn targets(t: &CpuStorage, lt: &Layout) -> Result<Vec<i64>> {
+pub(super) fn targets(t: &CpuStorage, lt: &Layout) -> Result<Vec<i64>> {
     fn read<I: WithDType>(t: &CpuStorage, lt: &Layout) -> Result<Vec<i64>> {
         let d = t.as_slice::<I>()?;
         check_layout(d.len(), lt, 2)?;
@@ -80,51 +78,6 @@ fn nll<T: NllFloat>(
 trait NllFloat: WithDType + std::ops::Neg<Output = Self> + std::ops::Mul<Output = Self> {}
 impl NllFloat for f32 {}
 impl NllFloat for f64 {}
-
-/// `nll_loss` of `log_softmax(x, 1)` for contiguous `[N, C, 1]` scores `x` (f32 or f64):
-/// one pass per row for its max and `ln Σ exp`, and the log-probability formed at the
-/// target alone (as `log_softmax` rounds it), so the `[N, C]` log-probabilities are never
-/// written. `None` for other layouts and dtypes, which the caller runs as `log_softmax`,
-/// then `nll_loss`.
-pub(crate) fn log_softmax_nll_loss(
-    x: &CpuStorage,
-    lx: &Layout,
-    t: &CpuStorage,
-    lt: &Layout,
-    weight: Option<(&CpuStorage, &Layout)>,
-    ignore_index: i64,
-) -> Result<Option<(CpuStorage, CpuStorage)>> {
-    match x.dtype() {
-        DType::F32 => fused::<f32>(x, lx, t, lt, weight, ignore_index),
-        DType::F64 => fused::<f64>(x, lx, t, lt, weight, ignore_index),
-        _ => Ok(None),
-    }
-}
-
-fn fused<T: NllFloat + SoftmaxFloat>(
-    x: &CpuStorage,
-    lx: &Layout,
-    t: &CpuStorage,
-    lt: &Layout,
-    weight: Option<(&CpuStorage, &Layout)>,
-    ignore_index: i64,
-) -> Result<Option<(CpuStorage, CpuStorage)>> {
-    let dx = x.as_slice::<T>()?;
-    check_layout(dx.len(), lx, 3)?;
-    let (&[_, c, 1], Some(rows)) = (lx.dims(), contiguous_slice(dx, lx)) else {
-        return Ok(None);
-    };
-    if c == 0 {
-        return Ok(None);
-    }
-    let norm = softmax::row_log_normalizers(rows, c);
-    nll_with(lx, t, lt, weight, ignore_index, |s, cls, _| {
-        let (m, ln_s) = norm.get(s).copied().ok_or_else(corrupt)?;
-        let v = rows.get(s * c + cls).copied().ok_or_else(corrupt)?;
-        Ok((v - m) - ln_s)
-    })
-    .map(Some)
-}
 
 /// The terms of [`nll_loss`] over `[N, C, L]` (`lx`'s dims), with `x[s, cls, li]` read
 /// through `value`.

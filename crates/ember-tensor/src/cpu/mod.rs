@@ -4,7 +4,9 @@
 //! parallel chunks above [`PAR_THRESHOLD`](crate::storage::PAR_THRESHOLD) elements.
 
 pub(crate) mod amp;
+pub(crate) mod batch_norm;
 pub(crate) mod conv;
+pub(crate) mod cross_entropy;
 pub(crate) mod elementwise;
 pub(crate) mod index;
 pub(crate) mod loss;

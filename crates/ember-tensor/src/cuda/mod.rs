@@ -10,11 +10,13 @@
 
 mod amp;
 mod cudnn;
+mod fused;
 mod nn;
 mod ops;
 
 pub(crate) use amp::*;
 pub(crate) use cudnn::{conv_path, conv2d_backward_data, conv2d_backward_filter, cudnn_fallbacks};
+pub(crate) use fused::*;
 pub(crate) use nn::*;
 pub(crate) use ops::*;
 

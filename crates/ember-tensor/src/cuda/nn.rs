@@ -29,12 +29,12 @@ use crate::storage::CpuStorage;
 // poisons the CUDA context.
 
 /// A fresh error slot on `s`'s device.
-fn error_slot(s: &CudaStorage) -> Result<CudaStorage> {
+pub(super) fn error_slot(s: &CudaStorage) -> Result<CudaStorage> {
     CudaStorage::upload(s.ctx(), &CpuStorage::from_slice(&[i64::MAX, 0i64])?)
 }
 
 /// The first bad position the kernel recorded, if any.
-fn bad_position(slot: &CudaStorage) -> Result<Option<usize>> {
+pub(super) fn bad_position(slot: &CudaStorage) -> Result<Option<usize>> {
     let host = slot.download()?;
     let pos = host.as_slice::<i64>()?.first().copied().unwrap_or(i64::MAX);
     Ok((pos != i64::MAX).then_some(pos as usize))
@@ -60,7 +60,7 @@ fn check_slot(
 }
 
 /// The index value at row-major position `pos` of `il` over `idx` (i64 or i32).
-fn index_at(idx: &CudaStorage, il: &Layout, pos: usize) -> Result<i64> {
+pub(super) fn index_at(idx: &CudaStorage, il: &Layout, pos: usize) -> Result<i64> {
     let host = idx.download()?;
     let at = il.strided_index().nth(pos).unwrap_or(0);
     Ok(match idx.dtype() {
@@ -74,7 +74,7 @@ fn index_at(idx: &CudaStorage, il: &Layout, pos: usize) -> Result<i64> {
 
 /// The first index of `il` (row-major) that `ok` rejects, checked on the host: for inputs
 /// with no elements, which have no device address to hand a kernel.
-fn first_bad_on_host(
+pub(super) fn first_bad_on_host(
     idx: &CudaStorage,
     il: &Layout,
     ok: impl Fn(i64) -> bool,
@@ -117,7 +117,7 @@ fn check_on_host(
     }
 }
 
-fn check_index_dtype(op: &'static str, idx: &CudaStorage) -> Result<()> {
+pub(super) fn check_index_dtype(op: &'static str, idx: &CudaStorage) -> Result<()> {
     match idx.dtype() {
         DType::I64 | DType::I32 => Ok(()),
         found => Err(TensorError::IndexDType { op, found }),
@@ -125,7 +125,7 @@ fn check_index_dtype(op: &'static str, idx: &CudaStorage) -> Result<()> {
 }
 
 /// `{family}_{T}_{I}`.
-fn indexed_name(family: &str, dtype: DType, idx: DType) -> String {
+pub(super) fn indexed_name(family: &str, dtype: DType, idx: DType) -> String {
     format!("{family}_{}_{}", dtype.short_name(), idx.short_name())
 }
 
@@ -343,7 +343,7 @@ pub(crate) fn nll_loss(
 }
 
 /// The CPU backend's error for a target outside `[0, classes)`.
-fn bad_target(cls: i64, classes: usize, ignore_index: i64) -> TensorError {
+pub(super) fn bad_target(cls: i64, classes: usize, ignore_index: i64) -> TensorError {
     TensorError::invalid(
         "nll_loss",
         format!(

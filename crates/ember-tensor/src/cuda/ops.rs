@@ -349,7 +349,7 @@ fn rows_last(s: &CudaStorage, l: &Layout, dims: &[usize]) -> Result<(CudaStorage
 
 /// Launch geometry of the row kernels: a block per row when `inner == 1`, a thread per
 /// column otherwise (reduce.cu, softmax.cu).
-fn row_config(outer: usize, inner: usize) -> ember_device::driver::LaunchConfig {
+pub(super) fn row_config(outer: usize, inner: usize) -> ember_device::driver::LaunchConfig {
     if inner == 1 {
         ember_device::driver::LaunchConfig {
             grid: (outer.clamp(1, MAX_ROW_GRID) as u32, 1, 1),

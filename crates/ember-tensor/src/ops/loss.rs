@@ -2,17 +2,16 @@
 //! `weight`, `ignore_index`, `label_smoothing`, and mean/sum/none reduction where the mean
 //! divides by the summed weights of the non-ignored targets (all ignored: NaN).
 //!
-//! Built from one kernel primitive, [`Tensor::nll_loss_terms`] (per element `-w[t]·x[t]`
-//! and `w[t]`), and existing ops: `cross_entropy` is `log_softmax`, then that primitive,
-//! then the smoothing term `-Σ_c w_c·logp_c` as a mul and a sum. So the autograd layer
-//! rebuilds both losses from differentiable pieces (`log_softmax` and the primitive, whose
-//! gradient is `-w[t]` at `t`), and the log-probabilities stay reachable there. Without
-//! label smoothing the first two steps are one backend call, which the CPU fuses: per row
-//! the max and `ln Σ exp`, and `log_softmax` only at the target, never written out.
+//! `nll_loss` is one kernel primitive, [`Tensor::nll_loss_terms`] (per element `-w[t]·x[t]`
+//! and `w[t]`), then the reduction. `cross_entropy` is fused (`backend_fused.rs`): one
+//! forward kernel reads each row of scores once and writes one loss per row (and the row's
+//! `logsumexp` for the backward), then the reduction; [`Tensor::cross_entropy_backward`] is
+//! one kernel writing the scores' gradient once. The autograd layer records the pair as one
+//! op (Note [Cross-entropy backward] in `ember-autograd`).
 
+use crate::backend_fused::{CeBackward, CeOperands, CrossEntropyParams};
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
-use crate::layout::Layout;
 use crate::storage::{Storage, read_many};
 use crate::tensor::{Tensor, same_device};
 
@@ -187,23 +186,14 @@ impl<'a, T> CrossEntropyOptions<'a, T> {
     }
 }
 
-/// [`Storage::nll_loss`] or [`Storage::log_softmax_nll_loss`].
-type NllKernel = fn(
-    &Storage,
-    &Layout,
-    &Storage,
-    &Layout,
-    Option<(&Storage, &Layout)>,
-    i64,
-) -> Result<(Storage, Storage)>;
-
-/// Checked and reshaped operands: input `[N, C, L]` and target `[N, L]` in the compute
-/// dtype (f32 or f64), the weight `[C]` cast to it.
+/// Checked and reshaped operands: input `[N, C, L]` (in the compute dtype, f32 or f64, when
+/// widened; else in its own dtype, contiguous) and target `[N, L]`, the weight `[C]` cast to
+/// the compute dtype.
 struct Prepared {
     x: Tensor,
     target: Tensor,
     weight: Option<Tensor>,
-    classes: usize,
+    compute: DType,
 }
 
 fn prepare(
@@ -211,6 +201,7 @@ fn prepare(
     input: &Tensor,
     target: &Tensor,
     weight: Option<&Tensor>,
+    widen: bool,
 ) -> Result<Prepared> {
     let mut all = vec![input, target];
     all.extend(weight);
@@ -284,36 +275,31 @@ fn prepare(
         }
     };
     let l: usize = rest.iter().product();
+    let x = if widen {
+        input.to_dtype(compute)?.reshape([n, c, l])?
+    } else {
+        input.contiguous()?.reshape([n, c, l])?
+    };
     Ok(Prepared {
-        x: input.to_dtype(compute)?.reshape([n, c, l])?,
+        x,
         target: target.reshape([n, l])?,
         weight,
-        classes: c,
+        compute,
     })
 }
 
 impl Prepared {
     /// `(-w[t]·x[t], w[t])` per element, `[N, L]`, in the compute dtype.
     fn terms(&self, ignore_index: i64) -> Result<(Tensor, Tensor)> {
-        self.terms_by(ignore_index, Storage::nll_loss)
-    }
-
-    /// [`Prepared::terms`] of `log_softmax(x, 1)`, which the backend may fuse (the CPU
-    /// never writes the log-probabilities out).
-    fn log_softmax_terms(&self, ignore_index: i64) -> Result<(Tensor, Tensor)> {
-        self.terms_by(ignore_index, Storage::log_softmax_nll_loss)
-    }
-
-    fn terms_by(&self, ignore_index: i64, kernel: NllKernel) -> Result<(Tensor, Tensor)> {
         let (lx, lt) = (self.x.layout().clone(), self.target.layout().clone());
         let (loss, w) = match &self.weight {
             None => read_many(&[self.x.cell(), self.target.cell()], |s| {
-                kernel(s[0], &lx, s[1], &lt, None, ignore_index)
+                s[0].nll_loss(&lx, s[1], &lt, None, ignore_index)
             })?,
             Some(wt) => {
                 let lw = wt.layout().clone();
                 read_many(&[self.x.cell(), self.target.cell(), wt.cell()], |s| {
-                    kernel(s[0], &lx, s[1], &lt, Some((s[2], &lw)), ignore_index)
+                    s[0].nll_loss(&lx, s[1], &lt, Some((s[2], &lw)), ignore_index)
                 })?
             }
         };
@@ -323,6 +309,48 @@ impl Prepared {
             Tensor::from_storage(w, shape),
         ))
     }
+
+    /// Runs `f` on the fused kernels' operands and `extra` storages (read-locked with them).
+    fn with_operands<R>(
+        &self,
+        extra: &[&Tensor],
+        f: impl FnOnce(&CeOperands<'_>, &[&Storage]) -> Result<R>,
+    ) -> Result<R> {
+        let (lx, lt) = (self.x.layout().clone(), self.target.layout().clone());
+        let lw = self.weight.as_ref().map(|w| w.layout().clone());
+        let mut cells = vec![self.x.cell(), self.target.cell()];
+        cells.extend(self.weight.as_ref().map(Tensor::cell));
+        cells.extend(extra.iter().map(|t| t.cell()));
+        read_many(&cells, |s| {
+            let k = 2 + usize::from(lw.is_some());
+            let ops = CeOperands {
+                x: (s[0], &lx),
+                target: (s[1], &lt),
+                weight: lw.as_ref().map(|l| (s[2], l)),
+            };
+            f(&ops, s.get(k..).unwrap_or(&[]))
+        })
+    }
+}
+
+/// Checks label smoothing's ε (PyTorch's message).
+fn check_smoothing(eps: f64) -> Result<()> {
+    if !(0.0..=1.0).contains(&eps) {
+        return Err(TensorError::invalid(
+            "cross_entropy",
+            format!("label_smoothing must be between 0.0 and 1.0, got {eps}"),
+        ));
+    }
+    Ok(())
+}
+
+/// What [`Tensor::cross_entropy_backward`] reads from the forward
+/// ([`Tensor::cross_entropy_forward`]): each row's `logsumexp` of the scores and, under mean
+/// reduction, the divisor `Σ w[t]`, both in the compute dtype.
+#[derive(Clone, Debug)]
+pub struct CrossEntropySaved {
+    lse: Tensor,
+    total: Option<Tensor>,
 }
 
 impl Tensor {
@@ -339,7 +367,7 @@ impl Tensor {
         weight: Option<&Tensor>,
         ignore_index: i64,
     ) -> Result<(Tensor, Tensor)> {
-        let p = prepare("nll_loss", self, target, weight)?;
+        let p = prepare("nll_loss", self, target, weight, true)?;
         let (l, w) = p.terms(ignore_index)?;
         Ok((l.reshape(target.shape())?, w.reshape(target.shape())?))
     }
@@ -360,7 +388,7 @@ impl Tensor {
     /// ```
     pub fn nll_loss(&self, target: &Tensor, opts: &NllLossOptions<'_>) -> Result<Tensor> {
         let _op = crate::profile::op("nll_loss", &[self.as_input(), target.as_input()]);
-        let p = prepare("nll_loss", self, target, opts.weight)?;
+        let p = prepare("nll_loss", self, target, opts.weight, true)?;
         let (loss, w) = p.terms(opts.ignore_index)?;
         let r = match opts.reduction {
             Reduction::None => loss.reshape(target.shape())?,
@@ -387,54 +415,96 @@ impl Tensor {
     /// # Ok::<(), ember_tensor::TensorError>(())
     /// ```
     pub fn cross_entropy(&self, target: &Tensor, opts: &CrossEntropyOptions<'_>) -> Result<Tensor> {
+        Ok(self.cross_entropy_forward(target, opts)?.0)
+    }
+
+    /// [`Tensor::cross_entropy`] and what its backward needs: one fused kernel per row of
+    /// scores (the row read once: its max, `ln Σ exp`, the target's log-probability, the
+    /// smoothing term, one loss), then the reduction. f16/bf16 scores are read as such and
+    /// computed in f32.
+    pub fn cross_entropy_forward(
+        &self,
+        target: &Tensor,
+        opts: &CrossEntropyOptions<'_>,
+    ) -> Result<(Tensor, CrossEntropySaved)> {
         let _op = crate::profile::op("cross_entropy_loss", &[self.as_input(), target.as_input()]);
-        let eps = opts.label_smoothing;
-        if !(0.0..=1.0).contains(&eps) {
-            return Err(TensorError::invalid(
-                "cross_entropy",
-                format!("label_smoothing must be between 0.0 and 1.0, got {eps}"),
-            ));
-        }
+        check_smoothing(opts.label_smoothing)?;
         let nll = &opts.nll;
-        let mut p = prepare("cross_entropy", self, target, nll.weight)?;
-        if eps == 0.0 {
-            let (loss, w) = p.log_softmax_terms(nll.ignore_index)?;
-            let r = match nll.reduction {
-                Reduction::None => loss.reshape(target.shape())?,
-                Reduction::Sum => loss.sum_all()?,
-                Reduction::Mean => loss.sum_all()?.div(&w.sum_all()?)?,
-            };
-            return r.to_dtype(self.dtype());
-        }
-        p.x = p.x.log_softmax(1)?;
-        let (loss, w) = p.terms(nll.ignore_index)?;
-        let total_weight = || w.sum_all();
-        // smooth[n, l] = -Σ_c w_c·logp[n, c, l], zero where the target is ignored.
-        let weighted = match &p.weight {
-            Some(wc) => p.x.mul(&wc.reshape([1, p.classes, 1])?)?,
-            None => p.x.clone(),
+        let p = prepare("cross_entropy", self, target, nll.weight, false)?;
+        let params = CrossEntropyParams {
+            ignore_index: nll.ignore_index,
+            smoothing: opts.label_smoothing,
         };
-        let smooth = weighted.sum(1)?.neg()?;
-        let ignored = p.target.eq(nll.ignore_index)?;
-        let smooth = crate::r#where(&ignored, 0.0, &smooth)?.to_dtype(p.x.dtype())?;
-        let scale = eps / p.classes as f64;
-        let r = match nll.reduction {
-            Reduction::None => loss
-                .mul(1.0 - eps)?
-                .add(&smooth.mul(scale)?)?
-                .reshape(target.shape())?,
-            Reduction::Sum => loss
-                .sum_all()?
-                .mul(1.0 - eps)?
-                .add(&smooth.sum_all()?.mul(scale)?)?,
+        let (loss, w, lse) = p.with_operands(&[], |ops, _| ops.cross_entropy_fwd(&params))?;
+        let shape = p.target.shape().clone();
+        let loss = Tensor::from_storage(loss, shape.clone());
+        let lse = Tensor::from_storage(lse, shape.clone());
+        let (r, total) = match nll.reduction {
+            Reduction::None => (loss.reshape(target.shape())?, None),
+            Reduction::Sum => (loss.sum_all()?, None),
             Reduction::Mean => {
-                let tw = total_weight()?;
-                loss.sum_all()?
-                    .div(&tw)?
-                    .mul(1.0 - eps)?
-                    .add(&smooth.sum_all()?.div(&tw)?.mul(scale)?)?
+                let tw = Tensor::from_storage(w, shape).sum_all()?;
+                (loss.sum_all()?.div(&tw)?, Some(tw))
             }
         };
-        r.to_dtype(self.dtype())
+        Ok((r.to_dtype(self.dtype())?, CrossEntropySaved { lse, total }))
+    }
+
+    /// The gradient of [`Tensor::cross_entropy`] with respect to the scores `self`, for the
+    /// upstream gradient `grad` (shaped like the loss): one fused kernel writing
+    /// `scale·(softmax(self)·A - a)` per score (Note [Cross-entropy backward] in
+    /// `ember-autograd`), in `self`'s dtype and shape. `saved` comes from
+    /// [`Tensor::cross_entropy_forward`] with the same operands and options.
+    pub fn cross_entropy_backward(
+        &self,
+        target: &Tensor,
+        opts: &CrossEntropyOptions<'_>,
+        saved: &CrossEntropySaved,
+        grad: &Tensor,
+    ) -> Result<Tensor> {
+        let _op = crate::profile::op(
+            "cross_entropy_loss_backward",
+            &[grad.as_input(), self.as_input(), target.as_input()],
+        );
+        check_smoothing(opts.label_smoothing)?;
+        let nll = &opts.nll;
+        let p = prepare("cross_entropy", self, target, nll.weight, false)?;
+        same_device(&[self, grad])?;
+        let per_row = nll.reduction == Reduction::None;
+        let rows = p.target.numel();
+        if grad.numel() != if per_row { rows } else { 1 } || saved.lse.numel() != rows {
+            return Err(TensorError::ShapeMismatch {
+                op: "cross_entropy_backward",
+                msg: format!(
+                    "expected a gradient shaped like the loss ({} elements) and the forward's saved rows ({rows}), but got gradient {} and {} saved rows",
+                    if per_row { rows } else { 1 },
+                    grad.shape(),
+                    saved.lse.numel()
+                ),
+            });
+        }
+        let g = crate::ops::norm::from_start(grad.to_dtype(p.compute)?)?;
+        let wsum = match &p.weight {
+            Some(w) if opts.label_smoothing != 0.0 => Some(w.sum_all()?),
+            _ => None,
+        };
+        let mut extra = vec![&saved.lse, &g];
+        extra.extend(saved.total.as_ref());
+        extra.extend(wsum.as_ref());
+        let has_total = saved.total.is_some();
+        let params = CrossEntropyParams {
+            ignore_index: nll.ignore_index,
+            smoothing: opts.label_smoothing,
+        };
+        let dx = p.with_operands(&extra, |ops, s| {
+            let b = CeBackward {
+                lse: s[0],
+                grad: (s[1], per_row),
+                total: has_total.then(|| s[2]),
+                wsum: wsum.as_ref().map(|_| s[2 + usize::from(has_total)]),
+            };
+            ops.cross_entropy_bwd(&b, &params)
+        })?;
+        Tensor::from_storage(dx, p.x.shape().clone()).reshape(self.shape())
     }
 }

@@ -85,3 +85,67 @@ pub fn cross_entropy(
         Reduction::Mean => vec![per.iter().sum::<f64>() / total_w],
     }
 }
+
+/// The gradient of [`cross_entropy`] (not `log_input`) with respect to the logits `x`
+/// (`[N, C, L]` row-major) for the upstream gradient `grad` (one value per element for
+/// `Reduction::None`, else one value): per element `i` with target `t` (not ignored),
+/// `a_c = (1 - ε)·w_t·[c = t] + (ε/C)·w_c` and `∂L/∂x_c = g_i·(softmax(x)_c·Σ_k a_k - a_c)`,
+/// `g_i` divided by `Σ w_t` for `Mean`; 0 on ignored elements. Derived directly from the
+/// forward's formula (`∂(-logp_k)/∂x_c = p_c - [c = k]`).
+///
+/// ```
+/// use ember_testing::reference::{CrossEntropy, cross_entropy_grad};
+/// // Two equal logits, target 0: softmax = [1/2, 1/2], gradient [-1/2, 1/2].
+/// let g = cross_entropy_grad(&[0.0, 0.0], (1, 2, 1), &[0], &CrossEntropy::default(), &[1.0]);
+/// assert_eq!(g, vec![-0.5, 0.5]);
+/// ```
+///
+/// # Panics
+///
+/// As [`cross_entropy`].
+pub fn cross_entropy_grad(
+    x: &[f64],
+    (n, c, l): (usize, usize, usize),
+    targets: &[i64],
+    o: &CrossEntropy<'_>,
+    grad: &[f64],
+) -> Vec<f64> {
+    let wc = |k: usize| o.weight.map_or(1.0, |w| w[k]);
+    let eps = o.label_smoothing;
+    let total: f64 = targets
+        .iter()
+        .filter(|&&t| t != o.ignore_index)
+        .map(|&t| wc(t as usize))
+        .sum();
+    let mut out = vec![0.0; n * c * l];
+    for s in 0..n {
+        for p in 0..l {
+            let i = s * l + p;
+            let tgt = targets[i];
+            if tgt == o.ignore_index {
+                continue;
+            }
+            let g = match o.reduction {
+                Reduction::None => grad[i],
+                Reduction::Sum => grad[0],
+                Reduction::Mean => grad[0] / total,
+            };
+            let at = |k: usize| x[(s * c + k) * l + p];
+            let m = (0..c).map(at).fold(f64::NEG_INFINITY, f64::max);
+            let lse = m + (0..c).map(|k| (at(k) - m).exp()).sum::<f64>().ln();
+            let a = |k: usize| {
+                let hit = if k == tgt as usize {
+                    (1.0 - eps) * wc(k)
+                } else {
+                    0.0
+                };
+                hit + eps / c as f64 * wc(k)
+            };
+            let big_a: f64 = (0..c).map(a).sum();
+            for k in 0..c {
+                out[(s * c + k) * l + p] = g * ((at(k) - lse).exp() * big_a - a(k));
+            }
+        }
+    }
+    out
+}

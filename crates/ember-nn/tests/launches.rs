@@ -1,0 +1,99 @@
+#![allow(clippy::unwrap_used)]
+//! Kernel launches of one small CNN training step on the emulated `cuda:0` (the emulator's
+//! per-thread launch counts, `ember_device::driver::emulator::thread_launch_counts`): a
+//! conv–BatchNorm–ReLU–pool network with cross-entropy and Adam. The test prints the count
+//! per kernel family (`cargo test -p ember-nn --test launches -- --nocapture`) and checks
+//! that BatchNorm and cross-entropy run as their fused kernels.
+
+use std::collections::BTreeMap;
+
+use ember_device::cuda;
+use ember_device::driver::emulator::{EmulatorConfig, thread_launch_counts};
+use ember_nn::layers::{
+    BatchNorm, Conv2d, Conv2dConfig, Flatten, Linear, MaxPool2d, ReLU, Sequential,
+};
+use ember_nn::loss::{CrossEntropyLoss, Loss};
+use ember_nn::optim::{Adam, AdamOptions, Optimizer};
+use ember_nn::{Module, Tensor};
+use ember_tensor::Device;
+
+fn block(cin: usize, cout: usize, d: Device) -> Sequential {
+    Sequential::new()
+        .add(
+            Conv2d::with_config(
+                cin,
+                cout,
+                3,
+                Conv2dConfig {
+                    padding: (1, 1).into(),
+                    ..Default::default()
+                },
+                d,
+            )
+            .unwrap(),
+        )
+        .add(BatchNorm::new_2d(cout, d).unwrap())
+        .add(ReLU::new())
+        .add(MaxPool2d::new(2))
+}
+
+/// Launches per kernel between two snapshots.
+fn delta(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {
+    after
+        .iter()
+        .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0)))
+        .filter(|(_, v)| *v > 0)
+        .collect()
+}
+
+#[test]
+fn launches_of_one_cnn_training_step() {
+    if std::env::var_os("EMBER_GPU_TEST").is_some() {
+        return;
+    }
+    cuda::use_emulator(EmulatorConfig::devices(1)).unwrap();
+    let d = Device::Cuda(0);
+    ember_tensor::random::manual_seed(0);
+    let m = Sequential::new()
+        .add(block(3, 8, d))
+        .add(block(8, 16, d))
+        .add(Flatten::new())
+        .add(Linear::new(16 * 2 * 2, 10, d).unwrap());
+    let mut opt = Adam::new(m.parameters(), AdamOptions::default()).unwrap();
+    let x = Tensor::randn([4, 3, 8, 8], d).unwrap();
+    let t = Tensor::from_vec(vec![1i64, 2, 3, 4], [4], d).unwrap();
+    let loss_fn = CrossEntropyLoss::new();
+    let mut step = || {
+        opt.zero_grad(true).unwrap();
+        let loss = loss_fn.forward(&m.forward(&x).unwrap(), &t).unwrap();
+        loss.backward().unwrap();
+        opt.step().unwrap();
+    };
+    // The first step creates Adam's state; count the second.
+    step();
+    let before = thread_launch_counts();
+    step();
+    let launched = delta(&before, &thread_launch_counts());
+    let total: u64 = launched.values().sum();
+    println!("launches of one CNN training step: {total}");
+    for (k, v) in &launched {
+        println!("  {k}: {v}");
+    }
+    let count = |name: &str| launched.get(name).copied().unwrap_or(0);
+    // Two BatchNorm2d layers: one statistics and one normalising kernel each forward, one
+    // reduction and one elementwise kernel each backward.
+    for k in [
+        "batch_norm_stats_f32",
+        "batch_norm_apply_f32",
+        "batch_norm_bwd_reduce_f32",
+        "batch_norm_bwd_elem_f32",
+    ] {
+        assert_eq!(count(k), 2, "{k}");
+    }
+    // Cross-entropy: one forward and one backward kernel, no log-softmax or NLL kernels.
+    assert_eq!(count("cross_entropy_fwd_f32_i64"), 1);
+    assert_eq!(count("cross_entropy_bwd_f32_i64"), 1);
+    for k in ["log_softmax_f32", "softmax_f32", "nll_loss_f32_i64"] {
+        assert_eq!(count(k), 0, "{k}");
+    }
+}

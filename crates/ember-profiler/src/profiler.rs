@@ -37,7 +37,10 @@ pub struct ProfileOptions {
     pub activities: Vec<ProfilerActivity>,
     /// Record each op's input dims and dtypes.
     pub record_shapes: bool,
-    /// Record each allocation and free of the caching allocators.
+    /// Record each allocation and free of the caching allocators, and the host ranges they
+    /// happen in (even without [`ProfilerActivity::Cpu`]: an allocation is attributed to
+    /// its op, so `profile(activities=[CUDA], profile_memory=True)` still ranks ops by the
+    /// memory they take).
     pub profile_memory: bool,
     /// Record the call site of each op.
     pub with_stack: bool,
@@ -474,7 +477,7 @@ struct Recording {
 impl Recording {
     fn start(options: &ProfileOptions, cpu: bool, cuda: bool) -> Recording {
         let collector = Arc::new(Collector {
-            cpu,
+            cpu: cpu || options.profile_memory,
             memory: options.profile_memory,
             state: Mutex::new(Collected::default()),
         });

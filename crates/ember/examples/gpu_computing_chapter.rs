@@ -8,6 +8,11 @@
 //! scaler disabled on the CPU, as PyTorch recommends), on the model with and without
 //! checkpointing, which must train alike.
 //!
+//! The profiler section ([`run_profiler`], `torch_profiler.py`): ten forward and backward
+//! passes under `profile(activities=[CPU, CUDA], record_shapes, profile_memory)`, the table
+//! sorted by `cuda_time_total`, `export_chrome_trace`, and a schedule
+//! (`wait=1, warmup=1, active=3, repeat=2`) handing its cycles to `tensorboard_trace_handler`.
+//!
 //! `cargo run --example gpu_computing_chapter`
 
 use std::sync::Arc;
@@ -364,10 +369,100 @@ pub fn run_amp(device: Device, epochs: u64) -> Result<(AmpRun, AmpRun), Error> {
     Ok((plain, ckpt))
 }
 
+/// What the chapter's "Profiling GPU Performance" (`torch_profiler.py`) showed.
+#[derive(Debug)]
+pub struct ProfilerRun {
+    /// The summary sorted by GPU time (`sort_by="cuda_time_total", row_limit=10`).
+    pub table: String,
+    /// `trace.json` (`prof.export_chrome_trace`).
+    pub trace: std::path::PathBuf,
+    /// Kernels and copies in that trace.
+    pub device_events: usize,
+    /// The files `tensorboard_trace_handler('./log')` wrote, one per cycle.
+    pub tensorboard_files: Vec<std::path::PathBuf>,
+}
+
+/// The chapter's profiler section on `device`, writing under `out` (its `trace.json` and
+/// `./log`).
+pub fn run_profiler(device: Device, out: &std::path::Path) -> Result<ProfilerRun, Error> {
+    use ember::profiler::{
+        ProfileOptions, ProfilerActivity, profile, schedule, tensorboard_trace_handler,
+    };
+    let width = 32;
+    let model = LargeModel::new(width, 1, false)?;
+    model.to(device)?;
+    let inputs = Tensor::randn([32, width], device)?;
+
+    // Basic profiling.
+    let mut prof = profile(
+        ProfileOptions::new()
+            .activities([ProfilerActivity::Cpu, ProfilerActivity::Cuda])
+            .record_shapes(true)
+            .profile_memory(true),
+    )?;
+    for _ in 0..10 {
+        let output = model.call(&inputs)?;
+        output.sum_all()?.backward()?;
+    }
+    prof.stop()?;
+    // Print summary sorted by GPU time.
+    let table = prof.key_averages()?.table("cuda_time_total", 10)?;
+    println!("{table}");
+    // Export to Chrome trace (open in chrome://tracing).
+    let trace = out.join("trace.json");
+    prof.export_chrome_trace(&trace)?;
+    let device_events = prof
+        .profile()?
+        .events
+        .iter()
+        .filter(|e| e.kind.is_device())
+        .count();
+    drop(prof);
+
+    // TensorBoard integration.
+    let labels = inputs
+        .mm(&Tensor::randn([width, width], device)?)?
+        .argmax(1)?;
+    let dataset: Arc<dyn Dataset> =
+        Arc::new(TensorDataset::new(vec![inputs.cpu()?, labels.cpu()?])?);
+    let loader = DataLoader::new(dataset).batch_size(2);
+    let criterion = CrossEntropyLoss::new();
+    let mut optimizer = Adam::new(model.parameters(), AdamOptions::default())?;
+    let log = out.join("log");
+    let mut prof = profile(
+        ProfileOptions::new()
+            .activities([ProfilerActivity::Cpu, ProfilerActivity::Cuda])
+            .on_trace_ready(tensorboard_trace_handler(&log, None))
+            // wait=1 (skip the first iteration), warmup=1, active=3, repeat=2.
+            .schedule(schedule(0, 1, 1, 3, 2)?),
+    )?;
+    for batch in loader.epoch(0)? {
+        let batch = batch?;
+        let (data, target) = (&batch[0], &batch[1]);
+        let output = model.call(&data.to(device)?)?;
+        let loss = criterion.forward(&output, &target.to(device)?)?;
+        loss.backward()?;
+        optimizer.step()?;
+        prof.step()?; // Signal next iteration
+    }
+    prof.stop()?;
+    let mut tensorboard_files: Vec<std::path::PathBuf> = std::fs::read_dir(&log)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .collect();
+    tensorboard_files.sort();
+    Ok(ProfilerRun {
+        table,
+        trace,
+        device_events,
+        tensorboard_files,
+    })
+}
+
 #[allow(dead_code)]
 fn main() -> Result<(), Error> {
     let device = ember::try_gpu(0);
     run(device, ember::try_gpu(1))?;
     run_amp(device, 5)?;
+    run_profiler(device, std::path::Path::new("."))?;
     Ok(())
 }

@@ -9,6 +9,11 @@
 //! a clean step and after an overflow), the BF16 loop without a scaler, and
 //! `benchmark_precision` (time and peak memory of f32, f16 with AMP and bf16 inference).
 //!
+//! The "Performance Profiling" section ([`run_profiler`]): the basic profile of ten training
+//! steps with its table sorted by `cuda_time_total` and a Chrome trace, `record_function`
+//! sections, a schedule (`skip_first=5, wait=1, warmup=2, active=3, repeat=2`) handing each
+//! cycle to `tensorboard_trace_handler`, and memory profiling with its bottlenecks.
+//!
 //! `cargo run --example lesson_gpu_acceleration`
 
 use std::sync::Arc;
@@ -562,6 +567,191 @@ pub fn run_amp(device: Device, epochs: u64, iterations: usize) -> Result<AmpRepo
     })
 }
 
+/// What the "Performance Profiling" section's runs showed.
+#[derive(Debug)]
+pub struct ProfilerReport {
+    /// "Basic profiling": the table sorted by `cuda_time_total`.
+    pub basic_table: String,
+    /// Rows of that table's `key_averages()` with device time.
+    pub basic_device_rows: usize,
+    /// "Detailed profiling with record_function", with `activities=[CUDA]` as the text has
+    /// it: the rows (name, host time, device time in ns); device work only, so none on the
+    /// CPU.
+    pub cuda_only_rows: Vec<(String, u64, u64)>,
+    /// "Advanced profiling": the trace files `tensorboard_trace_handler('./log')` wrote.
+    pub tensorboard_files: Vec<std::path::PathBuf>,
+    /// The `ProfilerStep#N` of each of those traces.
+    pub recorded_steps: Vec<Vec<String>>,
+    /// "Memory profiling": the table sorted by `self_cuda_memory_usage`.
+    pub memory_table: String,
+    /// Its memory bottlenecks: `(key, self_cuda_memory_usage)`, largest first, at most 5.
+    pub memory_events: Vec<(String, i64)>,
+}
+
+/// The lesson's "Performance Profiling" section on `device`, writing the TensorBoard traces
+/// under `log_dir` (the text's `./log`).
+pub fn run_profiler(device: Device, log_dir: &std::path::Path) -> Result<ProfilerReport, Error> {
+    use ember::profiler::{
+        ProfileOptions, ProfilerActivity, profile, record_function, schedule,
+        tensorboard_trace_handler,
+    };
+    let model = MyModel::new()?;
+    model.to(device)?;
+    let criterion = CrossEntropyLoss::new();
+    let mut optimizer = Adam::new(model.parameters(), AdamOptions::default())?;
+    let inputs = Tensor::randn([400, 100], ())?;
+    let labels = Tensor::randint(0, 10, [400], ())?;
+    let dataset: Arc<dyn Dataset> = Arc::new(TensorDataset::new(vec![inputs, labels])?);
+    let train_loader = DataLoader::new(dataset).batch_size(16).shuffle(true);
+    let mut batches = train_loader.epoch(0)?;
+    let mut next_batch = || -> Result<(Tensor, Tensor), Error> {
+        let b = match batches.next() {
+            Some(b) => b?,
+            None => {
+                return Err(ember::nn::NnError::invalid("walk-through", "out of batches").into());
+            }
+        };
+        Ok((b[0].to(device)?, b[1].to(device)?))
+    };
+    let step = |optimizer: &mut Adam, data: &Tensor, target: &Tensor| -> Result<(), Error> {
+        let output = model.call(data)?;
+        let loss = criterion.forward(&output, target)?;
+        loss.backward()?;
+        optimizer.step()?;
+        optimizer.zero_grad(true)
+    };
+
+    // Basic profiling.
+    let mut prof =
+        profile(ProfileOptions::new().activities([ProfilerActivity::Cpu, ProfilerActivity::Cuda]))?;
+    for _ in 0..10 {
+        let (data, target) = next_batch()?;
+        step(&mut optimizer, &data, &target)?;
+    }
+    prof.stop()?;
+    let averages = prof.key_averages()?;
+    let basic_table = averages.table("cuda_time_total", 10)?;
+    println!("{basic_table}");
+    let basic_device_rows = averages
+        .rows
+        .iter()
+        .filter(|r| r.device_time_total > 0)
+        .count();
+    prof.export_chrome_trace(log_dir.join("trace.json"))?;
+    drop(prof);
+
+    // Detailed profiling with record_function.
+    let mut prof = profile(ProfileOptions::new().activities([ProfilerActivity::Cuda]))?;
+    {
+        let (data, target) = {
+            let _r = record_function("data_loading");
+            next_batch()?
+        };
+        let output = {
+            let _r = record_function("forward");
+            model.call(&data)?
+        };
+        let loss = {
+            let _r = record_function("loss");
+            criterion.forward(&output, &target)?
+        };
+        {
+            let _r = record_function("backward");
+            loss.backward()?;
+        }
+        let _r = record_function("optimizer");
+        optimizer.step()?;
+    }
+    prof.stop()?;
+    let averages = prof.key_averages()?;
+    println!("{}", averages.table("cuda_time_total", 100)?);
+    let cuda_only_rows = averages
+        .rows
+        .iter()
+        .map(|r| (r.key.clone(), r.cpu_time_total, r.device_time_total))
+        .collect();
+    drop(prof);
+
+    // Advanced profiling: skip 5 batches, wait 1, warm up 2, record 3, twice.
+    let recorded: Arc<std::sync::Mutex<Vec<Vec<String>>>> = Arc::default();
+    let seen = recorded.clone();
+    let mut handler = tensorboard_trace_handler(log_dir, None);
+    let mut prof = profile(
+        ProfileOptions::new()
+            .activities([ProfilerActivity::Cpu, ProfilerActivity::Cuda])
+            .schedule(schedule(5, 1, 2, 3, 2)?)
+            .on_trace_ready(move |p| {
+                seen.lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .push(
+                        p.events
+                            .iter()
+                            .filter(|e| e.name.starts_with("ProfilerStep#"))
+                            .map(|e| e.name.clone())
+                            .collect(),
+                    );
+                handler(p)
+            })
+            .record_shapes(true)
+            .profile_memory(true)
+            .with_stack(true),
+    )?;
+    for batch in train_loader.epoch(1)? {
+        let batch = batch?;
+        let (data, target) = (batch[0].to(device)?, batch[1].to(device)?);
+        step(&mut optimizer, &data, &target)?;
+        prof.step()?; // Signal end of step
+    }
+    prof.stop()?;
+    drop(prof);
+    let mut tensorboard_files: Vec<std::path::PathBuf> = std::fs::read_dir(log_dir)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.to_string_lossy().ends_with(".pt.trace.json"))
+        .collect();
+    tensorboard_files.sort();
+
+    // Memory profiling.
+    let mut prof = profile(
+        ProfileOptions::new()
+            .activities([ProfilerActivity::Cuda])
+            .profile_memory(true)
+            .record_shapes(true),
+    )?;
+    for _ in 0..10 {
+        let (data, target) = next_batch()?;
+        step(&mut optimizer, &data, &target)?;
+    }
+    prof.stop()?;
+    let averages = prof.key_averages()?;
+    let memory_table = averages.table("self_cuda_memory_usage", 10)?;
+    println!("{memory_table}");
+    // Find memory bottlenecks.
+    let mut memory_events: Vec<(String, i64)> = averages
+        .rows
+        .iter()
+        .filter(|e| e.self_device_memory_usage > 0)
+        .map(|e| (e.key.clone(), e.self_device_memory_usage))
+        .collect();
+    memory_events.sort_by(|a, b| b.1.cmp(&a.1));
+    memory_events.truncate(5);
+    for (key, bytes) in &memory_events {
+        println!("{key}: {:.2} MB", *bytes as f64 / (1024.0 * 1024.0));
+    }
+    let recorded_steps = recorded
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
+    Ok(ProfilerReport {
+        basic_table,
+        basic_device_rows,
+        cuda_only_rows,
+        tensorboard_files,
+        recorded_steps,
+        memory_table,
+        memory_events,
+    })
+}
+
 /// The gradient of `t` as f32 values (empty without one).
 fn grad_of(t: &Tensor) -> Result<Vec<f32>, Error> {
     t.grad().map_or(Ok(Vec::new()), |g| g.to_vec::<f32>())
@@ -572,5 +762,6 @@ fn main() -> Result<(), Error> {
     let device = ember::try_gpu(0);
     run(device, ember::try_gpu(1))?;
     run_amp(device, 5, 100)?;
+    run_profiler(device, std::path::Path::new("log"))?;
     Ok(())
 }

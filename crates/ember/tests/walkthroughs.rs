@@ -236,3 +236,108 @@ fn using_torch_with_cuda_amp() {
         Ok(())
     });
 }
+
+/// A fresh directory for one device's files.
+fn scratch(test: &str, d: Device) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "ember-walk-{test}-{}-{}",
+        std::process::id(),
+        d.to_string().replace(':', "")
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// The lesson's "Performance Profiling": tables sorted by device time and by device memory,
+/// a Chrome trace, the schedule's two cycles as TensorBoard files, memory bottlenecks.
+#[test]
+fn lesson_gpu_acceleration_profiler() {
+    each(|d, _| {
+        let dir = scratch("lesson-profiler", d);
+        let r = lesson_gpu_acceleration::run_profiler(d, &dir)?;
+        // Basic profiling: host ops always, device time on CUDA.
+        assert!(
+            r.basic_table.contains("aten::addmm") || r.basic_table.contains("aten::"),
+            "{}",
+            r.basic_table
+        );
+        assert_eq!(
+            r.basic_table.contains("Self CUDA"),
+            d.is_cuda(),
+            "{}",
+            r.basic_table
+        );
+        assert_eq!(r.basic_device_rows > 0, d.is_cuda(), "{d}");
+        let trace: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dir.join("trace.json")).unwrap()).unwrap();
+        assert!(!trace["traceEvents"].as_array().unwrap().is_empty());
+        // activities=[CUDA]: device work only.
+        assert_eq!(
+            r.cuda_only_rows.is_empty(),
+            !d.is_cuda(),
+            "{d}: {:?}",
+            r.cuda_only_rows
+        );
+        assert!(
+            r.cuda_only_rows
+                .iter()
+                .all(|(_, cpu, dev)| *cpu == 0 && *dev > 0)
+        );
+        // The schedule: skip 5, wait 1, warm up 2, record 3, twice.
+        assert_eq!(
+            r.recorded_steps,
+            [
+                ["ProfilerStep#8", "ProfilerStep#9", "ProfilerStep#10"],
+                ["ProfilerStep#14", "ProfilerStep#15", "ProfilerStep#16"]
+            ],
+            "{d}"
+        );
+        assert_eq!(
+            r.tensorboard_files.len(),
+            2,
+            "{d}: {:?}",
+            r.tensorboard_files
+        );
+        // Memory profiling: bottlenecks on the device's allocator, largest first.
+        assert!(r.memory_table.lines().count() >= 5, "{}", r.memory_table);
+        assert_eq!(
+            r.memory_events.is_empty(),
+            !d.is_cuda(),
+            "{d}: {:?}",
+            r.memory_events
+        );
+        assert!(r.memory_events.windows(2).all(|w| w[0].1 >= w[1].1));
+        let _ = std::fs::remove_dir_all(&dir);
+        Ok(())
+    });
+}
+
+/// The chapter's `torch_profiler.py`: the table sorted by GPU time, a Chrome trace with the
+/// device's kernels on CUDA, and two TensorBoard cycles.
+#[test]
+fn gpu_computing_chapter_profiler() {
+    each(|d, _| {
+        let dir = scratch("chapter-profiler", d);
+        let r = gpu_computing_chapter::run_profiler(d, &dir)?;
+        assert!(r.table.contains("aten::"), "{}", r.table);
+        assert_eq!(r.table.contains("Self CUDA"), d.is_cuda(), "{}", r.table);
+        let doc: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&r.trace).unwrap()).unwrap();
+        assert_eq!(doc["record_shapes"], 1);
+        assert_eq!(r.device_events > 0, d.is_cuda(), "{d}: {}", r.device_events);
+        assert_eq!(
+            r.tensorboard_files.len(),
+            2,
+            "{d}: {:?}",
+            r.tensorboard_files
+        );
+        assert!(
+            r.tensorboard_files
+                .iter()
+                .all(|f| f.to_string_lossy().ends_with(".pt.trace.json"))
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+        Ok(())
+    });
+}

@@ -82,7 +82,7 @@ __device__ __forceinline__ void ce_fwd_row(i64 i, Idx classes, const T* __restri
     if (smoothing != 0.0 && valid) {
         C acc = 0;
         for_row<Idx>(row, classes, [&](Idx c, T v) { acc += ce_weight(weight, w_s, c) * ((Widen<T>::in(v) - a.m) - ln_s); });
-        smooth_sum = block_combine<SumOp<C>>(acc, sum_scratch);
+        smooth_sum = block_combine<RowSumOp<C>>(acc, sum_scratch);
     }
     if (threadIdx.x != 0) return;
     lse[i] = a.m + ln_s;

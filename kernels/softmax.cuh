@@ -51,7 +51,7 @@ struct MaxSumOp {
 
 // A plain sum for block_combine (f32 or f64).
 template <typename C>
-struct SumOp {
+struct RowSumOp {
     using A = C;
     __device__ __forceinline__ static A identity() { return 0; }
     __device__ __forceinline__ static A combine(A a, A b) { return a + b; }

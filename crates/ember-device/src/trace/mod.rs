@@ -296,15 +296,7 @@ pub fn range_with(name: &'static str, metadata: impl FnOnce() -> String) -> Rang
 /// inputs (see [`TraceEvent::metadata`]) and runs only if someone listens and wants shapes.
 #[inline]
 pub fn op_range(name: &'static str, inputs: impl FnOnce() -> String) -> RangeGuard {
-    if !is_active() {
-        return RangeGuard::inert();
-    }
-    let metadata = if shapes_wanted() {
-        inputs()
-    } else {
-        String::new()
-    };
-    open_range(Cow::Borrowed(name), Category::Op, metadata, 0)
+    range_with_inputs(Category::Op, || Cow::Borrowed(name), inputs)
 }
 
 /// Open a range of `category` whose name is made only if someone listens.

@@ -732,7 +732,7 @@ pub fn run_profiler(device: Device, log_dir: &std::path::Path) -> Result<Profile
         .filter(|e| e.self_device_memory_usage > 0)
         .map(|e| (e.key.clone(), e.self_device_memory_usage))
         .collect();
-    memory_events.sort_by(|a, b| b.1.cmp(&a.1));
+    memory_events.sort_by_key(|e| std::cmp::Reverse(e.1));
     memory_events.truncate(5);
     for (key, bytes) in &memory_events {
         println!("{key}: {:.2} MB", *bytes as f64 / (1024.0 * 1024.0));

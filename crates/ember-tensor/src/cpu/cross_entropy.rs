@@ -9,7 +9,7 @@ use std::borrow::Cow;
 use ember_gemm::parallel::for_each_chunk_mut;
 
 use crate::backend_fused::CrossEntropyParams;
-use crate::cpu::loss::{check_layout, corrupt, targets};
+use crate::cpu::loss::{check_layout, class_weights, corrupt, targets};
 use crate::cpu::softmax::{self, SoftmaxFloat};
 use crate::cpu::{cast, contiguous_slice};
 use crate::dtype::{DType, WithDType};
@@ -124,18 +124,7 @@ impl<'a, T: CeFloat> Rows<'a, T> {
             }
             Cow::Owned(r)
         };
-        let weight = match weight {
-            Some((ws, lw)) => {
-                let d = ws.as_slice::<T>()?;
-                check_layout(d.len(), lw, 1)?;
-                Some(
-                    lw.strided_index()
-                        .map(|i| d.get(i).copied().unwrap_or(T::ZERO))
-                        .collect(),
-                )
-            }
-            None => None,
-        };
+        let weight = class_weights(weight)?;
         Ok(Rows {
             rows,
             classes: c,
@@ -259,18 +248,7 @@ fn bwd<T: CeFloat>(
     let g = grad.as_slice::<T>()?;
     let total = scalar::<T>(total)?;
     let wsum = scalar::<T>(wsum)?;
-    let w: Option<Vec<T>> = match weight {
-        Some((ws, lw)) => {
-            let d = ws.as_slice::<T>()?;
-            check_layout(d.len(), lw, 1)?;
-            Some(
-                lw.strided_index()
-                    .map(|i| d.get(i).copied().unwrap_or(T::ZERO))
-                    .collect(),
-            )
-        }
-        None => None,
-    };
+    let w: Option<Vec<T>> = class_weights(weight)?;
     let wc = |k: usize| w.as_ref().and_then(|w| w.get(k).copied()).unwrap_or(T::ONE);
     let eps = T::from_f64(p.smoothing);
     let share = T::from_f64(p.smoothing / c.max(1) as f64);

@@ -13,6 +13,24 @@ pub(super) fn corrupt() -> TensorError {
     )
 }
 
+/// A loss's class weights (`weight=`) gathered into a vector of `T`, if given.
+pub(super) fn class_weights<T: WithDType>(
+    weight: Option<(&CpuStorage, &Layout)>,
+) -> Result<Option<Vec<T>>> {
+    Ok(match weight {
+        Some((ws, lw)) => {
+            let d = ws.as_slice::<T>()?;
+            check_layout(d.len(), lw, 1)?;
+            Some(
+                lw.strided_index()
+                    .map(|i| d.get(i).copied().unwrap_or(T::ZERO))
+                    .collect(),
+            )
+        }
+        None => None,
+    })
+}
+
 pub(super) fn check_layout(len: usize, l: &Layout, rank: usize) -> Result<()> {
     if l.rank() != rank || (l.numel() > 0 && l.max_extent() > len) {
         return Err(corrupt());
@@ -95,18 +113,7 @@ fn nll_with<T: NllFloat>(
     if lt.dims() != [n, l] {
         return Err(corrupt());
     }
-    let w: Option<Vec<T>> = match weight {
-        Some((ws, lw)) => {
-            let d = ws.as_slice::<T>()?;
-            check_layout(d.len(), lw, 1)?;
-            Some(
-                lw.strided_index()
-                    .map(|i| d.get(i).copied().unwrap_or(T::ZERO))
-                    .collect(),
-            )
-        }
-        None => None,
-    };
+    let w: Option<Vec<T>> = class_weights(weight)?;
     let tv = targets(t, lt)?;
     let mut loss = Vec::with_capacity(tv.len());
     let mut wt = Vec::with_capacity(tv.len());

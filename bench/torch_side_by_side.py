@@ -241,6 +241,40 @@ def _forward(widths: tuple[int, ...], batch: int, amp: str | None = None) -> Cal
     return setup
 
 
+def _resnet18(train: bool, batch: int = 32) -> Callable:
+    """torchvision's ResNet-18 (1000 classes) at batch x 3 x 224 x 224, as Ember's
+    `train_resnet18_b32` (one SGD step with momentum 0.9; samples/s) and `fwd_resnet18_b32`
+    (eval mode under `no_grad`; ms). PyTorch's defaults: cuDNN with TF32 for convolutions,
+    no `cudnn.benchmark`."""
+
+    def setup():
+        import torch
+        import torchvision
+
+        model = torchvision.models.resnet18().to(DEVICE)
+        x = torch.randn(batch, 3, 224, 224, device=DEVICE)
+        if not train:
+            model.eval()
+
+            def fwd():
+                with torch.no_grad():
+                    model(x)
+
+            return fwd, 1.0
+        y = torch.randint(0, 1000, (batch,), device=DEVICE)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        loss_fn = torch.nn.CrossEntropyLoss()
+
+        def step():
+            opt.zero_grad(set_to_none=True)
+            loss_fn(model(x), y).backward()
+            opt.step()
+
+        return step, float(batch)
+
+    return setup
+
+
 def peak_memory_bytes(fn: Callable) -> int:
     """The peak of memory allocated during one call of `fn`, above what was allocated before.
     On CUDA the caching allocator's statistics; on the CPU, where PyTorch keeps none, the
@@ -298,6 +332,12 @@ CASES: list[Case] = (
         Case("train_mlp_2000_1000_100_b128", "samples/s", True, _train((2000, 1000, 100), 128)),
         Case("fwd_mlp_10000_5000_2000_10_b256", "ms", False,
              _forward((10000, 5000, 2000, 10), 256), 1e3, peak_memory=True),
+    ]
+    + [
+        Case("train_resnet18_b32", "samples/s", True, _resnet18(True), peak_memory=True,
+             devices=("cuda",)),
+        Case("fwd_resnet18_b32", "ms", False, _resnet18(False), 1e3, peak_memory=True,
+             devices=("cuda",)),
     ]
     # Under autocast: bf16 on the CPU and CUDA, f16 (with a GradScaler) on CUDA only, as
     # Ember's benchmark program runs them.

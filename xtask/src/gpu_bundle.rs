@@ -24,13 +24,16 @@ use serde_json::{Value, json};
 use crate::{cargo, kernels, results, root, run_step};
 
 /// The test suites that take `EMBER_GPU_TEST=1`: (package, test target).
-pub const GPU_SUITES: [(&str, &str); 7] = [
+pub const GPU_SUITES: [(&str, &str); 10] = [
     ("ember-tensor", "cuda_ops"),
     ("ember-autograd", "gradcheck"),
     ("ember-nn", "nn"),
     ("ember-nn", "data"),
     ("ember-nn", "optim"),
     ("ember-nn", "schedulers"),
+    ("ember-amp", "autocast"),
+    ("ember-amp", "scaler"),
+    ("ember-profiler", "profile"),
     ("ember", "walkthroughs"),
 ];
 

@@ -11,7 +11,10 @@
 //!   `bench/results/<date>-<host>-cuda.json` in the bundle (copied to `DIR/results/`);
 //! - `sanitize`: compute-sanitizer's memcheck over the op, gradient and layer suites and one
 //!   epoch of training, synccheck and racecheck over the op suite (skipped, and said so,
-//!   where `compute-sanitizer` is not on `PATH`).
+//!   where `compute-sanitizer` is not on `PATH`);
+//! - `ncu`: Nsight Compute's device time of every kernel of a few ResNet-18 training steps
+//!   (`ember-bench --quick --filter train_resnet18_b32`), as CSV in `ncu-resnet18.log`, to
+//!   find where a step's device time goes (skipped where `ncu` is not on `PATH`).
 //!
 //! Each step has its own time limit, and no step starts after `--budget` seconds (default
 //! 540, so a session fits a 10-minute call). Logs go to `DIR` (default `session/` in the
@@ -25,7 +28,7 @@ use serde_json::Value;
 
 use crate::gpu_bundle::BUNDLE_DIR;
 
-const STEPS: [&str; 5] = ["info", "tests", "train", "bench", "sanitize"];
+const STEPS: [&str; 6] = ["info", "tests", "train", "bench", "sanitize", "ncu"];
 
 #[derive(Debug)]
 struct Options {
@@ -189,22 +192,37 @@ impl Session {
     }
 }
 
-/// cuBLAS: the CUDA toolkit's, or the one in the Python environment's `nvidia-cublas` wheel.
-fn cublas_library_path() -> Option<String> {
+/// The Python snippet that prints every `lib` folder of the environment's `nvidia-*` wheels
+/// (cuBLAS, cuDNN, NCCL, ...; `nvidia/<name>/lib` or, for CUDA 13's, `nvidia/cu13/lib`).
+const NVIDIA_WHEEL_LIBS: &str = "import nvidia, os
+for root in nvidia.__path__:
+    for d, subs, files in os.walk(root):
+        if d[len(root):].count(os.sep) > 3:
+            subs[:] = []
+        elif os.path.basename(d) == 'lib' and any('.so' in f for f in files):
+            print(d)";
+
+/// The libraries Ember loads at run time (cuBLAS, cuDNN): the CUDA toolkit's, and those in
+/// the Python environment's `nvidia-*` wheels (where PyTorch's come from).
+fn cuda_library_path() -> Option<String> {
     let mut dirs: Vec<String> = Vec::new();
     if Path::new("/usr/local/cuda/lib64").is_dir() {
         dirs.push("/usr/local/cuda/lib64".into());
     }
-    let wheel = Command::new("python3")
-        .args([
-            "-c",
-            "import nvidia.cublas, os; print(os.path.join(list(nvidia.cublas.__path__)[0], 'lib'))",
-        ])
+    let wheels = Command::new("python3")
+        .args(["-c", NVIDIA_WHEEL_LIBS])
         .output()
         .ok()
         .filter(|o| o.status.success())
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
-    dirs.extend(wheel.filter(|d| Path::new(d).is_dir()));
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    dirs.extend(
+        wheels
+            .lines()
+            .map(str::trim)
+            .filter(|d| !d.is_empty() && Path::new(d).is_dir())
+            .map(String::from),
+    );
     if dirs.is_empty() {
         return None;
     }
@@ -246,7 +264,11 @@ pub fn run(args: &[String]) -> Result<(), String> {
         .flatten()
         .filter_map(|v| v.as_str().map(String::from))
         .collect();
-    let library_path = cublas_library_path();
+    let library_path = cuda_library_path();
+    if let Some(p) = &library_path {
+        eprintln!("LD_LIBRARY_PATH={p}");
+        let _ = std::fs::write(out.join("library-path.txt"), format!("{p}\n"));
+    }
     let bin = |name: &str| bundle.join("bin").join(name).to_string_lossy().into_owned();
     let test = |name: &str| {
         bundle
@@ -381,6 +403,32 @@ pub fn run(args: &[String]) -> Result<(), String> {
                     "4",
                 ]);
                 s.step("racecheck-cuda_ops", 200, &mut race);
+            }
+            "ncu" => {
+                if !on_path("ncu") {
+                    s.summary.push("ncu: not run (ncu is not on PATH)".into());
+                    continue;
+                }
+                let mut cmd = with_libs(s.command("ncu"));
+                cmd.args([
+                    "--metrics",
+                    "gpu__time_duration.sum",
+                    "--csv",
+                    "--print-units",
+                    "base",
+                    "--clock-control",
+                    "none",
+                ])
+                .arg(bin("ember-bench"))
+                .args([
+                    "--json",
+                    "--quick",
+                    "--device",
+                    "cuda",
+                    "--filter",
+                    "train_resnet18_b32",
+                ]);
+                s.step("ncu-resnet18", 150, &mut cmd);
             }
             other => s.summary.push(format!("{other}: unknown step")),
         }

@@ -10,6 +10,7 @@ mod autograd;
 mod harness;
 mod matmul;
 mod nn;
+mod resnet;
 mod tensor_ops;
 
 use std::process::ExitCode;
@@ -34,12 +35,13 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     let mut records: Vec<Record> = Vec::new();
-    let suites: [Suite; 5] = [
+    let suites: [Suite; 6] = [
         alloc::run,
         matmul::run,
         autograd::run,
         tensor_ops::run,
         nn::run,
+        resnet::run,
     ];
     for run in suites {
         if let Err(e) = run(&opts, &mut records) {

@@ -30,7 +30,7 @@ use ember_tensor::DType;
 
 use crate::harness::{Options, Record, ns_per_iter};
 
-fn err(e: impl std::fmt::Display) -> String {
+pub(crate) fn err(e: impl std::fmt::Display) -> String {
     e.to_string()
 }
 
@@ -47,7 +47,7 @@ fn mlp(widths: &[usize], device: Device) -> Result<Sequential, String> {
     Ok(m)
 }
 
-fn sync(device: Device) -> Result<(), String> {
+pub(crate) fn sync(device: Device) -> Result<(), String> {
     match device {
         Device::Cuda(i) => cuda::synchronize(Some(i)).map_err(err),
         Device::Cpu => Ok(()),
@@ -56,7 +56,7 @@ fn sync(device: Device) -> Result<(), String> {
 
 /// Times `f` as the other cases do: one call to size the rounds, then the median of five
 /// (with `quick`, that one call's time: see `Options::quick`).
-fn time(
+pub(crate) fn time(
     device: Device,
     quick: bool,
     mut f: impl FnMut() -> Result<(), String>,
@@ -83,7 +83,7 @@ fn time(
     }
 }
 
-fn record(name: &str, device: Device, value: f64, unit: &'static str) -> Record {
+pub(crate) fn record(name: &str, device: Device, value: f64, unit: &'static str) -> Record {
     Record {
         name: name.to_string(),
         device: device.to_string(),

@@ -53,3 +53,43 @@ fn training_cases_run_f32_and_under_autocast_on_cpu_and_emulated_cuda() {
         }
     }
 }
+
+/// ResNet-18's forward case runs on the emulated `cuda:0` at its reduced size (the training
+/// step takes minutes in a debug build on the emulator; it runs the same layers, each
+/// tested in `ember-nn`, and is measured on a real GPU).
+#[test]
+fn resnet18_forward_runs_on_emulated_cuda() {
+    let out = Command::new(env!("CARGO_BIN_EXE_ember-bench"))
+        .args([
+            "--json",
+            "--quick",
+            "--device",
+            "cuda",
+            "--filter",
+            "fwd_resnet18_b32",
+        ])
+        .env("EMBER_CUDA_EMULATOR", "1")
+        .env("RAYON_NUM_THREADS", "2")
+        .output()
+        .expect("ember-bench starts");
+    assert!(
+        out.status.success(),
+        "ember-bench failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let records: Vec<Value> = serde_json::from_slice(&out.stdout).expect("a JSON array");
+    assert_eq!(records.len(), 1, "{records:?}");
+    let r = &records[0];
+    assert_eq!(r["name"], "fwd_resnet18_b32");
+    assert_eq!(r["unit"], "ms");
+    assert!(r["value"].as_f64().is_some_and(|v| v > 0.0), "{r}");
+    assert!(
+        r["peak_memory_bytes"].as_u64().is_some_and(|b| b > 0),
+        "{r}"
+    );
+    assert_eq!(r["emulated"], true, "{r}");
+    assert_eq!(
+        (r["batch"].as_u64(), r["image"].as_u64()),
+        (Some(2), Some(32))
+    );
+}

@@ -1,0 +1,258 @@
+//! ResNet-18 exactly as torchvision defines it (`torchvision.models.resnet18()`): a 7×7
+//! stride-2 stem with BatchNorm, ReLU and a 3×3 stride-2 max pool, four stages of two
+//! BasicBlocks (64, 128, 256, 512 channels; the first block of stages 2–4 halves the
+//! resolution and adds the downsampling 1×1 convolution with its BatchNorm to the residual
+//! path), a global average pool and a 1000-class `Linear`. The parameter names are
+//! torchvision's (`conv1.weight`, `layer2.0.downsample.0.weight`, `fc.bias`, ...).
+//!
+//! - `train_resnet18_b32`: one training step (`zero_grad`, forward, cross-entropy, backward,
+//!   SGD with momentum 0.9) at batch 32 × 3 × 224 × 224, in samples per second; the record
+//!   also carries `steps_per_s` and `peak_memory_bytes` (the allocator's peak during one
+//!   step above what was allocated before it: weights, momentum, input). Target on an H100:
+//!   at least 0.9× PyTorch's rate, at most 1.1× its peak.
+//! - `fwd_resnet18_b32`: a forward in eval mode under `no_grad`, in ms, with its peak.
+//!
+//! Only on CUDA: on the 2-core CPU hosts a step takes seconds. On the emulated `cuda:0` the
+//! cases run at batch 2 × 3 × 32 × 32 (the records say `"emulated": true`, `batch` and
+//! `image`), so the path runs in CI and a real GPU measures the full size.
+
+use ember_device::{Device, cuda};
+use ember_nn::layers::{BatchNorm2d, Conv2d, Conv2dConfig, Linear, MaxPool2d, ReLU, Sequential};
+use ember_nn::loss::CrossEntropyLoss;
+use ember_nn::optim::{Optimizer, SGD, SgdOptions};
+use ember_nn::{Loss, Module, Tensor};
+use ember_tensor::{DType, MaxPool2dOptions, Size2};
+
+use crate::harness::{Options, Record};
+use crate::nn::{err, record, sync, time};
+
+/// A convolution without bias, as torchvision's `conv3x3`/`conv1x1`.
+fn conv(
+    cin: usize,
+    cout: usize,
+    k: usize,
+    stride: usize,
+    padding: usize,
+) -> Result<Conv2d, String> {
+    let config = Conv2dConfig {
+        stride: Size2(stride, stride),
+        padding: Size2(padding, padding),
+        bias: false,
+        ..Conv2dConfig::default()
+    };
+    Conv2d::with_config(cin, cout, (k, k), config, ()).map_err(err)
+}
+
+fn bn(c: usize) -> Result<BatchNorm2d, String> {
+    BatchNorm2d::new_2d(c, ()).map_err(err)
+}
+
+/// torchvision's `BasicBlock` (expansion 1).
+#[derive(Debug, Module)]
+struct BasicBlock {
+    conv1: Conv2d,
+    bn1: BatchNorm2d,
+    relu: ReLU,
+    conv2: Conv2d,
+    bn2: BatchNorm2d,
+    downsample: Option<Sequential>,
+}
+
+impl BasicBlock {
+    fn new(cin: usize, cout: usize, stride: usize) -> Result<Self, String> {
+        let downsample = if stride != 1 || cin != cout {
+            Some(
+                Sequential::new()
+                    .add(conv(cin, cout, 1, stride, 0)?)
+                    .add(bn(cout)?),
+            )
+        } else {
+            None
+        };
+        Ok(BasicBlock {
+            conv1: conv(cin, cout, 3, stride, 1)?,
+            bn1: bn(cout)?,
+            relu: ReLU::new(),
+            conv2: conv(cout, cout, 3, 1, 1)?,
+            bn2: bn(cout)?,
+            downsample,
+        })
+    }
+}
+
+impl Module for BasicBlock {
+    fn forward(&self, x: &Tensor) -> ember_nn::Result<Tensor> {
+        let out = self.relu.call(&self.bn1.call(&self.conv1.call(x)?)?)?;
+        let out = self.bn2.call(&self.conv2.call(&out)?)?;
+        let identity = match &self.downsample {
+            Some(d) => d.call(x)?,
+            None => x.clone(),
+        };
+        self.relu.call(&out.add(&identity)?)
+    }
+}
+
+/// torchvision's `ResNet` with `BasicBlock` and layers `[2, 2, 2, 2]`.
+#[derive(Debug, Module)]
+pub struct ResNet18 {
+    conv1: Conv2d,
+    bn1: BatchNorm2d,
+    relu: ReLU,
+    maxpool: MaxPool2d,
+    layer1: Vec<BasicBlock>,
+    layer2: Vec<BasicBlock>,
+    layer3: Vec<BasicBlock>,
+    layer4: Vec<BasicBlock>,
+    fc: Linear,
+}
+
+impl ResNet18 {
+    pub fn new(num_classes: usize) -> Result<Self, String> {
+        let stage = |cin: usize, cout: usize, stride: usize| -> Result<Vec<BasicBlock>, String> {
+            Ok(vec![
+                BasicBlock::new(cin, cout, stride)?,
+                BasicBlock::new(cout, cout, 1)?,
+            ])
+        };
+        Ok(ResNet18 {
+            conv1: conv(3, 64, 7, 2, 3)?,
+            bn1: bn(64)?,
+            relu: ReLU::new(),
+            maxpool: MaxPool2d::with_options(MaxPool2dOptions::new(3).stride(2).padding(1)),
+            layer1: stage(64, 64, 1)?,
+            layer2: stage(64, 128, 2)?,
+            layer3: stage(128, 256, 2)?,
+            layer4: stage(256, 512, 2)?,
+            fc: Linear::new(512, num_classes, ()).map_err(err)?,
+        })
+    }
+}
+
+impl Module for ResNet18 {
+    fn forward(&self, x: &Tensor) -> ember_nn::Result<Tensor> {
+        let mut x = self.conv1.call(x)?;
+        x = self.relu.call(&self.bn1.call(&x)?)?;
+        x = self.maxpool.call(&x)?;
+        for block in self
+            .layer1
+            .iter()
+            .chain(&self.layer2)
+            .chain(&self.layer3)
+            .chain(&self.layer4)
+        {
+            x = block.call(&x)?;
+        }
+        // `AdaptiveAvgPool2d((1, 1))` then `flatten(x, 1)`: the mean over height and width.
+        let x = x.mean([2usize, 3])?;
+        self.fc.call(&x)
+    }
+}
+
+/// The peak of the allocator during one call of `f`, above what was allocated before it.
+fn peak_of(device: Device, f: &mut impl FnMut() -> Result<(), String>) -> Result<u64, String> {
+    sync(device)?;
+    let before = ember_memory::memory_allocated(device).map_err(err)?;
+    ember_memory::reset_peak_memory_stats(device).map_err(err)?;
+    f()?;
+    sync(device)?;
+    let peak = ember_memory::max_memory_allocated(device).map_err(err)?;
+    Ok(peak.saturating_sub(before) as u64)
+}
+
+pub fn run(opts: &Options, out: &mut Vec<Record>) -> Result<(), String> {
+    if !opts.cuda() {
+        return Ok(());
+    }
+    let device = Device::Cuda(0);
+    let emulated = cuda::is_emulated();
+    let (batch, image) = if emulated { (2, 32) } else { (32, 224) };
+    for name in ["train_resnet18_b32", "fwd_resnet18_b32"] {
+        if !opts.wants(name) {
+            continue;
+        }
+        let model = ResNet18::new(1000)?;
+        model.to(device).map_err(err)?;
+        let x = Tensor::randn([batch, 3, image, image], (device, DType::F32)).map_err(err)?;
+        let (value, unit, peak, steps) = if name.starts_with("train") {
+            model.train(true);
+            let y = Tensor::randint(0, 1000, [batch], (device, DType::I64)).map_err(err)?;
+            let loss_fn = CrossEntropyLoss::new();
+            let mut opt = SGD::new(
+                model.parameters(),
+                SgdOptions {
+                    lr: 0.01,
+                    momentum: 0.9,
+                    ..SgdOptions::default()
+                },
+            )
+            .map_err(err)?;
+            let mut step = || {
+                opt.zero_grad(true).map_err(err)?;
+                let loss = loss_fn
+                    .forward(&model.forward(&x).map_err(err)?, &y)
+                    .map_err(err)?;
+                loss.backward().map_err(err)?;
+                opt.step().map_err(err)
+            };
+            // The first step makes the momentum buffers; the peak is a step's after that.
+            step()?;
+            let peak = peak_of(device, &mut step)?;
+            let ns = time(device, opts.quick, &mut step)?;
+            let steps = 1e9 / ns;
+            (steps * batch as f64, "samples/s", peak, Some(steps))
+        } else {
+            model.train(false);
+            let _no_grad = ember_autograd::no_grad();
+            let mut fwd = || model.forward(&x).map(drop).map_err(err);
+            fwd()?;
+            let peak = peak_of(device, &mut fwd)?;
+            let ns = time(device, opts.quick, &mut fwd)?;
+            (ns * 1e-6, "ms", peak, None)
+        };
+        let mut r = record(name, device, value, unit);
+        if let Some(s) = steps {
+            r.extra.insert("steps_per_s".into(), s.into());
+        }
+        r.extra.insert("peak_memory_bytes".into(), peak.into());
+        if opts.quick {
+            r.extra.insert("quick".into(), true.into());
+        }
+        if emulated {
+            r.extra.insert("emulated".into(), true.into());
+            r.extra.insert("batch".into(), batch.into());
+            r.extra.insert("image".into(), image.into());
+        }
+        out.push(r);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The parameter names and counts are torchvision's: 62 tensors, 11,689,512 values.
+    #[test]
+    fn parameters_match_torchvision() {
+        let m = ResNet18::new(1000).unwrap();
+        let named = m.named_parameters();
+        assert_eq!(named.len(), 62);
+        let total: usize = named.iter().map(|(_, p)| p.numel()).sum();
+        assert_eq!(total, 11_689_512);
+        let names: Vec<&str> = named.iter().map(|(n, _)| n.as_str()).collect();
+        for n in [
+            "conv1.weight",
+            "bn1.weight",
+            "layer1.0.conv1.weight",
+            "layer2.0.downsample.0.weight",
+            "layer2.0.downsample.1.bias",
+            "layer4.1.bn2.weight",
+            "fc.weight",
+            "fc.bias",
+        ] {
+            assert!(names.contains(&n), "{n} not in {names:?}");
+        }
+        let buffers: Vec<String> = m.named_buffers().into_iter().map(|(n, _)| n).collect();
+        assert!(buffers.contains(&"layer3.0.downsample.1.running_var".to_string()));
+    }
+}

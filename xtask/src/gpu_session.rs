@@ -9,9 +9,9 @@
 //! - `bench`: `ember-bench --device cuda`, then `bench/torch_side_by_side.py --device cuda
 //!   --save` against the machine's own PyTorch (`python3`), which writes
 //!   `bench/results/<date>-<host>-cuda.json` in the bundle (copied to `DIR/results/`);
-//! - `sanitize`: compute-sanitizer's memcheck over the op, gradient and layer suites and one
-//!   epoch of training, synccheck and racecheck over the op suite (skipped, and said so,
-//!   where `compute-sanitizer` is not on `PATH`);
+//! - `sanitize`: compute-sanitizer's memcheck over the op, gradient, layer and scaler suites
+//!   and one epoch of training, synccheck and racecheck over the op suite (skipped, and said
+//!   so, where `compute-sanitizer` is not on `PATH`);
 //! - `ncu`: Nsight Compute's device time of every kernel of a few ResNet-18 training steps
 //!   (`ember-bench --quick --filter train_resnet18_b32`), as CSV in `ncu-resnet18.log`, to
 //!   find where a step's device time goes (skipped where `ncu` is not on `PATH`).
@@ -377,7 +377,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
                     cmd.args(["--tool", tool, "--error-exitcode", "3"]);
                     cmd
                 };
-                for t in ["cuda_ops", "gradcheck", "nn"] {
+                for t in ["cuda_ops", "gradcheck", "nn", "scaler"] {
                     if suites.iter().any(|x| x == t) {
                         let mut cmd = sanitizer(&s, "memcheck");
                         cmd.env("EMBER_GPU_TEST", "1").arg(test(t));
@@ -393,15 +393,14 @@ pub fn run(args: &[String]) -> Result<(), String> {
                 sync.env("EMBER_GPU_TEST", "1").arg(test("cuda_ops"));
                 s.step("synccheck-cuda_ops", 150, &mut sync);
                 // racecheck is slow over the whole op suite: the tests whose kernels share
-                // memory between threads (reductions, softmax and the losses, random numbers).
+                // memory between threads (reductions, softmax and the losses, random numbers),
+                // with 8 cases per property (at proptest's default 256, each of these tests
+                // ran past 200 s under racecheck on an H100).
                 let mut race = sanitizer(&s, "racecheck");
-                race.env("EMBER_GPU_TEST", "1").arg(test("cuda_ops")).args([
-                    "reductions",
-                    "losses",
-                    "same_seed",
-                    "--test-threads",
-                    "4",
-                ]);
+                race.env("EMBER_GPU_TEST", "1")
+                    .env("PROPTEST_CASES", "8")
+                    .arg(test("cuda_ops"))
+                    .args(["reductions", "losses", "same_seed", "--test-threads", "4"]);
                 s.step("racecheck-cuda_ops", 200, &mut race);
             }
             "ncu" => {

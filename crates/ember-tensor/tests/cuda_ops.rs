@@ -152,6 +152,15 @@ fn view(dtype: DType, dims: &[usize], seed: u64, transposed: bool) -> Tensor {
     t
 }
 
+/// Cases per property: `default`, or proptest's own `PROPTEST_CASES` when set (fewer under
+/// compute-sanitizer's racecheck, where each launch is slow: `gpu-session`'s `sanitize`).
+fn cases(default: u32) -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 fn shape() -> impl Strategy<Value = Vec<usize>> {
     prop::collection::vec(0usize..=4, 0..=3)
 }
@@ -165,7 +174,7 @@ fn float_dtype() -> impl Strategy<Value = DType> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: cases(48), ..ProptestConfig::default() })]
 
     #[test]
     fn casts_and_copies_match(dims in shape(), from in dtype(), to in dtype(), seed in 0u64..1000, tr in any::<bool>()) {
@@ -498,7 +507,7 @@ fn memory_is_counted_on_the_device_and_devices_exchange_tensors() {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: cases(32), ..ProptestConfig::default() })]
 
     #[test]
     fn index_ops_match(dims in prop::collection::vec(1usize..=4, 1..=3), dt in dtype(), seed in 0u64..1000,

@@ -76,7 +76,8 @@ class Case:
     name: str
     unit: str
     higher_is_better: bool
-    # Returns (fn, work): a rate is work / seconds * scale, a time is seconds * scale.
+    # Returns (fn, work) or (fn, work, teardown): a rate is work / seconds * scale, a time is
+    # seconds * scale; teardown (if any) runs after the timing.
     setup: Callable[[], tuple[Callable[[], object], float]]
     scale: float = 1.0
     # Also measure the peak memory of one call (`peak_memory_bytes` in the record).
@@ -190,10 +191,13 @@ def _autocast(amp: str | None):
     return torch.autocast(DEVICE, dtype=getattr(torch, amp))
 
 
-def _train(widths: tuple[int, ...], batch: int, amp: str | None = None) -> Callable:
+def _train(widths: tuple[int, ...], batch: int, amp: str | None = None,
+           profiler: bool = False) -> Callable:
     """One Adam step of a `Linear-ReLU-Linear`, as Ember's `train_mlp_*`; the rate is samples/s.
     With `amp` ("bfloat16", "float16") the forward and loss run under autocast on the f32
-    master weights, as Ember's `train_mlp_*_bf16`/`_f16`; float16 steps through a GradScaler."""
+    master weights, as Ember's `train_mlp_*_bf16`/`_f16`; float16 steps through a GradScaler.
+    With `profiler`, `torch.profiler.profile(activities=[CPU(, CUDA)], record_shapes=True)` is
+    active around all the timed steps (Ember's `profiler_on_*`); the case's teardown stops it."""
 
     def setup():
         import torch
@@ -217,6 +221,15 @@ def _train(widths: tuple[int, ...], batch: int, amp: str | None = None) -> Calla
                 scaler.step(opt)
                 scaler.update()
 
+        if profiler:
+            from torch.profiler import ProfilerActivity, profile
+
+            activities = [ProfilerActivity.CPU]
+            if DEVICE == "cuda":
+                activities.append(ProfilerActivity.CUDA)
+            prof = profile(activities=activities, record_shapes=True)
+            prof.__enter__()
+            return step, float(batch), lambda: prof.__exit__(None, None, None)
         return step, float(batch)
 
     return setup
@@ -330,6 +343,10 @@ CASES: list[Case] = (
     + [
         Case("train_mlp_1000_512_10_b64", "samples/s", True, _train((1000, 512, 10), 64)),
         Case("train_mlp_2000_1000_100_b128", "samples/s", True, _train((2000, 1000, 100), 128)),
+        Case("profiler_off_train_mlp_1000_512_10_b64", "samples/s", True,
+             _train((1000, 512, 10), 64)),
+        Case("profiler_on_train_mlp_1000_512_10_b64", "samples/s", True,
+             _train((1000, 512, 10), 64, profiler=True)),
         Case("fwd_mlp_10000_5000_2000_10_b256", "ms", False,
              _forward((10000, 5000, 2000, 10), 256), 1e3, peak_memory=True),
     ]
@@ -365,7 +382,7 @@ def torch_case(case: Case, threads: int) -> dict:
     slower than SLOW_CALL_S get fewer rounds (see there)."""
     import torch
 
-    fn, work = case.setup()
+    fn, work, *teardown = case.setup()
     if DEVICE == "cuda":
         # Synchronise after every call, as Ember's harness does on a GPU.
         inner = fn
@@ -393,6 +410,8 @@ def torch_case(case: Case, threads: int) -> dict:
         for _ in range(iters):
             fn()
         samples.append((time.perf_counter() - t0) / iters)
+    for stop in teardown:
+        stop()
     s = statistics.median(samples)
     value = work / s * case.scale if case.higher_is_better else s * case.scale
     rec = {"name": case.name, "device": DEVICE, "threads": threads, "value": value,
@@ -621,7 +640,8 @@ def save(args, rows: list[dict], worker: "TorchWorker | None") -> Path:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--filter", default="matmul", help="substring of case names (default: matmul)")
+    ap.add_argument("--filter", default="matmul",
+                    help="substring of case names, or several separated by commas (default: matmul)")
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds (default 3)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", action="store_true", help="print one JSON array instead of a table")
@@ -652,7 +672,8 @@ def main() -> None:
         log(f"PyTorch side skipped: {why}")
 
     worker = TorchWorker(args.threads, args.device) if why is None else None
-    selected = [c for c in CASES if args.filter in c.name and args.device in c.devices]
+    wanted = args.filter.split(",")
+    selected = [c for c in CASES if any(w in c.name for w in wanted) and args.device in c.devices]
     ember_rounds: list[list[dict]] = []
     torch_rounds: list[list[dict]] = []
     for i in range(args.rounds):

@@ -16,6 +16,12 @@
 //!   the 16-bit copies of the weights made during the forward (under `no_grad` nothing is
 //!   cached, Note [Autocast cache]). Target: at least PyTorch's rate, at most its peak.
 //!
+//! - `profiler_off_train_mlp_1000_512_10_b64`, `profiler_on_train_mlp_1000_512_10_b64`: the
+//!   first training step with the profiler compiled in but inactive, and active (CPU, and
+//!   CUDA on a GPU, with `record_shapes`) around the timed steps. Targets: off within 1% of
+//!   `train_mlp_1000_512_10_b64`; on at most 10% slower on the CPU and 25% on a GPU (the side
+//!   by side script runs PyTorch's profiler the same way, for comparison).
+//!
 //! `bench/torch_side_by_side.py` runs the same programs in PyTorch. On the emulated
 //! `cuda:0` the batches shrink to 4 rows (the records say `"emulated": true` and `batch`),
 //! so the path runs everywhere and a real GPU measures the full size.
@@ -26,6 +32,7 @@ use ember_nn::layers::{Linear, ReLU, Sequential};
 use ember_nn::loss::CrossEntropyLoss;
 use ember_nn::optim::{Adam, AdamOptions, Optimizer};
 use ember_nn::{Loss, Module, Tensor};
+use ember_profiler::{ProfileOptions, ProfilerActivity};
 use ember_tensor::DType;
 
 use crate::harness::{Options, Record, ns_per_iter};
@@ -105,6 +112,15 @@ fn model_and_input(
     Ok((model, x))
 }
 
+/// The profiler around a timed case: off (compiled in, nobody listening), or on with
+/// `record_shapes` and the device's activities (`profiler_on_*`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Profiling {
+    Off,
+    On,
+}
+
+#[allow(clippy::too_many_arguments)]
 fn train_case(
     name: &str,
     widths: &[usize],
@@ -112,6 +128,7 @@ fn train_case(
     device: Device,
     amp: Option<DType>,
     quick: bool,
+    profiling: Profiling,
 ) -> Result<Record, String> {
     let (model, x) = model_and_input(widths, batch, device)?;
     let mut opt = Adam::new(model.parameters(), AdamOptions::default()).map_err(err)?;
@@ -128,6 +145,23 @@ fn train_case(
         },
     )
     .map_err(err)?;
+    let profiler = match profiling {
+        Profiling::Off => None,
+        Profiling::On => {
+            let mut activities = vec![ProfilerActivity::Cpu];
+            if device.is_cuda() {
+                activities.push(ProfilerActivity::Cuda);
+            }
+            Some(
+                ember_profiler::profile(
+                    ProfileOptions::new()
+                        .activities(activities)
+                        .record_shapes(true),
+                )
+                .map_err(err)?,
+            )
+        }
+    };
     let ns = time(device, quick, || {
         opt.zero_grad(true).map_err(err)?;
         let loss = {
@@ -143,6 +177,9 @@ fn train_case(
         scaler.step(&mut opt).map_err(err)?;
         scaler.update().map_err(err)
     })?;
+    if let Some(mut p) = profiler {
+        p.stop().map_err(err)?;
+    }
     let steps = 1e9 / ns;
     let mut r = record(name, device, steps * batch as f64, "samples/s");
     r.extra.insert("steps_per_s".into(), steps.into());
@@ -238,7 +275,15 @@ pub fn run(opts: &Options, out: &mut Vec<Record>) -> Result<(), String> {
                 }
                 let batch = if emulated { 4 } else { batch };
                 let mut r = if train {
-                    train_case(&name, widths, batch, device, amp, opts.quick)
+                    train_case(
+                        &name,
+                        widths,
+                        batch,
+                        device,
+                        amp,
+                        opts.quick,
+                        Profiling::Off,
+                    )
                 } else {
                     forward_case(&name, widths, batch, device, amp, opts.quick)
                 }
@@ -255,6 +300,29 @@ pub fn run(opts: &Options, out: &mut Vec<Record>) -> Result<(), String> {
                 }
                 out.push(r);
             }
+        }
+        // The profiler's overhead on the first training step: the same step with the
+        // profiler compiled in but inactive, and active with `record_shapes`.
+        let (base, widths, batch, _) = CASES[0];
+        for (prefix, profiling) in [
+            ("profiler_off", Profiling::Off),
+            ("profiler_on", Profiling::On),
+        ] {
+            let name = format!("{prefix}_{base}");
+            if !opts.wants(&name) {
+                continue;
+            }
+            let batch = if emulated { 4 } else { batch };
+            let mut r = train_case(&name, widths, batch, device, None, opts.quick, profiling)
+                .map_err(|e| format!("{name} on {device}: {e}"))?;
+            if opts.quick {
+                r.extra.insert("quick".into(), true.into());
+            }
+            if emulated {
+                r.extra.insert("emulated".into(), true.into());
+                r.extra.insert("batch".into(), batch.into());
+            }
+            out.push(r);
         }
     }
     Ok(())

@@ -8,6 +8,7 @@ use ember_device::trace::device::ActivityKind;
 use serde_json::{Map, Value};
 
 use crate::ProfilerActivity;
+use crate::stack::Symbolizer;
 
 /// What an [`Event`] is (its Chrome trace category in brackets).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -132,6 +133,10 @@ pub struct Event {
     pub memory: Option<MemoryRecord>,
     /// The range was still open when the trace ended, and was closed there.
     pub truncated: bool,
+    /// With `with_stack`, an op's or annotation's call site and its callers, innermost
+    /// first (`file:line: function`), from the first frame outside Ember's library crates
+    /// (the Chrome trace's `Call stack`); empty otherwise.
+    pub stack: Vec<String>,
 }
 
 impl Event {
@@ -178,6 +183,8 @@ pub(crate) struct RawRange {
     pub depth: u32,
     pub correlation: u64,
     pub truncated: bool,
+    /// Return addresses, innermost first (empty unless `with_stack`).
+    pub stack: Vec<usize>,
 }
 
 /// A memory point event before resolution.
@@ -251,6 +258,7 @@ pub(crate) fn resolve(
     emulated: bool,
 ) -> Vec<Event> {
     let mut events: Vec<Event> = Vec::with_capacity(ranges.len() + memory.len() + device.len());
+    let mut symbols = Symbolizer::new();
     for r in ranges {
         let kind = EventType::of_category(r.category);
         let mut args = if r.metadata.starts_with('{') {
@@ -272,6 +280,14 @@ pub(crate) fn resolve(
             EventType::CpuOp => format!("aten::{}", r.name),
             _ => r.name,
         };
+        let stack = if r.stack.is_empty() {
+            Vec::new()
+        } else {
+            symbols.user_frames(&r.stack)
+        };
+        if !stack.is_empty() {
+            args.insert("Call stack".into(), Value::String(stack.join(";")));
+        }
         events.push(Event {
             name,
             kind,
@@ -285,6 +301,7 @@ pub(crate) fn resolve(
             args,
             memory: None,
             truncated: r.truncated,
+            stack,
         });
     }
     for m in memory {
@@ -301,6 +318,7 @@ pub(crate) fn resolve(
             args: Map::new(),
             memory: Some(m.record),
             truncated: false,
+            stack: Vec::new(),
         });
     }
     for d in device {
@@ -337,6 +355,7 @@ pub(crate) fn resolve(
             args,
             memory: None,
             truncated: false,
+            stack: Vec::new(),
         });
     }
     // Parents before children: by start, then outer (lower depth) first; memory points

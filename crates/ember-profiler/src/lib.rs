@@ -52,7 +52,7 @@
 //!
 //! | `ph` | `cat` | what | `pid` / `tid` | `args` |
 //! | --- | --- | --- | --- | --- |
-//! | `X` | `cpu_op` | a tensor op (`aten::mm`), an autograd node | process / thread | `External id`, `Record function id`, `Ev Idx`; with `record_shapes`: `Input Dims`, `Input type`; `truncated` when the trace ended inside it |
+//! | `X` | `cpu_op` | a tensor op (`aten::mm`), an autograd node | process / thread | `External id`, `Record function id`, `Ev Idx`; with `record_shapes`: `Input Dims`, `Input type`; with `with_stack` (ops and annotations): `Call stack`, the user's frames joined by `;` (see [`Event::stack`]); `truncated` when the trace ended inside it |
 //! | `X` | `user_annotation` | `record_function`, `ProfilerStep#N`, optimizer steps, DataLoader batches | process / thread | as above |
 //! | `X` | `cuda_runtime` | `cudaLaunchKernel`, `cudaMemcpyAsync`, `cublasGemmStridedBatchedEx` | process / thread | as above, and `correlation` |
 //! | `X` | `kernel`, `gpu_memcpy`, `gpu_memset` | device work | device ordinal / stream | `External id` (the op's), `device`, `stream`, `correlation`, `grid`, `block`, `bytes`; `emulated` on the emulator |
@@ -66,6 +66,7 @@ mod error;
 mod event;
 mod profiler;
 pub mod schedule;
+mod stack;
 pub mod table;
 pub mod timeline;
 

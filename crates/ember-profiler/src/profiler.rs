@@ -278,6 +278,15 @@ impl Profiler {
         Ok(self.last_or_running("key_averages")?.key_averages(true))
     }
 
+    /// `prof.key_averages(group_by_stack_n=n)`: events grouped by name and the first `n`
+    /// frames of their call stack (recorded with `with_stack`); the table gains PyTorch's
+    /// "Source Location" column.
+    pub fn key_averages_by_stack(&self, n: usize) -> Result<crate::table::KeyAverages> {
+        Ok(self
+            .last_or_running("key_averages")?
+            .key_averages_grouped(false, n))
+    }
+
     /// `prof.export_chrome_trace(path)`: the last finished trace as a Chrome trace file.
     pub fn export_chrome_trace(&self, path: impl AsRef<std::path::Path>) -> Result<()> {
         self.last_or_running("export_chrome_trace")?
@@ -429,6 +438,7 @@ impl Subscriber for Collector {
                     depth: e.depth,
                     correlation: e.correlation,
                     truncated: false,
+                    stack: e.stack.clone(),
                 });
             }
             EventKind::Instant
@@ -488,6 +498,7 @@ impl Recording {
             device_trace::set_sink(Some(sink));
         }
         trace::set_shapes_wanted(options.record_shapes);
+        trace::set_stacks_wanted(options.with_stack);
         let subscription = (cpu || options.profile_memory).then(|| {
             let sub: Arc<dyn Subscriber> = collector.clone();
             trace::subscribe(sub)
@@ -506,6 +517,7 @@ impl Recording {
         let end = Instant::now();
         self.subscription = None;
         trace::set_shapes_wanted(false);
+        trace::set_stacks_wanted(false);
         if self.cuda {
             device_trace::set_sink(None);
         }
@@ -533,6 +545,7 @@ impl Recording {
             depth: b.depth,
             correlation: 0,
             truncated: true,
+            stack: b.stack,
         }));
         let mut untimed = 0;
         let mut device = Vec::with_capacity(collected.device.len());

@@ -14,6 +14,8 @@ pub struct FunctionEventAvg {
     pub key: String,
     /// Their input shapes, when grouped by them.
     pub input_shapes: Option<String>,
+    /// The first frames of their call stack, when grouped by them (`group_by_stack_n`).
+    pub stack: Vec<String>,
     /// How many events.
     pub count: u64,
     /// Host time inside the events, children included.
@@ -105,6 +107,7 @@ pub struct KeyAverages {
     has_device: bool,
     has_memory: bool,
     by_shape: bool,
+    stack_n: usize,
 }
 
 impl KeyAverages {
@@ -137,6 +140,7 @@ impl KeyAverages {
         const COLUMN: usize = 12;
         const MAX_NAME: usize = 55;
         const MAX_SHAPES: usize = 80;
+        const MAX_STACK: usize = 100;
         let name_width = rows
             .iter()
             .map(|r| r.key.chars().count() + 4)
@@ -174,6 +178,16 @@ impl KeyAverages {
         headers.push(("# of Calls", COLUMN));
         if self.by_shape {
             headers.push(("Input Shapes", shapes_width));
+        }
+        let stack_width = rows
+            .iter()
+            .flat_map(|r| &r.stack)
+            .map(|f| f.chars().count() + 4)
+            .max()
+            .unwrap_or(16)
+            .clamp(16, MAX_STACK);
+        if self.stack_n > 0 {
+            headers.push(("Source Location", stack_width));
         }
         let sep: String = headers.iter().map(|(_, w)| "-".repeat(*w) + "  ").collect();
         let line = |cells: Vec<String>| -> String {
@@ -222,8 +236,20 @@ impl KeyAverages {
             if self.by_shape {
                 cells.push(r.input_shapes.clone().unwrap_or_default());
             }
+            if self.stack_n > 0 {
+                cells.push(r.stack.first().cloned().unwrap_or_default());
+            }
             out.push_str(&line(cells));
             out.push('\n');
+            // PyTorch writes the further frames on lines of their own, the other cells empty.
+            if self.stack_n > 0 {
+                for frame in r.stack.iter().skip(1) {
+                    let mut cells = vec![String::new(); headers.len() - 1];
+                    cells.push(frame.clone());
+                    out.push_str(&line(cells));
+                    out.push('\n');
+                }
+            }
         }
         out.push_str(&sep);
         out.push('\n');
@@ -281,6 +307,17 @@ pub(crate) fn memory(bytes: i64) -> String {
 impl Profile {
     /// `key_averages(group_by_input_shape=...)` over this trace.
     pub fn key_averages(&self, group_by_input_shape: bool) -> KeyAverages {
+        self.key_averages_grouped(group_by_input_shape, 0)
+    }
+
+    /// `key_averages(group_by_input_shape=..., group_by_stack_n=...)`: with
+    /// `group_by_stack_n > 0`, events are told apart by the first that many frames of their
+    /// call stack too (events recorded without one group as an empty stack).
+    pub fn key_averages_grouped(
+        &self,
+        group_by_input_shape: bool,
+        group_by_stack_n: usize,
+    ) -> KeyAverages {
         let ev = &self.events;
         let n = ev.len();
         let mut child_cpu = vec![0u64; n];
@@ -326,7 +363,7 @@ impl Profile {
             }
         }
         let mut rows: Vec<FunctionEventAvg> = Vec::new();
-        let mut index: HashMap<(String, Option<String>), usize> = HashMap::new();
+        let mut index: HashMap<(String, Option<String>, Vec<String>), usize> = HashMap::new();
         let mut cpu_all = 0;
         for (i, e) in ev.iter().enumerate() {
             if e.kind == EventType::Memory {
@@ -337,12 +374,14 @@ impl Profile {
             } else {
                 None
             };
+            let stack: Vec<String> = e.stack.iter().take(group_by_stack_n).cloned().collect();
             let slot = *index
-                .entry((e.name.clone(), shapes.clone()))
+                .entry((e.name.clone(), shapes.clone(), stack.clone()))
                 .or_insert_with(|| {
                     rows.push(FunctionEventAvg {
                         key: e.name.clone(),
                         input_shapes: shapes,
+                        stack,
                         ..FunctionEventAvg::default()
                     });
                     rows.len() - 1
@@ -369,6 +408,7 @@ impl Profile {
             has_device: ev.iter().any(|e| e.kind.is_device()),
             has_memory: self.profile_memory,
             by_shape: group_by_input_shape,
+            stack_n: group_by_stack_n,
         }
     }
 }

@@ -9,13 +9,13 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
 use common::{Model, both, serial, temp_dir, train_step};
-use ember_autograd::Result;
+use ember_autograd::{Result, Tensor};
 use ember_nn::optim::{Adam, AdamOptions};
 use ember_profiler::{
     Event, EventType, ProfileOptions, ProfilerAction, ProfilerActivity, ProfilerError, Track,
     profile, record_function, schedule, tensorboard_trace_handler,
 };
-use ember_tensor::Device;
+use ember_tensor::{DType, Device};
 use ember_testing::test_device;
 use serde_json::Value;
 
@@ -224,6 +224,110 @@ fn records_a_training_step(dev: &Device) -> Result<()> {
     Ok(())
 }
 test_device!(profiler_records_a_training_step, records_a_training_step);
+
+/// The user's code of `with_stack`'s test: one product, called on `line`.
+#[inline(never)]
+fn user_product(a: &Tensor, b: &Tensor) -> Result<(Tensor, u32)> {
+    let line = line!() + 1;
+    let c = a.matmul(b)?;
+    Ok((c, line))
+}
+
+/// `with_stack`: each op's call stack starts at the user's call (this file's
+/// `user_product`, at its line where the build has line tables), never inside Ember; an
+/// annotation's at the `record_function` call; the Chrome trace carries it as `Call stack`;
+/// `key_averages_by_stack(n)` tells call sites apart and the table shows them under
+/// "Source Location". Without `with_stack`, nothing is captured.
+fn records_call_sites(dev: &Device) -> Result<()> {
+    let _serial = serial();
+    let a = Tensor::randn([4, 3], (*dev, DType::F32))?;
+    let b = Tensor::randn([3, 5], (*dev, DType::F32))?;
+    let mut prof = profile(ProfileOptions::new().activities(both()).with_stack(true)).unwrap();
+    let line = {
+        let _r = record_function("user_block");
+        let (_, line) = user_product(&a, &b)?;
+        line
+    };
+    let _ = a.matmul(&b)?; // a second call site of the same op
+    prof.stop().unwrap();
+    let p = prof.profile().unwrap();
+    let mm: Vec<&Event> = p
+        .events
+        .iter()
+        .filter(|e| e.kind == EventType::CpuOp && e.name == "aten::matmul")
+        .collect();
+    assert_eq!(
+        mm.len(),
+        2,
+        "{:?}",
+        p.events.iter().map(|e| &e.name).collect::<Vec<_>>()
+    );
+    let first = &mm[0].stack;
+    assert!(!first.is_empty(), "no stack for aten::matmul");
+    assert!(first[0].contains("user_product"), "{first:?}");
+    if first[0].contains(".rs:") {
+        assert!(
+            first[0].contains(&format!("profile.rs:{line}:")),
+            "{first:?} (line {line})"
+        );
+    }
+    assert!(
+        first
+            .iter()
+            .all(|f| !f.contains("ember-tensor/src") && !f.contains("ember-autograd/src")),
+        "{first:?}"
+    );
+    assert!(first.len() <= 8);
+    assert!(
+        mm[1].stack[0].contains("records_call_sites"),
+        "{:?}",
+        mm[1].stack
+    );
+    let block = named(&p.events, "user_block");
+    assert!(
+        block[0].stack[0].contains("records_call_sites"),
+        "{:?}",
+        block[0].stack
+    );
+    // The trace carries it; grouping by one frame splits the two call sites of aten::mm.
+    let doc: Value = p.chrome_trace();
+    assert_eq!(doc["with_stack"], 1);
+    let traced = doc["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "aten::matmul")
+        .unwrap();
+    assert_eq!(traced["args"]["Call stack"], first.join(";"));
+    let averages = prof.key_averages_by_stack(1).unwrap();
+    let rows: Vec<_> = averages
+        .rows
+        .iter()
+        .filter(|r| r.key == "aten::matmul")
+        .collect();
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    assert!(rows.iter().all(|r| r.count == 1 && r.stack.len() == 1));
+    let table = averages.table("cpu_time_total", 0).unwrap();
+    assert!(table.contains("Source Location"), "{table}");
+    assert!(table.contains("user_product"), "{table}");
+    assert_eq!(
+        prof.key_averages()
+            .unwrap()
+            .get("aten::matmul")
+            .unwrap()
+            .count,
+        2
+    );
+
+    // Off: no stacks.
+    let mut prof = profile(ProfileOptions::new().activities(both())).unwrap();
+    let _ = user_product(&a, &b)?;
+    prof.stop().unwrap();
+    let p = prof.profile().unwrap();
+    assert!(p.events.iter().all(|e| e.stack.is_empty()));
+    Ok(())
+}
+test_device!(profiler_records_call_sites, records_call_sites);
 
 /// Every event's fields, the nesting per thread, the flows, the memory points.
 fn check_chrome_trace(doc: &Value, p: &ember_profiler::Profile, dev: &Device) {

@@ -37,6 +37,10 @@ pub struct Info {
     pub memory: BTreeMap<String, BTreeMap<String, i64>>,
     /// How conv2d runs on the current CUDA device; `None` without CUDA.
     pub conv: Option<ConvInfo>,
+    /// How the profiler times device work (`ProfilerActivity::Cuda`; Note [Device activity]
+    /// in `ember-device`): CUDA events around each launch, library call and copy, not
+    /// CUPTI; `None` without CUDA.
+    pub profiler_device_timing: Option<String>,
 }
 
 /// How conv2d runs on CUDA: cuDNN or the im2col fallback, why, and the
@@ -137,6 +141,15 @@ pub fn collect() -> Info {
         cpu: cpu_info(),
         memory,
         conv: available.then(conv_info),
+        profiler_device_timing: available.then(|| {
+            if cuda::is_emulated() {
+                "CUDA events on the emulator (durations are the emulator's)".to_string()
+            } else {
+                "CUDA events recorded around each kernel launch, library call and copy on its \
+                 stream (CUPTI is not used)"
+                    .to_string()
+            }
+        }),
     }
 }
 
@@ -283,6 +296,9 @@ impl Info {
             for f in &c.fallbacks {
                 let _ = writeln!(s, "  fell back:      {f}");
             }
+        }
+        if let Some(t) = &self.profiler_device_timing {
+            let _ = writeln!(s, "profiler (CUDA):  {t}");
         }
         let _ = writeln!(s);
         let _ = writeln!(

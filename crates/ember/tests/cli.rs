@@ -82,6 +82,13 @@ fn info_lists_two_emulated_devices() {
     assert_eq!(v["conv"]["cudnn_version"], 90100);
     assert_eq!(v["conv"]["allow_tf32"], true);
     assert_eq!(v["conv"]["benchmark"], false);
+    // The profiler's device times: CUDA events (here the emulator's), not CUPTI.
+    let timing = v["profiler_device_timing"].as_str().unwrap();
+    assert!(
+        timing.contains("CUDA events") && timing.contains("emulator"),
+        "{timing}"
+    );
+    assert!(info_json(None)["profiler_device_timing"].is_null());
 }
 
 #[test]
@@ -103,6 +110,7 @@ fn info_says_which_conv_path_runs_and_why() {
         text.contains("conv2d on CUDA:   cuDNN (cuDNN 9.1.0)"),
         "{text}"
     );
+    assert!(text.contains("profiler (CUDA):  CUDA events"), "{text}");
     assert!(info_json(None)["conv"].is_null());
 }
 

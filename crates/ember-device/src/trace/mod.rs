@@ -102,6 +102,10 @@ pub struct TraceEvent {
     pub depth: u32,
     /// Links a [`Category::Runtime`] range to the device activity it enqueued (0 if none).
     pub correlation: u64,
+    /// The call stack where an op or annotation range opened, as return addresses
+    /// (innermost first), while stacks are wanted ([`stacks_wanted`]); empty otherwise.
+    /// Unresolved: a profiler symbolizes them once per address (Note [Call sites]).
+    pub stack: Vec<usize>,
 }
 
 /// A range that has just opened (delivered to [`Subscriber::on_begin`]).
@@ -121,6 +125,8 @@ pub struct BeginEvent {
     pub start: Instant,
     /// Traced ranges open around it on its thread.
     pub depth: u32,
+    /// As [`TraceEvent::stack`].
+    pub stack: Vec<usize>,
 }
 
 /// Receives trace events. See Note [Zero-cost tracing].
@@ -135,6 +141,7 @@ pub trait Subscriber: Send + Sync + fmt::Debug {
 
 static ACTIVE: AtomicUsize = AtomicUsize::new(0);
 static SHAPES: AtomicBool = AtomicBool::new(false);
+static STACKS: AtomicBool = AtomicBool::new(false);
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 static NEXT_RANGE: AtomicU64 = AtomicU64::new(1);
 static NEXT_TID: AtomicU64 = AtomicU64::new(1);
@@ -162,6 +169,42 @@ pub fn shapes_wanted() -> bool {
 /// Turn shape recording on or off for every op (the profiler sets it while it records).
 pub fn set_shapes_wanted(on: bool) {
     SHAPES.store(on, Ordering::Relaxed);
+}
+
+/// Whether op and annotation ranges capture their call stack (the profiler's
+/// `with_stack`). Only meaningful while [`is_active`].
+#[inline]
+pub fn stacks_wanted() -> bool {
+    STACKS.load(Ordering::Relaxed)
+}
+
+/// Turn call-stack capture on or off (the profiler sets it while it records).
+pub fn set_stacks_wanted(on: bool) {
+    STACKS.store(on, Ordering::Relaxed);
+}
+
+// Note [Call sites]:
+// `with_stack` asks where in the user's code each op was called. Resolving a backtrace to
+// file and line costs tens of microseconds to milliseconds (DWARF lookups), far too much
+// per op; walking the stack for its return addresses costs about a microsecond per frame
+// kept. So a range captures only the addresses (`backtrace::trace`, at most
+// `MAX_FRAMES`), and the profiler resolves each distinct address once, at the end of a
+// cycle, keeping the frames from the first one outside Ember's library crates outwards.
+// Builds without line tables (`debug = false`) resolve to function names only.
+
+/// Most return addresses kept per range: enough to get from the deepest op front through
+/// autograd and a few layers to the user's code.
+const MAX_FRAMES: usize = 64;
+
+/// The return addresses of the calling thread's stack, innermost first (Note [Call sites]).
+#[cold]
+fn capture_stack() -> Vec<usize> {
+    let mut ips = Vec::with_capacity(MAX_FRAMES);
+    backtrace::trace(|frame| {
+        ips.push(frame.ip() as usize);
+        ips.len() < MAX_FRAMES
+    });
+    ips
 }
 
 /// This thread's small process-unique number (assigned on first use, from 1).
@@ -230,6 +273,7 @@ struct OpenRange {
     start: Instant,
     depth: u32,
     correlation: u64,
+    stack: Vec<usize>,
 }
 
 /// An open range; the event is delivered when it is dropped. Inert (no state, nothing on
@@ -269,6 +313,7 @@ impl Drop for RangeGuard {
                 end,
                 depth: open.depth,
                 correlation: open.correlation,
+                stack: open.stack,
             });
         }
     }
@@ -353,6 +398,11 @@ fn open_range(
         depth
     });
     let id = NEXT_RANGE.fetch_add(1, Ordering::Relaxed);
+    let stack = if stacks_wanted() && matches!(category, Category::Op | Category::UserAnnotation) {
+        capture_stack()
+    } else {
+        Vec::new()
+    };
     let start = Instant::now();
     let subs = subscribers();
     if !subs.is_empty() {
@@ -364,6 +414,7 @@ fn open_range(
             tid: thread_tid(),
             start,
             depth,
+            stack: stack.clone(),
         };
         for s in subs {
             s.on_begin(&begin);
@@ -378,6 +429,7 @@ fn open_range(
             start,
             depth,
             correlation,
+            stack,
         }),
     }
 }
@@ -405,6 +457,7 @@ fn emit_instant(name: &'static str, metadata: String) {
         end: now,
         depth: DEPTH.with(Cell::get),
         correlation: 0,
+        stack: Vec::new(),
     });
 }
 

@@ -15,12 +15,12 @@ use crate::dtype::DType;
 use crate::error::{Result, TensorError};
 use crate::layout::Layout;
 use crate::scalar::Scalar;
-use crate::storage::CpuStorage;
 
 // Note [Index error slot]:
 // ~~~~~~~~~~~~~~~~~~~~~~~~
 // A kernel cannot return an error, so the indexing and loss kernels take `i64* err`, two
-// values the host sets to {i64::MAX, 0}: a thread that meets an index outside its range
+// values a fill kernel sets to i64::MAX (enqueued like any kernel: an upload from pageable
+// host memory would wait for the stream): a thread that meets an index outside its range
 // lowers err[0] to its row-major position (atomicMin). After the launch the host copies the
 // slot back (which also waits for the kernel); err[0] < i64::MAX means some index was bad,
 // and the index at that position is the first bad one in row-major order — the one the CPU
@@ -30,7 +30,7 @@ use crate::storage::CpuStorage;
 
 /// A fresh error slot on `s`'s device.
 pub(super) fn error_slot(s: &CudaStorage) -> Result<CudaStorage> {
-    CudaStorage::upload(s.ctx(), &CpuStorage::from_slice(&[i64::MAX, 0i64])?)
+    full(s.ctx(), 2, Scalar::Int(i64::MAX), DType::I64)
 }
 
 /// The first bad position the kernel recorded, if any.

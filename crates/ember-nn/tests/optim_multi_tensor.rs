@@ -332,3 +332,108 @@ test_device!(
     one_launch_per_dtype,
     [cuda]
 );
+
+/// `Tensor::fused_sgd_`/`fused_adam_` refuse bad lists with errors naming what they expected,
+/// and change nothing.
+fn fused_ops_refuse_bad_input(dev: &Device) -> Result<()> {
+    use ember_tensor::{FusedAdamOptions, FusedSgdOptions, Tensor as Raw};
+    let raw = |shape: &[usize], seed| tensor(shape, seed, DType::F32, dev).data();
+    let sgd = FusedSgdOptions {
+        lr: 0.1,
+        momentum: 0.9,
+        dampening: 0.0,
+        weight_decay: 0.0,
+        nesterov: false,
+        maximize: false,
+    };
+    let (p, g, b) = (raw(&[2, 3], 1), raw(&[2, 3], 2), raw(&[2, 3], 3));
+    let before = p.to_device(Device::Cpu)?.to_vec::<f32>()?;
+    let err = |r: ember_tensor::Result<()>| r.unwrap_err().to_string();
+    if !dev.is_cuda() {
+        let e = err(Raw::fused_sgd_(
+            &[p.clone()],
+            &[g.clone()],
+            &[b.clone()],
+            &[false],
+            &sgd,
+        ));
+        assert!(e.contains("expected CUDA tensors, found cpu"), "{e}");
+        return Ok(());
+    }
+    let e = err(Raw::fused_sgd_(
+        &[p.clone()],
+        &[g.clone()],
+        &[],
+        &[false],
+        &sgd,
+    ));
+    assert!(
+        e.contains("expected 1 momentum_buffers (one per param), found 0"),
+        "{e}"
+    );
+    let e = err(Raw::fused_sgd_(
+        &[p.clone()],
+        &[raw(&[3, 2], 4)],
+        &[b.clone()],
+        &[false],
+        &sgd,
+    ));
+    assert!(
+        e.contains("grads[0]: expected f32 [2, 3] as its param, found f32 [3, 2]"),
+        "{e}"
+    );
+    let e = err(Raw::fused_sgd_(
+        &[p.clone()],
+        &[raw(&[3, 2], 4).t()?],
+        &[b.clone()],
+        &[false],
+        &sgd,
+    ));
+    assert!(e.contains("grads[0]: expected a contiguous tensor"), "{e}");
+    let e = err(Raw::fused_sgd_(
+        &[p.clone()],
+        &[g.clone()],
+        &[p.clone()],
+        &[false],
+        &sgd,
+    ));
+    assert!(
+        e.contains("momentum_buffers[0]: expected its own storage"),
+        "{e}"
+    );
+    let adam = FusedAdamOptions {
+        lr: 0.1,
+        betas: (0.9, 0.999),
+        eps: 1e-8,
+        weight_decay: 0.0,
+        amsgrad: false,
+        maximize: false,
+        decoupled_weight_decay: false,
+    };
+    let (m, v) = (raw(&[2, 3], 5), raw(&[2, 3], 6));
+    let e = err(Raw::fused_adam_(
+        &[p.clone()],
+        &[g.clone()],
+        (&[m.clone()], &[v.clone()], &[]),
+        &[],
+        &adam,
+    ));
+    assert!(e.contains("expected 1 step counts, found 0"), "{e}");
+    let e = err(Raw::fused_adam_(
+        &[p.clone()],
+        &[g],
+        (&[m], &[v], &[b]),
+        &[1.0],
+        &adam,
+    ));
+    assert!(
+        e.contains("expected no max_exp_avg_sqs without amsgrad, found 1"),
+        "{e}"
+    );
+    assert_eq!(p.to_device(Device::Cpu)?.to_vec::<f32>()?, before);
+    Ok(())
+}
+test_device!(
+    multi_tensor_fused_ops_refuse_bad_input,
+    fused_ops_refuse_bad_input
+);

@@ -419,6 +419,10 @@ pub(crate) fn follow(t: Raw, param: &Raw) -> Result<Raw> {
     }
 }
 
+/// One parameter of a multi-tensor step: the param, its gradient and its state tensors, and
+/// the optimizer's per-parameter value.
+pub(crate) type Row<E> = (Vec<Raw>, E);
+
 /// The parameters of one step that go to the multi-tensor kernels, one batch per CUDA device
 /// (the kernels split each batch by dtype). See Note [Multi-tensor optimizer steps].
 #[derive(Debug)]
@@ -427,7 +431,7 @@ pub(crate) struct MultiTensor<E> {
     seen: HashSet<usize>,
     /// Per device, its rows: the param, its gradient and its state tensors, and the
     /// optimizer's per-parameter value.
-    pub(crate) batches: Vec<(Device, Vec<(Vec<Raw>, E)>)>,
+    pub(crate) batches: Vec<(Device, Vec<Row<E>>)>,
 }
 
 impl<E> MultiTensor<E> {
@@ -469,6 +473,6 @@ impl<E> MultiTensor<E> {
 }
 
 /// Column `c` of a batch's rows.
-pub(crate) fn column<E>(rows: &[(Vec<Raw>, E)], c: usize) -> Vec<Raw> {
+pub(crate) fn column<E>(rows: &[Row<E>], c: usize) -> Vec<Raw> {
     rows.iter().filter_map(|(r, _)| r.get(c).cloned()).collect()
 }

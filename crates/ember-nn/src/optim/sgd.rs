@@ -168,7 +168,7 @@ impl Optimizer for SGD {
                 return Err(foreign_hyper("SGD", group));
             };
             let hyper = (momentum, dampening, nesterov);
-            // Note [Multi-tensor optimizer steps]: CUDA params in one launch per device and
+            // See Note [Multi-tensor optimizer steps]: CUDA params in one launch per device and
             // dtype; the rest (CPU, non-contiguous, shared storage) op by op.
             let mut fused = MultiTensor::<bool>::new();
             for (p, slot) in group.params.iter().zip(slots) {

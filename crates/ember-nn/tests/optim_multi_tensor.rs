@@ -379,7 +379,9 @@ fn fused_ops_refuse_bad_input(dev: &Device) -> Result<()> {
         &sgd,
     ));
     assert!(
-        e.contains("grads[0]: expected f32 [2, 3] as its param, found f32 [3, 2]"),
+        e.contains(
+            "grads[0]: expected torch.float32 [2, 3] as its param, found torch.float32 [3, 2]"
+        ),
         "{e}"
     );
     let e = err(Raw::fused_sgd_(

@@ -212,18 +212,6 @@ impl AdamW {
     }
 }
 
-/// Adam's hyperparameters for one group.
-#[derive(Clone, Copy)]
-struct AdamHyper {
-    lr: f64,
-    betas: (f64, f64),
-    eps: f64,
-    weight_decay: f64,
-    amsgrad: bool,
-    maximize: bool,
-    decoupled_weight_decay: bool,
-}
-
 /// One Adam step over every group: on CUDA one multi-tensor launch per device and dtype
 /// (Note [Multi-tensor optimizer steps]), elsewhere PyTorch's `_single_tensor_adam` op for
 /// op.
@@ -240,7 +228,8 @@ fn adam_step(groups: &mut Groups<AdamState>) -> Result<()> {
         else {
             return Err(foreign_hyper(name, group));
         };
-        let h = AdamHyper {
+        // Also the per-op path's hyperparameters.
+        let h = FusedAdamOptions {
             lr: group.lr,
             betas,
             eps,
@@ -288,15 +277,6 @@ fn adam_step(groups: &mut Groups<AdamState>) -> Result<()> {
             row.extend(s.max_exp_avg_sq.clone().filter(|_| amsgrad));
             fused.push(row, s.step);
         }
-        let options = FusedAdamOptions {
-            lr: h.lr,
-            betas: h.betas,
-            eps: h.eps,
-            weight_decay: h.weight_decay,
-            amsgrad: h.amsgrad,
-            maximize: h.maximize,
-            decoupled_weight_decay: h.decoupled_weight_decay,
-        };
         for (_, rows) in &fused.batches {
             let max_exp_avg_sqs = if amsgrad { column(rows, 4) } else { Vec::new() };
             let steps: Vec<f64> = rows.iter().map(|(_, t)| *t).collect();
@@ -305,7 +285,7 @@ fn adam_step(groups: &mut Groups<AdamState>) -> Result<()> {
                 &column(rows, 1),
                 (&column(rows, 2), &column(rows, 3), &max_exp_avg_sqs),
                 &steps,
-                &options,
+                &h,
             )?;
         }
     }
@@ -314,7 +294,7 @@ fn adam_step(groups: &mut Groups<AdamState>) -> Result<()> {
 
 /// One parameter's update on the per-op path (`_single_tensor_adam`, op for op), its step
 /// already counted.
-fn adam_single(param: &Raw, mut grad: Raw, s: &AdamState, h: &AdamHyper) -> Result<()> {
+fn adam_single(param: &Raw, mut grad: Raw, s: &AdamState, h: &FusedAdamOptions) -> Result<()> {
     let (beta1, beta2) = h.betas;
     if h.maximize {
         grad = grad.neg()?;

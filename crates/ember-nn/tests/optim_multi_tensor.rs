@@ -1,4 +1,6 @@
 #![allow(clippy::unwrap_used)]
+// The error test builds its one-tensor lists inline (`&[p.clone()]`), which reads better here.
+#![allow(clippy::cloned_ref_to_slice_refs)]
 //! The optimizers' multi-tensor steps (Note [Multi-tensor optimizer steps] in
 //! `ember-nn/src/optim/mod.rs`): on CUDA, SGD, Adam and AdamW update every parameter of a
 //! dtype in one launch, with the per-op path's bits for f32/f64 parameters and one rounding

@@ -3,7 +3,7 @@
 //! per-thread launch counts, `ember_device::driver::emulator::thread_launch_counts`): a
 //! conv–BatchNorm–ReLU–pool network with cross-entropy and Adam. The test prints the count
 //! per kernel family (`cargo test -p ember-nn --test launches -- --nocapture`) and checks
-//! that BatchNorm and cross-entropy run as their fused kernels.
+//! that BatchNorm, cross-entropy and Adam run as their fused kernels.
 
 use std::collections::BTreeMap;
 
@@ -94,6 +94,13 @@ fn launches_of_one_cnn_training_step() {
     assert_eq!(count("cross_entropy_fwd_f32_i64"), 1);
     assert_eq!(count("cross_entropy_bwd_f32_i64"), 1);
     for k in ["log_softmax_f32", "softmax_f32", "nll_loss_f32_i64"] {
+        assert_eq!(count(k), 0, "{k}");
+    }
+    // Adam: one multi-tensor launch for all ten parameters (Note [Multi-tensor optimizer
+    // steps]), none of its per-op kernels (the per-op path took 170 launches in all here,
+    // the multi-tensor one 41).
+    assert_eq!(count("optim_adam_f32"), 1);
+    for k in ["bmul_f32", "usqrt_f32", "bmaximum_f32"] {
         assert_eq!(count(k), 0, "{k}");
     }
 }

@@ -57,6 +57,7 @@ pub use ops::binary::r#where;
 pub use ops::conv::{Conv2dOptions, Padding, Size2};
 pub use ops::loss::{CrossEntropyOptions, CrossEntropySaved, NllLossOptions, Reduction};
 pub use ops::norm::{BatchNormGrads, BatchNormSaved};
+pub use ops::optim::{FusedAdamOptions, FusedSgdOptions};
 pub use ops::pool::{AvgPool2dOptions, MaxPool2dOptions};
 pub use ops::unary::Approximate;
 pub use precision::{MatmulPrecision, matmul_precision, set_float32_matmul_precision};

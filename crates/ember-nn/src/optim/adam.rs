@@ -2,11 +2,12 @@
 
 use std::collections::BTreeMap;
 
-use ember_tensor::{Device, Tensor as Raw};
+use ember_tensor::{Device, FusedAdamOptions, Tensor as Raw};
 
 use super::state::ParamState;
 use super::{
-    Groups, Hyper, Optimizer, ParamGroup, ParamGroupSpec, follow, foreign_hyper, param_and_grad,
+    Groups, Hyper, MultiTensor, Optimizer, ParamGroup, ParamGroupSpec, column, follow,
+    foreign_hyper, param_and_grad,
 };
 use crate::{NnError, Result, StateDict, Tensor};
 
@@ -211,13 +212,15 @@ impl AdamW {
     }
 }
 
-/// One Adam step over every group (PyTorch's `_single_tensor_adam`, op for op).
+/// One Adam step over every group: on CUDA one multi-tensor launch per device and dtype
+/// (Note [Multi-tensor optimizer steps]), elsewhere PyTorch's `_single_tensor_adam` op for
+/// op.
 fn adam_step(groups: &mut Groups<AdamState>) -> Result<()> {
     let _no_grad = ember_autograd::no_grad();
     let name = groups.name;
     for (group, slots) in groups.iter_mut() {
         let Hyper::Adam {
-            betas: (beta1, beta2),
+            betas,
             eps,
             amsgrad,
             decoupled_weight_decay,
@@ -225,23 +228,36 @@ fn adam_step(groups: &mut Groups<AdamState>) -> Result<()> {
         else {
             return Err(foreign_hyper(name, group));
         };
-        let (lr, weight_decay) = (group.lr, group.weight_decay);
+        // Also the per-op path's hyperparameters.
+        let h = FusedAdamOptions {
+            lr: group.lr,
+            betas,
+            eps,
+            weight_decay: group.weight_decay,
+            amsgrad,
+            maximize: group.maximize,
+            decoupled_weight_decay,
+        };
+        let mut fused = MultiTensor::<f64>::new();
         for (p, slot) in group.params.iter().zip(slots) {
-            let Some((param, mut grad)) = param_and_grad(p)? else {
+            let Some((param, grad)) = param_and_grad(p)? else {
                 continue;
             };
-            if group.maximize {
-                grad = grad.neg()?;
-            }
-            let s = match slot {
-                Some(s) => {
-                    s.exp_avg = follow(s.exp_avg.clone(), &param)?;
-                    s.exp_avg_sq = follow(s.exp_avg_sq.clone(), &param)?;
-                    if let Some(m) = s.max_exp_avg_sq.take() {
-                        s.max_exp_avg_sq = Some(follow(m, &param)?);
-                    }
-                    s
+            if let Some(s) = slot.as_mut() {
+                s.exp_avg = follow(s.exp_avg.clone(), &param)?;
+                s.exp_avg_sq = follow(s.exp_avg_sq.clone(), &param)?;
+                if let Some(m) = s.max_exp_avg_sq.take() {
+                    s.max_exp_avg_sq = Some(follow(m, &param)?);
                 }
+            }
+            let mut existing = vec![&param, &grad];
+            if let Some(s) = slot.as_ref() {
+                existing.extend([&s.exp_avg, &s.exp_avg_sq]);
+                existing.extend(s.max_exp_avg_sq.as_ref().filter(|_| amsgrad));
+            }
+            let admitted = fused.admits(&existing);
+            let s = match slot {
+                Some(s) => s,
                 None => slot.insert(AdamState {
                     step: 0.0,
                     exp_avg: param.zeros_like()?,
@@ -253,35 +269,62 @@ fn adam_step(groups: &mut Groups<AdamState>) -> Result<()> {
                 s.max_exp_avg_sq = Some(param.zeros_like()?);
             }
             s.step += 1.0;
-
-            if weight_decay != 0.0 {
-                if decoupled_weight_decay {
-                    param.mul_(1.0 - lr * weight_decay)?;
-                } else {
-                    grad = grad.add(&param.mul(weight_decay)?)?;
-                }
+            if !admitted {
+                adam_single(&param, grad, s, &h)?;
+                continue;
             }
-            s.exp_avg.lerp_(&grad, 1.0 - beta1)?;
-            s.exp_avg_sq
-                .mul_(beta2)?
-                .addcmul_(&grad, &grad, 1.0 - beta2)?;
-
-            let bias_correction1 = 1.0 - beta1.powf(s.step);
-            let bias_correction2 = 1.0 - beta2.powf(s.step);
-            let step_size = lr / bias_correction1;
-            let bias_correction2_sqrt = bias_correction2.powf(0.5);
-            let second = match (&s.max_exp_avg_sq, amsgrad) {
-                (Some(m), true) => {
-                    m.copy_(&m.maximum(&s.exp_avg_sq)?)?;
-                    m
-                }
-                _ => &s.exp_avg_sq,
-            };
-            let denom = second.sqrt()?.div(bias_correction2_sqrt)?;
-            denom.add_(eps)?;
-            param.addcdiv_(&s.exp_avg, &denom, -step_size)?;
+            let mut row = vec![param.clone(), grad, s.exp_avg.clone(), s.exp_avg_sq.clone()];
+            row.extend(s.max_exp_avg_sq.clone().filter(|_| amsgrad));
+            fused.push(row, s.step);
+        }
+        for (_, rows) in &fused.batches {
+            let max_exp_avg_sqs = if amsgrad { column(rows, 4) } else { Vec::new() };
+            let steps: Vec<f64> = rows.iter().map(|(_, t)| *t).collect();
+            Raw::fused_adam_(
+                &column(rows, 0),
+                &column(rows, 1),
+                (&column(rows, 2), &column(rows, 3), &max_exp_avg_sqs),
+                &steps,
+                &h,
+            )?;
         }
     }
+    Ok(())
+}
+
+/// One parameter's update on the per-op path (`_single_tensor_adam`, op for op), its step
+/// already counted.
+fn adam_single(param: &Raw, mut grad: Raw, s: &AdamState, h: &FusedAdamOptions) -> Result<()> {
+    let (beta1, beta2) = h.betas;
+    if h.maximize {
+        grad = grad.neg()?;
+    }
+    if h.weight_decay != 0.0 {
+        if h.decoupled_weight_decay {
+            param.mul_(1.0 - h.lr * h.weight_decay)?;
+        } else {
+            grad = grad.add(&param.mul(h.weight_decay)?)?;
+        }
+    }
+    s.exp_avg.lerp_(&grad, 1.0 - beta1)?;
+    s.exp_avg_sq
+        .mul_(beta2)?
+        .addcmul_(&grad, &grad, 1.0 - beta2)?;
+
+    let bias_correction1 = 1.0 - beta1.powf(s.step);
+    let bias_correction2 = 1.0 - beta2.powf(s.step);
+    let step_size = h.lr / bias_correction1;
+    let bias_correction2_sqrt = bias_correction2.powf(0.5);
+    let second = match (&s.max_exp_avg_sq, h.amsgrad) {
+        (Some(m), true) => {
+            m.copy_(&m.maximum(&s.exp_avg_sq)?)?;
+            m
+        }
+        _ => &s.exp_avg_sq,
+    };
+    let denom = second.sqrt()?.div(bias_correction2_sqrt)?;
+    denom.add_(h.eps)?;
+    param.addcdiv_(&s.exp_avg, &denom, -step_size)?;
     Ok(())
 }
 

@@ -30,6 +30,17 @@
 //! `step()`, and `load_state_dict` moves loaded state the same way (PyTorch's
 //! `_process_value_according_to_param_policy`). A gradient left on another device or in
 //! another dtype is brought over the same way before it is used.
+//!
+//! Note [Multi-tensor optimizer steps]:
+//! on CUDA, [`SGD`], [`Adam`] and [`AdamW`] update their parameters with one kernel launch
+//! per step per device and dtype (`Tensor::fused_sgd_`/`fused_adam_`, kernels/optim.cu,
+//! PyTorch's `fused=True` paths) instead of one launch per op per parameter. The kernel
+//! does the per-op path's arithmetic op for op, each op rounded to f32 (f64 for f64
+//! params), so f32 results are the same bits; f16/bf16 params are updated in f32 and
+//! rounded once per stored value, as PyTorch's fused kernels do. A parameter whose param,
+//! gradient or state tensor is not contiguous, or shares storage with another tensor of
+//! the step, takes the per-op path ([`MultiTensor::admits`]); so do all CPU parameters (the
+//! CPU's `addcmul_`/`addcdiv_`/`lerp_` are single passes already).
 
 mod adam;
 mod clip;
@@ -37,7 +48,9 @@ pub mod lr_scheduler;
 mod sgd;
 mod state;
 
-use ember_tensor::Tensor as Raw;
+use std::collections::HashSet;
+
+use ember_tensor::{Device, Tensor as Raw};
 
 use crate::{NnError, Result, StateDict, Tensor};
 
@@ -404,4 +417,62 @@ pub(crate) fn follow(t: Raw, param: &Raw) -> Result<Raw> {
     } else {
         Ok(t.to((param.device(), param.dtype()))?)
     }
+}
+
+/// One parameter of a multi-tensor step: the param, its gradient and its state tensors, and
+/// the optimizer's per-parameter value.
+pub(crate) type Row<E> = (Vec<Raw>, E);
+
+/// The parameters of one step that go to the multi-tensor kernels, one batch per CUDA device
+/// (the kernels split each batch by dtype). See Note [Multi-tensor optimizer steps].
+#[derive(Debug)]
+pub(crate) struct MultiTensor<E> {
+    /// Storages taken so far ([`Raw::storage_id`]).
+    seen: HashSet<usize>,
+    /// Per device, its rows: the param, its gradient and its state tensors, and the
+    /// optimizer's per-parameter value.
+    pub(crate) batches: Vec<(Device, Vec<Row<E>>)>,
+}
+
+impl<E> MultiTensor<E> {
+    pub(crate) fn new() -> Self {
+        MultiTensor {
+            seen: HashSet::new(),
+            batches: Vec::new(),
+        }
+    }
+
+    /// Whether a parameter with these tensors (param, gradient, existing state) can take the
+    /// multi-tensor kernel: all on CUDA, contiguous, and sharing no storage with each other
+    /// or with a tensor taken before. If so their storages count as taken.
+    pub(crate) fn admits(&mut self, tensors: &[&Raw]) -> bool {
+        let ok = tensors
+            .iter()
+            .all(|t| t.device().is_cuda() && t.is_contiguous())
+            && tensors.iter().enumerate().all(|(i, t)| {
+                !self.seen.contains(&t.storage_id())
+                    && tensors[..i].iter().all(|u| !u.shares_storage(t))
+            });
+        if ok {
+            self.seen.extend(tensors.iter().map(|t| t.storage_id()));
+        }
+        ok
+    }
+
+    /// Adds an admitted parameter's row (param first).
+    pub(crate) fn push(&mut self, row: Vec<Raw>, extra: E) {
+        let Some(device) = row.first().map(Raw::device) else {
+            return;
+        };
+        self.seen.extend(row.iter().map(Raw::storage_id));
+        match self.batches.iter_mut().find(|(d, _)| *d == device) {
+            Some((_, rows)) => rows.push((row, extra)),
+            None => self.batches.push((device, vec![(row, extra)])),
+        }
+    }
+}
+
+/// Column `c` of a batch's rows.
+pub(crate) fn column<E>(rows: &[Row<E>], c: usize) -> Vec<Raw> {
+    rows.iter().filter_map(|(r, _)| r.get(c).cloned()).collect()
 }

@@ -3,11 +3,12 @@
 
 use std::collections::BTreeMap;
 
-use ember_tensor::Tensor as Raw;
+use ember_tensor::{FusedSgdOptions, Tensor as Raw};
 
 use super::state::ParamState;
 use super::{
-    Groups, Hyper, Optimizer, ParamGroup, ParamGroupSpec, follow, foreign_hyper, param_and_grad,
+    Groups, Hyper, MultiTensor, Optimizer, ParamGroup, ParamGroupSpec, column, follow,
+    foreign_hyper, param_and_grad,
 };
 use crate::{Result, StateDict, Tensor};
 
@@ -109,6 +110,47 @@ impl SGD {
     }
 }
 
+/// One parameter's update on the per-op path (`_single_tensor_sgd`, op for op).
+fn sgd_single(
+    param: &Raw,
+    mut grad: Raw,
+    slot: &mut Option<SgdState>,
+    group: &ParamGroup,
+    (momentum, dampening, nesterov): (f64, f64, bool),
+) -> Result<()> {
+    if group.maximize {
+        grad = grad.neg()?;
+    }
+    if group.weight_decay != 0.0 {
+        grad = grad.add(&param.mul(group.weight_decay)?)?;
+    }
+    if momentum != 0.0 {
+        let buf = match slot {
+            None => {
+                let buf = grad.copy()?;
+                *slot = Some(SgdState {
+                    momentum_buffer: buf.clone(),
+                });
+                buf
+            }
+            Some(s) => {
+                let buf = follow(s.momentum_buffer.clone(), param)?;
+                s.momentum_buffer = buf.clone();
+                buf.mul_(momentum)?;
+                buf.add_(&grad.mul(1.0 - dampening)?)?;
+                buf
+            }
+        };
+        grad = if nesterov {
+            grad.add(&buf.mul(momentum)?)?
+        } else {
+            buf
+        };
+    }
+    param.add_(&grad.mul(-group.lr)?)?;
+    Ok(())
+}
+
 impl Optimizer for SGD {
     fn step(&mut self) -> Result<()> {
         let _step =
@@ -125,40 +167,63 @@ impl Optimizer for SGD {
             else {
                 return Err(foreign_hyper("SGD", group));
             };
+            let hyper = (momentum, dampening, nesterov);
+            // See Note [Multi-tensor optimizer steps]: CUDA params in one launch per device and
+            // dtype; the rest (CPU, non-contiguous, shared storage) op by op.
+            let mut fused = MultiTensor::<bool>::new();
             for (p, slot) in group.params.iter().zip(slots) {
-                let Some((param, mut grad)) = param_and_grad(p)? else {
+                let Some((param, grad)) = param_and_grad(p)? else {
                     continue;
                 };
-                if group.maximize {
-                    grad = grad.neg()?;
+                if let Some(s) = slot.as_mut() {
+                    s.momentum_buffer = follow(s.momentum_buffer.clone(), &param)?;
                 }
-                if group.weight_decay != 0.0 {
-                    grad = grad.add(&param.mul(group.weight_decay)?)?;
+                let mut existing = vec![&param, &grad];
+                existing.extend(slot.as_ref().map(|s| &s.momentum_buffer));
+                if !fused.admits(&existing) {
+                    sgd_single(&param, grad, slot, group, hyper)?;
+                    continue;
                 }
+                let mut row = vec![param.clone(), grad];
+                let mut first = false;
                 if momentum != 0.0 {
                     let buf = match slot {
+                        Some(s) => s.momentum_buffer.clone(),
                         None => {
-                            let buf = grad.copy()?;
-                            *slot = Some(SgdState {
-                                momentum_buffer: buf.clone(),
-                            });
-                            buf
-                        }
-                        Some(s) => {
-                            let buf = follow(s.momentum_buffer.clone(), &param)?;
-                            s.momentum_buffer = buf.clone();
-                            buf.mul_(momentum)?;
-                            buf.add_(&grad.mul(1.0 - dampening)?)?;
-                            buf
+                            // Written whole by the kernel (buf = g on its first step).
+                            first = true;
+                            let momentum_buffer = param.empty_like()?;
+                            slot.insert(SgdState { momentum_buffer })
+                                .momentum_buffer
+                                .clone()
                         }
                     };
-                    grad = if nesterov {
-                        grad.add(&buf.mul(momentum)?)?
-                    } else {
-                        buf
-                    };
+                    row.push(buf);
                 }
-                param.add_(&grad.mul(-group.lr)?)?;
+                fused.push(row, first);
+            }
+            let options = FusedSgdOptions {
+                lr: group.lr,
+                momentum,
+                dampening,
+                weight_decay: group.weight_decay,
+                nesterov,
+                maximize: group.maximize,
+            };
+            for (_, rows) in &fused.batches {
+                let buffers = if momentum != 0.0 {
+                    column(rows, 2)
+                } else {
+                    Vec::new()
+                };
+                let first: Vec<bool> = rows.iter().map(|(_, f)| *f).collect();
+                Raw::fused_sgd_(
+                    &column(rows, 0),
+                    &column(rows, 1),
+                    &buffers,
+                    &first,
+                    &options,
+                )?;
             }
         }
         Ok(())

@@ -13,12 +13,14 @@ mod cudnn;
 mod fused;
 mod nn;
 mod ops;
+mod optim;
 
 pub(crate) use amp::*;
 pub(crate) use cudnn::{conv_path, conv2d_backward_data, conv2d_backward_filter, cudnn_fallbacks};
 pub(crate) use fused::*;
 pub(crate) use nn::*;
 pub(crate) use ops::*;
+pub(crate) use optim::*;
 
 use std::borrow::Cow;
 use std::sync::{Arc, Mutex, PoisonError};

@@ -10,6 +10,7 @@ pub(crate) mod inplace;
 pub(crate) mod loss;
 pub(crate) mod matmul;
 pub(crate) mod norm;
+pub(crate) mod optim;
 pub(crate) mod pool;
 pub(crate) mod reduce;
 pub(crate) mod unary;

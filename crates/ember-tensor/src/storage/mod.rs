@@ -252,6 +252,41 @@ pub(crate) fn write_many_read<R>(
     f(&mut refs, &read)
 }
 
+/// Runs `f` with write access to every cell of `dsts` and read access to every cell of
+/// `srcs` (each in its order), all locks taken in address order (Note [Storage sharing]).
+/// The caller guarantees that all the cells of both lists are distinct (the optimizers'
+/// multi-tensor front checks it), so each storage is locked once.
+pub(crate) fn write_many_read_many<R>(
+    dsts: &[&Arc<StorageCell>],
+    srcs: &[&Arc<StorageCell>],
+    f: impl FnOnce(&mut [&mut Storage], &[&Storage]) -> R,
+) -> R {
+    // (address, is a write, index in its list), locked in address order.
+    let mut order: Vec<(usize, bool, usize)> = dsts
+        .iter()
+        .enumerate()
+        .map(|(i, c)| (c.addr(), true, i))
+        .chain(srcs.iter().enumerate().map(|(i, c)| (c.addr(), false, i)))
+        .collect();
+    order.sort_unstable();
+    let mut writes: Vec<Option<RwLockWriteGuard<'_, Storage>>> =
+        (0..dsts.len()).map(|_| None).collect();
+    let mut reads: Vec<Option<RwLockReadGuard<'_, Storage>>> =
+        (0..srcs.len()).map(|_| None).collect();
+    for (_, write, i) in order {
+        if write {
+            if let (Some(slot), Some(c)) = (writes.get_mut(i), dsts.get(i)) {
+                *slot = Some(c.write());
+            }
+        } else if let (Some(slot), Some(c)) = (reads.get_mut(i), srcs.get(i)) {
+            *slot = Some(c.read());
+        }
+    }
+    let mut w: Vec<&mut Storage> = writes.iter_mut().flatten().map(|g| &mut **g).collect();
+    let r: Vec<&Storage> = reads.iter().flatten().map(|g| &**g).collect();
+    f(&mut w, &r)
+}
+
 /// `true` if both are the same storage.
 pub(crate) fn same(a: &Arc<StorageCell>, b: &Arc<StorageCell>) -> bool {
     Arc::ptr_eq(a, b)

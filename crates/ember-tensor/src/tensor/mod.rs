@@ -151,6 +151,13 @@ impl Tensor {
         Arc::ptr_eq(&self.0.storage, &other.0.storage)
     }
 
+    /// An identifier of the storage: equal for tensors that share one (as
+    /// [`Tensor::shares_storage`] says), distinct between live storages; so a set of them
+    /// finds shared storage in a list in one pass.
+    pub fn storage_id(&self) -> usize {
+        Arc::as_ptr(&self.0.storage) as usize
+    }
+
     /// Elements in the underlying storage (may exceed `numel` for views).
     pub fn storage_len(&self) -> usize {
         self.0.storage.len()

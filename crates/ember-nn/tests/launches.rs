@@ -3,7 +3,7 @@
 //! per-thread launch counts, `ember_device::driver::emulator::thread_launch_counts`): a
 //! conv–BatchNorm–ReLU–pool network with cross-entropy and Adam. The test prints the count
 //! per kernel family (`cargo test -p ember-nn --test launches -- --nocapture`) and checks
-//! that BatchNorm and cross-entropy run as their fused kernels.
+//! that BatchNorm, ReLU's backward and cross-entropy run as their fused kernels.
 
 use std::collections::BTreeMap;
 
@@ -89,6 +89,11 @@ fn launches_of_one_cnn_training_step() {
         "batch_norm_bwd_elem_f32",
     ] {
         assert_eq!(count(k), 2, "{k}");
+    }
+    // Two ReLUs: each backward is one threshold_backward kernel, no comparison and `where`.
+    assert_eq!(count("threshold_backward_f32"), 2);
+    for k in ["cmp_gt_f32", "where_f32"] {
+        assert_eq!(count(k), 0, "{k}");
     }
     // Cross-entropy: one forward and one backward kernel, no log-softmax or NLL kernels.
     assert_eq!(count("cross_entropy_fwd_f32_i64"), 1);

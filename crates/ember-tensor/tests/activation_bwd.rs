@@ -5,19 +5,12 @@
 //! numeric dtype, NaN and infinities; on every device (`test_device!`: `cpu` and the emulated
 //! or real `cuda:0`).
 
-use ember_tensor::{DType, Device, Result, Tensor, TensorError};
+use ember_tensor::{ALL_DTYPES, DType, Device, Result, Tensor, TensorError};
 use ember_testing::test_device;
 use proptest::prelude::*;
 
-const NUMERIC: [DType; 7] = [
-    DType::F32,
-    DType::F64,
-    DType::F16,
-    DType::Bf16,
-    DType::I64,
-    DType::I32,
-    DType::U8,
-];
+/// The dtypes `threshold_backward` takes: all but bool (the last of `ALL_DTYPES`).
+const NUMERIC: &[DType] = ALL_DTYPES.split_last().unwrap().1;
 
 /// The composed reference: `where(x <= t, 0, g)` with `t` the threshold in the dtype.
 fn composed(g: &Tensor, x: &Tensor, threshold: f64) -> Result<Tensor> {

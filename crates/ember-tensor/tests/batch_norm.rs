@@ -12,14 +12,9 @@ use ember_testing::test_device;
 
 /// `n` values in `[lo, lo + 4)` from `seed`, as f64.
 fn values(n: usize, seed: u64, lo: f64) -> Vec<f64> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            lo + 4.0 * ((s >> 11) as f64 / (1u64 << 53) as f64)
-        })
+    ember_testing::rand_vec(n, seed)
+        .iter()
+        .map(|u| lo + 2.0 * (u + 1.0))
         .collect()
 }
 

@@ -5,21 +5,34 @@
 // read and written as such (16-bit computed in f32).
 //
 //   batch_norm_stats_{T}(i64 n, i64 c, i64 s, const T* x, C* mean, C* invstd, C* running_mean,
-//                        C* running_var, f64 momentum, f64 eps)
+//                        C* running_var, f64 momentum, f64 eps, i64 splits, C* partial)
 //       Training statistics: per channel, over its M = N·S elements, the mean and the biased
 //       variance by Welford's update per thread, merged over the block (Chan et al.);
 //       invstd = 1 / sqrt(var + eps). With running_mean/running_var non-null (both or
 //       neither) also PyTorch's update: running_mean = (1 - momentum)·running_mean +
 //       momentum·mean, running_var = (1 - momentum)·running_var + momentum·var·M / (M - 1).
-//       One block per channel (grid-stride over channels), blockDim.x a multiple of 32.
+//       Each channel's M elements are cut into `splits` consecutive parts, one block each
+//       (grid-stride over the c·splits parts, part p of channel ch is work item ch·splits + p),
+//       blockDim.x a multiple of 32. splits == 1: the block finishes the channel (partial
+//       unused, may be null). splits > 1: the block writes its part's Welford state (count,
+//       mean, M2) to partial[3·(ch·splits + p) ..], and
+//   batch_norm_stats_combine_{C}(i64 c, i64 splits, const C* partial, C* mean, C* invstd,
+//                                C* running_mean, C* running_var, f64 momentum, f64 eps)
+//       merges the parts of each channel in order (Chan et al.) and finishes as above; one
+//       thread per channel, any 1-D grid.
 //   batch_norm_apply_{T}(i64 n, i64 c, i64 s, const T* x, const C* mean, const C* v, i64 is_var,
 //                        f64 eps, const C* weight, const C* bias, T* y)
 //       y = (x - mean[ch])·k[ch]·weight[ch] + bias[ch], k = v (an invstd) or, with is_var,
 //       1 / sqrt(v + eps) (eval mode: the running variance); weight/bias null: 1 and 0.
 //   batch_norm_bwd_reduce_{T}(i64 n, i64 c, i64 s, const T* dy, const T* x, const C* mean,
-//                             const C* v, i64 is_var, f64 eps, C* sum_dy, C* sum_dy_xhat)
-//       Per channel Σ dy and Σ dy·x̂ with x̂ = (x - mean)·k: the bias and weight gradients. One
-//       block per channel, as the stats.
+//                             const C* v, i64 is_var, f64 eps, C* sum_dy, C* sum_dy_xhat,
+//                             i64 splits, C* partial)
+//       Per channel Σ dy and Σ dy·x̂ with x̂ = (x - mean)·k: the bias and weight gradients.
+//       Split as the stats: splits == 1 writes the sums; splits > 1 writes each part's two
+//       sums to partial[2·(ch·splits + p) ..], and
+//   batch_norm_bwd_combine_{C}(i64 c, i64 splits, const C* partial, C* sum_dy,
+//                              C* sum_dy_xhat)
+//       adds the parts of each channel in order; one thread per channel, any 1-D grid.
 //   batch_norm_bwd_elem_{T}(i64 n, i64 c, i64 s, const T* dy, const T* x, const C* mean,
 //                           const C* v, i64 is_var, f64 eps, const C* weight, const C* sum_dy,
 //                           const C* sum_dy_xhat, i64 training, T* dx)
@@ -33,9 +46,10 @@
 // flops per element: Welford's update); apply reads E·4 and writes E·4 (3 flops); the backward
 // reduce reads dy and x, 8·E; bwd_elem reads dy and x and writes dx, 12·E (~6 flops). A
 // training step's forward + backward moves 32·E bytes: for [32, 64, 112, 112] (E = 25.7M)
-// 822 MB, 245 µs at 3.35 TB/s. The per-channel reductions use C blocks: below ~2 blocks per SM
-// (C < 264 on an H100) they do not fill the GPU; a split of each channel over several blocks
-// with a second pass would.
+// 822 MB, 245 µs at 3.35 TB/s. The per-channel reductions split each channel over several
+// blocks when C alone would leave SMs idle (the host picks `splits` from the SM count: Note
+// [Split channel reductions] in crates/ember-tensor/src/cuda/fused.rs); the combine kernels
+// then read 12 (stats) or 8 (backward) bytes of f32 per part, negligible beside the data.
 #include "ember.cuh"
 
 namespace ember {
@@ -91,46 +105,84 @@ __device__ __forceinline__ C bn_rsqrt(C v, double eps) {
     return static_cast<C>(1) / sqrt(v + static_cast<C>(eps));
 }
 
-// Calls f(offset) for every element of channel ch owned by this thread: j = threadIdx.x,
-// threadIdx.x + blockDim.x, ... over the channel's M = n·s elements, at n_i·c·s + ch·s + s_i.
+// Calls f(offset) for every element of part [j0, j1) of channel ch owned by this thread: the
+// channel's elements j = b·s + s_i (j < M = n·s) sit at b·c·s + ch·s + s_i; the thread takes
+// j0 + threadIdx.x, j0 + threadIdx.x + blockDim.x, ... (per batch row when rows are long).
 template <typename Idx, typename F>
-__device__ __forceinline__ void for_channel(Idx n, Idx c, Idx s, Idx ch, F f) {
+__device__ __forceinline__ void for_channel(Idx c, Idx s, Idx ch, Idx j0, Idx j1, F f) {
     if (s >= blockDim.x) {
-        for (Idx b = 0; b < n; b++) {
+        for (Idx b = j0 / s; b * s < j1; b++) {
+            const Idx row = b * s;
+            const Idx lo = (j0 > row ? j0 : row) - row;
+            const Idx hi = (j1 < row + s ? j1 : row + s) - row;
             const Idx base = (b * c + ch) * s;
-            for (Idx j = threadIdx.x; j < s; j += blockDim.x) f(base + j);
+            for (Idx j = lo + threadIdx.x; j < hi; j += blockDim.x) f(base + j);
         }
     } else {
-        const Idx m = n * s;
-        for (Idx j = threadIdx.x; j < m; j += blockDim.x) {
+        for (Idx j = j0 + threadIdx.x; j < j1; j += blockDim.x) {
             const Idx b = j / s;
             f((b * c + ch) * s + (j - b * s));
         }
     }
 }
 
+// Part p of `splits` of a channel of m elements: [m·p / splits, m·(p + 1) / splits), in i64
+// (m·p may pass 2^32 where the element offsets do not).
+__device__ __forceinline__ i64 part_start(i64 m, i64 p, i64 splits) { return m * p / splits; }
+
+// Mean, invstd and the running statistics' update of channel ch from its Welford state.
+template <typename C>
+__device__ __forceinline__ void bn_stats_finish(i64 ch, Welford<C> a, C* mean, C* invstd, C* running_mean,
+                                                C* running_var, double momentum, double eps) {
+    const C var = a.m2 / a.n;
+    mean[ch] = a.mean;
+    invstd[ch] = bn_rsqrt(var, eps);
+    if (running_mean != nullptr) {
+        const C mom = static_cast<C>(momentum);
+        const C unbiased = var * (a.n / (a.n - 1));
+        running_mean[ch] = (static_cast<C>(1) - mom) * running_mean[ch] + mom * a.mean;
+        running_var[ch] = (static_cast<C>(1) - mom) * running_var[ch] + mom * unbiased;
+    }
+}
+
 template <typename Idx, typename T>
 __device__ void bn_stats(Idx n, Idx c, Idx s, const T* __restrict__ x, typename Widen<T>::type* mean,
                          typename Widen<T>::type* invstd, typename Widen<T>::type* running_mean,
-                         typename Widen<T>::type* running_var, double momentum, double eps) {
+                         typename Widen<T>::type* running_var, double momentum, double eps, i64 splits,
+                         typename Widen<T>::type* partial) {
     using C = typename Widen<T>::type;
     using Op = WelfordOp<C>;
     __shared__ Welford<C> scratch[32];
-    for (Idx ch = blockIdx.x; ch < c; ch += gridDim.x) {
+    const i64 m = static_cast<i64>(n) * s;
+    for (i64 w = blockIdx.x; w < static_cast<i64>(c) * splits; w += gridDim.x) {
+        const i64 ch = w / splits, p = w - ch * splits;
+        const Idx j0 = static_cast<Idx>(part_start(m, p, splits));
+        const Idx j1 = static_cast<Idx>(part_start(m, p + 1, splits));
         Welford<C> a = Op::identity();
-        for_channel<Idx>(n, c, s, ch, [&](Idx off) { a = Op::step(a, Widen<T>::in(x[off])); });
+        for_channel<Idx>(c, s, static_cast<Idx>(ch), j0, j1, [&](Idx off) { a = Op::step(a, Widen<T>::in(x[off])); });
         a = block_combine<Op>(a, scratch);
         if (threadIdx.x == 0) {
-            const C var = a.m2 / a.n;
-            mean[ch] = a.mean;
-            invstd[ch] = bn_rsqrt(var, eps);
-            if (running_mean != nullptr) {
-                const C mom = static_cast<C>(momentum);
-                const C unbiased = var * (a.n / (a.n - 1));
-                running_mean[ch] = (static_cast<C>(1) - mom) * running_mean[ch] + mom * a.mean;
-                running_var[ch] = (static_cast<C>(1) - mom) * running_var[ch] + mom * unbiased;
+            if (splits == 1) {
+                bn_stats_finish<C>(ch, a, mean, invstd, running_mean, running_var, momentum, eps);
+            } else {
+                partial[3 * w] = a.n;
+                partial[3 * w + 1] = a.mean;
+                partial[3 * w + 2] = a.m2;
             }
         }
+    }
+}
+
+template <typename C>
+__device__ void bn_stats_combine(i64 c, i64 splits, const C* partial, C* mean, C* invstd, C* running_mean,
+                                 C* running_var, double momentum, double eps) {
+    for (i64 ch = global_thread_id(); ch < c; ch += grid_stride()) {
+        Welford<C> a = WelfordOp<C>::identity();
+        for (i64 p = 0; p < splits; p++) {
+            const C* q = partial + 3 * (ch * splits + p);
+            a = WelfordOp<C>::combine(a, Welford<C>{q[0], q[1], q[2]});
+        }
+        bn_stats_finish<C>(ch, a, mean, invstd, running_mean, running_var, momentum, eps);
     }
 }
 
@@ -159,23 +211,46 @@ __device__ void bn_apply(Idx n, Idx c, Idx s, const T* __restrict__ x, const typ
 template <typename Idx, typename T>
 __device__ void bn_bwd_reduce(Idx n, Idx c, Idx s, const T* __restrict__ dy, const T* __restrict__ x,
                               const typename Widen<T>::type* mean, const typename Widen<T>::type* v, i64 is_var,
-                              double eps, typename Widen<T>::type* sum_dy, typename Widen<T>::type* sum_dy_xhat) {
+                              double eps, typename Widen<T>::type* sum_dy, typename Widen<T>::type* sum_dy_xhat,
+                              i64 splits, typename Widen<T>::type* partial) {
     using C = typename Widen<T>::type;
     using Op = PairSumOp<C>;
     __shared__ PairSum<C> scratch[32];
-    for (Idx ch = blockIdx.x; ch < c; ch += gridDim.x) {
+    const i64 m_all = static_cast<i64>(n) * s;
+    for (i64 w = blockIdx.x; w < static_cast<i64>(c) * splits; w += gridDim.x) {
+        const i64 ch = w / splits, p = w - ch * splits;
+        const Idx j0 = static_cast<Idx>(part_start(m_all, p, splits));
+        const Idx j1 = static_cast<Idx>(part_start(m_all, p + 1, splits));
         const C m = mean[ch], k = bn_k(v, is_var, eps, ch);
         PairSum<C> a = Op::identity();
-        for_channel<Idx>(n, c, s, ch, [&](Idx off) {
+        for_channel<Idx>(c, s, static_cast<Idx>(ch), j0, j1, [&](Idx off) {
             const C g = Widen<T>::in(dy[off]);
             a.a += g;
             a.b += g * ((Widen<T>::in(x[off]) - m) * k);
         });
         a = block_combine<Op>(a, scratch);
         if (threadIdx.x == 0) {
-            sum_dy[ch] = a.a;
-            sum_dy_xhat[ch] = a.b;
+            if (splits == 1) {
+                sum_dy[ch] = a.a;
+                sum_dy_xhat[ch] = a.b;
+            } else {
+                partial[2 * w] = a.a;
+                partial[2 * w + 1] = a.b;
+            }
         }
+    }
+}
+
+template <typename C>
+__device__ void bn_bwd_combine(i64 c, i64 splits, const C* partial, C* sum_dy, C* sum_dy_xhat) {
+    for (i64 ch = global_thread_id(); ch < c; ch += grid_stride()) {
+        C a = 0, b = 0;
+        for (i64 p = 0; p < splits; p++) {
+            a += partial[2 * (ch * splits + p)];
+            b += partial[2 * (ch * splits + p) + 1];
+        }
+        sum_dy[ch] = a;
+        sum_dy_xhat[ch] = b;
     }
 }
 
@@ -214,11 +289,14 @@ __device__ __forceinline__ bool bn_fits32(i64 n, i64 c, i64 s) { return n * c * 
                                                          ember::Widen<T>::type* mean, ember::Widen<T>::type* invstd, \
                                                          ember::Widen<T>::type* running_mean,      \
                                                          ember::Widen<T>::type* running_var, double momentum, \
-                                                         double eps) {                             \
+                                                         double eps, ember::i64 splits,            \
+                                                         ember::Widen<T>::type* partial) {         \
         if (ember::bn_fits32(n, c, s)) {                                                           \
-            ember::bn_stats<ember::u32, T>(n, c, s, x, mean, invstd, running_mean, running_var, momentum, eps); \
+            ember::bn_stats<ember::u32, T>(n, c, s, x, mean, invstd, running_mean, running_var, momentum, eps, \
+                                           splits, partial);                                       \
         } else {                                                                                   \
-            ember::bn_stats<ember::i64, T>(n, c, s, x, mean, invstd, running_mean, running_var, momentum, eps); \
+            ember::bn_stats<ember::i64, T>(n, c, s, x, mean, invstd, running_mean, running_var, momentum, eps, \
+                                           splits, partial);                                       \
         }                                                                                          \
     }                                                                                              \
     EMBER_REGISTER_KERNEL(batch_norm_stats_##SUFFIX)                                               \
@@ -236,11 +314,13 @@ __device__ __forceinline__ bool bn_fits32(i64 n, i64 c, i64 s) { return n * c * 
     extern "C" __global__ void batch_norm_bwd_reduce_##SUFFIX(                                     \
         ember::i64 n, ember::i64 c, ember::i64 s, const T* dy, const T* x, const ember::Widen<T>::type* mean, \
         const ember::Widen<T>::type* v, ember::i64 is_var, double eps, ember::Widen<T>::type* sum_dy, \
-        ember::Widen<T>::type* sum_dy_xhat) {                                                      \
+        ember::Widen<T>::type* sum_dy_xhat, ember::i64 splits, ember::Widen<T>::type* partial) {  \
         if (ember::bn_fits32(n, c, s)) {                                                           \
-            ember::bn_bwd_reduce<ember::u32, T>(n, c, s, dy, x, mean, v, is_var, eps, sum_dy, sum_dy_xhat); \
+            ember::bn_bwd_reduce<ember::u32, T>(n, c, s, dy, x, mean, v, is_var, eps, sum_dy, sum_dy_xhat, splits, \
+                                                partial);                                          \
         } else {                                                                                   \
-            ember::bn_bwd_reduce<ember::i64, T>(n, c, s, dy, x, mean, v, is_var, eps, sum_dy, sum_dy_xhat); \
+            ember::bn_bwd_reduce<ember::i64, T>(n, c, s, dy, x, mean, v, is_var, eps, sum_dy, sum_dy_xhat, splits, \
+                                                partial);                                          \
         }                                                                                          \
     }                                                                                              \
     EMBER_REGISTER_KERNEL(batch_norm_bwd_reduce_##SUFFIX)                                          \
@@ -263,3 +343,21 @@ EMBER_BATCH_NORM(f32, float)
 EMBER_BATCH_NORM(f64, double)
 EMBER_BATCH_NORM(f16, ember::f16)
 EMBER_BATCH_NORM(bf16, ember::bf16)
+
+// The combine kernels depend only on the compute type C: stamped for f32 (f32, f16, bf16
+// inputs) and f64.
+#define EMBER_BATCH_NORM_COMBINE(SUFFIX, C)                                                                         \
+    extern "C" __global__ void batch_norm_stats_combine_##SUFFIX(ember::i64 c, ember::i64 splits, const C* partial, \
+                                                                 C* mean, C* invstd, C* running_mean,               \
+                                                                 C* running_var, double momentum, double eps) {     \
+        ember::bn_stats_combine<C>(c, splits, partial, mean, invstd, running_mean, running_var, momentum, eps);     \
+    }                                                                                                               \
+    EMBER_REGISTER_KERNEL(batch_norm_stats_combine_##SUFFIX)                                                        \
+    extern "C" __global__ void batch_norm_bwd_combine_##SUFFIX(ember::i64 c, ember::i64 splits, const C* partial,   \
+                                                               C* sum_dy, C* sum_dy_xhat) {                         \
+        ember::bn_bwd_combine<C>(c, splits, partial, sum_dy, sum_dy_xhat);                                          \
+    }                                                                                                               \
+    EMBER_REGISTER_KERNEL(batch_norm_bwd_combine_##SUFFIX)
+
+EMBER_BATCH_NORM_COMBINE(f32, float)
+EMBER_BATCH_NORM_COMBINE(f64, double)

@@ -401,3 +401,59 @@ fn gradcheck_catches_a_wrong_gradient() {
     .unwrap_err();
     assert!(e.to_string().contains("Jacobian mismatch"), "{e}");
 }
+
+/// ReLU's backward is one `threshold_backward` (PyTorch's `ReluBackward0`): the upstream
+/// gradient where the output is > 0, 0 elsewhere, and the gradient passed where the output
+/// is NaN (relu(NaN) = NaN; the old composed `where(y > 0, g, 0)` gave 0 there); in f32,
+/// f16 and bf16, on `cpu` and the emulated `cuda:0`, where the backward is one launch of the
+/// fused kernel and no comparison or `where`.
+#[test]
+fn relu_backward_is_threshold_backward() {
+    for dev in devices() {
+        for dt in [DType::F32, DType::F16, DType::Bf16] {
+            let xs = [-1.5f64, -0.0, 0.0, 0.25, f64::NAN, 3.0, -f64::INFINITY, 2.0];
+            let gs = [1.0f64, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, -8.0];
+            let x = Tensor::from_vec(xs.to_vec(), [8], dev)
+                .unwrap()
+                .to_dtype(dt)
+                .unwrap()
+                .requires_grad_(true)
+                .unwrap();
+            let g = Tensor::from_vec(gs.to_vec(), [8], dev)
+                .unwrap()
+                .to_dtype(dt)
+                .unwrap();
+            let y = x.relu().unwrap();
+            let before = ember_device::driver::emulator::thread_launch_counts();
+            y.backward_with(&g).unwrap();
+            let after = ember_device::driver::emulator::thread_launch_counts();
+            let got = x
+                .grad()
+                .unwrap()
+                .to_dtype(DType::F64)
+                .unwrap()
+                .to_vec::<f64>()
+                .unwrap();
+            assert_eq!(
+                got,
+                [0.0, 0.0, 0.0, 4.0, 5.0, 6.0, 0.0, -8.0],
+                "{dt} on {dev}"
+            );
+            if dev.is_cuda() && std::env::var_os("EMBER_GPU_TEST").is_none() {
+                let launched: Vec<_> = after
+                    .iter()
+                    .filter(|(k, v)| before.get(*k) != Some(*v))
+                    .map(|(k, _)| k.as_str())
+                    .collect();
+                let fused = format!("threshold_backward_{}", dt.short_name());
+                assert!(launched.contains(&fused.as_str()), "{launched:?}");
+                assert!(
+                    !launched
+                        .iter()
+                        .any(|k| k.starts_with("cmp_") || k.starts_with("where_")),
+                    "{launched:?}"
+                );
+            }
+        }
+    }
+}

@@ -3,7 +3,7 @@
 //! per-thread launch counts, `ember_device::driver::emulator::thread_launch_counts`): a
 //! conv–BatchNorm–ReLU–pool network with cross-entropy and Adam. The test prints the count
 //! per kernel family (`cargo test -p ember-nn --test launches -- --nocapture`) and checks
-//! that BatchNorm, cross-entropy and Adam run as their fused kernels.
+//! that BatchNorm, ReLU's backward, cross-entropy and Adam run as their fused kernels.
 
 use std::collections::BTreeMap;
 
@@ -90,6 +90,11 @@ fn launches_of_one_cnn_training_step() {
     ] {
         assert_eq!(count(k), 2, "{k}");
     }
+    // Two ReLUs: each backward is one threshold_backward kernel, no comparison and `where`.
+    assert_eq!(count("threshold_backward_f32"), 2);
+    for k in ["cmp_gt_f32", "where_f32"] {
+        assert_eq!(count(k), 0, "{k}");
+    }
     // Cross-entropy: one forward and one backward kernel, no log-softmax or NLL kernels.
     assert_eq!(count("cross_entropy_fwd_f32_i64"), 1);
     assert_eq!(count("cross_entropy_bwd_f32_i64"), 1);
@@ -97,8 +102,8 @@ fn launches_of_one_cnn_training_step() {
         assert_eq!(count(k), 0, "{k}");
     }
     // Adam: one multi-tensor launch for all ten parameters (Note [Multi-tensor optimizer
-    // steps]), none of its per-op kernels (the per-op path took 170 launches in all here,
-    // the multi-tensor one 41).
+    // steps]), none of its per-op kernels (with ReLU's fused backward too, the step
+    // launches 39 kernels; the per-op Adam path took 170 before either change).
     assert_eq!(count("optim_adam_f32"), 1);
     for k in ["bmul_f32", "usqrt_f32", "bmaximum_f32"] {
         assert_eq!(count(k), 0, "{k}");

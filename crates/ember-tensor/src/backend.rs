@@ -142,6 +142,28 @@ impl Storage {
         }
     }
 
+    /// `x <= threshold ? 0 : self` (`self` the gradient), one dtype and shape, as
+    /// [`Tensor::threshold_backward`](crate::Tensor::threshold_backward).
+    pub(crate) fn threshold_backward(
+        &self,
+        lg: &Layout,
+        x: &Storage,
+        lx: &Layout,
+        threshold: Scalar,
+    ) -> Result<Storage> {
+        match (self, x) {
+            (Storage::Cpu(g), Storage::Cpu(x)) => Ok(Storage::Cpu(
+                cpu::elementwise::threshold_backward(g, lg, x, lx, threshold)?,
+            )),
+            (Storage::Cuda(g), Storage::Cuda(x)) => Ok(Storage::Cuda(cuda::threshold_backward(
+                (g, lg),
+                (x, lx),
+                threshold,
+            )?)),
+            (g, x) => Err(mixed(g, x)),
+        }
+    }
+
     pub(crate) fn clamp(
         &self,
         l: &Layout,

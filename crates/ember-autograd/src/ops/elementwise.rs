@@ -358,7 +358,7 @@ unary_methods! {
     /// `1 / x`.
     reciprocal, "ReciprocalBackward0", [false, true], |g, x, y| Ok(g.mul(&y.square()?.neg()?)?);
     /// `max(x, 0)`.
-    relu, "ReluBackward0", [false, true], |g, x, y| Ok(ember_tensor::r#where(&y.gt(0.0)?, g, 0.0)?);
+    relu, "ReluBackward0", [false, true], |g, x, y| Ok(g.threshold_backward(&y, 0.0)?);
     /// Exact GELU: `gelu(Approximate::None)`.
     #[doc(hidden)]
     gelu_erf, "GeluBackward0", [true, true], |g, x, y| {

@@ -1,5 +1,5 @@
-//! CPU kernels of the elementwise families: unary, binary, comparisons, `where`, clamp,
-//! and their in-place forms.
+//! CPU kernels of the elementwise families: unary, binary, comparisons, `where`,
+//! `threshold_backward`, clamp, and their in-place forms.
 
 use crate::cpu::{Flat, dispatch, map1, map1_as, map2, update1, update2, update3};
 use crate::dtype::DType;
@@ -158,6 +158,21 @@ pub(crate) fn where_cond(
                     src.copied().unwrap_or(<T as WithDType>::ZERO)
                 })
         })
+    })
+}
+
+/// `out = x <= threshold ? 0 : g` (PyTorch's `threshold_backward`): one parallel pass, the
+/// threshold converted to the dtype first; NaN in `x` compares false and passes `g`.
+pub(crate) fn threshold_backward(
+    g: &CpuStorage,
+    lg: &Layout,
+    x: &CpuStorage,
+    lx: &Layout,
+    threshold: Scalar,
+) -> Result<CpuStorage> {
+    dispatch!(g.dtype(), T => {
+        let th = threshold.to_dtype::<T>();
+        map2::<T, T, _>(g, lg, x, lx, move |g, x| if x <= th { <T as WithDType>::ZERO } else { g })
     })
 }
 

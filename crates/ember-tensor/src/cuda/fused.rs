@@ -1,5 +1,7 @@
 //! The fused kernels of `crate::backend_fused` on CUDA: cross-entropy forward and backward
-//! (`kernels/cross_entropy.cu`), mirroring `crate::cpu::cross_entropy`.
+//! (`kernels/cross_entropy.cu`), mirroring `crate::cpu::cross_entropy`, and batch norm
+//! (`kernels/batch_norm.cu`, Note [Split channel reductions]), mirroring
+//! `crate::cpu::batch_norm`.
 
 use ember_device::driver::DevicePtr;
 use ember_kernels::{KernelArgs, launch_config_1d};
@@ -194,12 +196,60 @@ fn ncs(lx: &Layout) -> Result<(usize, usize, usize)> {
     }
 }
 
-/// One block per channel for the per-channel reductions.
-fn channel_config(c: usize) -> ember_device::driver::LaunchConfig {
+// Note [Split channel reductions]:
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The per-channel reductions of batch norm (the statistics; the backward's Σdy and Σdy·x̂)
+// read all M = N·S elements of each channel. One block per channel leaves most SMs idle when
+// C is small beside the SM count: a ResNet's first BatchNorm has 64 channels of 32·112·112
+// values on an H100's 132 SMs. So each channel is cut into `splits` consecutive parts of its
+// M elements, one block each: enough blocks for `BLOCKS_PER_SM` per SM (four 512-thread
+// blocks fill an SM's 2048 threads), but no part under `MIN_PER_BLOCK` elements (four per
+// thread), where the partials and the extra launch would cost more than the idle SMs. With
+// splits > 1 each block writes its part (Welford's count, mean and M2; or the two sums) to a
+// workspace of 3 (or 2) compute-dtype values per part, and a combine kernel (one thread per
+// channel) merges a channel's parts in part order, Chan's formula for the statistics: the
+// result is deterministic and equals the one-block result to rounding. With splits = 1 (many
+// channels, or few elements per channel) the blocks finish their channels themselves, one
+// launch as before. The SM count is the device's (`Ctx::sm_count`; the emulator reports its
+// configured count, 132 by default, so the split paths run in CI).
+
+/// Threads per block of the per-channel reductions.
+const BN_BLOCK: u32 = 512;
+/// Blocks per SM the split aims for (512-thread blocks; 2048 threads per SM).
+const BLOCKS_PER_SM: usize = 4;
+/// The fewest elements of a channel one block takes when channels are split.
+const MIN_PER_BLOCK: usize = 4 * BN_BLOCK as usize;
+
+/// How many blocks share each channel's reduction (Note [Split channel reductions]): `c`
+/// channels of `m` elements each on `sm_count` SMs.
+fn channel_splits(c: usize, m: usize, sm_count: usize) -> usize {
+    let want = (sm_count * BLOCKS_PER_SM).div_ceil(c.max(1));
+    want.min(m / MIN_PER_BLOCK).max(1)
+}
+
+/// One block per work item (a channel, or a part of one) for the per-channel reductions;
+/// the kernels grid-stride over further items.
+fn channel_config(items: usize) -> ember_device::driver::LaunchConfig {
     ember_device::driver::LaunchConfig {
-        grid: (c.clamp(1, 65_535) as u32, 1, 1),
-        block: (512, 1, 1),
+        grid: (items.clamp(1, 65_535) as u32, 1, 1),
+        block: (BN_BLOCK, 1, 1),
         shared_mem_bytes: 0,
+    }
+}
+
+/// The workspace of `splits` parts per channel of `per_part` compute-dtype values each,
+/// `None` when channels are not split.
+fn partials(
+    ctx: &std::sync::Arc<super::Ctx>,
+    cd: DType,
+    c: usize,
+    splits: usize,
+    per_part: usize,
+) -> Result<Option<CudaStorage>> {
+    if splits > 1 {
+        Ok(Some(CudaStorage::alloc(ctx, cd, per_part * c * splits)?))
+    } else {
+        Ok(None)
     }
 }
 
@@ -253,6 +303,9 @@ pub(crate) fn batch_norm_stats(
         Some((m, v)) => (opt_vec(Some(m), c, cd)?, opt_vec(Some(v), c, cd)?),
         None => (DevicePtr(0), DevicePtr(0)),
     };
+    let splits = channel_splits(c, n * s, ctx.sm_count());
+    let partial = partials(ctx, cd, c, splits, 3)?;
+    let partial_ptr = partial.as_ref().map_or(DevicePtr(0), |p| p.ptr_at(0));
     let mut args = KernelArgs::new();
     args.push(n as i64)
         .push(c as i64)
@@ -263,12 +316,32 @@ pub(crate) fn batch_norm_stats(
         .ptr(rm)
         .ptr(rv)
         .push(momentum)
-        .push(eps);
+        .push(eps)
+        .push(splits as i64)
+        .ptr(partial_ptr);
     let name = super::kernel_name("batch_norm_stats", x.dtype());
     // SAFETY: the argument list of `batch_norm_stats_{T}` (kernels/batch_norm.cu): x is the
     // contiguous [N, C, S] input (N·S > 0), mean/invstd fresh [C] compute-dtype vectors, the
-    // running statistics [C] compute-dtype vectors (checked) or both null; 512 threads.
-    unsafe { ctx.launch(&name, channel_config(c), &mut args)? };
+    // running statistics [C] compute-dtype vectors (checked) or both null; `partial` holds
+    // 3·C·splits compute-dtype values when splits > 1 (null, unread, otherwise); 512 threads.
+    unsafe { ctx.launch(&name, channel_config(c * splits), &mut args)? };
+    if partial.is_some() {
+        let mut args = KernelArgs::new();
+        args.push(c as i64)
+            .push(splits as i64)
+            .ptr(partial_ptr)
+            .ptr(mean.ptr_at(0))
+            .ptr(invstd.ptr_at(0))
+            .ptr(rm)
+            .ptr(rv)
+            .push(momentum)
+            .push(eps);
+        let name = super::kernel_name("batch_norm_stats_combine", cd);
+        // SAFETY: the argument list of `batch_norm_stats_combine_{C}`: `partial` holds the
+        // 3·C·splits values the launch above wrote (same stream, so in order), the [C]
+        // vectors as above.
+        unsafe { ctx.launch(&name, launch_config_1d(c), &mut args)? };
+    }
     Ok((mean, invstd))
 }
 
@@ -346,6 +419,9 @@ pub(crate) fn batch_norm_backward(
         if n * s == 0 {
             return Err(TensorError::invalid(BN, "no elements per channel"));
         }
+        let splits = channel_splits(c, n * s, ctx.sm_count());
+        let partial = partials(ctx, cd, c, splits, 2)?;
+        let partial_ptr = partial.as_ref().map_or(DevicePtr(0), |p| p.ptr_at(0));
         let mut args = KernelArgs::new();
         args.push(n as i64)
             .push(c as i64)
@@ -353,11 +429,28 @@ pub(crate) fn batch_norm_backward(
             .ptr(dy.ptr_at(0))
             .ptr(x.ptr_at(lx.offset()));
         stats_args(&mut args, st, c, cd)?;
-        args.ptr(sd.ptr_at(0)).ptr(sdx.ptr_at(0));
+        args.ptr(sd.ptr_at(0))
+            .ptr(sdx.ptr_at(0))
+            .push(splits as i64)
+            .ptr(partial_ptr);
         let name = super::kernel_name("batch_norm_bwd_reduce", x.dtype());
         // SAFETY: the argument list of `batch_norm_bwd_reduce_{T}`: dy and x contiguous
-        // [N, C, S] (N·S > 0), mean and v [C] (checked), sd and sdx fresh [C]; 512 threads.
-        unsafe { ctx.launch(&name, channel_config(c), &mut args)? };
+        // [N, C, S] (N·S > 0), mean and v [C] (checked), sd and sdx fresh [C], `partial`
+        // 2·C·splits compute-dtype values when splits > 1 (null, unread, otherwise); 512
+        // threads.
+        unsafe { ctx.launch(&name, channel_config(c * splits), &mut args)? };
+        if partial.is_some() {
+            let mut args = KernelArgs::new();
+            args.push(c as i64)
+                .push(splits as i64)
+                .ptr(partial_ptr)
+                .ptr(sd.ptr_at(0))
+                .ptr(sdx.ptr_at(0));
+            let name = super::kernel_name("batch_norm_bwd_combine", cd);
+            // SAFETY: the argument list of `batch_norm_bwd_combine_{C}`: `partial` holds the
+            // 2·C·splits values written above (same stream), sd and sdx [C].
+            unsafe { ctx.launch(&name, launch_config_1d(c), &mut args)? };
+        }
         Some((sd, sdx))
     } else {
         None
@@ -392,4 +485,24 @@ pub(crate) fn batch_norm_backward(
         None
     };
     Ok((dx, sums))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{MIN_PER_BLOCK, channel_splits};
+
+    #[test]
+    fn channels_are_split_only_when_few_and_long() {
+        // ResNet-18's first BatchNorm on an H100: 64 channels of 32·112·112 values.
+        assert_eq!(channel_splits(64, 32 * 112 * 112, 132), 9);
+        // Enough channels to give every SM four blocks: one block per channel.
+        assert_eq!(channel_splits(528, 1 << 20, 132), 1);
+        assert_eq!(channel_splits(1024, 1 << 20, 132), 1);
+        // Short channels are never cut below MIN_PER_BLOCK elements a part.
+        assert_eq!(channel_splits(2, 3 * MIN_PER_BLOCK - 1, 132), 2);
+        assert_eq!(channel_splits(2, MIN_PER_BLOCK - 1, 132), 1);
+        assert_eq!(channel_splits(1, 0, 132), 1);
+        // One SM, one channel: four blocks.
+        assert_eq!(channel_splits(1, 1 << 20, 1), 4);
+    }
 }

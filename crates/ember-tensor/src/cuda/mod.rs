@@ -62,6 +62,8 @@ pub(crate) struct Ctx {
     driver: Arc<dyn Driver>,
     module: Module,
     alloc: Arc<CachingAllocator>,
+    /// Streaming multiprocessors of the device (at least 1), for grids sized to fill it.
+    sm_count: usize,
 }
 
 impl std::fmt::Debug for Ctx {
@@ -93,11 +95,13 @@ pub(crate) fn ctx(op: &'static str, ordinal: usize) -> Result<Arc<Ctx>> {
     }
     let module = Module::load(Arc::clone(&driver), ordinal)?;
     let alloc = ember_memory::allocator(Device::Cuda(ordinal))?;
+    let sm_count = (driver.properties(ordinal)?.multi_processor_count as usize).max(1);
     let c = Arc::new(Ctx {
         ordinal,
         driver,
         module,
         alloc,
+        sm_count,
     });
     if table.len() <= ordinal {
         table.resize(ordinal + 1, None);
@@ -117,6 +121,11 @@ impl Ctx {
         // SAFETY: forwarded from this function's contract.
         unsafe { self.module.launch(name, config, self.stream(), args)? };
         Ok(())
+    }
+
+    /// The device's streaming multiprocessors (at least 1).
+    pub(crate) fn sm_count(&self) -> usize {
+        self.sm_count
     }
 
     /// The thread's current stream on this device.

@@ -155,6 +155,39 @@ pub(crate) fn where_cond(
     Ok(out)
 }
 
+/// `out = x <= threshold ? 0 : g` through `threshold_backward_{dtype}`
+/// (`kernels/activation_bwd.cu`).
+pub(crate) fn threshold_backward(
+    (g, lg): (&CudaStorage, &Layout),
+    (x, lx): (&CudaStorage, &Layout),
+    threshold: Scalar,
+) -> Result<CudaStorage> {
+    const OP: &str = "threshold_backward";
+    let n = lg.numel();
+    let dtype = g.dtype();
+    let out = CudaStorage::alloc(g.ctx(), dtype, n)?;
+    if n == 0 {
+        return Ok(out);
+    }
+    let mut args = KernelArgs::new();
+    args.push(n as i64)
+        .push(strided(OP, lg)?)
+        .push(strided(OP, lx)?)
+        .ptr(g.ptr_at(lg.offset()))
+        .ptr(x.ptr_at(lx.offset()));
+    push_scalar(&mut args, threshold, dtype);
+    args.ptr(out.ptr_at(0));
+    // SAFETY: `threshold_backward_{dtype}(n, lg, lx, const T* grad, const T* x, T threshold,
+    // T* out)` with the threshold pushed as `T`; both layouts have the output's shape (the
+    // front broadcast them) and stay inside their storages, both of the output's dtype; `out`
+    // is fresh with `n` elements.
+    unsafe {
+        g.ctx()
+            .launch(&kernel_name(OP, dtype), launch_config_1d(n), &mut args)?
+    };
+    Ok(out)
+}
+
 /// `out[lout] = in[lin]` (same shape), through `copy_{dtype}`.
 fn copy_into(dst: &mut CudaStorage, ld: &Layout, src: &CudaStorage, ls: &Layout) -> Result<()> {
     let n = ld.numel();

@@ -1,5 +1,6 @@
 //! Elementwise binary ops with NumPy broadcasting and PyTorch's type promotion, their
-//! scalar forms, comparisons, logical ops, `where_`, and the `std::ops` operators.
+//! scalar forms, comparisons, logical ops, `where_`, `threshold_backward`, and the `std::ops`
+//! operators.
 //!
 //! Every op takes `impl Into<Operand>`: a `&Tensor` or a Rust number, so `a.add(&b)`,
 //! `a.add(1)`, `a.mul(0.5)` all work; the operators return `Result` so that
@@ -252,6 +253,52 @@ impl Tensor {
     /// ```
     pub fn r#where<'b>(&self, cond: &Tensor, other: impl Into<Operand<'b>>) -> Result<Tensor> {
         r#where(cond, self, other)
+    }
+
+    /// PyTorch's `threshold_backward(grad, input, threshold)` with `self` as the gradient:
+    /// `0` where `input <= threshold`, `self` elsewhere, in one pass (ReLU's backward is
+    /// `grad.threshold_backward(relu(x), 0)`). A NaN in `input` compares false, so its
+    /// gradient passes, as in PyTorch. Broadcasting and promotion as a binary op; bool is
+    /// refused. The threshold is converted to the result's dtype first, as PyTorch's
+    /// `threshold.to<scalar_t>()`.
+    ///
+    /// ```
+    /// use ember_tensor::{Device, Tensor};
+    /// let g = Tensor::new(&[1f32, 2., 3., 4.], &Device::Cpu)?;
+    /// let y = Tensor::new(&[0f32, 0.5, f32::NAN, -1.], &Device::Cpu)?;
+    /// assert_eq!(g.threshold_backward(&y, 0.0)?.to_vec::<f32>()?, vec![0., 2., 3., 0.]);
+    /// # Ok::<(), ember_tensor::TensorError>(())
+    /// ```
+    pub fn threshold_backward(
+        &self,
+        input: &Tensor,
+        threshold: impl Into<Scalar>,
+    ) -> Result<Tensor> {
+        const OP: &str = "threshold_backward";
+        let _op = crate::profile::op(OP, &[self.as_input(), input.as_input()]);
+        let dtype = result_type(&[
+            Promo::Tensor(self.dtype(), self.rank()),
+            Promo::Tensor(input.dtype(), input.rank()),
+        ]);
+        if dtype == DType::Bool {
+            return Err(TensorError::UnsupportedDType {
+                op: OP,
+                dtype,
+                hint: "threshold_backward takes numeric tensors; cast the bool gradient first",
+            });
+        }
+        let threshold = threshold.into();
+        let Prepared2 {
+            a,
+            la,
+            b,
+            lb,
+            shape,
+        } = self.prepare2(OP, Operand::Tensor(input), dtype)?;
+        let s = read_many(&[a.cell(), b.cell()], |s| {
+            s[0].threshold_backward(&la, s[1], &lb, threshold)
+        })?;
+        Ok(Tensor::from_storage(s, shape))
     }
 }
 

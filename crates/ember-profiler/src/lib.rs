@@ -78,5 +78,6 @@ pub use profiler::{
     with_profile,
 };
 pub use schedule::{ProfilerAction, Schedule, schedule};
+pub use stack::call_sites_resolvable;
 pub use table::{FunctionEventAvg, KeyAverages};
 pub use timeline::{DeviceTimeline, MemoryCategory};

@@ -42,7 +42,10 @@ pub struct ProfileOptions {
     /// its op, so `profile(activities=[CUDA], profile_memory=True)` still ranks ops by the
     /// memory they take).
     pub profile_memory: bool,
-    /// Record the call site of each op.
+    /// Record the call site of each op and annotation in the user's code, and its callers
+    /// ([`Event::stack`](crate::Event::stack); file and line where the binary has line
+    /// tables, function names where it has only symbols, nothing where it is stripped:
+    /// [`call_sites_resolvable`](crate::call_sites_resolvable)).
     pub with_stack: bool,
     /// Which steps to record; `None` records from start to stop.
     pub schedule: Option<Schedule>,

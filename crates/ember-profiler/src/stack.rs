@@ -33,6 +33,18 @@ const LIBRARY_CRATES: &[&str] = &[
 /// unwinder, and rayon's scheduling (and any frame with a file under `/rustc/`).
 const GLUE_CRATES: &[&str] = &["std", "core", "alloc", "backtrace", "rayon", "rayon_core"];
 
+/// Whether this binary can resolve call sites at all: a stripped binary has no symbols, and
+/// `with_stack` then records empty stacks (say so, rather than guess).
+pub fn call_sites_resolvable() -> bool {
+    static RESOLVABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *RESOLVABLE.get_or_init(|| {
+        let mut named = false;
+        let here = call_sites_resolvable as fn() -> bool;
+        backtrace::resolve(here as *mut c_void, |sym| named |= sym.name().is_some());
+        named
+    })
+}
+
 /// One resolved frame (an inlined call is a frame of its own).
 #[derive(Clone, Debug)]
 struct Frame {

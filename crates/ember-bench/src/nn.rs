@@ -205,20 +205,39 @@ fn forward_case(
         model.forward(&x).map(drop).map_err(err)
     };
     // The peak of one forward (its output included), above the weights and the input.
+    let mut forward = forward;
     forward()?;
+    let peak = peak_of(device, &mut forward)?;
+    let ns = time(device, quick, forward)?;
+    let mut r = record(name, device, ns * 1e-6, "ms");
+    r.extra.insert("peak_memory_bytes".into(), peak.into());
+    Ok(r)
+}
+
+/// The allocator's peak during one call of `f`, above what was allocated before it.
+pub(crate) fn peak_of(
+    device: Device,
+    f: &mut impl FnMut() -> Result<(), String>,
+) -> Result<u64, String> {
     sync(device)?;
     let before = ember_memory::memory_allocated(device).map_err(err)?;
     ember_memory::reset_peak_memory_stats(device).map_err(err)?;
-    forward()?;
+    f()?;
     sync(device)?;
     let peak = ember_memory::max_memory_allocated(device).map_err(err)?;
-    let ns = time(device, quick, forward)?;
-    let mut r = record(name, device, ns * 1e-6, "ms");
-    r.extra.insert(
-        "peak_memory_bytes".into(),
-        peak.saturating_sub(before).into(),
-    );
-    Ok(r)
+    Ok(peak.saturating_sub(before) as u64)
+}
+
+/// The extras of how a case ran: `quick`, and on the emulator `emulated` with the reduced
+/// `batch`.
+pub(crate) fn mark_run(r: &mut Record, quick: bool, emulated: bool, batch: usize) {
+    if quick {
+        r.extra.insert("quick".into(), true.into());
+    }
+    if emulated {
+        r.extra.insert("emulated".into(), true.into());
+        r.extra.insert("batch".into(), batch.into());
+    }
 }
 
 /// The dtype as case names spell it (`bf16`, `f16`).
@@ -291,13 +310,7 @@ pub fn run(opts: &Options, out: &mut Vec<Record>) -> Result<(), String> {
                 if let Some(dt) = amp {
                     r.extra.insert("autocast".into(), short(dt).into());
                 }
-                if opts.quick {
-                    r.extra.insert("quick".into(), true.into());
-                }
-                if emulated {
-                    r.extra.insert("emulated".into(), true.into());
-                    r.extra.insert("batch".into(), batch.into());
-                }
+                mark_run(&mut r, opts.quick, emulated, batch);
                 out.push(r);
             }
         }
@@ -315,13 +328,7 @@ pub fn run(opts: &Options, out: &mut Vec<Record>) -> Result<(), String> {
             let batch = if emulated { 4 } else { batch };
             let mut r = train_case(&name, widths, batch, device, None, opts.quick, profiling)
                 .map_err(|e| format!("{name} on {device}: {e}"))?;
-            if opts.quick {
-                r.extra.insert("quick".into(), true.into());
-            }
-            if emulated {
-                r.extra.insert("emulated".into(), true.into());
-                r.extra.insert("batch".into(), batch.into());
-            }
+            mark_run(&mut r, opts.quick, emulated, batch);
             out.push(r);
         }
     }

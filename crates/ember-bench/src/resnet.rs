@@ -24,7 +24,7 @@ use ember_nn::{Loss, Module, Tensor};
 use ember_tensor::{DType, MaxPool2dOptions, Size2};
 
 use crate::harness::{Options, Record};
-use crate::nn::{err, record, sync, time};
+use crate::nn::{err, mark_run, peak_of, record, time};
 
 /// A convolution without bias, as torchvision's `conv3x3`/`conv1x1`.
 fn conv(
@@ -148,17 +148,6 @@ impl Module for ResNet18 {
     }
 }
 
-/// The peak of the allocator during one call of `f`, above what was allocated before it.
-fn peak_of(device: Device, f: &mut impl FnMut() -> Result<(), String>) -> Result<u64, String> {
-    sync(device)?;
-    let before = ember_memory::memory_allocated(device).map_err(err)?;
-    ember_memory::reset_peak_memory_stats(device).map_err(err)?;
-    f()?;
-    sync(device)?;
-    let peak = ember_memory::max_memory_allocated(device).map_err(err)?;
-    Ok(peak.saturating_sub(before) as u64)
-}
-
 pub fn run(opts: &Options, out: &mut Vec<Record>) -> Result<(), String> {
     if !opts.cuda() {
         return Ok(());
@@ -214,12 +203,8 @@ pub fn run(opts: &Options, out: &mut Vec<Record>) -> Result<(), String> {
             r.extra.insert("steps_per_s".into(), s.into());
         }
         r.extra.insert("peak_memory_bytes".into(), peak.into());
-        if opts.quick {
-            r.extra.insert("quick".into(), true.into());
-        }
+        mark_run(&mut r, opts.quick, emulated, batch);
         if emulated {
-            r.extra.insert("emulated".into(), true.into());
-            r.extra.insert("batch".into(), batch.into());
             r.extra.insert("image".into(), image.into());
         }
         out.push(r);

@@ -8,17 +8,11 @@ use std::process::Command;
 
 use serde_json::Value;
 
-#[test]
-fn training_cases_run_f32_and_under_autocast_on_cpu_and_emulated_cuda() {
+/// `ember-bench --json --quick --device DEVICE --filter FILTER` with one emulated CUDA
+/// device: its records.
+fn quick_records(device: &str, filter: &str) -> Vec<Value> {
     let out = Command::new(env!("CARGO_BIN_EXE_ember-bench"))
-        .args([
-            "--json",
-            "--quick",
-            "--device",
-            "all",
-            "--filter",
-            "train_mlp_1000_512_10_b64",
-        ])
+        .args(["--json", "--quick", "--device", device, "--filter", filter])
         .env("EMBER_CUDA_EMULATOR", "1")
         .env("RAYON_NUM_THREADS", "2")
         .output()
@@ -28,7 +22,12 @@ fn training_cases_run_f32_and_under_autocast_on_cpu_and_emulated_cuda() {
         "ember-bench failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let records: Vec<Value> = serde_json::from_slice(&out.stdout).expect("a JSON array");
+    serde_json::from_slice(&out.stdout).expect("a JSON array")
+}
+
+#[test]
+fn training_cases_run_f32_and_under_autocast_on_cpu_and_emulated_cuda() {
+    let records = quick_records("all", "train_mlp_1000_512_10_b64");
     let find = |name: &str, device: &str| {
         records
             .iter()
@@ -59,25 +58,7 @@ fn training_cases_run_f32_and_under_autocast_on_cpu_and_emulated_cuda() {
 /// tested in `ember-nn`, and is measured on a real GPU).
 #[test]
 fn resnet18_forward_runs_on_emulated_cuda() {
-    let out = Command::new(env!("CARGO_BIN_EXE_ember-bench"))
-        .args([
-            "--json",
-            "--quick",
-            "--device",
-            "cuda",
-            "--filter",
-            "fwd_resnet18_b32",
-        ])
-        .env("EMBER_CUDA_EMULATOR", "1")
-        .env("RAYON_NUM_THREADS", "2")
-        .output()
-        .expect("ember-bench starts");
-    assert!(
-        out.status.success(),
-        "ember-bench failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let records: Vec<Value> = serde_json::from_slice(&out.stdout).expect("a JSON array");
+    let records = quick_records("cuda", "fwd_resnet18_b32");
     assert_eq!(records.len(), 1, "{records:?}");
     let r = &records[0];
     assert_eq!(r["name"], "fwd_resnet18_b32");

@@ -166,6 +166,26 @@ fn run_hooks(hooks: &[(u64, crate::graph::Hook)], mut g: Raw) -> Result<Raw> {
 /// Where gradients are collected in `autograd::grad`: target key → input position.
 type Capture = HashMap<usize, Vec<usize>>;
 
+/// The leaves that require grad which a backward from `outputs` would reach: the walk
+/// `DistributedDataParallel`'s `find_unused_parameters` makes over the graph after forward
+/// (a parameter not among them gets no gradient this iteration). Each leaf once, in no
+/// particular order; leaf outputs are included themselves.
+pub fn reachable_leaves(outputs: &[&Tensor]) -> Vec<Tensor> {
+    let mut leaves = Vec::new();
+    let mut seen: HashSet<usize> = HashSet::new();
+    let mut stack: Vec<Next> = outputs.iter().filter_map(|t| t.edge()).collect();
+    while let Some(n) = stack.pop() {
+        if !seen.insert(n.key()) {
+            continue;
+        }
+        match n {
+            Next::Leaf(leaf) => leaves.push(Tensor(leaf)),
+            Next::Node(node) => stack.extend(node.next.iter().flatten().cloned()),
+        }
+    }
+    leaves
+}
+
 /// Runs backward from `roots` with their gradients. With `capture`, gradients reaching
 /// the captured targets are returned instead of being accumulated into leaves.
 pub(crate) fn execute(
@@ -336,7 +356,7 @@ fn accumulate_leaf(leaf: &Arc<Impl>, g: Raw) -> Result<()> {
     if !post.is_empty() {
         let t = Tensor(leaf.clone());
         for (_, h) in post {
-            h(&t);
+            h(&t)?;
         }
     }
     Ok(())

@@ -43,7 +43,7 @@ mod tensor;
 pub use checkpoint::checkpoint;
 pub use ember_device::ErrorKind;
 pub use ember_tensor::Reduction;
-pub use engine::{GradOptions, backward, grad};
+pub use engine::{GradOptions, backward, grad, reachable_leaves};
 pub use error::{AutogradError, Error, Result};
 pub use gradcheck::{GradcheckOptions, gradcheck};
 pub use mode::{

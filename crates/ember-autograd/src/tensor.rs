@@ -52,7 +52,7 @@ pub(crate) struct LeafState {
     pub(crate) post_hooks: Vec<(u64, PostHook)>,
 }
 
-pub(crate) type PostHook = Arc<dyn Fn(&Tensor) + Send + Sync>;
+pub(crate) type PostHook = Arc<dyn Fn(&Tensor) -> Result<()> + Send + Sync>;
 
 static HOOK_ID: AtomicU64 = AtomicU64::new(0);
 
@@ -362,10 +362,12 @@ impl Tensor {
     }
 
     /// Registers `hook` to run on a leaf right after its gradient was accumulated into
-    /// `.grad` (it receives the leaf). Data parallelism starts its all-reduce here.
+    /// `.grad` (it receives the leaf). Data parallelism starts its all-reduce here. An error
+    /// the hook returns ends the backward with that error (as an exception raised in a
+    /// PyTorch hook propagates out of `backward()`).
     pub fn register_post_accumulate_grad_hook(
         &self,
-        hook: impl Fn(&Tensor) + Send + Sync + 'static,
+        hook: impl Fn(&Tensor) -> Result<()> + Send + Sync + 'static,
     ) -> Result<HookHandle> {
         if !self.is_leaf() || !self.requires_grad() {
             return Err(AutogradError::invalid(

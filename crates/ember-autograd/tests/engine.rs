@@ -248,6 +248,7 @@ fn hooks_see_and_replace_gradients() {
     x.register_post_accumulate_grad_hook(move |t| {
         assert!(t.grad().is_some());
         p.fetch_add(1, Ordering::SeqCst);
+        Ok(())
     })
     .unwrap();
     y.sum_all().unwrap().backward().unwrap();
@@ -260,6 +261,48 @@ fn hooks_see_and_replace_gradients() {
     x.mul(2.0).unwrap().sum_all().unwrap().backward().unwrap();
     assert_eq!(vals(&x.grad().unwrap()), vec![2.0, 2.0]);
     assert_eq!(post.load(Ordering::SeqCst), 2);
+}
+
+#[test]
+fn an_error_in_a_post_accumulate_hook_ends_backward_with_it() {
+    let x = leaf(&[1.0, 2.0], &[2]);
+    x.register_post_accumulate_grad_hook(|_| {
+        Err(ember_autograd::Error::invalid(
+            "hook",
+            "the all-reduce of bucket 0 failed",
+        ))
+    })
+    .unwrap();
+    let e = x
+        .mul(2.0)
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .backward()
+        .unwrap_err();
+    assert!(e.to_string().contains("bucket 0 failed"), "{e}");
+    // The gradient was accumulated before the hook ran.
+    assert_eq!(vals(&x.grad().unwrap()), vec![2.0, 2.0]);
+}
+
+#[test]
+fn reachable_leaves_are_the_leaves_backward_would_reach() {
+    let (a, b, unused) = (leaf(&[1.0], &[1]), leaf(&[2.0], &[1]), leaf(&[3.0], &[1]));
+    let constant = Tensor::from_vec(vec![4.0], vec![1], CPU).unwrap();
+    // `a` twice (one entry), `b` through a longer path, a constant that needs no grad.
+    let y = a
+        .mul(&a)
+        .unwrap()
+        .add(&b.mul(2.0).unwrap().exp().unwrap())
+        .unwrap();
+    let y = y.add(&constant).unwrap();
+    let found = ember_autograd::reachable_leaves(&[&y]);
+    assert_eq!(found.len(), 2);
+    assert!(found.iter().any(|t| t.same(&a)) && found.iter().any(|t| t.same(&b)));
+    assert!(!found.iter().any(|t| t.same(&unused)));
+    // A leaf output is its own reachable leaf; a tensor needing no grad reaches nothing.
+    assert!(ember_autograd::reachable_leaves(&[&unused])[0].same(&unused));
+    assert!(ember_autograd::reachable_leaves(&[&constant]).is_empty());
 }
 
 #[test]

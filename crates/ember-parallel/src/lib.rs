@@ -5,3 +5,7 @@
 //!
 //! Collectives run on existing engines, never on a network layer of Ember's own; the only
 //! socket code is the small key-value rendezvous that hands NCCL its unique id.
+
+pub mod sampler;
+
+pub use sampler::DistributedSampler;

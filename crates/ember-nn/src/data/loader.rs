@@ -16,6 +16,7 @@ use ember_tensor::random::ThreadGenerator;
 use ember_tensor::random::philox::{key_of, philox4x32_10};
 
 use super::dataset::Dataset;
+use super::sampler::Sampler;
 use crate::Tensor;
 use crate::error::{NnError, Result};
 
@@ -174,6 +175,7 @@ pub struct DataLoader {
     pin_memory: bool,
     collate: Option<CollateFn>,
     worker_init: Option<WorkerInitFn>,
+    sampler: Option<Arc<dyn Sampler>>,
     next_epoch: AtomicU64,
 }
 
@@ -193,6 +195,7 @@ impl fmt::Debug for DataLoader {
                 "worker_init_fn",
                 &self.worker_init.as_ref().map(|_| "custom"),
             )
+            .field("sampler", &self.sampler)
             .field("next_epoch", &self.next_epoch.load(Ordering::Relaxed))
             .finish()
     }
@@ -212,6 +215,7 @@ impl DataLoader {
             pin_memory: false,
             collate: None,
             worker_init: None,
+            sampler: None,
             next_epoch: AtomicU64::new(0),
         }
     }
@@ -281,15 +285,29 @@ impl DataLoader {
         self
     }
 
+    /// The indices each epoch visits, in order, from `sampler` (PyTorch's `sampler=`
+    /// argument, e.g. `ember-parallel`'s `DistributedSampler`) instead of `0..len` or its
+    /// shuffle. Mutually exclusive with `shuffle(true)`: iteration then fails, as PyTorch's
+    /// constructor does. Keep a clone of the `Arc` to call the sampler's own methods
+    /// (`set_epoch`).
+    pub fn sampler(mut self, sampler: Arc<dyn Sampler>) -> DataLoader {
+        self.sampler = Some(sampler);
+        self
+    }
+
     /// The dataset.
     pub fn dataset(&self) -> &Arc<dyn Dataset> {
         &self.dataset
     }
 
     /// The number of batches per epoch: `ceil(len / batch_size)`, or `floor` with
-    /// `drop_last` (0 when `batch_size` is 0, which iteration refuses).
+    /// `drop_last` (0 when `batch_size` is 0, which iteration refuses); `len` is the
+    /// sampler's when there is one, else the dataset's.
     pub fn len(&self) -> usize {
-        let n = self.dataset.len();
+        let n = self
+            .sampler
+            .as_ref()
+            .map_or_else(|| self.dataset.len(), |s| s.len());
         match self.batch_size {
             0 => 0,
             b if self.drop_last => n / b,
@@ -350,10 +368,22 @@ impl DataLoader {
     pub fn batch_indices(&self, epoch: u64) -> Result<Vec<Vec<usize>>> {
         self.validate()?;
         let n = self.dataset.len();
-        let order = if self.shuffle {
-            shuffled_indices(n, self.seed_value(), epoch)
-        } else {
-            (0..n).collect()
+        let order = match &self.sampler {
+            Some(sampler) => {
+                let order = sampler.indices(epoch)?;
+                if let Some(&i) = order.iter().find(|&&i| i >= n) {
+                    return Err(NnError::invalid(
+                        "DataLoader",
+                        format!(
+                            "the sampler yielded index {i}, but the dataset has {n} samples (indices 0..{n})"
+                        ),
+                    )
+                    .into());
+                }
+                order
+            }
+            None if self.shuffle => shuffled_indices(n, self.seed_value(), epoch),
+            None => (0..n).collect(),
         };
         let mut batches: Vec<Vec<usize>> = order
             .chunks(self.batch_size)
@@ -371,6 +401,13 @@ impl DataLoader {
     }
 
     fn validate(&self) -> Result<()> {
+        if self.shuffle && self.sampler.is_some() {
+            return Err(NnError::invalid(
+                "DataLoader",
+                "sampler option is mutually exclusive with shuffle: shuffle in the sampler (DistributedSampler shuffles by default) and leave the loader's shuffle off",
+            )
+            .into());
+        }
         if self.batch_size == 0 {
             return Err(NnError::invalid(
                 "DataLoader",

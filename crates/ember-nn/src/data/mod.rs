@@ -7,7 +7,8 @@
 //! - [`DataLoader`]: batches, optional seeded shuffling (reproducible from the seed and the
 //!   epoch, see [`shuffled_indices`]), `drop_last`, worker threads that prepare batches ahead
 //!   and yield them in order (each with its own seeded generator and [`get_worker_info`]),
-//!   pinned batches, and a custom collate function.
+//!   pinned batches, a custom collate function, and a [`Sampler`] choosing each epoch's
+//!   indices (PyTorch's `sampler=`; `ember-parallel`'s `DistributedSampler` is one).
 //! - [`digits`]: the 8x8 handwritten digits that scikit-learn distributes (1797 samples),
 //!   embedded in the crate.
 //!
@@ -36,9 +37,11 @@
 mod dataset;
 pub mod digits;
 mod loader;
+mod sampler;
 
 pub use dataset::{Dataset, TensorDataset, check_index, default_collate};
 pub use loader::{
     CollateFn, DataLoader, DataLoaderIter, WorkerInfo, WorkerInitFn, get_worker_info,
     shuffled_indices, worker_base_seed,
 };
+pub use sampler::Sampler;

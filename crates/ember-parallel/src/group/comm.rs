@@ -374,7 +374,7 @@ fn serve(
                 if lock(broken).is_none() {
                     engine.finalize();
                 } else {
-                    // Note [Timeouts]: a broken backend is left as it is.
+                    // A broken backend is left as it is (see Note [Timeouts]).
                     std::mem::forget(engine);
                 }
                 let _ = ack.send(());

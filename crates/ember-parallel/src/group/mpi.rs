@@ -435,7 +435,7 @@ impl MpiEngine {
         if direct(t) {
             let r = f(t);
             if matches!(r, Err(EngineError::TimedOut)) {
-                // Note [Timeouts]: MPI may still write into this storage.
+                // MPI may still write into this storage (see Note [Timeouts]).
                 std::mem::forget(t.clone());
             }
             return r;

@@ -39,6 +39,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
         return Err(format!("`test` takes no arguments, found {a:?}"));
     }
     ensure_chromium()?;
+    ensure_mpi()?;
     run_step(
         "cargo fmt --check",
         cargo().args(["fmt", "--all", "--", "--check"]),
@@ -50,6 +51,8 @@ pub fn run(args: &[String]) -> Result<(), String> {
             "--workspace",
             "--all-targets",
             "--locked",
+            "--features",
+            MPI_FEATURE,
             "--",
             "-D",
             "warnings",
@@ -60,7 +63,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
     run_step(
         "cargo test (no CUDA: EMBER_CUDA_EMULATOR unset)",
         cargo()
-            .args(["test", "--workspace", "--locked"])
+            .args(["test", "--workspace", "--locked", "--features", MPI_FEATURE])
             .env_remove("EMBER_CUDA_EMULATOR")
             .env_remove("EMBER_CUDA_EMULATOR_MEMORY")
             .env_remove(coverage::ENV_TRACE)
@@ -73,7 +76,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
         "cargo test (EMBER_CUDA_EMULATOR=2, launch trace)",
         coverage::traced(
             cargo()
-                .args(["test", "--workspace", "--locked"])
+                .args(["test", "--workspace", "--locked", "--features", MPI_FEATURE])
                 .env("EMBER_CUDA_EMULATOR", "2")
                 .env_remove("EMBER_CUDA_EMULATOR_MEMORY"),
             &files,
@@ -119,17 +122,65 @@ pub fn run(args: &[String]) -> Result<(), String> {
     Ok(())
 }
 
+/// The feature that builds process groups' `mpi` backend (and its tests).
+const MPI_FEATURE: &str = "ember-parallel/mpi";
+
+fn on_path(name: &str) -> bool {
+    std::env::var_os("PATH")
+        .iter()
+        .flat_map(std::env::split_paths)
+        .any(|d| d.join(name).is_file())
+}
+
+/// Installs Debian `packages` with apt-get when this process is root and apt-get exists;
+/// `true` if it ran and succeeded.
+fn apt_install(packages: &str, why: &str) -> bool {
+    let root = Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
+    if !(root && on_path("apt-get")) {
+        return false;
+    }
+    eprintln!("==> installing Debian's {packages} ({why})");
+    Command::new("sh")
+        .args([
+            "-c",
+            &format!(
+                "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq {packages} >/dev/null"
+            ),
+        ])
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// `true` when Open MPI (runtime and headers) and libclang (for the bindings' generator)
+/// are installed.
+fn mpi_present() -> bool {
+    let libclang = Command::new("sh")
+        .args(["-c", "ldconfig -p | grep -q 'libclang[-.0-9]*\\.so'"])
+        .status()
+        .is_ok_and(|s| s.success());
+    on_path("mpirun") && on_path("mpicc") && libclang
+}
+
+/// Open MPI for the `mpi` backend's build and its multi-rank tests: installed with apt-get
+/// when missing and this process may, else an error saying exactly what to install.
+fn ensure_mpi() -> Result<(), String> {
+    const PACKAGES: &str = "libopenmpi-dev openmpi-bin libclang-dev";
+    if mpi_present() || (apt_install(PACKAGES, "Open MPI for the mpi backend") && mpi_present()) {
+        return Ok(());
+    }
+    Err(format!(
+        "Open MPI and libclang are needed to build and test the mpi backend (--features {MPI_FEATURE}) and were not found (mpirun, mpicc, libclang.so): install them (Debian: sudo apt-get install {PACKAGES})"
+    ))
+}
+
 /// The browser the profiler's memory-timeline test renders its page in
 /// (`crates/ember-profiler/tests/timeline.rs`): `EMBER_CHROMIUM`, or Debian's `chromium`
 /// (or `chromium-browser`, `google-chrome`) on `PATH`; installed with apt-get when missing
 /// and this process may, else an error saying what to install.
 fn ensure_chromium() -> Result<(), String> {
-    let on_path = |name: &str| {
-        std::env::var_os("PATH")
-            .iter()
-            .flat_map(std::env::split_paths)
-            .any(|d| d.join(name).is_file())
-    };
     if std::env::var_os("EMBER_CHROMIUM").is_some()
         || ["chromium", "chromium-browser", "google-chrome"]
             .iter()
@@ -137,24 +188,10 @@ fn ensure_chromium() -> Result<(), String> {
     {
         return Ok(());
     }
-    let root = Command::new("id")
-        .arg("-u")
-        .output()
-        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
-    if root && on_path("apt-get") {
-        eprintln!(
-            "==> installing Debian's chromium (headless browser for the memory-timeline test)"
-        );
-        let ok = Command::new("sh")
-            .args([
-                "-c",
-                "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null",
-            ])
-            .status()
-            .is_ok_and(|s| s.success());
-        if ok && on_path("chromium") {
-            return Ok(());
-        }
+    if apt_install("chromium", "headless browser for the memory-timeline test")
+        && on_path("chromium")
+    {
+        return Ok(());
     }
     Err(
         "headless Chromium is needed by the profiler's memory-timeline test and none was found \

@@ -143,6 +143,9 @@ pub enum ErrorKind {
     Driver,
     /// Something this build or driver does not offer.
     Unsupported,
+    /// A collective failed or timed out, or a process group could not be formed (named
+    /// with the rank and the operation).
+    Distributed,
     /// Anything else.
     Other,
 }
@@ -163,6 +166,7 @@ impl std::fmt::Display for ErrorKind {
             ErrorKind::Data => "data",
             ErrorKind::Driver => "driver",
             ErrorKind::Unsupported => "unsupported",
+            ErrorKind::Distributed => "distributed",
             ErrorKind::Other => "other",
         };
         f.write_str(s)

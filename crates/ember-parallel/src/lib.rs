@@ -5,7 +5,27 @@
 //!
 //! Collectives run on existing engines, never on a network layer of Ember's own; the only
 //! socket code is the small key-value rendezvous that hands NCCL its unique id.
+//!
+//! Modules:
+//! - [`group`]: process groups (`init_process_group`, `ProcessGroup` and its collectives,
+//!   `Work`), over the `mpi` backend (the `mpi` feature) and, later, `nccl`;
+//! - [`store`]: the TCP key-value rendezvous on `MASTER_ADDR:MASTER_PORT` (torchrun's
+//!   `TCPStore`);
+//! - [`launch`]: `ember launch`, the torchrun-style launcher;
+//! - [`sampler`]: `DistributedSampler`, each rank's shard of a dataset;
+//! - [`testing`]: runs a test as N MPI ranks under `cargo test`.
 
+pub mod error;
+pub mod group;
+pub mod launch;
 pub mod sampler;
+pub mod store;
+pub mod testing;
 
+pub use error::DistError;
+pub use group::{
+    Backend, InitMethod, InitOptions, ProcessGroup, ReduceOp, Work, default_group,
+    destroy_process_group, get_rank, get_world_size, init_process_group, init_process_group_with,
+    is_initialized,
+};
 pub use sampler::DistributedSampler;

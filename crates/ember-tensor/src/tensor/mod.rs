@@ -193,6 +193,69 @@ impl Tensor {
         })
     }
 
+    /// Runs `f` on the elements of this contiguous CPU tensor, in place, as `&[T]` (the
+    /// storage read-locked meanwhile): zero-copy access for code that hands host memory to a
+    /// C library (the MPI collectives of `ember-parallel`). An error, naming `op`, for a
+    /// tensor on another device, a non-contiguous one, or `T` other than its dtype.
+    pub fn with_cpu_slice<T: WithDType, R>(
+        &self,
+        op: &'static str,
+        f: impl FnOnce(&[T]) -> R,
+    ) -> Result<R> {
+        let (start, end) = self.cpu_range::<T>(op)?;
+        self.with_storage(|s, _| match s {
+            Storage::Cpu(c) => Ok(f(&c.as_slice::<T>()?[start..end])),
+            Storage::Cuda(_) => Err(self.not_cpu(op)),
+        })
+    }
+
+    /// As [`with_cpu_slice`](Tensor::with_cpu_slice), with `&mut [T]`: the storage is
+    /// write-locked (its version bumped, as every in-place write does) while `f` runs.
+    pub fn with_cpu_slice_mut<T: WithDType, R>(
+        &self,
+        op: &'static str,
+        f: impl FnOnce(&mut [T]) -> R,
+    ) -> Result<R> {
+        let (start, end) = self.cpu_range::<T>(op)?;
+        let mut g = self.0.storage.write();
+        match &mut *g {
+            Storage::Cpu(c) => Ok(f(&mut c.as_mut_slice::<T>()?[start..end])),
+            Storage::Cuda(_) => Err(self.not_cpu(op)),
+        }
+    }
+
+    fn not_cpu(&self, op: &'static str) -> TensorError {
+        TensorError::InvalidArgument {
+            op,
+            msg: format!("expected a CPU tensor, but found one on {}", self.device()),
+        }
+    }
+
+    /// The element range of a contiguous CPU tensor of dtype `T` in its storage.
+    fn cpu_range<T: WithDType>(&self, op: &'static str) -> Result<(usize, usize)> {
+        if self.dtype() != T::DTYPE {
+            return Err(TensorError::DTypeMismatch {
+                op,
+                expected: T::DTYPE,
+                found: self.dtype(),
+            });
+        }
+        if self.device() != Device::Cpu {
+            return Err(self.not_cpu(op));
+        }
+        match self.layout().contiguous_range() {
+            Some(r) if self.is_contiguous() => Ok(r),
+            _ => Err(TensorError::InvalidArgument {
+                op,
+                msg: format!(
+                    "expected a contiguous tensor, but found shape {} with strides {:?}",
+                    self.shape(),
+                    self.strides()
+                ),
+            }),
+        }
+    }
+
     /// The rows of a 2-D tensor.
     pub fn to_vec2<T: WithDType>(&self) -> Result<Vec<Vec<T>>> {
         self.check_rank("to_vec2", 2)?;

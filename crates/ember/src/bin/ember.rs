@@ -1,5 +1,6 @@
 //! The `ember` program. `ember train` trains a model on the shipped digits (Ember's main
-//! job); `ember info` prints the setup checks the walk-throughs print.
+//! job); `ember info` prints the setup checks the walk-throughs print; `ember launch` starts
+//! the ranks of a distributed program, as torchrun.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -18,6 +19,24 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Start N ranks of PROGRAM, as torchrun: each gets RANK, WORLD_SIZE, LOCAL_RANK,
+    /// LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT; output lines are prefixed with
+    /// `[rankR]:`; when a rank fails the others are ended and launch exits with its code.
+    /// Runs the ranks under mpirun when it is installed (the mpi backend needs it).
+    Launch {
+        /// Ranks on this node.
+        #[arg(long)]
+        nproc_per_node: usize,
+        /// MASTER_ADDR for the ranks' rendezvous.
+        #[arg(long, default_value = "127.0.0.1")]
+        master_addr: String,
+        /// MASTER_PORT for the ranks' rendezvous.
+        #[arg(long, default_value_t = 29500)]
+        master_port: u16,
+        /// The program and its arguments (after `--`).
+        #[arg(last = true, required = true)]
+        program: Vec<std::ffi::OsString>,
+    },
     /// Show CUDA availability, devices and their properties, the CPU, and memory statistics.
     Info {
         /// Print one JSON object instead of text.
@@ -197,6 +216,23 @@ fn train(cfg: TrainConfig, json: bool) -> ExitCode {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Launch {
+            nproc_per_node,
+            master_addr,
+            master_port,
+            program,
+        } => {
+            let mut opts = ember_parallel::launch::LaunchOptions::new(nproc_per_node, program);
+            opts.master_addr = master_addr;
+            opts.master_port = master_port;
+            return match ember_parallel::launch::launch(&opts) {
+                Ok(out) => ExitCode::from(u8::try_from(out.code).unwrap_or(1)),
+                Err(e) => {
+                    eprintln!("ember launch: {e}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
         Command::Info { json } => {
             let info = ember::info::collect();
             if json {

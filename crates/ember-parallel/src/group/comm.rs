@@ -1,0 +1,435 @@
+//! The communication thread of a group and the [`Work`] handles it completes. See Note [One
+//! communication thread] and Note [Timeouts].
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use ember_autograd::{ErrorKind, Result};
+use ember_device::trace;
+use ember_tensor::Tensor as Raw;
+
+use super::{Backend, InitOptions, ReduceOp};
+use crate::error::{DistError, dist_error};
+
+/// One collective as the communication thread runs it, over the tensors' data.
+#[derive(Debug)]
+pub(crate) enum Collective {
+    AllReduce {
+        tensor: Raw,
+        op: ReduceOp,
+    },
+    Broadcast {
+        tensor: Raw,
+        src: usize,
+    },
+    AllGather {
+        outputs: Vec<Raw>,
+        input: Raw,
+    },
+    ReduceScatter {
+        output: Raw,
+        inputs: Vec<Raw>,
+        op: ReduceOp,
+    },
+    Barrier,
+}
+
+impl Collective {
+    /// The trace name, `BACKEND:OP` as PyTorch's profiler shows collectives.
+    pub(crate) fn trace_name(&self, backend: Backend) -> &'static str {
+        match (backend, self) {
+            (Backend::Mpi, Collective::AllReduce { .. }) => "mpi:all_reduce",
+            (Backend::Mpi, Collective::Broadcast { .. }) => "mpi:broadcast",
+            (Backend::Mpi, Collective::AllGather { .. }) => "mpi:all_gather",
+            (Backend::Mpi, Collective::ReduceScatter { .. }) => "mpi:reduce_scatter",
+            (Backend::Mpi, Collective::Barrier) => "mpi:barrier",
+            (Backend::Nccl, Collective::AllReduce { .. }) => "nccl:all_reduce",
+            (Backend::Nccl, Collective::Broadcast { .. }) => "nccl:broadcast",
+            (Backend::Nccl, Collective::AllGather { .. }) => "nccl:all_gather",
+            (Backend::Nccl, Collective::ReduceScatter { .. }) => "nccl:reduce_scatter",
+            (Backend::Nccl, Collective::Barrier) => "nccl:barrier",
+        }
+    }
+
+    fn metadata(&self) -> String {
+        let t = match self {
+            Collective::AllReduce { tensor, .. } | Collective::Broadcast { tensor, .. } => tensor,
+            Collective::AllGather { input, .. } => input,
+            Collective::ReduceScatter { output, .. } => output,
+            Collective::Barrier => return String::new(),
+        };
+        format!(
+            "{{\"dtype\":\"{}\",\"numel\":{},\"shape\":{:?}}}",
+            t.dtype(),
+            t.numel(),
+            t.dims()
+        )
+    }
+}
+
+/// What a collective run on the communication thread gives besides success.
+#[derive(Debug)]
+pub(crate) enum EngineError {
+    /// The inputs were wrong (mismatched across ranks, ...): the group stays usable.
+    Invalid(ErrorKind, String),
+    /// The library failed: the group is broken.
+    Failed(String),
+    /// The deadline passed with the collective still in flight: the group is broken.
+    TimedOut,
+}
+
+/// What a backend's `run` is told besides the collective.
+#[derive(Debug)]
+pub(crate) struct RunCtx {
+    /// Give up at this instant (Note [Timeouts]).
+    pub(crate) deadline: Instant,
+    /// Exchange and compare the inputs' metadata first.
+    pub(crate) check_inputs: bool,
+}
+
+/// A backend, living on its group's communication thread.
+pub(crate) trait Engine {
+    /// This rank and the world size.
+    fn rank_and_size(&self) -> (usize, usize);
+    /// Runs one collective to completion, or gives up at `ctx.deadline`.
+    fn run(&mut self, c: &Collective, ctx: &RunCtx) -> std::result::Result<(), EngineError>;
+    /// Ends the backend cleanly (only on a group that is not broken).
+    fn finalize(self: Box<Self>);
+}
+
+type Outcome = std::result::Result<(), (ErrorKind, DistError)>;
+
+#[derive(Debug, Default)]
+struct Completion {
+    outcome: Mutex<Option<Outcome>>,
+    cv: Condvar,
+}
+
+impl Completion {
+    fn complete(&self, o: Outcome) {
+        *self.outcome.lock().unwrap_or_else(PoisonError::into_inner) = Some(o);
+        self.cv.notify_all();
+    }
+}
+
+enum Msg {
+    Run {
+        c: Collective,
+        done: Arc<Completion>,
+        deadline: Instant,
+        timeout: Duration,
+        name: &'static str,
+    },
+    Shutdown(mpsc::Sender<()>),
+}
+
+/// The state a [`ProcessGroup`](super::ProcessGroup) handle shares with its thread.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub(crate) rank: usize,
+    pub(crate) world_size: usize,
+    pub(crate) backend: Backend,
+    timeout_ns: AtomicU64,
+    check_inputs: Arc<AtomicBool>,
+    broken: Arc<Mutex<Option<String>>>,
+    tx: Mutex<Option<mpsc::Sender<Msg>>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for Msg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Msg::Run { name, .. } => write!(f, "Run({name})"),
+            Msg::Shutdown(_) => f.write_str("Shutdown"),
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn duration_ns(t: Duration) -> u64 {
+    u64::try_from(t.as_nanos()).unwrap_or(u64::MAX)
+}
+
+impl Shared {
+    /// Starts the communication thread; `make` builds the backend on it (MPI is
+    /// initialized on the thread that calls it) and reports this rank and the world size.
+    pub(crate) fn start<F>(opts: &InitOptions, make: F) -> Result<Arc<Shared>>
+    where
+        F: FnOnce() -> Result<Box<dyn Engine>> + Send + 'static,
+    {
+        let (tx, rx) = mpsc::channel::<Msg>();
+        let (ready_tx, ready_rx) = mpsc::channel::<Result<(usize, usize)>>();
+        let broken: Arc<Mutex<Option<String>>> = Arc::new(Mutex::new(None));
+        let check_inputs = Arc::new(AtomicBool::new(true));
+        let backend = opts.backend;
+        let (thread_broken, thread_check) = (broken.clone(), check_inputs.clone());
+        let thread = std::thread::Builder::new()
+            .name(format!("ember-{backend}-comm"))
+            .spawn(move || {
+                let engine = match make() {
+                    Ok(e) => e,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                        return;
+                    }
+                };
+                let (rank, _) = engine.rank_and_size();
+                let _ = ready_tx.send(Ok(engine.rank_and_size()));
+                serve(engine, rx, rank, &thread_broken, &thread_check);
+            })
+            .map_err(|e| {
+                dist_error(
+                    ErrorKind::Other,
+                    None,
+                    "init_process_group",
+                    format!("cannot start the communication thread: {e}"),
+                )
+            })?;
+        let (rank, world_size) = match ready_rx.recv() {
+            Ok(r) => r?,
+            Err(_) => {
+                let _ = thread.join();
+                return Err(dist_error(
+                    ErrorKind::Distributed,
+                    None,
+                    "init_process_group",
+                    "the communication thread ended while starting the backend",
+                ));
+            }
+        };
+        Ok(Arc::new(Shared {
+            rank,
+            world_size,
+            backend,
+            timeout_ns: AtomicU64::new(duration_ns(opts.timeout)),
+            check_inputs,
+            broken,
+            tx: Mutex::new(Some(tx)),
+            thread: Mutex::new(Some(thread)),
+        }))
+    }
+
+    pub(crate) fn timeout(&self) -> Duration {
+        Duration::from_nanos(self.timeout_ns.load(Ordering::Relaxed))
+    }
+
+    pub(crate) fn set_timeout(&self, t: Duration) {
+        self.timeout_ns.store(duration_ns(t), Ordering::Relaxed);
+    }
+
+    pub(crate) fn set_check_inputs(&self, on: bool) {
+        self.check_inputs.store(on, Ordering::Relaxed);
+    }
+
+    pub(crate) fn broken(&self) -> Option<String> {
+        lock(&self.broken).clone()
+    }
+
+    fn error(&self, kind: ErrorKind, op: &str, msg: impl Into<String>) -> ember_autograd::Error {
+        dist_error(kind, Some(self.rank), op, msg)
+    }
+
+    /// Queues `c` and returns its handle. The caller holds the trace range.
+    fn issue(&self, c: Collective, name: &'static str) -> Result<Work> {
+        if let Some(why) = self.broken() {
+            return Err(self.error(ErrorKind::Distributed, name, broken_msg(&why)));
+        }
+        let timeout = self.timeout();
+        let deadline = Instant::now()
+            .checked_add(timeout)
+            .unwrap_or_else(|| Instant::now() + Duration::from_secs(u32::MAX.into()));
+        let done = Arc::new(Completion::default());
+        let sent = lock(&self.tx).as_ref().map(|tx| {
+            tx.send(Msg::Run {
+                c,
+                done: done.clone(),
+                deadline,
+                timeout,
+                name,
+            })
+        });
+        match sent {
+            Some(Ok(())) => Ok(Work {
+                done,
+                deadline,
+                timeout,
+                name,
+                rank: self.rank,
+                broken: self.broken.clone(),
+            }),
+            _ => Err(self.error(
+                ErrorKind::Distributed,
+                name,
+                "the process group was destroyed",
+            )),
+        }
+    }
+
+    pub(crate) fn run_async(&self, c: Collective) -> Result<Work> {
+        let name = c.trace_name(self.backend);
+        let _range = trace::range_with(name, || c.metadata());
+        self.issue(c, name)
+    }
+
+    pub(crate) fn run_sync(&self, c: Collective) -> Result<()> {
+        let name = c.trace_name(self.backend);
+        let _range = trace::range_with(name, || c.metadata());
+        self.issue(c, name)?.wait()
+    }
+
+    /// Drains the queue, finalizes the backend (unless broken) and joins the thread.
+    pub(crate) fn shutdown(&self) -> Result<()> {
+        let Some(tx) = lock(&self.tx).take() else {
+            return Ok(());
+        };
+        let (ack_tx, ack_rx) = mpsc::channel();
+        if tx.send(Msg::Shutdown(ack_tx)).is_err() {
+            return Ok(());
+        }
+        // The queue ahead of the shutdown is bounded by the collectives' own deadlines.
+        match ack_rx.recv_timeout(self.timeout() + Duration::from_secs(5)) {
+            Ok(()) => {
+                if let Some(t) = lock(&self.thread).take() {
+                    let _ = t.join();
+                }
+                Ok(())
+            }
+            Err(_) => Err(self.error(
+                ErrorKind::Distributed,
+                "destroy_process_group",
+                "the communication thread did not stop within the timeout",
+            )),
+        }
+    }
+}
+
+fn broken_msg(why: &str) -> String {
+    format!(
+        "the process group is unusable after an earlier failure ({why}); destroy it and end the process"
+    )
+}
+
+fn timeout_msg(timeout: Duration) -> String {
+    format!(
+        "timed out after {timeout:?} waiting for the other ranks (a rank that skipped this collective, issued another, or died); the process group is now unusable"
+    )
+}
+
+/// The communication thread's loop: runs each queued collective in order.
+fn serve(
+    mut engine: Box<dyn Engine>,
+    rx: mpsc::Receiver<Msg>,
+    rank: usize,
+    broken: &Mutex<Option<String>>,
+    check_inputs: &AtomicBool,
+) {
+    let err = |kind, name: &str, msg: String| {
+        Err((
+            kind,
+            DistError {
+                rank: Some(rank),
+                op: name.to_string(),
+                msg,
+            },
+        ))
+    };
+    while let Ok(msg) = rx.recv() {
+        match msg {
+            Msg::Run {
+                c,
+                done,
+                deadline,
+                timeout,
+                name,
+            } => {
+                if let Some(why) = lock(broken).clone() {
+                    done.complete(err(ErrorKind::Distributed, name, broken_msg(&why)));
+                    continue;
+                }
+                let ctx = RunCtx {
+                    deadline,
+                    check_inputs: check_inputs.load(Ordering::Relaxed),
+                };
+                let outcome = match engine.run(&c, &ctx) {
+                    Ok(()) => Ok(()),
+                    Err(EngineError::Invalid(kind, msg)) => err(kind, name, msg),
+                    Err(EngineError::Failed(msg)) => {
+                        lock(broken).get_or_insert_with(|| format!("{name} failed: {msg}"));
+                        err(ErrorKind::Distributed, name, msg)
+                    }
+                    Err(EngineError::TimedOut) => {
+                        lock(broken).get_or_insert_with(|| format!("{name} timed out"));
+                        err(ErrorKind::Distributed, name, timeout_msg(timeout))
+                    }
+                };
+                done.complete(outcome);
+            }
+            Msg::Shutdown(ack) => {
+                if lock(broken).is_none() {
+                    engine.finalize();
+                } else {
+                    // A broken backend is left as it is (see Note [Timeouts]).
+                    std::mem::forget(engine);
+                }
+                let _ = ack.send(());
+                return;
+            }
+        }
+    }
+}
+
+/// A collective in flight (PyTorch's `Work`): [`wait`](Work::wait) for it.
+#[derive(Debug)]
+pub struct Work {
+    done: Arc<Completion>,
+    deadline: Instant,
+    timeout: Duration,
+    name: &'static str,
+    rank: usize,
+    broken: Arc<Mutex<Option<String>>>,
+}
+
+impl Work {
+    /// Waits until the collective completes, at most until the group's timeout (counted
+    /// from the issue) has passed; then fails naming the rank and the operation, and the
+    /// group is unusable (see Note [Timeouts]).
+    pub fn wait(&self) -> Result<()> {
+        let mut g = lock(&self.done.outcome);
+        loop {
+            if let Some(o) = g.as_ref() {
+                return match o {
+                    Ok(()) => Ok(()),
+                    Err((kind, e)) => Err(ember_autograd::Error::new(*kind, e.clone())),
+                };
+            }
+            let now = Instant::now();
+            if now >= self.deadline {
+                drop(g);
+                lock(&self.broken).get_or_insert_with(|| format!("{} timed out", self.name));
+                return Err(dist_error(
+                    ErrorKind::Distributed,
+                    Some(self.rank),
+                    self.name,
+                    timeout_msg(self.timeout),
+                ));
+            }
+            g = self
+                .done
+                .cv
+                .wait_timeout(g, self.deadline - now)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+    }
+
+    /// `true` once the collective has finished (successfully or not).
+    pub fn is_completed(&self) -> bool {
+        lock(&self.done.outcome).is_some()
+    }
+}

@@ -1,0 +1,733 @@
+//! The `mpi` backend: Open MPI's non-blocking collectives (`MPI_Iallreduce`, ...) on the
+//! group's communication thread, polled until done or until the deadline (Note [Timeouts]).
+//!
+//! CPU tensors that are contiguous and of an MPI dtype are reduced in their own memory
+//! (`MPI_IN_PLACE`); CUDA tensors, strided views and f16/bf16 (no MPI type; reduced in f32)
+//! are staged through a host copy that is written back afterwards, as PyTorch's gloo does.
+//! The only `unsafe` of the crate is here: the MPI calls, each over a buffer that outlives
+//! the request (or is leaked with it when the request is abandoned).
+
+use std::ffi::{c_int, c_void};
+use std::time::{Duration, Instant};
+
+use ember_autograd::{ErrorKind, Result};
+use ember_tensor::{DType, Device, Tensor as Raw, WithDType};
+use mpi::datatype::Equivalence;
+use mpi::ffi;
+use mpi::raw::AsRaw;
+use mpi::topology::{Communicator, SimpleCommunicator};
+
+use super::{Collective, Engine, EngineError, InitMethod, ReduceOp, RunCtx, dtype_code};
+use crate::error::distributed;
+
+/// Open MPI's world on the communication thread.
+pub(crate) struct MpiEngine {
+    // Dropping the universe finalizes MPI; `None` never happens while serving.
+    universe: Option<mpi::environment::Universe>,
+    world: SimpleCommunicator,
+    rank: usize,
+    size: usize,
+    /// The library's `MPI_IN_PLACE` (a C macro the bindings cannot carry); `None` for a
+    /// library we do not recognise, whose reductions then go through a send copy.
+    in_place: Option<usize>,
+}
+
+/// `MPI_IN_PLACE` by implementation: Open MPI's `(void *) 1`, MPICH's `(void *) -1`, read
+/// from `MPI_Get_library_version`.
+fn in_place_sentinel() -> Option<usize> {
+    let mut buf = vec![0u8; 8192];
+    let mut len: c_int = 0;
+    // SAFETY: `buf` is larger than MPI_MAX_LIBRARY_VERSION_STRING (256 in Open MPI, 8192 in
+    // MPICH); MPI writes at most that many bytes and sets `len`.
+    let rc = unsafe { ffi::MPI_Get_library_version(buf.as_mut_ptr().cast(), &mut len) };
+    if rc != 0 {
+        return None;
+    }
+    buf.truncate(usize::try_from(len).unwrap_or(0));
+    let v = String::from_utf8_lossy(&buf);
+    if v.contains("Open MPI") {
+        Some(1)
+    } else if v.contains("MPICH") {
+        Some(usize::MAX)
+    } else {
+        None
+    }
+}
+
+fn env_usize(name: &str) -> Result<Option<usize>> {
+    match std::env::var(name) {
+        Err(_) => Ok(None),
+        Ok(v) => v.trim().parse::<usize>().map(Some).map_err(|_| {
+            distributed(
+                None,
+                "init_process_group",
+                format!("environment variable {name}={v:?} is not a non-negative integer"),
+            )
+        }),
+    }
+}
+
+impl MpiEngine {
+    /// The closure that initializes MPI on the communication thread.
+    pub(crate) fn start(
+        init: InitMethod,
+    ) -> impl FnOnce() -> Result<Box<dyn Engine>> + Send + 'static {
+        move || {
+            let op = "init_process_group";
+            let (universe, _threading) =
+                mpi::initialize_with_threading(mpi::Threading::Funneled).ok_or_else(|| {
+                    distributed(
+                        None,
+                        op,
+                        "MPI is already initialized or was finalized in this process (MPI can be initialized once per process)",
+                    )
+                })?;
+            let world = universe.world();
+            // SAFETY: `world` is MPI_COMM_WORLD of an initialized MPI; MPI_ERRORS_RETURN is
+            // a predefined handler. Errors then come back as return codes, never an abort.
+            unsafe {
+                ffi::MPI_Comm_set_errhandler(world.as_raw(), ffi::RSMPI_ERRORS_RETURN);
+            }
+            let rank = usize::try_from(world.rank()).unwrap_or(0);
+            let size = usize::try_from(world.size()).unwrap_or(1);
+            let engine = MpiEngine {
+                universe: Some(universe),
+                world,
+                rank,
+                size,
+                in_place: in_place_sentinel(),
+            };
+            if init == InitMethod::Env {
+                // On a mismatch the universe is dropped (MPI finalized) with the error.
+                engine.check_env()?;
+            }
+            Ok(Box::new(engine) as Box<dyn Engine>)
+        }
+    }
+
+    /// `WORLD_SIZE` and `RANK`, when set, must be MPI's.
+    fn check_env(&self) -> Result<()> {
+        let op = "init_process_group";
+        if let Some(ws) = env_usize("WORLD_SIZE")?
+            && ws != self.size
+        {
+            return Err(distributed(
+                Some(self.rank),
+                op,
+                format!(
+                    "WORLD_SIZE is {ws}, but MPI started {} process{}: start the ranks with `ember launch --nproc-per-node {ws}` or `mpirun -n {ws}` (processes started apart do not form one MPI world)",
+                    self.size,
+                    if self.size == 1 { "" } else { "es" }
+                ),
+            ));
+        }
+        if let Some(r) = env_usize("RANK")?
+            && r != self.rank
+        {
+            return Err(distributed(
+                Some(self.rank),
+                op,
+                format!(
+                    "RANK is {r}, but MPI gave this process rank {} of {}",
+                    self.rank, self.size
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn comm(&self) -> ffi::MPI_Comm {
+        self.world.as_raw()
+    }
+}
+
+// --- element types -------------------------------------------------------------------------
+
+/// A dtype MPI reduces natively.
+trait Elem: Equivalence + WithDType + Copy + Default {
+    /// MPI's op for `op`, or why there is none.
+    fn mpi_op(op: ReduceOp) -> std::result::Result<ffi::MPI_Op, String> {
+        // SAFETY: reading MPI's predefined op handles (link-time constants).
+        Ok(unsafe {
+            match op {
+                ReduceOp::Sum | ReduceOp::Avg => ffi::RSMPI_SUM,
+                ReduceOp::Max => ffi::RSMPI_MAX,
+                ReduceOp::Min => ffi::RSMPI_MIN,
+                ReduceOp::Product => ffi::RSMPI_PROD,
+            }
+        })
+    }
+    /// Divides each element by `n` (the `Avg` after a `Sum`).
+    fn divide(buf: &mut [Self], n: usize);
+}
+
+macro_rules! elem_float {
+    ($($t:ty),*) => {$(
+        impl Elem for $t {
+            fn divide(buf: &mut [Self], n: usize) {
+                let n = n as $t;
+                buf.iter_mut().for_each(|x| *x /= n);
+            }
+        }
+    )*};
+}
+elem_float!(f32, f64);
+
+macro_rules! elem_int {
+    ($($t:ty),*) => {$(
+        impl Elem for $t {
+            fn divide(buf: &mut [Self], n: usize) {
+                // Truncating, as NCCL's ncclAvg on integers.
+                let n = <$t>::try_from(n).unwrap_or(<$t>::MAX);
+                buf.iter_mut().for_each(|x| *x /= n);
+            }
+        }
+    )*};
+}
+elem_int!(i64, i32, u8);
+
+impl Elem for bool {
+    fn mpi_op(op: ReduceOp) -> std::result::Result<ffi::MPI_Op, String> {
+        // SAFETY: reading MPI's predefined op handles.
+        unsafe {
+            match op {
+                ReduceOp::Sum | ReduceOp::Max => Ok(ffi::RSMPI_LOR),
+                ReduceOp::Min | ReduceOp::Product => Ok(ffi::RSMPI_LAND),
+                ReduceOp::Avg => Err("ReduceOp::Avg is not defined for bool tensors".into()),
+            }
+        }
+    }
+    fn divide(_: &mut [Self], _: usize) {}
+}
+
+/// The dtype a tensor is reduced in: its own, or f32 for f16/bf16 (no MPI type).
+fn work_dtype(d: DType) -> DType {
+    match d {
+        DType::F16 | DType::Bf16 => DType::F32,
+        d => d,
+    }
+}
+
+/// Runs `$body` with `$T` the Rust type of the work dtype `$d`.
+macro_rules! typed {
+    ($d:expr, $T:ident => $body:expr) => {
+        match work_dtype($d) {
+            DType::F32 => {
+                type $T = f32;
+                $body
+            }
+            DType::F64 => {
+                type $T = f64;
+                $body
+            }
+            DType::I64 => {
+                type $T = i64;
+                $body
+            }
+            DType::I32 => {
+                type $T = i32;
+                $body
+            }
+            DType::U8 => {
+                type $T = u8;
+                $body
+            }
+            DType::Bool => {
+                type $T = bool;
+                $body
+            }
+            other => Err(EngineError::Invalid(
+                ErrorKind::DType,
+                format!("no MPI type for {other}"),
+            )),
+        }
+    };
+}
+
+fn tensor_err(e: impl std::fmt::Display) -> EngineError {
+    EngineError::Invalid(ErrorKind::InvalidArgument, e.to_string())
+}
+
+fn count(n: usize) -> std::result::Result<c_int, EngineError> {
+    c_int::try_from(n).map_err(|_| {
+        EngineError::Invalid(
+            ErrorKind::InvalidArgument,
+            format!(
+                "{n} elements are more than one MPI call takes ({})",
+                c_int::MAX
+            ),
+        )
+    })
+}
+
+fn mpi_error(call: &str, rc: c_int) -> EngineError {
+    let mut buf = vec![0u8; 512];
+    let mut len: c_int = 0;
+    // SAFETY: `buf` holds more than MPI_MAX_ERROR_STRING (256) bytes; MPI writes at most
+    // that many and sets `len`.
+    let got = unsafe { ffi::MPI_Error_string(rc, buf.as_mut_ptr().cast(), &mut len) };
+    let text = if got == 0 {
+        buf.truncate(usize::try_from(len).unwrap_or(0));
+        String::from_utf8_lossy(&buf).into_owned()
+    } else {
+        format!("error code {rc}")
+    };
+    EngineError::Failed(format!("{call} failed: {text}"))
+}
+
+/// `true` when `t` can be handed to MPI as it is: a contiguous CPU tensor of an MPI dtype.
+fn direct(t: &Raw) -> bool {
+    t.device() == Device::Cpu && t.is_contiguous() && work_dtype(t.dtype()) == t.dtype()
+}
+
+/// A contiguous host copy of `t` in its work dtype, never sharing `t`'s storage.
+fn host_copy(t: &Raw) -> std::result::Result<Raw, EngineError> {
+    let h = t
+        .to_device(Device::Cpu)
+        .and_then(|h| h.to_dtype(work_dtype(t.dtype())))
+        .and_then(|h| h.contiguous())
+        .map_err(tensor_err)?;
+    if h.shares_storage(t) {
+        h.copy().map_err(tensor_err)
+    } else {
+        Ok(h)
+    }
+}
+
+/// Writes `data` (in `out`'s work dtype) into `out`.
+fn write_into<T: Elem>(out: &Raw, data: &[T]) -> std::result::Result<(), EngineError> {
+    if direct(out) && out.dtype() == T::DTYPE {
+        return out
+            .with_cpu_slice_mut::<T, _>("mpi", |s| s.copy_from_slice(data))
+            .map_err(tensor_err);
+    }
+    let src = Raw::from_slice(data, out.shape().clone(), Device::Cpu).map_err(tensor_err)?;
+    out.copy_(&src).map(|_| ()).map_err(tensor_err)
+}
+
+impl MpiEngine {
+    /// Polls `req` until it completes or `deadline` passes. On a timeout the request is
+    /// abandoned: the caller must leak the buffers it uses (Note [Timeouts]).
+    fn wait(
+        &self,
+        req: &mut ffi::MPI_Request,
+        deadline: Instant,
+    ) -> std::result::Result<(), EngineError> {
+        let started = Instant::now();
+        let mut polls: u32 = 0;
+        loop {
+            let mut flag: c_int = 0;
+            // SAFETY: `req` is a live request from a non-blocking call on this thread;
+            // MPI_Test sets it to MPI_REQUEST_NULL when done; the status is ignored.
+            let rc = unsafe { ffi::MPI_Test(req, &mut flag, ffi::RSMPI_STATUS_IGNORE) };
+            if rc != 0 {
+                return Err(mpi_error("MPI_Test", rc));
+            }
+            if flag != 0 {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(EngineError::TimedOut);
+            }
+            polls = polls.wrapping_add(1);
+            // Spin while the collective is young, then give the core away (ranks often
+            // outnumber cores on a CI machine).
+            if started.elapsed() > Duration::from_millis(20) {
+                std::thread::sleep(Duration::from_micros(50));
+            } else if polls.is_multiple_of(64) {
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    /// Starts a non-blocking call (`start` fills the request) and waits for it.
+    fn call(
+        &self,
+        name: &str,
+        deadline: Instant,
+        start: impl FnOnce(*mut ffi::MPI_Request) -> c_int,
+    ) -> std::result::Result<(), EngineError> {
+        // SAFETY: reading MPI's null request handle.
+        let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
+        let rc = start(&mut req);
+        if rc != 0 {
+            return Err(mpi_error(name, rc));
+        }
+        self.wait(&mut req, deadline)
+    }
+
+    fn all_reduce_slice<T: Elem>(
+        &self,
+        buf: &mut [T],
+        op: ReduceOp,
+        deadline: Instant,
+    ) -> std::result::Result<(), EngineError> {
+        let mpi_op = T::mpi_op(op).map_err(|m| EngineError::Invalid(ErrorKind::DType, m))?;
+        let n = count(buf.len())?;
+        let comm = self.comm();
+        // Without a known MPI_IN_PLACE the input goes through a send copy.
+        let copy: Vec<T> = if self.in_place.is_some() {
+            Vec::new()
+        } else {
+            buf.to_vec()
+        };
+        let send = match self.in_place {
+            Some(p) => p as *const c_void,
+            None => copy.as_ptr().cast::<c_void>(),
+        };
+        let r = self.call("MPI_Iallreduce", deadline, |req| {
+            // SAFETY: `buf` is `n` valid `T`s, borrowed (and so kept alive and unaliased)
+            // until `call` returns, and `send` is MPI_IN_PLACE or `copy` (`n` `T`s, alive
+            // as long); on a timeout the caller leaks the storage behind `buf`, and `copy`
+            // is leaked below.
+            unsafe {
+                ffi::MPI_Iallreduce(
+                    send,
+                    buf.as_mut_ptr().cast::<c_void>(),
+                    n,
+                    T::equivalent_datatype().as_raw(),
+                    mpi_op,
+                    comm,
+                    req,
+                )
+            }
+        });
+        if matches!(r, Err(EngineError::TimedOut)) {
+            std::mem::forget(copy);
+        }
+        r?;
+        if op == ReduceOp::Avg {
+            T::divide(buf, self.size);
+        }
+        Ok(())
+    }
+
+    fn bcast_slice<T: Elem>(
+        &self,
+        buf: &mut [T],
+        src: usize,
+        deadline: Instant,
+    ) -> std::result::Result<(), EngineError> {
+        let n = count(buf.len())?;
+        let root = count(src)?;
+        let comm = self.comm();
+        self.call("MPI_Ibcast", deadline, |req| {
+            // SAFETY: as in `all_reduce_slice`.
+            unsafe {
+                ffi::MPI_Ibcast(
+                    buf.as_mut_ptr().cast::<c_void>(),
+                    n,
+                    T::equivalent_datatype().as_raw(),
+                    root,
+                    comm,
+                    req,
+                )
+            }
+        })
+    }
+
+    /// Runs `f` on `t`'s elements in place: directly, or on a host copy written back.
+    fn in_place<R>(
+        &self,
+        t: &Raw,
+        f: impl FnOnce(&Raw) -> std::result::Result<R, EngineError>,
+    ) -> std::result::Result<R, EngineError> {
+        if direct(t) {
+            let r = f(t);
+            if matches!(r, Err(EngineError::TimedOut)) {
+                // MPI may still write into this storage (see Note [Timeouts]).
+                std::mem::forget(t.clone());
+            }
+            return r;
+        }
+        let h = host_copy(t)?;
+        let r = f(&h);
+        match r {
+            Ok(r) => {
+                t.copy_(&h).map_err(tensor_err)?;
+                Ok(r)
+            }
+            Err(e) => {
+                if matches!(e, EngineError::TimedOut) {
+                    std::mem::forget(h);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn all_reduce(
+        &self,
+        t: &Raw,
+        op: ReduceOp,
+        deadline: Instant,
+    ) -> std::result::Result<(), EngineError> {
+        self.in_place(t, |h| {
+            typed!(h.dtype(), T => h
+                .with_cpu_slice_mut::<T, _>("mpi:all_reduce", |s| self.all_reduce_slice(s, op, deadline))
+                .map_err(tensor_err)?)
+        })
+    }
+
+    fn broadcast(
+        &self,
+        t: &Raw,
+        src: usize,
+        deadline: Instant,
+    ) -> std::result::Result<(), EngineError> {
+        self.in_place(t, |h| {
+            typed!(h.dtype(), T => h
+                .with_cpu_slice_mut::<T, _>("mpi:broadcast", |s| self.bcast_slice(s, src, deadline))
+                .map_err(tensor_err)?)
+        })
+    }
+
+    fn all_gather(
+        &self,
+        outputs: &[Raw],
+        input: &Raw,
+        deadline: Instant,
+    ) -> std::result::Result<(), EngineError> {
+        typed!(input.dtype(), T => {
+            let send: Vec<T> = input.to_vec::<T>().map_err(tensor_err)?;
+            let n = send.len();
+            let mut recv = vec![T::default(); n * self.size];
+            let c = count(n)?;
+            let comm = self.comm();
+            let r = self.call("MPI_Iallgather", deadline, |req| {
+                let dt = T::equivalent_datatype().as_raw();
+                // SAFETY: `send` holds `n` and `recv` `n * size` valid `T`s, alive until
+                // `call` returns (leaked below on a timeout).
+                unsafe {
+                    ffi::MPI_Iallgather(send.as_ptr().cast::<c_void>(), c, dt,
+                        recv.as_mut_ptr().cast::<c_void>(), c, dt, comm, req)
+                }
+            });
+            if let Err(e) = r {
+                if matches!(e, EngineError::TimedOut) {
+                    std::mem::forget(send);
+                    std::mem::forget(recv);
+                }
+                return Err(e);
+            }
+            for (out, chunk) in outputs.iter().zip(recv.chunks(n.max(1))) {
+                write_into::<T>(out, chunk)?;
+            }
+            Ok(())
+        })
+    }
+
+    fn reduce_scatter(
+        &self,
+        output: &Raw,
+        inputs: &[Raw],
+        op: ReduceOp,
+        deadline: Instant,
+    ) -> std::result::Result<(), EngineError> {
+        typed!(output.dtype(), T => {
+            let mpi_op = T::mpi_op(op).map_err(|m| EngineError::Invalid(ErrorKind::DType, m))?;
+            let mut send: Vec<T> = Vec::with_capacity(output.numel() * self.size);
+            for t in inputs {
+                send.extend(t.to_vec::<T>().map_err(tensor_err)?);
+            }
+            let n = output.numel();
+            let mut recv = vec![T::default(); n];
+            let c = count(n)?;
+            let comm = self.comm();
+            let r = self.call("MPI_Ireduce_scatter_block", deadline, |req| {
+                let dt = T::equivalent_datatype().as_raw();
+                // SAFETY: `send` holds `n * size` and `recv` `n` valid `T`s, alive until
+                // `call` returns (leaked below on a timeout).
+                unsafe {
+                    ffi::MPI_Ireduce_scatter_block(send.as_ptr().cast::<c_void>(),
+                        recv.as_mut_ptr().cast::<c_void>(), c, dt, mpi_op, comm, req)
+                }
+            });
+            if let Err(e) = r {
+                if matches!(e, EngineError::TimedOut) {
+                    std::mem::forget(send);
+                    std::mem::forget(recv);
+                }
+                return Err(e);
+            }
+            if op == ReduceOp::Avg {
+                T::divide(&mut recv, self.size);
+            }
+            write_into::<T>(output, &recv)
+        })
+    }
+
+    fn barrier(&self, deadline: Instant) -> std::result::Result<(), EngineError> {
+        let comm = self.comm();
+        // SAFETY: a barrier has no buffers.
+        self.call("MPI_Ibarrier", deadline, |req| unsafe {
+            ffi::MPI_Ibarrier(comm, req)
+        })
+    }
+
+    // --- input checks ------------------------------------------------------------------
+
+    /// Exchanges every rank's description of its call (Note [One communication thread]:
+    /// same order everywhere, so this small all-gather pairs up) and fails on every rank
+    /// alike when they differ.
+    fn check_inputs(
+        &self,
+        c: &Collective,
+        deadline: Instant,
+    ) -> std::result::Result<(), EngineError> {
+        let mine = describe(c);
+        let mut all = vec![0i64; META * self.size];
+        let comm = self.comm();
+        let r = self.call("MPI_Iallgather", deadline, |req| {
+            let dt = i64::equivalent_datatype().as_raw();
+            // SAFETY: `mine` holds META and `all` META * size i64s, alive until `call`
+            // returns (leaked below on a timeout).
+            unsafe {
+                ffi::MPI_Iallgather(
+                    mine.as_ptr().cast::<c_void>(),
+                    META as c_int,
+                    dt,
+                    all.as_mut_ptr().cast::<c_void>(),
+                    META as c_int,
+                    dt,
+                    comm,
+                    req,
+                )
+            }
+        });
+        if let Err(e) = r {
+            if matches!(e, EngineError::TimedOut) {
+                std::mem::forget(all);
+            }
+            return Err(e);
+        }
+        let rows: Vec<&[i64]> = all.chunks(META).collect();
+        if rows.iter().all(|r| *r == mine.as_slice()) {
+            return Ok(());
+        }
+        let kind = if rows.iter().any(|r| r[1] != mine[1]) {
+            ErrorKind::DType
+        } else {
+            ErrorKind::Shape
+        };
+        let list: Vec<String> = rows
+            .iter()
+            .enumerate()
+            .map(|(r, row)| format!("rank {r}: {}", render(row)))
+            .collect();
+        Err(EngineError::Invalid(
+            kind,
+            format!("the ranks' inputs differ ({})", list.join("; ")),
+        ))
+    }
+}
+
+/// Length of one rank's description of a call: kind, dtype, op, src, rank of the shape,
+/// element count, then up to `META - 6` dims.
+const META: usize = 16;
+
+fn op_code(op: ReduceOp) -> i64 {
+    match op {
+        ReduceOp::Sum => 0,
+        ReduceOp::Avg => 1,
+        ReduceOp::Max => 2,
+        ReduceOp::Min => 3,
+        ReduceOp::Product => 4,
+    }
+}
+
+const KINDS: [&str; 6] = [
+    "?",
+    "all_reduce",
+    "broadcast",
+    "all_gather",
+    "reduce_scatter",
+    "barrier",
+];
+const OPS: [&str; 5] = ["sum", "avg", "max", "min", "product"];
+
+fn describe(c: &Collective) -> [i64; META] {
+    let (kind, t, op, src) = match c {
+        Collective::AllReduce { tensor, op } => (1, Some(tensor), op_code(*op), -1),
+        Collective::Broadcast { tensor, src } => (2, Some(tensor), -1, *src as i64),
+        Collective::AllGather { input, .. } => (3, Some(input), -1, -1),
+        Collective::ReduceScatter { output, op, .. } => (4, Some(output), op_code(*op), -1),
+        Collective::Barrier => (5, None, -1, -1),
+    };
+    let mut m = [-1i64; META];
+    m[0] = kind;
+    m[2] = op;
+    m[3] = src;
+    if let Some(t) = t {
+        m[1] = dtype_code(t.dtype());
+        m[4] = t.rank() as i64;
+        m[5] = t.numel() as i64;
+        // Dims past the room left are folded into the last slot.
+        let room = META - 6;
+        for (i, &d) in t.dims().iter().enumerate() {
+            let slot = 6 + i.min(room - 1);
+            if i < room {
+                m[slot] = d as i64;
+            } else {
+                m[slot] = m[slot].wrapping_mul(31).wrapping_add(d as i64);
+            }
+        }
+    }
+    m
+}
+
+fn render(row: &[i64]) -> String {
+    let kind = usize::try_from(row[0])
+        .ok()
+        .and_then(|k| KINDS.get(k))
+        .copied()
+        .unwrap_or("?");
+    if row[0] == 5 {
+        return kind.to_string();
+    }
+    let op = usize::try_from(row[2])
+        .ok()
+        .and_then(|o| OPS.get(o))
+        .map(|o| format!("({o})"))
+        .unwrap_or_default();
+    let src = if row[3] >= 0 {
+        format!("(src {})", row[3])
+    } else {
+        String::new()
+    };
+    let dtype = super::dtype_of_code(row[1]).map_or("?".to_string(), |d| d.to_string());
+    let ndim = usize::try_from(row[4]).unwrap_or(0);
+    let dims: Vec<String> = row[6..6 + ndim.min(META - 6)]
+        .iter()
+        .map(|d| d.to_string())
+        .collect();
+    let more = if ndim > META - 6 { ", ..." } else { "" };
+    format!("{kind}{op}{src} of {dtype} [{}{more}]", dims.join(", "))
+}
+
+impl Engine for MpiEngine {
+    fn rank_and_size(&self) -> (usize, usize) {
+        (self.rank, self.size)
+    }
+
+    fn run(&mut self, c: &Collective, ctx: &RunCtx) -> std::result::Result<(), EngineError> {
+        if ctx.check_inputs {
+            self.check_inputs(c, ctx.deadline)?;
+        }
+        let d = ctx.deadline;
+        match c {
+            Collective::AllReduce { tensor, op } => self.all_reduce(tensor, *op, d),
+            Collective::Broadcast { tensor, src } => self.broadcast(tensor, *src, d),
+            Collective::AllGather { outputs, input } => self.all_gather(outputs, input, d),
+            Collective::ReduceScatter { output, inputs, op } => {
+                self.reduce_scatter(output, inputs, *op, d)
+            }
+            Collective::Barrier => self.barrier(d),
+        }
+    }
+
+    fn finalize(mut self: Box<Self>) {
+        // Dropping the universe calls MPI_Finalize.
+        drop(self.universe.take());
+    }
+}

@@ -1,3 +1,4 @@
+#![allow(clippy::unwrap_used)]
 //! NCCL through the driver seam, on 2 and 3 emulated devices, against naive host references
 //! (Note [Emulated NCCL]); and the real driver's NCCL probe, which must never panic.
 

@@ -437,3 +437,45 @@ pub fn autograd_functions(devices: usize) {
         row += n;
     }
 }
+
+/// The test functions of a binary for `$devices` emulated devices.
+#[macro_export]
+macro_rules! device_tests {
+    ($devices:expr) => {
+        #[test]
+        fn forward_equals_the_module() {
+            common::install($devices);
+            common::forward_equals_the_module($devices);
+        }
+
+        #[test]
+        fn gradients_equal_single_device() {
+            common::install($devices);
+            common::gradients_equal_single_device($devices);
+        }
+
+        #[test]
+        fn training_matches_single_device() {
+            common::install($devices);
+            common::training_matches_single_device($devices);
+        }
+
+        #[test]
+        fn errors_are_clear() {
+            common::install($devices);
+            common::errors_are_clear($devices);
+        }
+
+        #[test]
+        fn comm_functions() {
+            common::install($devices);
+            common::comm_functions($devices);
+        }
+
+        #[test]
+        fn autograd_functions() {
+            common::install($devices);
+            common::autograd_functions($devices);
+        }
+    };
+}

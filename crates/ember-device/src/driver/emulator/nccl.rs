@@ -584,7 +584,7 @@ enum Values {
 }
 
 fn decode(dtype: NcclType, bytes: &[u8]) -> Values {
-    let f = |v: Vec<f64>| Values::Float(v);
+    let f = Values::Float;
     match dtype {
         NcclType::F32 => f(bytes
             .chunks_exact(4)

@@ -241,7 +241,7 @@ impl RealDriver {
         let c = comm.0 as nccl_sys::ncclComm_t;
         let s = s as nccl_sys::cudaStream_t;
         let p = |ptr: crate::driver::DevicePtr| ptr.0 as *mut std::ffi::c_void;
-        // SAFETY (all arms): `c` is a live communicator from the table, `s` a live stream of
+        // SAFETY: (all arms) `c` is a live communicator from the table, `s` a live stream of
         // its device whose context is current; the buffers are device memory the caller
         // sized for the collective (NCCL validates what it can and reports errors).
         let status = unsafe {

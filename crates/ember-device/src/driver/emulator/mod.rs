@@ -31,6 +31,7 @@ mod kernels;
 mod launch_trace;
 mod memory;
 mod nccl;
+mod nccl_run;
 
 pub use config::{
     DEFAULT_TOTAL_MEMORY, ENV_EMULATOR, ENV_EMULATOR_MEMORY, EmulatedDeviceConfig, EmulatorConfig,

@@ -27,12 +27,13 @@
 //!   and the autocast hook (Note [Autocast hook]).
 //! - `rebase`: views and in-place writes through them (Note [View rebase]).
 //! - `ops/*`: the differentiable ops; `checkpoint`: [`checkpoint`] (Note [Checkpoint]);
-//!   `gradcheck`: [`gradcheck`].
+//!   `gradcheck`: [`gradcheck`]; `function`: [`custom_op`] (Note [Custom ops]).
 
 mod checkpoint;
 mod create;
 mod engine;
 mod error;
+mod function;
 mod gradcheck;
 mod graph;
 pub mod mode;
@@ -45,6 +46,7 @@ pub use ember_device::ErrorKind;
 pub use ember_tensor::Reduction;
 pub use engine::{GradOptions, backward, grad, reachable_leaves};
 pub use error::{AutogradError, Error, Result};
+pub use function::custom_op;
 pub use gradcheck::{GradcheckOptions, gradcheck};
 pub use mode::{
     GradModeGuard, enable_grad, inference_mode, is_grad_enabled, is_inference_mode_enabled,

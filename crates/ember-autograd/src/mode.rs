@@ -166,9 +166,10 @@ impl Drop for AutocastGuard {
 }
 
 /// The policy installed on this thread, if any (one thread-local read when none is).
-/// `checkpoint` keeps it to recompute under the forward's autocast state.
+/// `checkpoint` keeps it to recompute under the forward's autocast state; `DataParallel`
+/// hands it to the threads that run its replicas.
 #[inline]
-pub(crate) fn current_policy() -> Option<Arc<dyn AutocastPolicy>> {
+pub fn current_policy() -> Option<Arc<dyn AutocastPolicy>> {
     if !AUTOCAST.with(Cell::get) {
         return None;
     }

@@ -7,14 +7,19 @@
 //! socket code is the small key-value rendezvous that hands NCCL its unique id.
 //!
 //! Modules:
+//! - [`comm`]: moving tensors between the devices of one process (`torch.nn.parallel.comm`)
+//!   and the autograd functions built on it (Note [Collectives or copies]);
+//! - `data_parallel`: [`DataParallel`] (Note [Replicas]);
 //! - [`group`]: process groups (`init_process_group`, `ProcessGroup` and its collectives,
 //!   `Work`), over the `mpi` backend (the `mpi` feature) and, later, `nccl`;
 //! - [`store`]: the TCP key-value rendezvous on `MASTER_ADDR:MASTER_PORT` (torchrun's
 //!   `TCPStore`);
 //! - [`launch`]: `ember launch`, the torchrun-style launcher;
-//! - [`sampler`]: `DistributedSampler`, each rank's shard of a dataset;
+//! - [`sampler`]: [`DistributedSampler`], each rank's shard of a dataset;
 //! - [`testing`]: runs a test as N MPI ranks under `cargo test`.
 
+pub mod comm;
+mod data_parallel;
 pub mod error;
 pub mod group;
 pub mod launch;
@@ -22,6 +27,7 @@ pub mod sampler;
 pub mod store;
 pub mod testing;
 
+pub use data_parallel::{DataParallel, ReplicaFactory};
 pub use error::DistError;
 pub use group::{
     Backend, InitMethod, InitOptions, ProcessGroup, ReduceOp, Work, default_group,

@@ -49,6 +49,7 @@ pub mod strided;
 mod tensor;
 
 pub use cuda::CudaStorage;
+pub use cuda::buffers::{CudaBuffer, with_cuda_buffers};
 pub use dtype::{ALL_DTYPES, DType, WithDType, promote_types};
 pub use ember_device::Device;
 pub use error::{Result, TensorError};

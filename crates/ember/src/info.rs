@@ -41,6 +41,19 @@ pub struct Info {
     /// in `ember-device`): CUDA events around each launch, library call and copy, not
     /// CUPTI; `None` without CUDA.
     pub profiler_device_timing: Option<String>,
+    /// Whether NCCL (collectives among CUDA devices) is usable, and why not.
+    pub nccl: NcclInfo,
+}
+
+/// NCCL through the driver seam (Note [NCCL through the seam] in `ember-device`).
+#[derive(Clone, Debug, Serialize)]
+pub struct NcclInfo {
+    /// Whether collectives among CUDA devices can run.
+    pub available: bool,
+    /// `ncclGetVersion` (`22304` = 2.23.4), when NCCL loads.
+    pub version: Option<i32>,
+    /// The version in words (`2.23.4`, `2.23.4 (emulated)`), or why NCCL is not usable.
+    pub reason: String,
 }
 
 /// How conv2d runs on CUDA: cuDNN or the im2col fallback, why, and the
@@ -150,6 +163,43 @@ pub fn collect() -> Info {
                     .to_string()
             }
         }),
+        nccl: nccl_info(driver.as_deref()),
+    }
+}
+
+fn nccl_info(driver: Option<&dyn ember_device::driver::Driver>) -> NcclInfo {
+    use ember_device::driver::{DriverKind, nccl_version_string};
+    let outcome = match driver {
+        Some(d) => d
+            .nccl_version()
+            .map(|v| {
+                let emulated = if d.kind() == DriverKind::Emulated {
+                    " (emulated)"
+                } else {
+                    ""
+                };
+                (v, format!("{}{emulated}", nccl_version_string(v)))
+            })
+            .map_err(|e| e.to_string()),
+        None => Err(match ember_device::driver::real::probe_nccl() {
+            Ok(v) => format!(
+                "NCCL {} was found, but CUDA is not available",
+                nccl_version_string(v)
+            ),
+            Err(why) => format!("CUDA is not available, and {why}"),
+        }),
+    };
+    match outcome {
+        Ok((v, words)) => NcclInfo {
+            available: true,
+            version: Some(v),
+            reason: words,
+        },
+        Err(reason) => NcclInfo {
+            available: false,
+            version: None,
+            reason,
+        },
     }
 }
 
@@ -299,6 +349,11 @@ impl Info {
         }
         if let Some(t) = &self.profiler_device_timing {
             let _ = writeln!(s, "profiler (CUDA):  {t}");
+        }
+        if self.nccl.available {
+            let _ = writeln!(s, "NCCL:             {}", self.nccl.reason);
+        } else {
+            let _ = writeln!(s, "NCCL:             not available ({})", self.nccl.reason);
         }
         let _ = writeln!(s);
         let _ = writeln!(

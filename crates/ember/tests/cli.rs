@@ -401,3 +401,35 @@ fn train_profile_writes_a_trace_a_timeline_and_the_table() {
     assert!(text.contains("memory timeline: "), "{text}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn info_says_whether_nccl_is_usable() {
+    let v = info_json(Some("2"));
+    assert_eq!(v["nccl"]["available"], true, "{}", v["nccl"]);
+    assert_eq!(v["nccl"]["version"], 22304);
+    assert_eq!(v["nccl"]["reason"], "2.23.4 (emulated)");
+    let text = ember(&["info"], Some("2"));
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("NCCL:             2.23.4 (emulated)"),
+        "{text}"
+    );
+    // Without the emulator: a machine with a GPU and NCCL reports it; otherwise why not.
+    let v = info_json(None);
+    let nccl = &v["nccl"];
+    assert_eq!(
+        nccl["available"].as_bool().unwrap(),
+        nccl["version"].is_i64(),
+        "{nccl}"
+    );
+    if nccl["available"] == false {
+        assert!(
+            nccl["reason"].as_str().unwrap().contains("NCCL")
+                || nccl["reason"].as_str().unwrap().contains("CUDA"),
+            "{nccl}"
+        );
+        let text = ember(&["info"], None);
+        let text = String::from_utf8_lossy(&text.stdout);
+        assert!(text.contains("NCCL:             not available ("), "{text}");
+    }
+}

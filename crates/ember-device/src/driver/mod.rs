@@ -6,7 +6,8 @@
 //! allocation, copies, memset, streams, events, module load, kernel launch (the shape of
 //! `cuLaunchKernel`: a function, grid, block, dynamic shared bytes, a stream and a `void**`
 //! parameter array) and library calls (GEMM; cuDNN convolutions, see Note [cuDNN convolutions
-//! through the seam] in `conv.rs`; NCCL collectives join when data parallelism arrives). Two implementations exist:
+//! through the seam] in `conv.rs`; NCCL communicators and collectives, see Note [NCCL through the seam] in
+//! `nccl.rs`). Two implementations exist:
 //!
 //! - [`real::RealDriver`]: cudarc's driver API with dynamic loading, over raw device
 //!   pointers. It is thin: each method is one or two checked driver calls.
@@ -20,9 +21,11 @@
 
 mod conv;
 pub mod emulator;
+mod nccl;
 pub mod real;
 
 pub use conv::{ConvAlgoPerf, ConvBuffers, ConvDesc, ConvDirection, ConvProblem, ConvSearch};
+pub use nccl::{Collective, NcclComm, NcclType, NcclUniqueId, ReduceOp, nccl_version_string};
 
 use std::ffi::c_void;
 use std::fmt;
@@ -353,4 +356,36 @@ pub trait Driver: Send + Sync + fmt::Debug {
     /// Enqueue one convolution on `stream` (`cudnnConvolutionForward`,
     /// `...BackwardData`, `...BackwardFilter`; the CPU convolution under the emulator).
     fn conv(&self, device: usize, stream: StreamHandle, desc: &ConvDesc) -> Result<()>;
+
+    // --- NCCL (Note [NCCL through the seam]) -------------------------------------------
+    /// NCCL's version code (`ncclGetVersion`, e.g. 22304 for 2.23.4), loading the library on
+    /// first use. An absent or unusable library is [`crate::DeviceError::Unsupported`]
+    /// saying why.
+    fn nccl_version(&self) -> Result<i32>;
+    /// A fresh clique identity (`ncclGetUniqueId`), for [`Driver::nccl_comm_init_rank`].
+    fn nccl_unique_id(&self) -> Result<NcclUniqueId>;
+    /// One communicator per listed device, rank `i` on `devices[i]` (`ncclCommInitAll`).
+    fn nccl_comm_init_all(&self, devices: &[usize]) -> Result<Vec<NcclComm>>;
+    /// This process's rank `rank` of `nranks` in the clique `id`, on `device`
+    /// (`ncclCommInitRank`).
+    fn nccl_comm_init_rank(
+        &self,
+        device: usize,
+        nranks: usize,
+        id: &NcclUniqueId,
+        rank: usize,
+    ) -> Result<NcclComm>;
+    /// `(device, rank, nranks)` of a communicator (`ncclCommCuDevice`, `ncclCommUserRank`,
+    /// `ncclCommCount`).
+    fn nccl_comm_info(&self, comm: NcclComm) -> Result<(usize, usize, usize)>;
+    /// Release a communicator (`ncclCommDestroy`).
+    fn nccl_comm_destroy(&self, comm: NcclComm) -> Result<()>;
+    /// Open a group on this thread (`ncclGroupStart`): collectives issued until the matching
+    /// [`Driver::nccl_group_end`] are launched together. Groups nest.
+    fn nccl_group_start(&self) -> Result<()>;
+    /// Close the group opened by [`Driver::nccl_group_start`] and launch its collectives.
+    fn nccl_group_end(&self) -> Result<()>;
+    /// Enqueue this rank's part of a collective on `stream`, a stream of the communicator's
+    /// device (or the default stream). Buffers must be memory of that device.
+    fn nccl_collective(&self, comm: NcclComm, stream: StreamHandle, op: &Collective) -> Result<()>;
 }

@@ -57,6 +57,8 @@ struct Tables {
     cublas: HashMap<usize, u64>,
     /// device → cuDNN handle, or why cuDNN cannot be used (probed once per device)
     cudnn: HashMap<usize, std::result::Result<u64, String>>,
+    /// NCCL communicator → (device, rank, ranks)
+    nccl: HashMap<u64, (usize, usize, usize)>,
 }
 
 /// NVIDIA's driver behind the [`Driver`] seam. Build with [`RealDriver::probe`].
@@ -264,5 +266,7 @@ impl RealDriver {
 
 mod cudnn;
 mod driver_impl;
+mod nccl;
 
 pub use cudnn::MIN_CUDNN_VERSION;
+pub use nccl::{MIN_NCCL_VERSION, probe as probe_nccl};

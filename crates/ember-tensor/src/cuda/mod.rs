@@ -9,6 +9,7 @@
 //! reuses a block on the stream that freed it; `record_stream` marks other users).
 
 mod amp;
+pub(crate) mod buffers;
 mod cudnn;
 mod fused;
 mod nn;

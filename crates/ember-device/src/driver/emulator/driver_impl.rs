@@ -8,6 +8,7 @@ use super::{
     Emulator, EventState, FunctionState, HOST_ALIGN, KernelLaunch, cudnn, device_of_address, gemm,
     invalid_handle, kernel_name_ok, lookup_kernel, translate_for_kernel,
 };
+use crate::driver::{Collective, NcclComm, NcclUniqueId};
 use crate::driver::{
     ConvAlgoPerf, ConvBuffers, ConvDesc, ConvProblem, ConvSearch, DeviceProperties, DevicePtr,
     Driver, DriverKind, EventHandle, FunctionHandle, GemmDesc, LaunchConfig, ModuleHandle,
@@ -508,6 +509,48 @@ impl Driver for Emulator {
         self.check_library_call(call, device, stream)?;
         self.check_conv_buffers(call, device, &desc.problem, &desc.buffers)?;
         cudnn::run(&mut self.mem(), desc)
+    }
+
+    fn nccl_version(&self) -> Result<i32> {
+        Ok(super::EMULATED_NCCL_VERSION)
+    }
+
+    fn nccl_unique_id(&self) -> Result<NcclUniqueId> {
+        self.nccl_unique_id_impl()
+    }
+
+    fn nccl_comm_init_all(&self, devices: &[usize]) -> Result<Vec<NcclComm>> {
+        self.nccl_comm_init_all_impl(devices)
+    }
+
+    fn nccl_comm_init_rank(
+        &self,
+        device: usize,
+        nranks: usize,
+        id: &NcclUniqueId,
+        rank: usize,
+    ) -> Result<NcclComm> {
+        self.nccl_comm_init_rank_impl(device, nranks, id, rank)
+    }
+
+    fn nccl_comm_info(&self, comm: NcclComm) -> Result<(usize, usize, usize)> {
+        self.nccl_comm_info_impl(comm)
+    }
+
+    fn nccl_comm_destroy(&self, comm: NcclComm) -> Result<()> {
+        self.nccl_comm_destroy_impl(comm)
+    }
+
+    fn nccl_group_start(&self) -> Result<()> {
+        self.nccl_group_start_impl()
+    }
+
+    fn nccl_group_end(&self) -> Result<()> {
+        self.nccl_group_end_impl()
+    }
+
+    fn nccl_collective(&self, comm: NcclComm, stream: StreamHandle, op: &Collective) -> Result<()> {
+        self.nccl_collective_impl(comm, stream, op)
     }
 }
 

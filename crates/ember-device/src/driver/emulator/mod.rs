@@ -3,8 +3,8 @@
 //!
 //! Note [Emulated streams]:
 //!
-//! Every operation enqueued on a stream (copies, memset, kernel launches, GEMM, convolutions, event
-//! records) runs to completion at enqueue time, on the calling thread. That is one valid
+//! Every operation enqueued on a stream (copies, memset, kernel launches, GEMM, convolutions,
+//! NCCL collectives (Note [Emulated NCCL]), event records) runs to completion at enqueue time, on the calling thread. That is one valid
 //! in-order schedule: each stream's work completes in order, and every cross-stream ordering
 //! a program establishes with events holds trivially. So `stream_synchronize`,
 //! `event_synchronize` and `stream_wait_event` only validate their handles, `stream_query`
@@ -30,6 +30,8 @@ mod gemm;
 mod kernels;
 mod launch_trace;
 mod memory;
+mod nccl;
+mod nccl_run;
 
 pub use config::{
     DEFAULT_TOTAL_MEMORY, ENV_EMULATOR, ENV_EMULATOR_MEMORY, EmulatedDeviceConfig, EmulatorConfig,
@@ -44,6 +46,7 @@ pub use kernels::{
 };
 pub use launch_trace::{ENV_EMULATOR_TRACE, launch_trace, set_launch_trace, thread_launch_counts};
 pub use memory::{ADDRESS_TAG, device_of_address, tagged_address};
+pub use nccl::{COLLECTIVE_TIMEOUT, EMULATED_NCCL_VERSION};
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -126,6 +129,7 @@ pub struct Emulator {
     config: EmulatorConfig,
     memory: Mutex<MemoryState>,
     handles: Mutex<Handles>,
+    nccl: nccl::NcclShared,
 }
 
 impl fmt::Debug for Emulator {
@@ -149,6 +153,7 @@ impl Emulator {
             config,
             memory: Mutex::new(memory),
             handles: Mutex::new(Handles::default()),
+            nccl: nccl::NcclShared::default(),
         })
     }
 

@@ -1,7 +1,9 @@
 //! `impl Driver for RealDriver`: one or two checked driver calls per method.
 
 use super::*;
-use crate::driver::{ConvAlgoPerf, ConvDesc, ConvProblem, ConvSearch};
+use crate::driver::{
+    Collective, ConvAlgoPerf, ConvDesc, ConvProblem, ConvSearch, NcclComm, NcclUniqueId,
+};
 
 use sys::CUdevice_attribute as A;
 
@@ -499,6 +501,48 @@ impl Driver for RealDriver {
 
     fn conv(&self, device: usize, stream: StreamHandle, desc: &ConvDesc) -> Result<()> {
         self.conv_impl(device, stream, desc)
+    }
+
+    fn nccl_version(&self) -> Result<i32> {
+        self.nccl_version_impl()
+    }
+
+    fn nccl_unique_id(&self) -> Result<NcclUniqueId> {
+        self.nccl_unique_id_impl()
+    }
+
+    fn nccl_comm_init_all(&self, devices: &[usize]) -> Result<Vec<NcclComm>> {
+        self.nccl_comm_init_all_impl(devices)
+    }
+
+    fn nccl_comm_init_rank(
+        &self,
+        device: usize,
+        nranks: usize,
+        id: &NcclUniqueId,
+        rank: usize,
+    ) -> Result<NcclComm> {
+        self.nccl_comm_init_rank_impl(device, nranks, id, rank)
+    }
+
+    fn nccl_comm_info(&self, comm: NcclComm) -> Result<(usize, usize, usize)> {
+        self.nccl_comm_info_impl(comm)
+    }
+
+    fn nccl_comm_destroy(&self, comm: NcclComm) -> Result<()> {
+        self.nccl_comm_destroy_impl(comm)
+    }
+
+    fn nccl_group_start(&self) -> Result<()> {
+        self.nccl_group_start_impl()
+    }
+
+    fn nccl_group_end(&self) -> Result<()> {
+        self.nccl_group_end_impl()
+    }
+
+    fn nccl_collective(&self, comm: NcclComm, stream: StreamHandle, op: &Collective) -> Result<()> {
+        self.nccl_collective_impl(comm, stream, op)
     }
 }
 

@@ -1,0 +1,451 @@
+//! [`DataParallel`]: `torch.nn.DataParallel`, one process driving several CUDA devices.
+//!
+//! Each forward: the input is scattered along dim 0 (`torch.chunk`'s split, so a batch of 5
+//! on 3 devices is 2, 2, 1 and a batch of 4 uses 2 devices), the module's parameters and
+//! buffers are broadcast from `device_ids[0]` to the other devices (NCCL among CUDA devices,
+//! Note [Collectives or copies] in `comm.rs`), the replicas run in parallel threads, each
+//! with its device current and the caller's grad mode and autocast policy, and the outputs
+//! are gathered on `output_device`. Gradients flow back through the gather and the scatter,
+//! and every replica's parameter gradients are summed into the original module's `.grad`
+//! (Note [Replicas]).
+//!
+//! Note [Replicas]:
+//!
+//! PyTorch's `replicate` makes each replica a shallow copy of the module whose parameters
+//! are the outputs of `Broadcast` (non-leaf tensors in the graph), so gradients reach the
+//! original parameters through autograd. Ember's modules are Rust structs whose fields hold
+//! their tensors: a module can be walked (`named_parameters`, `named_buffers`), moved in
+//! place (`to`) and loaded (`load_state_dict`), but not rebuilt around other tensors, and a
+//! `Clone` of it shares its tensors (Note [Modules move in place] in `ember-nn`). So:
+//!
+//! - A replica is a module of the same structure built by a factory the caller gives
+//!   (`|| Net::new()`, usually what built the module), made once per extra device on the
+//!   first forward, moved to its device, checked to have the module's parameter and buffer
+//!   names and shapes. Device `device_ids[0]`'s replica is the module itself (PyTorch's is a
+//!   copy that shares its storage; the difference is invisible), so its buffer updates
+//!   (BatchNorm's running statistics) are the ones kept, as in PyTorch.
+//! - Every forward broadcasts the module's current parameters and buffers into *fresh*
+//!   tensors on each device and swaps them into the replicas (`set_data`), so the replicas
+//!   see the current weights, and a graph recorded by an earlier forward keeps the tensors
+//!   it saved (nothing is overwritten in place).
+//! - A replica's parameters are leaves. A post-accumulate-grad hook on each sends its
+//!   gradient to the original parameter's device, adds it to the original's `.grad` and
+//!   clears the replica's, so after `loss.backward()` the original module holds the sum of
+//!   every replica's gradient, as PyTorch's `ReduceAddCoalesced` backward gives it. The
+//!   difference from PyTorch: the replicas' contributions reach `.grad` through those hooks,
+//!   not through graph edges, so `autograd::grad(loss, params)` (which does not fill
+//!   `.grad`) sees only device `device_ids[0]`'s part. A hook cannot return an error; one
+//!   that fails (out of memory while adding) is kept and returned by the next forward.
+//!
+//! Alternatives considered: a state-dict load into a deep copy gives values but no gradient
+//! path (the same hooks would be needed); a graph-native replica (parameters that are
+//! `Broadcast` outputs) needs a way to swap a module's tensor fields, which `ModuleParts`
+//! does not offer; running the one module on every device needs per-thread parameter
+//! substitution inside autograd.
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+use ember_autograd::HookHandle;
+use ember_autograd::mode::{current_policy, set_autocast_policy};
+use ember_device::{Device, cuda};
+use ember_nn::{Module, ModuleParts, NnError, Result, Tensor};
+use ember_tensor::Tensor as Raw;
+
+use crate::comm::{Gather, Scatter, broadcast_raw, chunk_sizes};
+
+/// Builds a replica: a module of the same structure as the wrapped one (Note [Replicas]).
+pub type ReplicaFactory<M> = Box<dyn Fn() -> Result<M> + Send + Sync>;
+
+struct Replica<M> {
+    module: M,
+    device: usize,
+    _hooks: Vec<HookHandle>,
+}
+
+/// `torch.nn.DataParallel`: see the module docs and Note [Replicas].
+///
+/// ```
+/// use ember_nn::{Module, Tensor, layers::Linear};
+/// use ember_parallel::DataParallel;
+/// # fn main() -> ember_nn::Result<()> {
+/// # ember_device::cuda::use_emulator(ember_device::driver::emulator::EmulatorConfig::devices(2))?;
+/// let make = || Linear::new(4, 3, ());
+/// let net = make()?;
+/// net.to(ember_device::Device::Cuda(0))?;
+/// let model = DataParallel::new(net, make, None, None)?;
+/// let x = Tensor::randn([6, 4], ember_device::Device::Cuda(0))?;
+/// let y = model.call(&x)?;                      // rows 0..3 on cuda:0, 3..6 on cuda:1
+/// assert_eq!(y.dims(), [6, 3]);
+/// y.sum_all()?.backward()?;                     // gradients summed into model.module()
+/// # Ok(()) }
+/// ```
+pub struct DataParallel<M: Module> {
+    module: M,
+    device_ids: Vec<usize>,
+    output_device: Device,
+    factory: ReplicaFactory<M>,
+    replicas: Mutex<Vec<Replica<M>>>,
+    /// An error of a gradient hook, returned by the next forward.
+    hook_error: Arc<Mutex<Option<String>>>,
+}
+
+impl<M: Module> std::fmt::Debug for DataParallel<M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DataParallel")
+            .field("module", &self.module)
+            .field("device_ids", &self.device_ids)
+            .field("output_device", &self.output_device)
+            .finish_non_exhaustive()
+    }
+}
+
+fn invalid(msg: impl Into<String>) -> ember_nn::Error {
+    NnError::invalid("DataParallel", msg).into()
+}
+
+impl<M: Module> DataParallel<M> {
+    /// `nn.DataParallel(module, device_ids, output_device)`. `factory` builds a module of the
+    /// same structure, for the replicas on the other devices (Note [Replicas]). `device_ids`
+    /// defaults to every CUDA device, `output_device` to `device_ids[0]`; the module must
+    /// be on `cuda:{device_ids[0]}` when it runs forward (it may be moved there after
+    /// wrapping, as `DataParallel(model).to("cuda")` in PyTorch).
+    ///
+    /// Errors: no CUDA device, an empty or repeated device list, an index past the devices.
+    pub fn new(
+        module: M,
+        factory: impl Fn() -> Result<M> + Send + Sync + 'static,
+        device_ids: Option<Vec<usize>>,
+        output_device: Option<Device>,
+    ) -> Result<DataParallel<M>> {
+        let count = cuda::device_count();
+        let device_ids = match device_ids {
+            Some(ids) => ids,
+            None if count > 0 => (0..count).collect(),
+            None => {
+                return Err(invalid(format!(
+                    "no CUDA device to run on: {}",
+                    cuda::unavailable_reason().unwrap_or_else(|| "CUDA is not available".into())
+                )));
+            }
+        };
+        if device_ids.is_empty() {
+            return Err(invalid(
+                "device_ids is empty: expected at least one CUDA device",
+            ));
+        }
+        for (i, &d) in device_ids.iter().enumerate() {
+            if d >= count {
+                return Err(invalid(format!(
+                    "device_ids[{i}] is cuda:{d}, but this process has {count} CUDA device(s)"
+                )));
+            }
+            if device_ids[..i].contains(&d) {
+                return Err(invalid(format!(
+                    "cuda:{d} is listed twice in device_ids {device_ids:?}"
+                )));
+            }
+        }
+        let output_device = output_device.unwrap_or(Device::Cuda(device_ids[0]));
+        if let Device::Cuda(o) = output_device
+            && o >= count
+        {
+            return Err(invalid(format!(
+                "output_device is cuda:{o}, but this process has {count} CUDA device(s)"
+            )));
+        }
+        Ok(DataParallel {
+            module,
+            device_ids,
+            output_device,
+            factory: Box::new(factory),
+            replicas: Mutex::new(Vec::new()),
+            hook_error: Arc::new(Mutex::new(None)),
+        })
+    }
+
+    /// The wrapped module (`model.module`): its parameters hold the gradients.
+    pub fn module(&self) -> &M {
+        &self.module
+    }
+
+    /// The wrapped module, unwrapped.
+    pub fn into_inner(self) -> M {
+        self.module
+    }
+
+    /// The CUDA devices the batch is split over.
+    pub fn device_ids(&self) -> &[usize] {
+        &self.device_ids
+    }
+
+    /// Where the outputs are gathered.
+    pub fn output_device(&self) -> Device {
+        self.output_device
+    }
+
+    fn source(&self) -> Device {
+        Device::Cuda(self.device_ids[0])
+    }
+
+    /// PyTorch's check: every parameter and buffer on `device_ids[0]`.
+    fn check_module_device(&self) -> Result<()> {
+        let source = self.source();
+        let tensors = self
+            .module
+            .named_parameters()
+            .into_iter()
+            .chain(self.module.named_buffers());
+        for (name, t) in tensors {
+            if t.device() != source {
+                return Err(invalid(format!(
+                    "module must have its parameters and buffers on device {source} \
+                     (device_ids[0]) but found one of them on device: {} (`{name}`); move it \
+                     with `to(\"{source}\")`",
+                    t.device()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The module's parameters and buffers, as (name, tensor, is a parameter).
+    fn members(module: &M) -> Vec<(String, Tensor, bool)> {
+        module
+            .named_parameters()
+            .into_iter()
+            .map(|(n, t)| (n, t, true))
+            .chain(
+                module
+                    .named_buffers()
+                    .into_iter()
+                    .map(|(n, t)| (n, t, false)),
+            )
+            .collect()
+    }
+
+    /// Makes the replicas of the devices after the first (once).
+    fn ensure_replicas(&self, replicas: &mut Vec<Replica<M>>) -> Result<()> {
+        if !replicas.is_empty() || self.device_ids.len() < 2 {
+            return Ok(());
+        }
+        let originals = Self::members(&self.module);
+        for &device in &self.device_ids[1..] {
+            let module = (self.factory)()?;
+            module.to(Device::Cuda(device))?;
+            let copies = Self::members(&module);
+            let shape_of = |v: &[(String, Tensor, bool)]| -> Vec<(String, Vec<usize>, bool)> {
+                v.iter()
+                    .map(|(n, t, p)| (n.clone(), t.dims(), *p))
+                    .collect()
+            };
+            if shape_of(&copies) != shape_of(&originals) {
+                let first = originals
+                    .iter()
+                    .zip(&copies)
+                    .find(|(a, b)| a.0 != b.0 || a.1.dims() != b.1.dims())
+                    .map(|(a, b)| {
+                        format!(
+                            "the module has `{}` {:?} where the replica has `{}` {:?}",
+                            a.0,
+                            a.1.dims(),
+                            b.0,
+                            b.1.dims()
+                        )
+                    })
+                    .unwrap_or_else(|| {
+                        format!(
+                            "the module has {} parameters and buffers, the replica {}",
+                            originals.len(),
+                            copies.len()
+                        )
+                    });
+                return Err(invalid(format!(
+                    "the replica factory built a module of another structure: {first}"
+                )));
+            }
+            let mut hooks = Vec::new();
+            for ((_, orig, is_param), (_, copy, _)) in originals.iter().zip(&copies) {
+                if !is_param {
+                    continue;
+                }
+                copy.requires_grad_(orig.requires_grad())?;
+                if !orig.requires_grad() {
+                    continue;
+                }
+                let (orig, errors) = (orig.clone(), Arc::clone(&self.hook_error));
+                hooks.push(copy.register_post_accumulate_grad_hook(move |leaf| {
+                    // The error ends this backward; it is also kept for the next forward.
+                    add_grad_into(leaf, &orig).inspect_err(|e| {
+                        let mut slot = errors.lock().unwrap_or_else(PoisonError::into_inner);
+                        slot.get_or_insert_with(|| e.to_string());
+                    })
+                })?);
+            }
+            replicas.push(Replica {
+                module,
+                device,
+                _hooks: hooks,
+            });
+        }
+        Ok(())
+    }
+
+    /// Broadcasts the module's parameters and buffers into fresh tensors on the first
+    /// `count` replicas' devices and swaps them in (Note [Replicas]).
+    fn refresh(&self, replicas: &[Replica<M>]) -> Result<()> {
+        if replicas.is_empty() {
+            return Ok(());
+        }
+        let originals = Self::members(&self.module);
+        let data: Vec<Raw> = originals.iter().map(|(_, t, _)| t.data()).collect();
+        let devices: Vec<Device> = std::iter::once(self.source())
+            .chain(replicas.iter().map(|r| Device::Cuda(r.device)))
+            .collect();
+        let copies = broadcast_raw(&data, &devices)?;
+        let training = self.module.is_training();
+        for (replica, fresh) in replicas.iter().zip(copies.into_iter().skip(1)) {
+            for ((_, t, _), new) in Self::members(&replica.module).into_iter().zip(fresh) {
+                t.set_data(new);
+            }
+            replica.module.train(training);
+        }
+        Ok(())
+    }
+}
+
+/// Adds a replica parameter's gradient into the original's `.grad` (on the original's
+/// device) and clears the replica's.
+fn add_grad_into(replica: &Tensor, original: &Tensor) -> Result<()> {
+    let Some(g) = replica.grad() else {
+        return Ok(());
+    };
+    replica.set_grad(None)?;
+    let g = g.data().to_device(original.device())?;
+    let sum = match original.grad() {
+        Some(old) => old.data().add(&g)?,
+        None => g,
+    };
+    original.set_grad(Some(&Tensor::wrap(sum)))
+}
+
+impl<M: Module> ModuleParts for DataParallel<M> {
+    fn name(&self) -> &'static str {
+        "DataParallel"
+    }
+
+    fn as_module(&self) -> &dyn Module {
+        self
+    }
+
+    fn named_children(&self) -> Vec<(String, &dyn Module)> {
+        vec![("module".to_string(), self.module.as_module())]
+    }
+}
+
+impl<M: Module> Module for DataParallel<M> {
+    fn forward(&self, input: &Tensor) -> Result<Tensor> {
+        if let Some(e) = self
+            .hook_error
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+        {
+            return Err(invalid(format!(
+                "adding a replica's gradient into the module's failed in the last backward: {e}"
+            )));
+        }
+        self.check_module_device()?;
+        let source = self.source();
+        match input.device() {
+            Device::Cpu => {}
+            Device::Cuda(d) if self.device_ids.contains(&d) => {}
+            other => {
+                return Err(invalid(format!(
+                    "the input is on {other}, expected the CPU or one of device_ids {:?}",
+                    self.device_ids
+                )));
+            }
+        }
+        if input.rank() == 0 {
+            return Err(invalid(
+                "the input is a scalar: expected a batch along dim 0",
+            ));
+        }
+        if self.device_ids.len() == 1 {
+            return self.module.call(&input.to(source)?);
+        }
+        let batch = input.size(0)?;
+        let sizes = chunk_sizes(batch, self.device_ids.len());
+        if sizes.is_empty() {
+            return Err(invalid("the batch (dim 0 of the input) is empty"));
+        }
+        let used = sizes.len();
+        let devices: Vec<Device> = self.device_ids[..used]
+            .iter()
+            .map(|&d| Device::Cuda(d))
+            .collect();
+        let chunks = Scatter::apply(&devices, Some(&sizes), 0, input)?;
+
+        let mut replicas = self.replicas.lock().unwrap_or_else(PoisonError::into_inner);
+        self.ensure_replicas(&mut replicas)?;
+        let active = &replicas[..used - 1];
+        self.refresh(active)?;
+
+        let grad = ember_autograd::is_grad_enabled();
+        let policy = current_policy();
+        let outputs: Vec<Result<Tensor>> = std::thread::scope(|s| {
+            let handles: Vec<_> = chunks
+                .iter()
+                .enumerate()
+                .map(|(i, x)| {
+                    let module: &M = if i == 0 {
+                        &self.module
+                    } else {
+                        &active[i - 1].module
+                    };
+                    let device = self.device_ids[i];
+                    let policy = policy.clone();
+                    s.spawn(move || -> Result<Tensor> {
+                        cuda::set_device(device)?;
+                        let _grad = ember_autograd::set_grad_enabled(grad);
+                        let _autocast = set_autocast_policy(policy);
+                        module.call(x)
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .enumerate()
+                .map(|(i, h)| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(invalid(format!(
+                            "the replica on cuda:{} panicked",
+                            self.device_ids[i]
+                        )))
+                    })
+                })
+                .collect()
+        });
+        drop(replicas);
+        let outputs = outputs
+            .into_iter()
+            .enumerate()
+            .map(|(i, r)| {
+                r.map_err(|e| {
+                    invalid(format!(
+                        "the replica on cuda:{} failed: {e}",
+                        self.device_ids[i]
+                    ))
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Gather::apply(self.output_device, 0, &outputs)
+    }
+
+    fn extra_repr(&self) -> String {
+        format!(
+            "device_ids={:?}, output_device={}",
+            self.device_ids, self.output_device
+        )
+    }
+}

@@ -10,6 +10,7 @@
 //! - [`comm`]: moving tensors between the devices of one process (`torch.nn.parallel.comm`)
 //!   and the autograd functions built on it (Note [Collectives or copies]);
 //! - `data_parallel`: [`DataParallel`] (Note [Replicas]);
+//! - [`ddp`]: [`DistributedDataParallel`] (Note [DDP buckets]);
 //! - [`group`]: process groups (`init_process_group`, `ProcessGroup` and its collectives,
 //!   `Work`), over the `mpi` backend (the `mpi` feature) and, later, `nccl`;
 //! - [`store`]: the TCP key-value rendezvous on `MASTER_ADDR:MASTER_PORT` (torchrun's
@@ -20,6 +21,7 @@
 
 pub mod comm;
 mod data_parallel;
+pub mod ddp;
 pub mod error;
 pub mod group;
 pub mod launch;
@@ -28,6 +30,7 @@ pub mod store;
 pub mod testing;
 
 pub use data_parallel::{DataParallel, ReplicaFactory};
+pub use ddp::{DdpError, DdpOptions, DistributedDataParallel, NoSyncGuard};
 pub use error::DistError;
 pub use group::{
     Backend, InitMethod, InitOptions, ProcessGroup, ReduceOp, Work, default_group,

@@ -12,14 +12,14 @@ use proptest::prelude::*;
 
 fn dataset(n: usize) -> Arc<TensorDataset> {
     let x =
-        Tensor::from_vec((0..n).map(|i| i as f32).collect(), [n], &Device::Cpu).expect("a tensor");
+        Tensor::from_vec((0..n).map(|i| i as f32).collect(), [n], Device::Cpu).expect("a tensor");
     Arc::new(TensorDataset::new(vec![x]).expect("a dataset"))
 }
 
 /// PyTorch's `DistributedSampler.__iter__`, line for line, over a given order.
 fn pytorch_shard(order: Vec<usize>, replicas: usize, rank: usize, drop_last: bool) -> Vec<usize> {
     let n = order.len();
-    let num_samples = if drop_last && n % replicas != 0 {
+    let num_samples = if drop_last && !n.is_multiple_of(replicas) {
         // math.ceil((len - replicas) / replicas), for len >= 0
         let num = n as i64 - replicas as i64;
         if num <= 0 {
@@ -123,10 +123,9 @@ fn bad_rank_and_shuffle_with_sampler_are_errors() {
 
     let sampler = Arc::new(DistributedSampler::with_replicas(data.as_ref(), 1, 0).unwrap());
     let loader = DataLoader::new(data.clone()).sampler(sampler).shuffle(true);
-    let e = loader
-        .iter()
-        .err()
-        .expect("shuffle with a sampler is refused");
+    let Err(e) = loader.iter() else {
+        panic!("shuffle with a sampler is refused")
+    };
     assert!(
         e.to_string().contains("mutually exclusive with shuffle"),
         "{e}"
@@ -148,10 +147,9 @@ impl Sampler for PastTheEnd {
 #[test]
 fn an_index_past_the_dataset_is_an_error() {
     let loader = DataLoader::new(dataset(5)).sampler(Arc::new(PastTheEnd));
-    let e = loader
-        .iter()
-        .err()
-        .expect("index 7 of 5 samples is refused");
+    let Err(e) = loader.iter() else {
+        panic!("index 7 of 5 samples is refused")
+    };
     assert!(
         e.to_string().contains("index 7") && e.to_string().contains("5 samples"),
         "{e}"

@@ -35,6 +35,9 @@ use ember_nn::layers::{Conv2d, Conv2dConfig, Flatten, Linear, MaxPool2d, ReLU, S
 use ember_nn::loss::{CrossEntropyLoss, Loss};
 use ember_nn::optim::{Adam, AdamOptions, Optimizer};
 use ember_nn::{Error, Module, NnError};
+use ember_parallel::{
+    Backend, DdpOptions, DistributedDataParallel, DistributedSampler, InitMethod, ProcessGroup,
+};
 use serde::Serialize;
 
 mod checkpoint;
@@ -227,6 +230,9 @@ pub struct TrainSummary {
     pub notes: Vec<String>,
     /// What `--profile` wrote, if given.
     pub profile: Option<ProfileSummary>,
+    /// Processes that trained together (1 alone; N under `ember launch --nproc-per-node N`
+    /// or `mpirun -n N`, Note [Distributed training]).
+    pub world_size: usize,
 }
 
 /// What `ember train --profile DIR` recorded (Note [Profiling a run]).
@@ -341,6 +347,54 @@ fn recorded_steps(taken: u64) -> Vec<u64> {
         .filter(|&i| i < taken)
         .collect()
 }
+/// Note [Distributed training]: `ember train` started by `ember launch --nproc-per-node N`
+/// (which sets torchrun's `WORLD_SIZE`, `RANK`, `LOCAL_RANK`) or by `mpirun -n N` trains
+/// one model on N processes: a process group over the `mpi` backend (CUDA tensors are
+/// staged through host memory until the NCCL backend is wired), the model wrapped in
+/// `DistributedDataParallel`, each rank loading its shard of each epoch through a
+/// `DistributedSampler` seeded with the run's seed, and `--batch-size` kept as the global
+/// batch (each rank takes `batch_size / N`, so one step sees as many samples as one
+/// process's). With CUDA each rank takes `cuda:LOCAL_RANK`. Every rank validates (their
+/// weights are equal); rank 0 alone writes the checkpoint, and the command line prints on
+/// rank 0 only. The summary's `world_size` says how many processes trained.
+struct Distributed {
+    group: ProcessGroup,
+    rank: usize,
+    local_rank: usize,
+}
+
+impl Distributed {
+    /// The process group of this run, when it was started as several processes.
+    fn from_env() -> Result<Option<Distributed>, Error> {
+        let var = |k: &str| std::env::var(k).ok();
+        let init = if var("WORLD_SIZE").is_some() {
+            InitMethod::Env
+        } else if var("OMPI_COMM_WORLD_SIZE").is_some() {
+            InitMethod::Mpi
+        } else {
+            return Ok(None);
+        };
+        let group = if ember_parallel::is_initialized() {
+            ember_parallel::default_group()?
+        } else {
+            ember_parallel::init_process_group(Backend::Mpi, init)?
+        };
+        if group.world_size() == 1 {
+            return Ok(None);
+        }
+        let rank = group.rank();
+        let local_rank = var("LOCAL_RANK")
+            .or_else(|| var("OMPI_COMM_WORLD_LOCAL_RANK"))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(rank);
+        Ok(Some(Distributed {
+            group,
+            rank,
+            local_rank,
+        }))
+    }
+}
+
 /// Picks the device for a choice, with the reason in words.
 pub fn resolve_device(choice: DeviceChoice) -> Result<(Device, String), Error> {
     match choice {
@@ -455,7 +509,26 @@ pub fn train(cfg: &TrainConfig, progress: &mut dyn Progress) -> Result<TrainSumm
         )
         .into());
     }
-    let (device, device_reason) = resolve_device(cfg.device)?;
+    let dist = Distributed::from_env()?;
+    let (device, mut device_reason) = resolve_device(cfg.device)?;
+    let device = match (&dist, device) {
+        (Some(d), Device::Cuda(_)) => {
+            device_reason = format!("{device_reason}; rank {} takes cuda:LOCAL_RANK", d.rank);
+            Device::Cuda(d.local_rank)
+        }
+        (_, device) => device,
+    };
+    let world = dist.as_ref().map_or(1, |d| d.group.world_size());
+    if !cfg.batch_size.is_multiple_of(world) {
+        return Err(NnError::invalid(
+            "ember train",
+            format!(
+                "--batch-size {} is the global batch and must divide evenly over the {world} ranks",
+                cfg.batch_size
+            ),
+        )
+        .into());
+    }
     let ckpt = cfg.resume.as_deref().map(read_checkpoint).transpose()?;
     let mut notes = Vec::new();
     let seed = match (&ckpt, cfg.seed) {
@@ -545,14 +618,37 @@ pub fn train(cfg: &TrainConfig, progress: &mut dyn Progress) -> Result<TrainSumm
         shape(val_part.images)?.to(device)?,
         val_part.labels.to(device)?,
     );
+    // Alone: the loader shuffles. Distributed: each rank takes its shard of every epoch's
+    // order (the ranks' orders differ from the single-process order) with a per-rank batch.
+    let sampler = match &dist {
+        Some(d) => Some(Arc::new(
+            DistributedSampler::with_replicas(train_set.as_ref(), world, d.rank)?.seed(seed),
+        )),
+        None => None,
+    };
     let loader = DataLoader::new(train_set)
-        .batch_size(cfg.batch_size)
-        .shuffle(true)
+        .batch_size(cfg.batch_size / world)
         .seed(seed)
         .num_workers(cfg.num_workers)
         .pin_memory(device.is_cuda());
+    let loader = match &sampler {
+        Some(s) => loader.sampler(s.clone()),
+        None => loader.shuffle(true),
+    };
 
-    let model = build_model(cfg.model, device)?;
+    let model = Arc::new(build_model(cfg.model, device)?);
+    let ddp = match &dist {
+        Some(d) => Some(DistributedDataParallel::new(
+            model.clone(),
+            &d.group,
+            DdpOptions::default(),
+        )?),
+        None => None,
+    };
+    let net: &dyn Module = match &ddp {
+        Some(ddp) => ddp,
+        None => model.as_ref(),
+    };
     let mut opt = Adam::new(
         model.parameters(),
         AdamOptions {
@@ -570,7 +666,7 @@ pub fn train(cfg: &TrainConfig, progress: &mut dyn Progress) -> Result<TrainSumm
     )?;
     let mut start_epoch = 0;
     if let Some(c) = &ckpt {
-        c.apply(&model, &mut opt, &mut scaler)?;
+        c.apply(model.as_ref(), &mut opt, &mut scaler)?;
         start_epoch = c.epoch;
         if let Some(lr) = cfg.lr {
             let old = opt.param_groups().first().map_or(f64::NAN, |g| g.lr);
@@ -600,6 +696,9 @@ pub fn train(cfg: &TrainConfig, progress: &mut dyn Progress) -> Result<TrainSumm
     for epoch in start_epoch..cfg.epochs {
         model.train(true);
         progress.epoch_start(epoch + 1, cfg.epochs, loader.len());
+        if let Some(s) = &sampler {
+            s.set_epoch(epoch as u64);
+        }
         let (mut total, mut batches) = (0.0, 0usize);
         for batch in loader.epoch(epoch as u64)? {
             let batch = batch?;
@@ -610,7 +709,7 @@ pub fn train(cfg: &TrainConfig, progress: &mut dyn Progress) -> Result<TrainSumm
             opt.zero_grad(true)?;
             let loss = {
                 let _autocast = autocast_region(cfg.amp, device)?;
-                loss_fn.forward(&model.forward(&bx)?, &by)?
+                loss_fn.forward(&net.forward(&bx)?, &by)?
             };
             scaler.scale(&loss)?.backward()?;
             if !scaler.step(&mut opt)? {
@@ -639,7 +738,7 @@ pub fn train(cfg: &TrainConfig, progress: &mut dyn Progress) -> Result<TrainSumm
             }
             total += l;
             batches += 1;
-            seen += bx.dims()[0];
+            seen += bx.dims()[0] * world;
             progress.batch(l, seen as f64 / started.elapsed().as_secs_f64().max(1e-9));
             if let Some(p) = &mut profiler {
                 p.profiler.step()?;
@@ -655,17 +754,28 @@ pub fn train(cfg: &TrainConfig, progress: &mut dyn Progress) -> Result<TrainSumm
         };
         progress.epoch_end(&stats);
         history.push(stats);
-        if let Some(path) = &cfg.save {
+        // Every rank holds the same weights; rank 0 writes the checkpoint.
+        if let Some(path) = cfg
+            .save
+            .as_ref()
+            .filter(|_| dist.as_ref().is_none_or(|d| d.rank == 0))
+        {
             checkpoint::save_checkpoint(
                 path,
                 cfg.model,
                 (seed, cfg.val_fraction),
                 epoch + 1,
-                (&model, &opt, cfg.amp, &scaler),
+                (model.as_ref(), &opt, cfg.amp, &scaler),
             )?;
         }
     }
     let seconds = started.elapsed().as_secs_f64();
+    if let Some(d) = dist {
+        // The ranks leave together: MPI must be finalized before the process exits.
+        drop(ddp);
+        drop(d);
+        ember_parallel::destroy_process_group()?;
+    }
     let profile = profiler.map(RunProfiler::finish).transpose()?;
     let last = history.last().cloned().unwrap_or(EpochStats {
         epoch: start_epoch,
@@ -699,6 +809,7 @@ pub fn train(cfg: &TrainConfig, progress: &mut dyn Progress) -> Result<TrainSumm
         skipped_steps,
         notes,
         profile,
+        world_size: world,
     })
 }
 

@@ -154,10 +154,20 @@ fn print_json(command: &str, value: &impl serde::Serialize) -> ExitCode {
     }
 }
 
+/// Whether this process is rank 0 of a distributed run (or runs alone): the others train
+/// silently (Note [Distributed training]).
+fn is_rank_zero() -> bool {
+    ["RANK", "OMPI_COMM_WORLD_RANK"]
+        .iter()
+        .find_map(|k| std::env::var(k).ok())
+        .is_none_or(|r| r.trim() == "0")
+}
+
 fn train(cfg: TrainConfig, json: bool) -> ExitCode {
+    let rank_zero = is_rank_zero();
     let mut bar = Bar {
         bar: None,
-        quiet: json,
+        quiet: json || !rank_zero,
     };
     let (device, why) = match ember::train::resolve_device(cfg.device) {
         Ok(d) => d,
@@ -166,7 +176,7 @@ fn train(cfg: TrainConfig, json: bool) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    if !json {
+    if !json && rank_zero {
         let precision = cfg
             .amp
             .map_or(String::new(), |a| format!(", autocast {}", a.as_str()));
@@ -182,6 +192,9 @@ fn train(cfg: TrainConfig, json: bool) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if !rank_zero {
+        return ExitCode::SUCCESS;
+    }
     if json {
         return print_json("ember train", &summary);
     } else {

@@ -37,6 +37,9 @@
 //!   `DataLoader`, the shipped digits (all `ember-nn`).
 //! - [`amp`] — automatic mixed precision (`ember-amp`): `autocast` regions and the
 //!   policy table.
+//! - [`parallel`] — data parallelism (`ember-parallel`): `DataParallel`, process groups
+//!   (`init_process_group`, collectives), `DistributedDataParallel`, `DistributedSampler`,
+//!   the launcher behind `ember launch`.
 //! - [`profiler`] — the profiler (`ember-profiler`): `profile`, `record_function`,
 //!   schedules, `key_averages` tables, Chrome/TensorBoard traces, memory timelines.
 //! - [`info`] — what `ember info` prints, as a value; [`train`] — what `ember train` runs.
@@ -151,6 +154,28 @@ pub mod amp {
 /// ```
 pub mod profiler {
     pub use ember_profiler::*;
+}
+
+/// Data parallelism (`ember-parallel`, `torch.nn.parallel` and `torch.distributed`):
+/// `DataParallel` over the devices of one process, process groups over MPI (the `mpi`
+/// feature) with their collectives, `DistributedDataParallel`, `DistributedSampler`.
+///
+/// ```
+/// use std::sync::Arc;
+/// use ember::data::{DataLoader, TensorDataset};
+/// use ember::parallel::DistributedSampler;
+/// use ember::Tensor;
+/// let x = Tensor::ones([10, 2], ())?;
+/// let dataset = Arc::new(TensorDataset::new(vec![x])?);
+/// // Rank 1 of 2: half of each epoch's shuffled order.
+/// let sampler = Arc::new(DistributedSampler::with_replicas(dataset.as_ref(), 2, 1)?);
+/// let loader = DataLoader::new(dataset).sampler(sampler.clone()).batch_size(5);
+/// sampler.set_epoch(0);
+/// assert_eq!(loader.len(), 1);
+/// # Ok::<(), ember::Error>(())
+/// ```
+pub mod parallel {
+    pub use ember_parallel::*;
 }
 
 /// The caching allocator and memory statistics, for every device (the CPU included).

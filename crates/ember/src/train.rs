@@ -35,14 +35,14 @@ use ember_nn::layers::{Conv2d, Conv2dConfig, Flatten, Linear, MaxPool2d, ReLU, S
 use ember_nn::loss::{CrossEntropyLoss, Loss};
 use ember_nn::optim::{Adam, AdamOptions, Optimizer};
 use ember_nn::{Error, Module, NnError};
-use ember_parallel::{
-    Backend, DdpOptions, DistributedDataParallel, DistributedSampler, InitMethod, ProcessGroup,
-};
+use ember_parallel::{DdpOptions, DistributedDataParallel, DistributedSampler};
 use serde::Serialize;
 
 mod checkpoint;
+mod distributed;
 
 pub use checkpoint::{Checkpoint, FORMAT, read_checkpoint};
+use distributed::Distributed;
 
 /// The learning rate of a run that does not give `--lr` (and does not resume).
 pub const DEFAULT_LR: f64 = 2e-3;
@@ -347,54 +347,6 @@ fn recorded_steps(taken: u64) -> Vec<u64> {
         .filter(|&i| i < taken)
         .collect()
 }
-/// Note [Distributed training]: `ember train` started by `ember launch --nproc-per-node N`
-/// (which sets torchrun's `WORLD_SIZE`, `RANK`, `LOCAL_RANK`) or by `mpirun -n N` trains
-/// one model on N processes: a process group over the `mpi` backend (CUDA tensors are
-/// staged through host memory until the NCCL backend is wired), the model wrapped in
-/// `DistributedDataParallel`, each rank loading its shard of each epoch through a
-/// `DistributedSampler` seeded with the run's seed, and `--batch-size` kept as the global
-/// batch (each rank takes `batch_size / N`, so one step sees as many samples as one
-/// process's). With CUDA each rank takes `cuda:LOCAL_RANK`. Every rank validates (their
-/// weights are equal); rank 0 alone writes the checkpoint, and the command line prints on
-/// rank 0 only. The summary's `world_size` says how many processes trained.
-struct Distributed {
-    group: ProcessGroup,
-    rank: usize,
-    local_rank: usize,
-}
-
-impl Distributed {
-    /// The process group of this run, when it was started as several processes.
-    fn from_env() -> Result<Option<Distributed>, Error> {
-        let var = |k: &str| std::env::var(k).ok();
-        let init = if var("WORLD_SIZE").is_some() {
-            InitMethod::Env
-        } else if var("OMPI_COMM_WORLD_SIZE").is_some() {
-            InitMethod::Mpi
-        } else {
-            return Ok(None);
-        };
-        let group = if ember_parallel::is_initialized() {
-            ember_parallel::default_group()?
-        } else {
-            ember_parallel::init_process_group(Backend::Mpi, init)?
-        };
-        if group.world_size() == 1 {
-            return Ok(None);
-        }
-        let rank = group.rank();
-        let local_rank = var("LOCAL_RANK")
-            .or_else(|| var("OMPI_COMM_WORLD_LOCAL_RANK"))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(rank);
-        Ok(Some(Distributed {
-            group,
-            rank,
-            local_rank,
-        }))
-    }
-}
-
 /// Picks the device for a choice, with the reason in words.
 pub fn resolve_device(choice: DeviceChoice) -> Result<(Device, String), Error> {
     match choice {

@@ -122,8 +122,9 @@ pub fn run(args: &[String]) -> Result<(), String> {
     Ok(())
 }
 
-/// The feature that builds process groups' `mpi` backend (and its tests).
-const MPI_FEATURE: &str = "ember-parallel/mpi";
+/// The features that build process groups' `mpi` backend and its tests: ember-parallel's,
+/// and the `ember` crate's (its `ember launch -- ember train` test).
+const MPI_FEATURE: &str = "ember-parallel/mpi,ember/mpi";
 
 fn on_path(name: &str) -> bool {
     std::env::var_os("PATH")

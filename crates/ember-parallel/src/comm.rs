@@ -82,7 +82,15 @@ fn communicators(driver: &dyn Driver, devices: &[usize]) -> Result<Vec<NcclComm>
 
 /// Runs `f` between `nccl_group_start` and `nccl_group_end`; the group is closed even when
 /// `f` fails (the thread's group depth must not leak).
+///
+/// One group at a time in the process, as PyTorch's `torch.cuda.nccl` holds CUDA's free
+/// mutex around each call: the communicators of a device list are shared (cached above),
+/// and NCCL needs every rank of a communicator to see its collectives in the same order,
+/// which two threads issuing groups at once (two `DataParallel`s, or tests run in
+/// parallel) would interleave.
 fn grouped(driver: &dyn Driver, f: impl FnOnce() -> Result<()>) -> Result<()> {
+    static ISSUE: Mutex<()> = Mutex::new(());
+    let _one_at_a_time = ISSUE.lock().unwrap_or_else(PoisonError::into_inner);
     driver.nccl_group_start()?;
     let issued = f();
     let ended = driver.nccl_group_end();

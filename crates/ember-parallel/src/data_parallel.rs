@@ -3,9 +3,9 @@
 //! Each forward: the input is scattered along dim 0 (`torch.chunk`'s split, so a batch of 5
 //! on 3 devices is 2, 2, 1 and a batch of 4 uses 2 devices), the module's parameters and
 //! buffers are broadcast from `device_ids[0]` to the other devices (NCCL among CUDA devices,
-//! Note [Collectives or copies] in `comm.rs`), the replicas run on threads of their own (one
-//! after another for now, Note [Replicas one after another]), each with its device current and the caller's grad mode and autocast policy, and the outputs
-//! are gathered on `output_device`. Gradients flow back through the gather and the scatter,
+//! Note [Collectives or copies] in `comm.rs`), the replicas run at once in threads of their
+//! own, each with its device current and the caller's grad mode and autocast policy, and the
+//! outputs are gathered on `output_device`. Gradients flow back through the gather and the scatter,
 //! and every replica's parameter gradients are summed into the original module's `.grad`
 //! (Note [Replicas]).
 //!
@@ -29,13 +29,32 @@
 //!   see the current weights, and a graph recorded by an earlier forward keeps the tensors
 //!   it saved (nothing is overwritten in place).
 //! - A replica's parameters are leaves. A post-accumulate-grad hook on each sends its
-//!   gradient to the original parameter's device, adds it to the original's `.grad` and
-//!   clears the replica's, so after `loss.backward()` the original module holds the sum of
-//!   every replica's gradient, as PyTorch's `ReduceAddCoalesced` backward gives it. The
+//!   gradient to the original parameter's device and clears the replica's; once every
+//!   replica that the last forward reached has sent its part, their sum is added to the
+//!   original's `.grad` (Note [Replica gradients in device order]), so after
+//!   `loss.backward()` the original module holds the sum of every replica's gradient, as
+//!   PyTorch's `ReduceAddCoalesced` backward gives it. The
 //!   difference from PyTorch: the replicas' contributions reach `.grad` through those hooks,
 //!   not through graph edges, so `autograd::grad(loss, params)` (which does not fill
-//!   `.grad`) sees only device `device_ids[0]`'s part. A hook cannot return an error; one
-//!   that fails (out of memory while adding) is kept and returned by the next forward.
+//!   `.grad`) sees only device `device_ids[0]`'s part. A hook that fails (out of memory
+//!   while adding) ends that backward with its error, which the next forward returns too.
+//!
+//! Note [Replica gradients in device order]:
+//! The replicas run at once, so the autograd nodes they record interleave in creation order
+//! from one run to the next, and with them the order in which backward reaches the
+//! replicas' parameters. Adding each replica's gradient into `.grad` as it arrives made the
+//! sum's rounding depend on thread timing: harmless for most gradients, but a conv bias
+//! followed by BatchNorm has a gradient that is zero up to rounding, and Adam scales that
+//! rounding noise to a full step (the 3-device Adam test drifted in about half its runs
+//! while every gradient agreed within 1e-6). So each hook parks its gradient in a slot per
+//! (parameter, replica), and when every replica that the last forward's graph reaches has
+//! delivered ([`ember_autograd::reachable_leaves`], walked after each forward), the slots
+//! are summed in device order and added once. Device `device_ids[0]`'s part is the
+//! module's own and reaches `.grad` through autograd's accumulation; with `.grad` unset
+//! (or zero) at the start of backward, `g0 + S` and `S + g0` are the same number, so the
+//! result no longer depends on timing. A backward that delivers the gradients of only some
+//! replicas (an output not used by the loss on some device) leaves a set unfinished, and the
+//! next forward fails naming the parameter, as DDP's "Expected to have finished reduction".
 //!
 //! Alternatives considered: a state-dict load into a deep copy gives values but no gradient
 //! path (the same hooks would be needed); a graph-native replica (parameters that are
@@ -45,8 +64,8 @@
 
 use std::sync::{Arc, Mutex, PoisonError};
 
-use ember_autograd::HookHandle;
 use ember_autograd::mode::{current_policy, set_autocast_policy};
+use ember_autograd::{HookHandle, reachable_leaves};
 use ember_device::{Device, cuda};
 use ember_nn::{Module, ModuleParts, NnError, Result, Tensor};
 use ember_tensor::Tensor as Raw;
@@ -87,6 +106,84 @@ pub struct DataParallel<M: Module> {
     replicas: Mutex<Vec<Replica<M>>>,
     /// An error of a gradient hook, returned by the next forward.
     hook_error: Arc<Mutex<Option<String>>>,
+    /// The replicas' parked gradients (Note [Replica gradients in device order]).
+    pending: Arc<Mutex<Pending>>,
+}
+
+/// The replica gradients of one backward, per parameter that requires grad (in the module's
+/// order) and replica (`device_ids[1..]` order): Note [Replica gradients in device order].
+#[derive(Default)]
+struct Pending {
+    /// The parameter's name, for errors.
+    names: Vec<String>,
+    /// `expected[p][r]`: the last forward's graph reaches replica `r`'s parameter `p`.
+    expected: Vec<Vec<bool>>,
+    /// `slots[p][r]`: the gradient replica `r` delivered for `p` (on the module's device).
+    slots: Vec<Vec<Option<Raw>>>,
+}
+
+impl Pending {
+    /// Parks replica `r`'s gradient of parameter `p`; once every expected replica has
+    /// delivered, returns their sum in device order and empties the slots.
+    fn deliver(&mut self, p: usize, r: usize, g: Raw) -> Result<Option<Raw>> {
+        let (Some(slots), Some(expected)) = (self.slots.get_mut(p), self.expected.get(p)) else {
+            return Err(invalid(format!(
+                "a replica gradient for parameter {p} of {} (internal error)",
+                self.names.len()
+            )));
+        };
+        let Some(slot) = slots.get_mut(r) else {
+            return Err(invalid(format!(
+                "a gradient from replica {r} of {} (internal error)",
+                slots.len()
+            )));
+        };
+        *slot = Some(match slot.take() {
+            // A second backward through the same graph before the set completed.
+            Some(old) => old.add(&g)?,
+            None => g,
+        });
+        let complete = slots.iter().zip(expected).all(|(s, &e)| s.is_some() || !e);
+        if !complete {
+            return Ok(None);
+        }
+        let mut sum: Option<Raw> = None;
+        for g in slots.iter_mut().filter_map(Option::take) {
+            sum = Some(match sum {
+                Some(acc) => acc.add(&g)?,
+                None => g,
+            });
+        }
+        Ok(sum)
+    }
+
+    /// At the start of a forward with grad mode on: a set the last backward left unfinished
+    /// is an error (and is dropped, so the next forward goes on).
+    fn check_finished(&mut self) -> Result<()> {
+        let unfinished = self
+            .slots
+            .iter()
+            .position(|s| s.iter().any(Option::is_some));
+        let Some(p) = unfinished else {
+            return Ok(());
+        };
+        let missing: Vec<usize> = self.slots[p]
+            .iter()
+            .zip(&self.expected[p])
+            .enumerate()
+            .filter(|(_, (g, e))| **e && g.is_none())
+            .map(|(r, _)| r + 1)
+            .collect();
+        for s in &mut self.slots {
+            s.iter_mut().for_each(|g| *g = None);
+        }
+        Err(invalid(format!(
+            "expected every replica to deliver a gradient for `{}` in the last backward, \
+             but the replica(s) at device_ids positions {missing:?} did not (was an output \
+             of one device left out of the loss?)",
+            self.names.get(p).map_or("?", String::as_str)
+        )))
+    }
 }
 
 impl<M: Module> std::fmt::Debug for DataParallel<M> {
@@ -160,6 +257,7 @@ impl<M: Module> DataParallel<M> {
             factory: Box::new(factory),
             replicas: Mutex::new(Vec::new()),
             hook_error: Arc::new(Mutex::new(None)),
+            pending: Arc::new(Mutex::new(Pending::default())),
         })
     }
 
@@ -229,7 +327,18 @@ impl<M: Module> DataParallel<M> {
             return Ok(());
         }
         let originals = Self::members(&self.module);
-        for &device in &self.device_ids[1..] {
+        let trained: Vec<&(String, Tensor, bool)> = originals
+            .iter()
+            .filter(|(_, t, is_param)| *is_param && t.requires_grad())
+            .collect();
+        {
+            let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
+            let others = self.device_ids.len() - 1;
+            pending.names = trained.iter().map(|(n, _, _)| n.clone()).collect();
+            pending.slots = vec![vec![None; others]; trained.len()];
+            pending.expected = vec![vec![false; others]; trained.len()];
+        }
+        for (r, &device) in self.device_ids[1..].iter().enumerate() {
             let module = (self.factory)()?;
             module.to(Device::Cuda(device))?;
             let copies = Self::members(&module);
@@ -264,6 +373,7 @@ impl<M: Module> DataParallel<M> {
                 )));
             }
             let mut hooks = Vec::new();
+            let mut p = 0;
             for ((_, orig, is_param), (_, copy, _)) in originals.iter().zip(&copies) {
                 if !is_param {
                     continue;
@@ -273,13 +383,15 @@ impl<M: Module> DataParallel<M> {
                     continue;
                 }
                 let (orig, errors) = (orig.clone(), Arc::clone(&self.hook_error));
+                let pending = Arc::clone(&self.pending);
                 hooks.push(copy.register_post_accumulate_grad_hook(move |leaf| {
                     // The error ends this backward; it is also kept for the next forward.
-                    add_grad_into(leaf, &orig).inspect_err(|e| {
+                    deliver_grad(leaf, &orig, &pending, p, r).inspect_err(|e| {
                         let mut slot = errors.lock().unwrap_or_else(PoisonError::into_inner);
                         slot.get_or_insert_with(|| e.to_string());
                     })
                 })?);
+                p += 1;
             }
             replicas.push(Replica {
                 module,
@@ -287,6 +399,29 @@ impl<M: Module> DataParallel<M> {
                 _hooks: hooks,
             });
         }
+        Ok(())
+    }
+
+    /// Records which replica parameters this forward's graph reaches (Note [Replica
+    /// gradients in device order]); with grad mode off nothing is recorded.
+    fn expect_gradients(&self, replicas: &[Replica<M>], outputs: &[Tensor]) -> Result<()> {
+        if !ember_autograd::is_grad_enabled() {
+            return Ok(());
+        }
+        let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut expected = vec![vec![false; replicas.len()]; pending.names.len()];
+        for (r, (replica, out)) in replicas.iter().zip(outputs.iter().skip(1)).enumerate() {
+            let reached = reachable_leaves(&[out]);
+            let trained = replica
+                .module
+                .parameters()
+                .into_iter()
+                .filter(Tensor::requires_grad);
+            for (row, param) in expected.iter_mut().zip(trained) {
+                row[r] = reached.iter().any(|l| l.same(&param));
+            }
+        }
+        pending.expected = expected;
         Ok(())
     }
 
@@ -313,14 +448,28 @@ impl<M: Module> DataParallel<M> {
     }
 }
 
-/// Adds a replica parameter's gradient into the original's `.grad` (on the original's
-/// device) and clears the replica's.
-fn add_grad_into(replica: &Tensor, original: &Tensor) -> Result<()> {
+/// Parks replica `r`'s gradient of parameter `p` (moved to the original's device) and
+/// clears the replica's; when the set is complete, adds the replicas' sum into the
+/// original's `.grad` (Note [Replica gradients in device order]).
+fn deliver_grad(
+    replica: &Tensor,
+    original: &Tensor,
+    pending: &Mutex<Pending>,
+    p: usize,
+    r: usize,
+) -> Result<()> {
     let Some(g) = replica.grad() else {
         return Ok(());
     };
     replica.set_grad(None)?;
     let g = g.data().to_device(original.device())?;
+    let sum = pending
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .deliver(p, r, g)?;
+    let Some(g) = sum else {
+        return Ok(());
+    };
     let sum = match original.grad() {
         Some(old) => old.data().add(&g)?,
         None => g,
@@ -355,6 +504,12 @@ impl<M: Module> Module for DataParallel<M> {
             )));
         }
         self.check_module_device()?;
+        if ember_autograd::is_grad_enabled() {
+            self.pending
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .check_finished()?;
+        }
         let source = self.source();
         match input.device() {
             Device::Cpu => {}
@@ -393,37 +548,39 @@ impl<M: Module> Module for DataParallel<M> {
 
         let grad = ember_autograd::is_grad_enabled();
         let policy = current_policy();
-        // Note [Replicas one after another]: each replica runs on a thread of its own with
-        // its device current, but the threads run one after another, not at once. Run
-        // concurrently on the emulated devices, the 3-device training test drifts from the
-        // single-device run in about half of its runs (a data race not found yet; one after
-        // another it matches every time), so concurrency waits until that race is found.
-        let outputs: Vec<Result<Tensor>> = chunks
-            .iter()
-            .enumerate()
-            .map(|(i, x)| {
-                let module: &M = if i == 0 {
-                    &self.module
-                } else {
-                    &active[i - 1].module
-                };
-                let device = self.device_ids[i];
-                let policy = policy.clone();
-                std::thread::scope(|s| {
+        let outputs: Vec<Result<Tensor>> = std::thread::scope(|s| {
+            let handles: Vec<_> = chunks
+                .iter()
+                .enumerate()
+                .map(|(i, x)| {
+                    let module: &M = if i == 0 {
+                        &self.module
+                    } else {
+                        &active[i - 1].module
+                    };
+                    let device = self.device_ids[i];
+                    let policy = policy.clone();
                     s.spawn(move || -> Result<Tensor> {
                         cuda::set_device(device)?;
                         let _grad = ember_autograd::set_grad_enabled(grad);
                         let _autocast = set_autocast_policy(policy);
                         module.call(x)
                     })
-                    .join()
-                    .unwrap_or_else(|_| {
-                        Err(invalid(format!("the replica on cuda:{device} panicked")))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .enumerate()
+                .map(|(i, h)| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(invalid(format!(
+                            "the replica on cuda:{} panicked",
+                            self.device_ids[i]
+                        )))
                     })
                 })
-            })
-            .collect();
-        drop(replicas);
+                .collect()
+        });
         let outputs = outputs
             .into_iter()
             .enumerate()
@@ -436,6 +593,8 @@ impl<M: Module> Module for DataParallel<M> {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
+        self.expect_gradients(&replicas, &outputs)?;
+        drop(replicas);
         Gather::apply(self.output_device, 0, &outputs)
     }
 
@@ -444,5 +603,57 @@ impl<M: Module> Module for DataParallel<M> {
             "device_ids={:?}, output_device={}",
             self.device_ids, self.output_device
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ember_tensor::Tensor as Raw;
+
+    fn raw(v: f32) -> Raw {
+        Raw::from_vec(vec![v], [1], ()).unwrap()
+    }
+
+    fn pending(expected: Vec<Vec<bool>>) -> Pending {
+        Pending {
+            names: vec!["0.weight".into(), "0.bias".into()],
+            slots: vec![vec![None; expected[0].len()]; expected.len()],
+            expected,
+        }
+    }
+
+    #[test]
+    fn a_set_sums_in_device_order_once_complete() {
+        // 1 + 1e8 - 1e8 depends on the order: device order gives (1e8 + 1) - 1e8 = 0 in f32.
+        let order = [(2, -1e8f32), (0, 1e8), (1, 1.0)];
+        let mut p = pending(vec![vec![true; 3], vec![true; 3]]);
+        let mut out = None;
+        for (r, v) in order {
+            assert!(out.is_none());
+            out = p.deliver(0, r, raw(v)).unwrap();
+        }
+        let sum = out.unwrap().to_vec::<f32>().unwrap();
+        assert_eq!(sum, vec![(1e8f32 + 1.0) - 1e8]);
+        assert!(p.slots[0].iter().all(Option::is_none));
+        assert!(p.check_finished().is_ok());
+    }
+
+    #[test]
+    fn replicas_not_reached_are_not_waited_for() {
+        let mut p = pending(vec![vec![true, false], vec![true, true]]);
+        let sum = p.deliver(0, 0, raw(2.0)).unwrap().unwrap();
+        assert_eq!(sum.to_vec::<f32>().unwrap(), vec![2.0]);
+    }
+
+    #[test]
+    fn an_unfinished_set_fails_the_next_forward_once() {
+        let mut p = pending(vec![vec![true, true], vec![true, true]]);
+        assert!(p.deliver(1, 0, raw(2.0)).unwrap().is_none());
+        let e = p.check_finished().unwrap_err().to_string();
+        assert!(e.contains("`0.bias`") && e.contains("[2]"), "{e}");
+        assert!(p.check_finished().is_ok());
+        assert!(p.deliver(5, 0, raw(1.0)).is_err());
+        assert!(p.deliver(0, 7, raw(1.0)).is_err());
     }
 }

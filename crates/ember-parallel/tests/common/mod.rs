@@ -247,6 +247,46 @@ pub fn training_matches_single_device(devices: usize) {
     }
 }
 
+/// Note [Replica gradients in device order]: the replicas run at once, and the result must
+/// not depend on how their threads interleave, so the same training repeated gives the same
+/// bits. A conv bias before BatchNorm has a gradient that is zero up to rounding, which
+/// Adam scales to a full step: a summation order that follows thread timing shows here.
+pub fn training_is_repeatable(devices: usize) {
+    let init = conv_bn().unwrap();
+    let batch = 3 * devices + 1;
+    let data: Vec<(Tensor, Tensor)> = (0..3)
+        .map(|_| {
+            (
+                Tensor::randn([batch, 2, 5, 5], cuda0()).unwrap(),
+                Tensor::randint(0, 3, [batch], cuda0()).unwrap(),
+            )
+        })
+        .collect();
+    let loss = CrossEntropyLoss::new();
+    let run = || -> Vec<f64> {
+        let m = conv_bn().unwrap();
+        m.load_state_dict(&init.state_dict()).unwrap();
+        m.to(cuda0()).unwrap();
+        let dp = wrap(m, conv_bn);
+        let options = AdamOptions {
+            lr: 1e-2,
+            ..Default::default()
+        };
+        let mut opt = Adam::new(dp.module().parameters(), options).unwrap();
+        for (x, y) in &data {
+            opt.zero_grad(true).unwrap();
+            let l = loss.forward(&dp.call(x).unwrap(), y).unwrap();
+            l.backward().unwrap();
+            opt.step().unwrap();
+        }
+        dp.module().parameters().iter().flat_map(values).collect()
+    };
+    let first = run();
+    for attempt in 1..6 {
+        assert_eq!(run(), first, "run {attempt} differs from run 0");
+    }
+}
+
 pub fn errors_are_clear(devices: usize) {
     // The module must be on device_ids[0].
     let m = mlp().unwrap();
@@ -458,6 +498,12 @@ macro_rules! device_tests {
         fn training_matches_single_device() {
             common::install($devices);
             common::training_matches_single_device($devices);
+        }
+
+        #[test]
+        fn training_is_repeatable() {
+            common::install($devices);
+            common::training_is_repeatable($devices);
         }
 
         #[test]

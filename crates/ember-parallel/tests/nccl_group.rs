@@ -334,7 +334,7 @@ fn mismatched_inputs_fail_on_every_rank() {
         assert_eq!(kind, ErrorKind::Shape);
         assert!(
             msg.contains("the ranks' inputs differ")
-                && msg.contains("rank 1: all_reduce(sum) of f32 [4]"),
+                && msg.contains("rank 1: all_reduce(sum) of torch.float32 [4]"),
             "{msg}"
         );
     }

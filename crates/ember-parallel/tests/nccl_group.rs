@@ -460,6 +460,18 @@ fn sgd(params: Vec<Tensor>) -> SGD {
     .unwrap()
 }
 
+/// The mean squared error of `m` on `(x, y)`.
+fn mse(m: &dyn Module, x: &Tensor, y: &Tensor) -> Tensor {
+    m.call(x)
+        .unwrap()
+        .sub(y)
+        .unwrap()
+        .square()
+        .unwrap()
+        .mean_all()
+        .unwrap()
+}
+
 fn params(m: &dyn Module) -> Vec<Vec<f64>> {
     m.named_parameters()
         .iter()
@@ -498,16 +510,7 @@ fn ddp_over_an_nccl_group_equals_one_process() {
                 x.narrow(0, rank * B, B).unwrap(),
                 y.narrow(0, rank * B, B).unwrap(),
             );
-            let loss = ddp
-                .call(&xs)
-                .unwrap()
-                .sub(&ys)
-                .unwrap()
-                .square()
-                .unwrap()
-                .mean_all()
-                .unwrap();
-            loss.backward().unwrap();
+            mse(&ddp, &xs, &ys).backward().unwrap();
             opt.step().unwrap();
         }
         params(ddp.module())
@@ -516,16 +519,7 @@ fn ddp_over_an_nccl_group_equals_one_process() {
     for s in 0..STEPS {
         opt.zero_grad(true).unwrap();
         let (x, y) = batch(s, world * B, Device::Cuda(0));
-        let loss = reference
-            .call(&x)
-            .unwrap()
-            .sub(&y)
-            .unwrap()
-            .square()
-            .unwrap()
-            .mean_all()
-            .unwrap();
-        loss.backward().unwrap();
+        mse(&reference, &x, &y).backward().unwrap();
         opt.step().unwrap();
     }
     let want = params(&reference);

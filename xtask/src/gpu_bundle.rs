@@ -24,7 +24,7 @@ use serde_json::{Value, json};
 use crate::{cargo, kernels, results, root, run_step};
 
 /// The test suites that take `EMBER_GPU_TEST=1`: (package, test target).
-pub const GPU_SUITES: [(&str, &str); 10] = [
+pub const GPU_SUITES: [(&str, &str); 11] = [
     ("ember-tensor", "cuda_ops"),
     ("ember-autograd", "gradcheck"),
     ("ember-nn", "nn"),
@@ -34,6 +34,7 @@ pub const GPU_SUITES: [(&str, &str); 10] = [
     ("ember-amp", "autocast"),
     ("ember-amp", "scaler"),
     ("ember-profiler", "profile"),
+    ("ember-parallel", "nccl_group"),
     ("ember", "walkthroughs"),
 ];
 

@@ -6,6 +6,10 @@
 //! - `tests`: every suite of the bundle under `EMBER_GPU_TEST=1` (the real driver instead of
 //!   the emulator), with `EMBER_DATA_DIR` pointing at the bundle's `data/`;
 //! - `train`: `ember train --device cuda` for the MLP and the CNN;
+//! - `nccl`: a process group of world size 1 on the `nccl` backend running every collective
+//!   (the `nccl_group` suite's `world_size_one_runs_every_collective`), then `ember launch
+//!   --nproc-per-node 1 -- ember train --device cuda --json`, whose summary must say
+//!   `world_size` 1 and a process group over nccl;
 //! - `bench`: `ember-bench --device cuda`, then `bench/torch_side_by_side.py --device cuda
 //!   --save` against the machine's own PyTorch (`python3`), which writes
 //!   `bench/results/<date>-<host>-cuda.json` in the bundle (copied to `DIR/results/`);
@@ -28,7 +32,7 @@ use serde_json::Value;
 
 use crate::gpu_bundle::BUNDLE_DIR;
 
-const STEPS: [&str; 6] = ["info", "tests", "train", "bench", "sanitize", "ncu"];
+const STEPS: [&str; 7] = ["info", "tests", "train", "nccl", "bench", "sanitize", "ncu"];
 
 #[derive(Debug)]
 struct Options {
@@ -192,6 +196,34 @@ impl Session {
     }
 }
 
+/// Rank 0's JSON summary in the log of `ember launch --nproc-per-node 1 -- ember train
+/// --json` (its lines prefixed `[rank0]:`): `Ok` with the accuracy and the reason when it
+/// trained on one rank over the `nccl` backend, else what is wrong.
+fn check_launch_summary(log: &str) -> Result<String, String> {
+    let text: String = log
+        .lines()
+        .filter_map(|l| l.strip_prefix("[rank0]:"))
+        .map(|l| l.strip_prefix(' ').unwrap_or(l))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let json = match (text.find('{'), text.rfind('}')) {
+        (Some(a), Some(b)) if a < b => &text[a..=b],
+        _ => return Err("no JSON summary from rank 0".into()),
+    };
+    let v: Value = serde_json::from_str(json).map_err(|e| format!("rank 0's summary: {e}"))?;
+    let reason = v["device_reason"].as_str().unwrap_or("");
+    if v["world_size"] != 1 || !reason.contains("over nccl") {
+        return Err(format!(
+            "expected world_size 1 over nccl, found world_size {} ({reason})",
+            v["world_size"]
+        ));
+    }
+    Ok(format!(
+        "world_size 1, val_accuracy {}, {reason}",
+        v["val_accuracy"]
+    ))
+}
+
 /// The Python snippet that prints every `lib` folder of the environment's `nvidia-*` wheels
 /// (cuBLAS, cuDNN, NCCL, ...; `nvidia/<name>/lib` or, for CUDA 13's, `nvidia/cu13/lib`).
 const NVIDIA_WHEEL_LIBS: &str = "import nvidia, os
@@ -334,6 +366,25 @@ pub fn run(args: &[String]) -> Result<(), String> {
                 let mut cnn = with_libs(s.command(&bin("ember")));
                 cnn.args(["train", "--device", "cuda", "--model", "cnn", "--json"]);
                 s.step("train-cnn", 180, &mut cnn);
+            }
+            "nccl" => {
+                let mut group = with_libs(s.command(&test("nccl_group")));
+                group
+                    .env("EMBER_GPU_TEST", "1")
+                    .args(["world_size_one", "--nocapture"]);
+                s.step("nccl-group", 120, &mut group);
+                let mut launch = with_libs(s.command(&bin("ember")));
+                launch
+                    .args(["launch", "--nproc-per-node", "1", "--"])
+                    .args([bin("ember").as_str(), "train", "--device", "cuda", "--json"]);
+                if s.step("nccl-launch-train", 180, &mut launch) == Some(0) {
+                    let log = std::fs::read_to_string(out.join("nccl-launch-train.log"))
+                        .unwrap_or_default();
+                    s.summary.push(match check_launch_summary(&log) {
+                        Ok(line) => format!("nccl-launch-train summary: {line}"),
+                        Err(e) => format!("nccl-launch-train summary: rc=1 {e}"),
+                    });
+                }
             }
             "bench" => {
                 let mut ember = with_libs(s.command(&bin("ember-bench")));
@@ -482,5 +533,18 @@ mod tests {
         assert_eq!(o.budget, Duration::from_secs(60));
         assert_eq!(parse(&[]).unwrap().steps.len(), STEPS.len());
         assert!(parse(&["bogus".into()]).is_err());
+        assert_eq!(
+            parse(&["nccl".into()]).unwrap().steps,
+            vec!["nccl".to_string()]
+        );
+    }
+
+    #[test]
+    fn the_launch_summary_must_say_nccl() {
+        let good = "[rank0]: {\"world_size\": 1, \"val_accuracy\": 0.97,\n[rank0]:  \"device_reason\": \"--device cuda; process group over nccl (world size 1)\"}\n";
+        assert!(check_launch_summary(good).unwrap().contains("over nccl"));
+        let mpi = good.replace("over nccl", "over mpi");
+        assert!(check_launch_summary(&mpi).unwrap_err().contains("over mpi"));
+        assert!(check_launch_summary("[rank0]: boom").is_err());
     }
 }

@@ -34,7 +34,7 @@ use ember_nn::{NnError, Result, Tensor};
 use ember_tensor::{DType, Tensor as Raw, with_cuda_buffers};
 
 /// The element type NCCL moves a dtype as, if it has one.
-fn nccl_type(dtype: DType) -> Option<NcclType> {
+pub(crate) fn nccl_type(dtype: DType) -> Option<NcclType> {
     Some(match dtype {
         DType::F32 => NcclType::F32,
         DType::F64 => NcclType::F64,

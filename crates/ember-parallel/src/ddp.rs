@@ -247,7 +247,7 @@ impl Reducer {
                 let map = Tensor::from_vec(
                     used.iter().map(|&u| i32::from(u)).collect::<Vec<_>>(),
                     [used.len()],
-                    Device::Cpu,
+                    meta_device(&self.group),
                 )?;
                 self.group.all_reduce(&map, ReduceOp::Max)?;
                 Some(map.to_vec::<i32>()?)
@@ -538,6 +538,12 @@ impl<M: Module> Module for DistributedDataParallel<M> {
     }
 }
 
+/// Where DDP's own small exchanges (the parameter check, the used-parameter map) live: the
+/// group's device for `nccl` (which takes CUDA tensors of its device only), else the CPU.
+fn meta_device(group: &ProcessGroup) -> Device {
+    group.device().unwrap_or(Device::Cpu)
+}
+
 /// Every rank has the same parameters (names, shapes, dtypes), else an error naming the
 /// first parameter that differs, its shapes and the ranks.
 fn check_same_parameters(params: &[(String, Tensor)], group: &ProcessGroup) -> Result<()> {
@@ -552,13 +558,14 @@ fn check_same_parameters(params: &[(String, Tensor)], group: &ProcessGroup) -> R
         sig.extend(p.dims().iter().map(|&d| d as i64));
         sig.push(dtype_code(p.dtype()));
     }
-    let len = Tensor::from_vec(vec![sig.len() as i64], [1], Device::Cpu)?;
+    let device = meta_device(group);
+    let len = Tensor::from_vec(vec![sig.len() as i64], [1], device)?;
     group.all_reduce(&len, ReduceOp::Max)?;
     let longest = len.to_vec::<i64>()?[0] as usize;
     sig.resize(longest, -1);
-    let mine = Tensor::from_vec(sig.clone(), [longest], Device::Cpu)?;
+    let mine = Tensor::from_vec(sig.clone(), [longest], device)?;
     let all: Vec<Tensor> = (0..world)
-        .map(|_| Tensor::zeros([longest], (&Device::Cpu, DType::I64)))
+        .map(|_| Tensor::zeros([longest], (&device, DType::I64)))
         .collect::<Result<_>>()?;
     group.all_gather(&all, &mine)?;
     let rank = group.rank();

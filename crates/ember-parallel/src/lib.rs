@@ -12,7 +12,8 @@
 //! - `data_parallel`: [`DataParallel`] (Note [Replicas]);
 //! - [`ddp`]: [`DistributedDataParallel`] (Note [DDP buckets]);
 //! - [`group`]: process groups (`init_process_group`, `ProcessGroup` and its collectives,
-//!   `Work`), over the `mpi` backend (the `mpi` feature) and, later, `nccl`;
+//!   `Work`), over the `nccl` backend (CUDA tensors, on a communication stream) and the
+//!   `mpi` backend (the `mpi` feature);
 //! - [`store`]: the TCP key-value rendezvous on `MASTER_ADDR:MASTER_PORT` (torchrun's
 //!   `TCPStore`);
 //! - [`launch`]: `ember launch`, the torchrun-style launcher;

@@ -461,15 +461,8 @@ pub fn train(cfg: &TrainConfig, progress: &mut dyn Progress) -> Result<TrainSumm
         )
         .into());
     }
-    let dist = Distributed::from_env()?;
-    let (device, mut device_reason) = resolve_device(cfg.device)?;
-    let device = match (&dist, device) {
-        (Some(d), Device::Cuda(_)) => {
-            device_reason = format!("{device_reason}; rank {} takes cuda:LOCAL_RANK", d.rank);
-            Device::Cuda(d.local_rank)
-        }
-        (_, device) => device,
-    };
+    let (device, device_reason) = resolve_device(cfg.device)?;
+    let (dist, device, device_reason) = Distributed::from_env(device, device_reason)?;
     let world = dist.as_ref().map_or(1, |d| d.group.world_size());
     if !cfg.batch_size.is_multiple_of(world) {
         return Err(NnError::invalid(

@@ -8,7 +8,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use ember_autograd::{ErrorKind, Result};
-use ember_device::trace;
+use ember_device::driver::StreamHandle;
+use ember_device::{cuda, trace};
 use ember_tensor::Tensor as Raw;
 
 use super::{Backend, InitOptions, ReduceOp};
@@ -88,12 +89,45 @@ pub(crate) struct RunCtx {
     pub(crate) deadline: Instant,
     /// Exchange and compare the inputs' metadata first.
     pub(crate) check_inputs: bool,
+    /// The issuing thread's current stream on the group's device when the collective was
+    /// issued (the producing stream; `None` for a group without a device). See Note
+    /// [NCCL streams] in `nccl.rs`.
+    pub(crate) producer: Option<StreamHandle>,
+}
+
+/// Polls `done` until it says finished or `deadline` passes (Note [Timeouts]): spins while
+/// the collective is young, then gives the core away between polls (ranks often outnumber
+/// cores on a CI machine).
+pub(crate) fn poll_until(
+    deadline: Instant,
+    mut done: impl FnMut() -> std::result::Result<bool, EngineError>,
+) -> std::result::Result<(), EngineError> {
+    let started = Instant::now();
+    let mut polls: u32 = 0;
+    loop {
+        if done()? {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(EngineError::TimedOut);
+        }
+        polls = polls.wrapping_add(1);
+        if started.elapsed() > Duration::from_millis(20) {
+            std::thread::sleep(Duration::from_micros(50));
+        } else if polls.is_multiple_of(64) {
+            std::thread::yield_now();
+        }
+    }
 }
 
 /// A backend, living on its group's communication thread.
 pub(crate) trait Engine {
     /// This rank and the world size.
     fn rank_and_size(&self) -> (usize, usize);
+    /// The CUDA device the backend's communicator is bound to (`None`: no device).
+    fn device(&self) -> Option<usize> {
+        None
+    }
     /// Runs one collective to completion, or gives up at `ctx.deadline`.
     fn run(&mut self, c: &Collective, ctx: &RunCtx) -> std::result::Result<(), EngineError>;
     /// Ends the backend cleanly (only on a group that is not broken).
@@ -122,6 +156,7 @@ enum Msg {
         deadline: Instant,
         timeout: Duration,
         name: &'static str,
+        producer: Option<StreamHandle>,
     },
     Shutdown(mpsc::Sender<()>),
 }
@@ -132,6 +167,8 @@ pub(crate) struct Shared {
     pub(crate) rank: usize,
     pub(crate) world_size: usize,
     pub(crate) backend: Backend,
+    /// The CUDA device of the backend's communicator (the `nccl` backend).
+    pub(crate) device: Option<usize>,
     timeout_ns: AtomicU64,
     check_inputs: Arc<AtomicBool>,
     broken: Arc<Mutex<Option<String>>>,
@@ -164,7 +201,7 @@ impl Shared {
         F: FnOnce() -> Result<Box<dyn Engine>> + Send + 'static,
     {
         let (tx, rx) = mpsc::channel::<Msg>();
-        let (ready_tx, ready_rx) = mpsc::channel::<Result<(usize, usize)>>();
+        let (ready_tx, ready_rx) = mpsc::channel::<Result<(usize, usize, Option<usize>)>>();
         let broken: Arc<Mutex<Option<String>>> = Arc::new(Mutex::new(None));
         let check_inputs = Arc::new(AtomicBool::new(true));
         let backend = opts.backend;
@@ -179,8 +216,8 @@ impl Shared {
                         return;
                     }
                 };
-                let (rank, _) = engine.rank_and_size();
-                let _ = ready_tx.send(Ok(engine.rank_and_size()));
+                let (rank, size) = engine.rank_and_size();
+                let _ = ready_tx.send(Ok((rank, size, engine.device())));
                 serve(engine, rx, rank, &thread_broken, &thread_check);
             })
             .map_err(|e| {
@@ -191,7 +228,7 @@ impl Shared {
                     format!("cannot start the communication thread: {e}"),
                 )
             })?;
-        let (rank, world_size) = match ready_rx.recv() {
+        let (rank, world_size, device) = match ready_rx.recv() {
             Ok(r) => r?,
             Err(_) => {
                 let _ = thread.join();
@@ -207,6 +244,7 @@ impl Shared {
             rank,
             world_size,
             backend,
+            device,
             timeout_ns: AtomicU64::new(duration_ns(opts.timeout)),
             check_inputs,
             broken,
@@ -245,6 +283,7 @@ impl Shared {
             .checked_add(timeout)
             .unwrap_or_else(|| Instant::now() + Duration::from_secs(u32::MAX.into()));
         let done = Arc::new(Completion::default());
+        let producer = self.device.map(cuda::current_stream);
         let sent = lock(&self.tx).as_ref().map(|tx| {
             tx.send(Msg::Run {
                 c,
@@ -252,6 +291,7 @@ impl Shared {
                 deadline,
                 timeout,
                 name,
+                producer,
             })
         });
         match sent {
@@ -347,6 +387,7 @@ fn serve(
                 deadline,
                 timeout,
                 name,
+                producer,
             } => {
                 if let Some(why) = lock(broken).clone() {
                     done.complete(err(ErrorKind::Distributed, name, broken_msg(&why)));
@@ -355,6 +396,7 @@ fn serve(
                 let ctx = RunCtx {
                     deadline,
                     check_inputs: check_inputs.load(Ordering::Relaxed),
+                    producer,
                 };
                 let outcome = match engine.run(&c, &ctx) {
                     Ok(()) => Ok(()),

@@ -14,6 +14,43 @@
 //! # Ok::<(), ember_autograd::Error>(())
 //! ```
 //!
+//! Backends: `mpi` (`mpi.rs`, the `mpi` feature) for CPU tensors and CUDA tensors staged
+//! through host memory; `nccl` (`nccl.rs`) for CUDA tensors, on a communication stream of
+//! the group's device (Note [NCCL rendezvous], Note [NCCL device], Note [NCCL streams]).
+//! Besides the default group of [`init_process_group`], [`ProcessGroup::new`] forms a group
+//! with every option spelled out, e.g. several ranks as threads of one process
+//! (Note [Explicit groups]):
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use ember_parallel::group::{Backend, InitMethod, InitOptions, ProcessGroup};
+//! use ember_parallel::store::TcpStore;
+//! let store = Arc::new(TcpStore::new("127.0.0.1", 0, true, std::time::Duration::from_secs(30))?);
+//! let port = store.addr().port();
+//! let ranks: Vec<_> = (0..2)
+//!     .map(|rank| {
+//!         let store = if rank == 0 { store.clone() } else {
+//!             Arc::new(TcpStore::new("127.0.0.1", port, false, std::time::Duration::from_secs(30)).unwrap())
+//!         };
+//!         std::thread::spawn(move || {
+//!             let opts = InitOptions::new(Backend::Nccl, InitMethod::Explicit { rank, world_size: 2 })
+//!                 .with_store(store)
+//!                 .with_device(rank);
+//!             ProcessGroup::new(opts).map(|pg| pg.rank())
+//!         })
+//!     })
+//!     .collect();
+//! # Ok::<(), ember_autograd::Error>(())
+//! ```
+//!
+//! Note [Explicit groups]: PyTorch forms a group from an explicit rank, world size and store
+//! (`init_process_group(backend, store=..., rank=..., world_size=...)`). Here that is
+//! [`InitMethod::Explicit`] with [`InitOptions::with_store`] (without a store, the ranks
+//! meet at `MASTER_ADDR:MASTER_PORT`, rank 0 serving it), and [`ProcessGroup::new`] forms
+//! such a group without making it the default one, so that a process may hold several
+//! (one per thread in tests: the emulator's NCCL meets only within one process). The `mpi`
+//! backend takes its world from MPI and refuses `Explicit`.
+//!
 //! Note [One communication thread]: every group owns one thread that runs its collectives
 //! one after another, in the order they were issued. MPI (and NCCL) require every rank to
 //! issue the collectives of a communicator in the same order; a queue drained by one thread
@@ -35,30 +72,32 @@
 //! into it). A broken group is never finalized (`MPI_Finalize` would wait for the abandoned
 //! collective); end the process, and `mpirun` ends the job.
 
-// Without the `mpi` feature no backend runs on the communication thread yet (the `nccl`
-// backend is to be wired): its machinery is then compiled but unused.
-#![cfg_attr(not(feature = "mpi"), allow(dead_code, unused_imports))]
-
 mod comm;
+mod meta;
 #[cfg(feature = "mpi")]
 mod mpi;
+mod nccl;
 
 use std::str::FromStr;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ember_autograd::{ErrorKind, Result, Tensor};
 use ember_tensor::{DType, Device, Tensor as Raw};
 
 use crate::error::{dist_error, distributed};
+use crate::store::TcpStore;
 
 pub use comm::Work;
-pub(crate) use comm::{Collective, Engine, EngineError, RunCtx};
+pub(crate) use comm::{Collective, Engine, EngineError, RunCtx, poll_until};
+pub use nccl::UNIQUE_ID_KEY;
 
 /// Which library runs a group's collectives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Backend {
-    /// NCCL, for CUDA tensors (not wired into process groups yet).
+    /// NCCL, for CUDA tensors: each rank's communicator on one CUDA device, collectives on
+    /// a communication stream of that device (Note [NCCL streams]). Loaded at run time;
+    /// under the emulator, the ranks must be threads of one process (Note [Emulated NCCL]).
     Nccl,
     /// Open MPI, for CPU tensors (CUDA tensors are staged through host memory); the `mpi`
     /// feature.
@@ -122,19 +161,35 @@ pub enum InitMethod {
     /// started by `mpirun` directly) MPI's own rank and size are used, as with
     /// [`InitMethod::Mpi`].
     Env,
-    /// MPI's own rank and size (a program started by `mpirun -n N`).
+    /// MPI's own rank and size (a program started by `mpirun -n N`); the `mpi` backend only.
     Mpi,
+    /// This rank and world size, as given (PyTorch's `init_process_group(rank=...,
+    /// world_size=...)`); the ranks meet through the store of [`InitOptions::with_store`],
+    /// or at `MASTER_ADDR:MASTER_PORT`. The `nccl` backend only (Note [Explicit groups]).
+    Explicit {
+        /// This process's (or thread's) rank.
+        rank: usize,
+        /// The number of ranks.
+        world_size: usize,
+    },
 }
 
-/// The settings of [`init_process_group_with`].
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// The settings of [`init_process_group_with`] and [`ProcessGroup::new`].
+#[derive(Clone, Debug)]
 pub struct InitOptions {
     /// The library that runs the collectives.
     pub backend: Backend,
     /// Where rank and world size come from.
     pub init: InitMethod,
-    /// How long a collective may take before it fails (see Note [Timeouts]).
+    /// How long a collective may take before it fails (see Note [Timeouts]); also how long
+    /// the `nccl` backend's rendezvous waits.
     pub timeout: Duration,
+    /// The rendezvous store of the `nccl` backend (`None`: one on `MASTER_ADDR:MASTER_PORT`,
+    /// served by rank 0; see Note [NCCL rendezvous]).
+    pub store: Option<Arc<TcpStore>>,
+    /// The CUDA device of the `nccl` backend's communicator (`None`: `LOCAL_RANK`, else the
+    /// calling thread's current device; see Note [NCCL device]).
+    pub device: Option<usize>,
 }
 
 /// PyTorch's default process-group timeout: 30 minutes.
@@ -147,7 +202,22 @@ impl InitOptions {
             backend,
             init,
             timeout: DEFAULT_TIMEOUT,
+            store: None,
+            device: None,
         }
+    }
+
+    /// The same options with a rendezvous store (PyTorch's `store=`): rank 0 publishes the
+    /// NCCL id there. Every rank passes a client of the same store.
+    pub fn with_store(mut self, store: Arc<TcpStore>) -> InitOptions {
+        self.store = Some(store);
+        self
+    }
+
+    /// The same options with the `nccl` backend's communicator on `cuda:device`.
+    pub fn with_device(mut self, device: usize) -> InitOptions {
+        self.device = Some(device);
+        self
     }
 
     /// The same options with another timeout.
@@ -206,18 +276,24 @@ pub fn init_process_group_with(opts: InitOptions) -> Result<ProcessGroup> {
             "the default process group is already initialized; call destroy_process_group() first",
         ));
     }
-    let pg = new_group(&opts)?;
+    let pg = ProcessGroup::new(opts)?;
     *slot = Some(pg.clone());
     Ok(pg)
 }
 
 fn new_group(opts: &InitOptions) -> Result<ProcessGroup> {
     match opts.backend {
-        Backend::Nccl => Err(dist_error(
-            ErrorKind::Unsupported,
+        Backend::Nccl => {
+            let setup = nccl::NcclSetup::resolve(opts)?;
+            let shared = comm::Shared::start(opts, nccl::NcclEngine::start(setup))?;
+            Ok(ProcessGroup { shared })
+        }
+        #[cfg(feature = "mpi")]
+        Backend::Mpi if matches!(opts.init, InitMethod::Explicit { .. }) => Err(dist_error(
+            ErrorKind::InvalidArgument,
             None,
             "init_process_group",
-            "the nccl backend is not wired into process groups yet: use the mpi backend",
+            "the mpi backend takes its rank and world size from MPI: use InitMethod::Env or InitMethod::Mpi",
         )),
         #[cfg(feature = "mpi")]
         Backend::Mpi => {
@@ -236,6 +312,20 @@ fn new_group(opts: &InitOptions) -> Result<ProcessGroup> {
 
 /// The message when the `mpi` backend is asked for in a build without the `mpi` feature.
 pub const MPI_NOT_BUILT: &str = "MPI support was not built in: build with --features mpi";
+
+/// The environment variable `name` as a non-negative integer (`None` when unset).
+pub(crate) fn env_usize(name: &str) -> Result<Option<usize>> {
+    match std::env::var(name) {
+        Err(_) => Ok(None),
+        Ok(v) => v.trim().parse::<usize>().map(Some).map_err(|_| {
+            distributed(
+                None,
+                "init_process_group",
+                format!("environment variable {name}={v:?} is not a non-negative integer"),
+            )
+        }),
+    }
+}
 
 /// `true` if `ember-parallel` was built with the `mpi` feature.
 pub fn mpi_built() -> bool {
@@ -289,6 +379,24 @@ pub fn destroy_process_group() -> Result<()> {
 }
 
 impl ProcessGroup {
+    /// Forms a group that is not the default one (Note [Explicit groups]): every rank of
+    /// the group calls it with its own options. Destroy it with [`ProcessGroup::destroy`].
+    pub fn new(opts: InitOptions) -> Result<ProcessGroup> {
+        new_group(&opts)
+    }
+
+    /// Ends this group as [`destroy_process_group`] ends the default one: waits for its
+    /// queued collectives, stops its communication thread and releases the backend.
+    pub fn destroy(&self) -> Result<()> {
+        self.shared.shutdown()
+    }
+
+    /// The CUDA device of the group's communicator (the `nccl` backend; `None` for `mpi`),
+    /// where its collectives' tensors must be (Note [NCCL device]).
+    pub fn device(&self) -> Option<Device> {
+        self.shared.device.map(Device::Cuda)
+    }
+
     /// This process's rank in the group.
     pub fn rank(&self) -> usize {
         self.shared.rank
@@ -417,6 +525,19 @@ impl ProcessGroup {
         let raw = t.data();
         check_device(self.backend(), raw.device())
             .map_err(|msg| self.bad(op, ErrorKind::DeviceMismatch, msg))?;
+        if let Some(d) = self.device()
+            && raw.device() != d
+        {
+            return Err(self.bad(
+                op,
+                ErrorKind::DeviceMismatch,
+                format!(
+                    "rank {}'s nccl communicator is on {d}, but found a tensor on {} (move it to {d}, or form the group on its device)",
+                    self.rank(),
+                    raw.device()
+                ),
+            ));
+        }
         Ok(raw)
     }
 
@@ -561,10 +682,24 @@ mod tests {
     }
 
     #[test]
-    fn nccl_is_not_wired_yet() {
-        let e = init_process_group(Backend::Nccl, InitMethod::Env).unwrap_err();
+    fn nccl_refuses_the_mpi_init_method_and_a_rank_outside_the_world() {
+        let e = ProcessGroup::new(InitOptions::new(Backend::Nccl, InitMethod::Mpi)).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Unsupported);
-        assert!(e.to_string().contains("not wired"), "{e}");
+        assert!(e.to_string().contains("ember launch"), "{e}");
+        let e = ProcessGroup::new(InitOptions::new(
+            Backend::Nccl,
+            InitMethod::Explicit {
+                rank: 2,
+                world_size: 2,
+            },
+        ))
+        .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+        assert!(
+            e.to_string()
+                .contains("rank 2 is not a rank of a world of size 2"),
+            "{e}"
+        );
     }
 
     #[cfg(not(feature = "mpi"))]

@@ -8,7 +8,7 @@
 //! the request (or is leaked with it when the request is abandoned).
 
 use std::ffi::{c_int, c_void};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use ember_autograd::{ErrorKind, Result};
 use ember_tensor::{DType, Device, Tensor as Raw, WithDType};
@@ -17,7 +17,8 @@ use mpi::ffi;
 use mpi::raw::AsRaw;
 use mpi::topology::{Communicator, SimpleCommunicator};
 
-use super::{Collective, Engine, EngineError, InitMethod, ReduceOp, RunCtx, dtype_code};
+use super::meta::{META, compare, describe};
+use super::{Collective, Engine, EngineError, InitMethod, ReduceOp, RunCtx, env_usize, poll_until};
 use crate::error::distributed;
 
 /// Open MPI's world on the communication thread.
@@ -51,19 +52,6 @@ fn in_place_sentinel() -> Option<usize> {
         Some(usize::MAX)
     } else {
         None
-    }
-}
-
-fn env_usize(name: &str) -> Result<Option<usize>> {
-    match std::env::var(name) {
-        Err(_) => Ok(None),
-        Ok(v) => v.trim().parse::<usize>().map(Some).map_err(|_| {
-            distributed(
-                None,
-                "init_process_group",
-                format!("environment variable {name}={v:?} is not a non-negative integer"),
-            )
-        }),
     }
 }
 
@@ -313,9 +301,7 @@ impl MpiEngine {
         req: &mut ffi::MPI_Request,
         deadline: Instant,
     ) -> std::result::Result<(), EngineError> {
-        let started = Instant::now();
-        let mut polls: u32 = 0;
-        loop {
+        poll_until(deadline, || {
             let mut flag: c_int = 0;
             // SAFETY: `req` is a live request from a non-blocking call on this thread;
             // MPI_Test sets it to MPI_REQUEST_NULL when done; the status is ignored.
@@ -323,21 +309,8 @@ impl MpiEngine {
             if rc != 0 {
                 return Err(mpi_error("MPI_Test", rc));
             }
-            if flag != 0 {
-                return Ok(());
-            }
-            if Instant::now() >= deadline {
-                return Err(EngineError::TimedOut);
-            }
-            polls = polls.wrapping_add(1);
-            // Spin while the collective is young, then give the core away (ranks often
-            // outnumber cores on a CI machine).
-            if started.elapsed() > Duration::from_millis(20) {
-                std::thread::sleep(Duration::from_micros(50));
-            } else if polls.is_multiple_of(64) {
-                std::thread::yield_now();
-            }
-        }
+            Ok(flag != 0)
+        })
     }
 
     /// Starts a non-blocking call (`start` fills the request) and waits for it.
@@ -601,108 +574,8 @@ impl MpiEngine {
             }
             return Err(e);
         }
-        let rows: Vec<&[i64]> = all.chunks(META).collect();
-        if rows.iter().all(|r| *r == mine.as_slice()) {
-            return Ok(());
-        }
-        let kind = if rows.iter().any(|r| r[1] != mine[1]) {
-            ErrorKind::DType
-        } else {
-            ErrorKind::Shape
-        };
-        let list: Vec<String> = rows
-            .iter()
-            .enumerate()
-            .map(|(r, row)| format!("rank {r}: {}", render(row)))
-            .collect();
-        Err(EngineError::Invalid(
-            kind,
-            format!("the ranks' inputs differ ({})", list.join("; ")),
-        ))
+        compare(&mine, &all)
     }
-}
-
-/// Length of one rank's description of a call: kind, dtype, op, src, rank of the shape,
-/// element count, then up to `META - 6` dims.
-const META: usize = 16;
-
-fn op_code(op: ReduceOp) -> i64 {
-    match op {
-        ReduceOp::Sum => 0,
-        ReduceOp::Avg => 1,
-        ReduceOp::Max => 2,
-        ReduceOp::Min => 3,
-        ReduceOp::Product => 4,
-    }
-}
-
-const KINDS: [&str; 6] = [
-    "?",
-    "all_reduce",
-    "broadcast",
-    "all_gather",
-    "reduce_scatter",
-    "barrier",
-];
-const OPS: [&str; 5] = ["sum", "avg", "max", "min", "product"];
-
-fn describe(c: &Collective) -> [i64; META] {
-    let (kind, t, op, src) = match c {
-        Collective::AllReduce { tensor, op } => (1, Some(tensor), op_code(*op), -1),
-        Collective::Broadcast { tensor, src } => (2, Some(tensor), -1, *src as i64),
-        Collective::AllGather { input, .. } => (3, Some(input), -1, -1),
-        Collective::ReduceScatter { output, op, .. } => (4, Some(output), op_code(*op), -1),
-        Collective::Barrier => (5, None, -1, -1),
-    };
-    let mut m = [-1i64; META];
-    m[0] = kind;
-    m[2] = op;
-    m[3] = src;
-    if let Some(t) = t {
-        m[1] = dtype_code(t.dtype());
-        m[4] = t.rank() as i64;
-        m[5] = t.numel() as i64;
-        // Dims past the room left are folded into the last slot.
-        let room = META - 6;
-        for (i, &d) in t.dims().iter().enumerate() {
-            let slot = 6 + i.min(room - 1);
-            if i < room {
-                m[slot] = d as i64;
-            } else {
-                m[slot] = m[slot].wrapping_mul(31).wrapping_add(d as i64);
-            }
-        }
-    }
-    m
-}
-
-fn render(row: &[i64]) -> String {
-    let kind = usize::try_from(row[0])
-        .ok()
-        .and_then(|k| KINDS.get(k))
-        .copied()
-        .unwrap_or("?");
-    if row[0] == 5 {
-        return kind.to_string();
-    }
-    let op = usize::try_from(row[2])
-        .ok()
-        .and_then(|o| OPS.get(o))
-        .map(|o| format!("({o})"))
-        .unwrap_or_default();
-    let src = if row[3] >= 0 {
-        format!("(src {})", row[3])
-    } else {
-        String::new()
-    };
-    let dtype = super::dtype_of_code(row[1]).map_or("?".to_string(), |d| d.to_string());
-    let ndim = usize::try_from(row[4]).unwrap_or(0);
-    let dims: Vec<String> = row[6..6 + ndim.min(META - 6)]
-        .iter()
-        .map(|d| d.to_string())
-        .collect();
-    let more = if ndim > META - 6 { ", ..." } else { "" };
-    format!("{kind}{op}{src} of {dtype} [{}{more}]", dims.join(", "))
 }
 
 impl Engine for MpiEngine {

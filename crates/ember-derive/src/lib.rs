@@ -400,9 +400,9 @@ fn expand(input: &DeriveInput) -> syn::Result<TokenStream2> {
     let mut predicates: Vec<TokenStream2> = where_clause
         .map(|w| w.predicates.iter().map(ToTokens::to_token_stream).collect())
         .unwrap_or_default();
-    predicates.extend(bounds);
     let mut replica_predicates = predicates.clone();
     replica_predicates.extend(replica_bounds);
+    predicates.extend(bounds);
     // `as_module` returns `self` as a `&dyn Module`: the user's `impl Module` must exist.
     predicates.push(quote!(Self: #rt::Module));
     let replicate = !opts.no_replicate;

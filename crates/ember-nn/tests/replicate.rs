@@ -1,3 +1,4 @@
+#![allow(clippy::unwrap_used)]
 //! Replicas (`Replicate`, `Module::replicate_boxed`; Note [Replicas of a module]): for every
 //! built-in layer, a `Sequential` of boxed layers and a derived model with nested children,
 //! tied weights and a shared `Arc` child, the replica has the original's names, print-out,

@@ -10,8 +10,9 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use ember_device::cuda;
-use ember_device::driver::emulator::EmulatorConfig;
+mod common;
+
+use common::devices;
 use ember_nn::layers::{
     AvgPool2d, BatchNorm, BatchNormConfig, Conv2d, Dropout, Embedding, Flatten, GELU, LayerNorm,
     Linear, MaxPool2d, ReLU, Sequential, SiLU, Sigmoid, Tanh,
@@ -27,11 +28,9 @@ fn rng_lock() -> std::sync::MutexGuard<'static, ()> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-fn devices() -> Vec<Device> {
-    if std::env::var_os("EMBER_GPU_TEST").is_none() {
-        cuda::use_emulator(EmulatorConfig::devices(2)).unwrap();
-    }
-    vec![Device::Cpu, Device::Cuda(0)]
+/// `sum(m(x)).backward()`.
+fn backward_of_sum(m: &dyn Module, x: &Tensor) {
+    m.call(x).unwrap().sum_all().unwrap().backward().unwrap();
 }
 
 fn values(t: &Tensor) -> Vec<f64> {
@@ -325,7 +324,7 @@ fn a_derived_model_replicates_keeping_ties_sharing_hooks_and_modes() {
         let m = net(d).unwrap();
         let idx = Tensor::randint(0, 10, [6], d).unwrap();
         // A training step's worth of state: gradients, running statistics, a step count.
-        m.call(&idx).unwrap().sum_all().unwrap().backward().unwrap();
+        backward_of_sum(&m, &idx);
         m.step.data().fill_(3).unwrap();
         let calls = Arc::new(AtomicUsize::new(0));
         let counter = Arc::clone(&calls);
@@ -369,22 +368,10 @@ fn a_derived_model_replicates_keeping_ties_sharing_hooks_and_modes() {
         assert_eq!(m.hooks.forward_pre_hooks(), 0);
         // The replica trains on its own: gradients reach its tensors, not the original's.
         let fresh = m.replicate().unwrap();
-        fresh
-            .call(&idx)
-            .unwrap()
-            .sum_all()
-            .unwrap()
-            .backward()
-            .unwrap();
+        backward_of_sum(&fresh, &idx);
         assert!(fresh.scale.grad().is_some());
         let g = values(&m.scale.grad().unwrap());
-        fresh
-            .call(&idx)
-            .unwrap()
-            .sum_all()
-            .unwrap()
-            .backward()
-            .unwrap();
+        backward_of_sum(&fresh, &idx);
         assert_eq!(values(&m.scale.grad().unwrap()), g, "{d}: original's grad");
         // As a trait object, through replicate_boxed.
         let boxed: Box<dyn Module> = Box::new(net(d).unwrap());

@@ -4,11 +4,17 @@
 //! registers it, so `parameters()`, `state_dict()`, `to(device)` and the optimizer see it.
 //! In Ember a model is a struct, and this derive does the registering: it reads the struct's
 //! fields and implements `ember_nn::ModuleParts` — the part of a module that says what it is made
-//! of. You write only `Module::forward`:
+//! of — and `ember_nn::Replicate`, the module's deep copy (see [Replicas](#replicas)). You
+//! write only `Module::forward`:
 //!
 //! ```
 //! use ember_nn::layers::{Dropout, Linear, ReLU, Sequential};
-//! use ember_nn::{Module, ModuleHooks, Result, Tensor, TrainingFlag};
+//! use ember_nn::{Module, ModuleHooks, Replicate, Result, Tensor, TrainingFlag};
+//!
+//! #[derive(Clone, Debug)]
+//! struct Config {
+//!     verbose: bool,
+//! }
 //!
 //! #[derive(Debug, Module)]
 //! struct Block {
@@ -34,7 +40,7 @@
 //!     #[buffer]
 //!     steps: Tensor,               // an own buffer: "steps" (in state_dict, not trained)
 //!     #[module(skip)]
-//!     cache: Vec<Linear>,          // not registered
+//!     config: Config,              // not registered (cloned into a replica)
 //!     width: usize,                // plain data: ignored
 //!     training: TrainingFlag,      // this module's own train/eval flag (optional)
 //!     hooks: ModuleHooks,          // makes register_forward_hook work (optional)
@@ -64,7 +70,7 @@
 //!     drop: Box::new(Dropout::new(0.1)?),
 //!     scale: ember_nn::parameter(ember_tensor::Tensor::ones([2], ())?)?,
 //!     steps: Tensor::zeros([], ())?,
-//!     cache: Vec::new(),
+//!     config: Config { verbose: false },
 //!     width: 8,
 //!     training: TrainingFlag::default(),
 //!     hooks: ModuleHooks::default(),
@@ -83,6 +89,9 @@
 //! assert!(net.state_dict().contains_key("steps"));
 //! let y = net.call(&Tensor::randn([3, 4], ())?)?;
 //! assert_eq!(y.dims(), [3, 2]);
+//! let copy = net.replicate()?; // the same structure around new tensors
+//! assert_eq!(copy.state_dict().keys().collect::<Vec<_>>(), net.state_dict().keys().collect::<Vec<_>>());
+//! assert!(!copy.scale.same(&net.scale));
 //! # Ok(()) }
 //! ```
 //!
@@ -93,7 +102,8 @@
 //!
 //! - `ember_nn::ModuleParts` (derived): the module's type name, its own parameters and buffers in
 //!   declaration order, its children by name, its training flag and its hook storage — what
-//!   `nn.Module.__setattr__` records in PyTorch.
+//!   `nn.Module.__setattr__` records in PyTorch — and its replica as a `Box<dyn Module>`
+//!   (`replicate_boxed_with`, from the derived `Replicate`).
 //! - `Module: ModuleParts` (written by you): `forward`, optionally `extra_repr`, and
 //!   every provided walk over the tree (`named_parameters`, `state_dict`, `to`, `train`,
 //!   `apply`, `named_modules`, hooks, `call`, ...).
@@ -127,11 +137,37 @@
 //! `#[module(skip)]`. A `Tensor` field needs one of `#[param]`, `#[buffer]` or
 //! `#[module(skip)]` for the same reason. Tuple structs name their fields `0`, `1`, ...
 //!
+//! # Replicas
+//!
+//! The derive also implements `ember_nn::Replicate`: `net.replicate()?` is PyTorch's
+//! `copy.deepcopy(net)`, a module of the same type whose parameters and buffers are new
+//! tensors with copies of the values (same shapes, dtypes, devices and `requires_grad`; no
+//! gradients), which is what `DataParallel` makes its per-device copies from
+//! (Note [Replicas of a module] in `ember-nn`). Field by field:
+//!
+//! | field | in the replica |
+//! |---|---|
+//! | `#[param]`, `#[buffer]` | a new tensor (one for a tensor two fields share) |
+//! | a child module (and `Option`, `Vec`, arrays, `Box`, `Arc` of them) | the child's replica (its `Replicate`; `Box<dyn Module>` through `replicate_boxed_with`) |
+//! | `TrainingFlag`, `ModuleHooks` | copied: the same mode, the same hooks in a table of its own |
+//! | plain data and `#[module(skip)]` fields | `Clone::clone` |
+//!
+//! So every plain and skipped field must be `Clone` (the compiler says so at the field), and
+//! every child must implement `Replicate`: every layer in `ember-nn` and every derived
+//! module does; a hand-written module implements it itself. A struct that cannot meet this
+//! (a field holding a file or a channel) says `#[module(no_replicate)]`: it gets no
+//! `Replicate`, and `replicate_boxed()` on it is an error naming it. A generic struct
+//! (`S<M>`) has `replicate()` when its type parameters are `Replicate` (or `Clone`, for
+//! plain fields), but no boxed replica: `replicate_boxed()` on it, or on a `Sequential`
+//! holding it, is an error naming it (the boxed form would need `M: Replicate + 'static`
+//! of every `S<M>` that is a module).
+//!
 //! # Attributes on the struct
 //!
 //! - `#[module(name = "Net")]`: the name `describe()` prints (default: the struct's name).
 //!   Any `&'static str` expression works, with `self` in scope:
 //!   `#[module(name = self.kind)]`.
+//! - `#[module(no_replicate)]`: no `Replicate` impl (see [Replicas](#replicas)).
 //! - `#[module(crate = ember::nn)]`: where the generated code finds `ember-nn`. By default
 //!   the derive reads the calling package's `Cargo.toml` (through `proc-macro-crate`): a
 //!   dependency on `ember-nn` (renamed or not) gives `::ember_nn`, else one on `ember`
@@ -170,6 +206,17 @@
 //! # impl Module for Net { fn forward(&self, x: &Tensor) -> Result<Tensor> { Ok(x.clone()) } }
 //! ```
 //!
+//! a plain or skipped field that is not `Clone` (the replica copies it),
+//!
+//! ```compile_fail
+//! # use ember_nn::{Module, Result, Tensor, layers::Linear};
+//! #[derive(Debug)]
+//! struct Config { width: usize }
+//! #[derive(Debug, Module)]
+//! struct Net { fc: Linear, #[module(skip)] config: Config }
+//! # impl Module for Net { fn forward(&self, x: &Tensor) -> Result<Tensor> { Ok(x.clone()) } }
+//! ```
+//!
 //! and a struct that derives `Module` without implementing it (`forward`):
 //!
 //! ```compile_fail
@@ -178,27 +225,40 @@
 //! struct Net { fc: Linear }
 //! ```
 //!
-//! The same with the config skipped compiles:
+//! The same with the config skipped and `Clone` compiles, and so does a struct without a
+//! replica:
 //!
 //! ```
 //! # use ember_nn::{Module, Result, Tensor, layers::Linear};
-//! #[derive(Debug)]
+//! #[derive(Clone, Debug)]
 //! struct Config { width: usize }
 //! #[derive(Debug, Module)]
 //! struct Net { fc: Linear, #[module(skip)] config: Config }
 //! # impl Module for Net { fn forward(&self, x: &Tensor) -> Result<Tensor> { Ok(x.clone()) } }
+//!
+//! #[derive(Debug)]
+//! struct Log { file: std::fs::File }
+//! #[derive(Debug, Module)]
+//! #[module(no_replicate)]
+//! struct Logged { fc: Linear, #[module(skip)] log: Log }
+//! # impl Module for Logged { fn forward(&self, x: &Tensor) -> Result<Tensor> { Ok(x.clone()) } }
 //! ```
 
 #![warn(missing_docs)]
 
+mod fields;
+
 use proc_macro::TokenStream;
-use proc_macro2::{Span, TokenStream as TokenStream2, TokenTree};
+use proc_macro2::{Span, TokenStream as TokenStream2};
 use quote::{ToTokens, format_ident, quote, quote_spanned};
 use syn::spanned::Spanned;
-use syn::{Data, DeriveInput, Expr, GenericArgument, Ident, LitStr, PathArguments, Type};
+use syn::{Data, DeriveInput, Expr, Ident, LitStr};
 
-/// Implements `ModuleParts` for a struct: see the [crate docs](crate) for what each field
-/// becomes and the attributes it reads (`#[param]`, `#[buffer]`, `#[module(..)]`).
+use fields::{Role, mentions_any, role};
+
+/// Implements `ModuleParts` and `Replicate` for a struct: see the [crate docs](crate) for
+/// what each field becomes and the attributes it reads (`#[param]`, `#[buffer]`,
+/// `#[module(..)]`).
 #[proc_macro_derive(Module, attributes(module, param, buffer))]
 pub fn derive_module(input: TokenStream) -> TokenStream {
     let input = syn::parse_macro_input!(input as DeriveInput);
@@ -207,20 +267,12 @@ pub fn derive_module(input: TokenStream) -> TokenStream {
         .into()
 }
 
-/// What a field is to the module.
-enum Role {
-    Param,
-    Buffer,
-    Child,
-    Training,
-    Hooks,
-    Ignored,
-}
-
 /// The struct-level options.
 struct StructOptions {
     name: Option<Expr>,
     krate: Option<syn::Path>,
+    /// `#[module(no_replicate)]`: no `Replicate` impl.
+    no_replicate: bool,
 }
 
 fn expand(input: &DeriveInput) -> syn::Result<TokenStream2> {
@@ -260,6 +312,9 @@ fn expand(input: &DeriveInput) -> syn::Result<TokenStream2> {
     let mut training: Option<TokenStream2> = None;
     let mut hooks: Option<TokenStream2> = None;
     let mut bounds: Vec<TokenStream2> = Vec::new();
+    // The replica's field initialisers and the bounds of its generic fields.
+    let mut inits: Vec<TokenStream2> = Vec::new();
+    let mut replica_bounds: Vec<TokenStream2> = Vec::new();
 
     for (i, field) in fields.iter().enumerate() {
         let (access, name) = match &field.ident {
@@ -272,7 +327,25 @@ fn expand(input: &DeriveInput) -> syn::Result<TokenStream2> {
         let ty = &field.ty;
         let generic = mentions_any(ty.to_token_stream(), &type_params);
         let span = ty.span();
-        match role(field)? {
+        let role = role(field)?;
+        let (init, bound) = match role {
+            Role::Param | Role::Buffer | Role::Child => (
+                quote_spanned! {span=> #rt::Replicate::replicate_with(&self.#access, memo)? },
+                quote!(#ty: #rt::Replicate),
+            ),
+            Role::Training | Role::Hooks => {
+                (quote!(::std::clone::Clone::clone(&self.#access)), quote!())
+            }
+            Role::Ignored => (
+                quote_spanned! {span=> #rt::ClonePlainField::clone_plain_field(&self.#access) },
+                quote!(#ty: ::std::clone::Clone),
+            ),
+        };
+        inits.push(quote!(#access: #init));
+        if generic && !bound.is_empty() {
+            replica_bounds.push(bound);
+        }
+        match role {
             r @ (Role::Param | Role::Buffer) => {
                 let call = quote_spanned! {span=>
                     #rt::TensorField::collect_tensors(&self.#access, #name, &mut out);
@@ -327,9 +400,19 @@ fn expand(input: &DeriveInput) -> syn::Result<TokenStream2> {
     let mut predicates: Vec<TokenStream2> = where_clause
         .map(|w| w.predicates.iter().map(ToTokens::to_token_stream).collect())
         .unwrap_or_default();
+    let mut replica_predicates = predicates.clone();
+    replica_predicates.extend(replica_bounds);
     predicates.extend(bounds);
     // `as_module` returns `self` as a `&dyn Module`: the user's `impl Module` must exist.
     predicates.push(quote!(Self: #rt::Module));
+    let replicate = !opts.no_replicate;
+    // `replicate_boxed_with` needs `Self: Replicate + 'static`, which a struct with type or
+    // lifetime parameters has only for some of them, while `ModuleParts` (a supertrait of
+    // the user's `impl<M: Module> Module for S<M>`) must hold for all: such a struct keeps
+    // the default (an error naming it) and has its typed `replicate` only.
+    let boxed_replica = replicate
+        && input.generics.type_params().next().is_none()
+        && input.generics.lifetimes().next().is_none();
     let where_tokens = quote!(where #(#predicates),*);
 
     let tensors_fn = |fn_name: Ident, calls: &[TokenStream2]| {
@@ -373,7 +456,34 @@ fn expand(input: &DeriveInput) -> syn::Result<TokenStream2> {
         }
     });
 
+    let replicate_fn = boxed_replica.then(|| {
+        quote! {
+            fn replicate_boxed_with(
+                &self,
+                memo: &mut #rt::ReplicaMemo,
+            ) -> #rt::Result<::std::boxed::Box<dyn #rt::Module>> {
+                ::std::result::Result::Ok(::std::boxed::Box::new(
+                    <Self as #rt::Replicate>::replicate_with(self, memo)?,
+                ))
+            }
+        }
+    });
+    let replicate_impl = replicate.then(|| {
+        let replica_where = quote!(where #(#replica_predicates),*);
+        quote! {
+            #[automatically_derived]
+            impl #impl_generics #rt::Replicate for #ident #ty_generics #replica_where {
+                #[allow(unused_variables)]
+                fn replicate_with(&self, memo: &mut #rt::ReplicaMemo) -> #rt::Result<Self> {
+                    ::std::result::Result::Ok(Self { #(#inits),* })
+                }
+            }
+        }
+    });
+
     Ok(quote! {
+        #replicate_impl
+
         #[automatically_derived]
         impl #impl_generics #rt::ModuleParts for #ident #ty_generics #where_tokens {
             fn name(&self) -> &'static str {
@@ -387,6 +497,7 @@ fn expand(input: &DeriveInput) -> syn::Result<TokenStream2> {
             #children_fn
             #training_fn
             #hooks_fn
+            #replicate_fn
         }
     })
 }
@@ -396,6 +507,7 @@ fn struct_options(input: &DeriveInput) -> syn::Result<StructOptions> {
     let mut opts = StructOptions {
         name: None,
         krate: None,
+        no_replicate: false,
     };
     for attr in &input.attrs {
         if attr.path().is_ident("param") || attr.path().is_ident("buffer") {
@@ -420,170 +532,20 @@ fn struct_options(input: &DeriveInput) -> syn::Result<StructOptions> {
                 };
                 opts.krate = Some(path);
                 Ok(())
+            } else if meta.path.is_ident("no_replicate") {
+                opts.no_replicate = true;
+                Ok(())
             } else if meta.path.is_ident("skip") {
                 Err(meta.error("#[module(skip)] goes on a field, not on the struct"))
             } else {
                 Err(meta.error(
-                    "unknown #[module(..)] option on a struct: expected `name = ..` or `crate = ..`",
+                    "unknown #[module(..)] option on a struct: expected `name = ..`, \
+                     `crate = ..` or `no_replicate`",
                 ))
             }
         })?;
     }
     Ok(opts)
-}
-
-/// What a field's attributes and type make it.
-fn role(field: &syn::Field) -> syn::Result<Role> {
-    let mut chosen: Option<(Role, Span)> = None;
-    let mut choose = |r: Role, span: Span| -> syn::Result<()> {
-        if let Some((_, first)) = &chosen {
-            let mut e = syn::Error::new(
-                span,
-                "a field is one of #[param], #[buffer] or #[module(skip)], not several",
-            );
-            e.combine(syn::Error::new(*first, "first marked here"));
-            return Err(e);
-        }
-        chosen = Some((r, span));
-        Ok(())
-    };
-    for attr in &field.attrs {
-        let path = attr.path();
-        if path.is_ident("param") || path.is_ident("buffer") {
-            attr.meta.require_path_only()?;
-            let r = if path.is_ident("param") {
-                Role::Param
-            } else {
-                Role::Buffer
-            };
-            choose(r, attr.span())?;
-        } else if path.is_ident("module") {
-            let mut skip = false;
-            attr.parse_nested_meta(|meta| {
-                if meta.path.is_ident("skip") {
-                    skip = true;
-                    Ok(())
-                } else if meta.path.is_ident("name") || meta.path.is_ident("crate") {
-                    Err(meta.error("`name` and `crate` go on the struct's #[module(..)]"))
-                } else {
-                    Err(meta.error("unknown #[module(..)] option on a field: expected `skip`"))
-                }
-            })?;
-            if skip {
-                choose(Role::Ignored, attr.span())?;
-            }
-        }
-    }
-    if let Some((r, _)) = chosen {
-        return Ok(r);
-    }
-    let ty = &field.ty;
-    match last_ident(ty).as_deref() {
-        Some("TrainingFlag") => return Ok(Role::Training),
-        Some("ModuleHooks") => return Ok(Role::Hooks),
-        _ => {}
-    }
-    if is_plain_data(ty) {
-        return Ok(Role::Ignored);
-    }
-    if mentions_tensor(ty.to_token_stream()) {
-        return Err(syn::Error::new(
-            ty.span(),
-            "a tensor field must say what it is: #[param] (trained, in parameters() and \
-             state_dict()), #[buffer] (in state_dict(), not trained) or #[module(skip)] \
-             (not registered)",
-        ));
-    }
-    Ok(Role::Child)
-}
-
-/// The last path segment's name (`Tensor` of `ember::Tensor`).
-fn last_ident(ty: &Type) -> Option<String> {
-    match ty {
-        Type::Path(p) if p.qself.is_none() => p.path.segments.last().map(|s| s.ident.to_string()),
-        Type::Group(g) => last_ident(&g.elem),
-        Type::Paren(p) => last_ident(&p.elem),
-        _ => None,
-    }
-}
-
-/// Types that hold no parameters and are ignored without an attribute: numbers, `bool`,
-/// `char`, strings, `Device`, `DType`, `PhantomData`, and `Option`/`Vec`/`Box`/arrays/
-/// slices/tuples/references of those.
-fn is_plain_data(ty: &Type) -> bool {
-    match ty {
-        Type::Path(p) if p.qself.is_none() => {
-            let Some(seg) = p.path.segments.last() else {
-                return false;
-            };
-            let name = seg.ident.to_string();
-            match &seg.arguments {
-                PathArguments::None => matches!(
-                    name.as_str(),
-                    "bool"
-                        | "char"
-                        | "u8"
-                        | "u16"
-                        | "u32"
-                        | "u64"
-                        | "u128"
-                        | "usize"
-                        | "i8"
-                        | "i16"
-                        | "i32"
-                        | "i64"
-                        | "i128"
-                        | "isize"
-                        | "f32"
-                        | "f64"
-                        | "String"
-                        | "str"
-                        | "Device"
-                        | "DType"
-                        | "Duration"
-                        | "PathBuf"
-                ),
-                PathArguments::AngleBracketed(args) => {
-                    if name == "PhantomData" {
-                        return true;
-                    }
-                    matches!(name.as_str(), "Option" | "Vec" | "Box" | "VecDeque")
-                        && args.args.iter().all(|a| match a {
-                            GenericArgument::Type(t) => is_plain_data(t),
-                            _ => false,
-                        })
-                }
-                PathArguments::Parenthesized(_) => false,
-            }
-        }
-        Type::Tuple(t) => t.elems.iter().all(is_plain_data),
-        Type::Array(a) => is_plain_data(&a.elem),
-        Type::Slice(s) => is_plain_data(&s.elem),
-        Type::Reference(r) => is_plain_data(&r.elem),
-        Type::Group(g) => is_plain_data(&g.elem),
-        Type::Paren(p) => is_plain_data(&p.elem),
-        _ => false,
-    }
-}
-
-/// Whether the type's tokens name `Tensor` anywhere (`Tensor`, `Option<Tensor>`,
-/// `Vec<ember::Tensor>`).
-fn mentions_tensor(tokens: TokenStream2) -> bool {
-    tokens.into_iter().any(|t| match t {
-        TokenTree::Ident(i) => i == "Tensor",
-        TokenTree::Group(g) => mentions_tensor(g.stream()),
-        _ => false,
-    })
-}
-
-/// Whether the type's tokens name one of the struct's type parameters.
-fn mentions_any(tokens: TokenStream2, params: &[Ident]) -> bool {
-    !params.is_empty()
-        && tokens.into_iter().any(|t| match t {
-            TokenTree::Ident(i) => params.contains(&i),
-            TokenTree::Group(g) => mentions_any(g.stream(), params),
-            _ => false,
-        })
 }
 
 /// `::ember_nn` or `::ember::nn`, whichever the calling package depends on (renames
@@ -668,11 +630,48 @@ mod tests {
             "Some (& self . training)",
             "Some (& self . hooks)",
             "Self : :: ember :: nn :: __derive :: Module",
+            // The replica: new tensors and children, clones of the rest.
+            "impl < M : Module > :: ember :: nn :: __derive :: Replicate for S < M >",
+            "where M : :: ember :: nn :: __derive :: Replicate",
+            "w : :: ember :: nn :: __derive :: Replicate :: replicate_with (& self . w , memo) ?",
+            "inner : :: ember :: nn :: __derive :: Replicate :: replicate_with (& self . inner , memo) ?",
+            "cfg : :: ember :: nn :: __derive :: ClonePlainField :: clone_plain_field (& self . cfg)",
+            "hooks : :: std :: clone :: Clone :: clone (& self . hooks)",
         ] {
             assert!(out.contains(want), "missing `{want}` in {out}");
         }
-        for absent in ["self . cfg", "self . width", "self . dims", "self . device"] {
-            assert!(!out.contains(absent), "`{absent}` registered in {out}");
+        for field in ["cfg", "width", "dims", "device"] {
+            for registered in ["collect_tensors", "collect_children"] {
+                let absent = format!("{registered} (& self . {field}");
+                assert!(!out.contains(&absent), "`{absent}` registered in {out}");
+            }
         }
+    }
+
+    #[test]
+    fn no_replicate_leaves_out_the_replica_and_generic_plain_fields_ask_for_clone() {
+        let input: DeriveInput = syn::parse_quote! {
+            #[module(no_replicate)]
+            struct S { fc: Linear, #[module(skip)] log: File }
+        };
+        let out = expand(&input).unwrap_or_else(|e| panic!("{e}")).to_string();
+        assert!(!out.contains("Replicate"), "{out}");
+        let input: DeriveInput = syn::parse_quote! { struct S { fc: Linear } };
+        let out = expand(&input).unwrap_or_else(|e| panic!("{e}")).to_string();
+        assert!(out.contains("fn replicate_boxed_with"), "{out}");
+        let input: DeriveInput = syn::parse_quote! {
+            struct T<C> (Linear, #[module(skip)] C);
+        };
+        let out = expand(&input).unwrap_or_else(|e| panic!("{e}")).to_string();
+        assert!(!out.contains("fn replicate_boxed_with"), "{out}");
+        for want in [
+            "C : :: std :: clone :: Clone",
+            "Self { 0 : :: ember_nn",
+            "1 : :: ember_nn :: __derive :: ClonePlainField :: clone_plain_field (& self . 1)",
+        ] {
+            assert!(out.contains(want), "missing `{want}` in {out}");
+        }
+        let e = error(syn::parse_quote! { struct S { #[module(no_replicate)] a: Linear } });
+        assert!(e.contains("go on the struct"), "{e}");
     }
 }

@@ -3,7 +3,7 @@
 //! - [`Module`] (with [`ModuleParts`], written by `#[derive(Module)]`) and the layers in
 //!   [`layers`], the losses in [`loss`], initialisers in [`init`]; parameters and buffers
 //!   are autograd [`Tensor`]s that `to(device)` moves in place, so everything holding them
-//!   (an optimizer, a hook) follows.
+//!   (an optimizer, a hook) follows; [`Replicate`] copies a module around new tensors.
 //! - [`optim`]: `SGD`, `Adam`, `AdamW`, learning-rate schedulers, gradient clipping.
 //! - [`data`]: `Dataset`, `TensorDataset`, `DataLoader`, and the shipped digits dataset.
 //!
@@ -59,9 +59,9 @@ pub use ember_derive::Module;
 pub use error::{Error, ErrorKind, NnError, Result};
 pub use loss::Loss;
 pub use module::{
-    ChildModules, ForwardHook, ForwardPreHook, HookHandle, IncompatibleKeys, Module, ModuleHooks,
-    ModuleParts, ModuleTarget, StateDict, TensorField, TrainingFlag, check_device, checkpoint,
-    parameter, prefix_error,
+    ChildModules, ClonePlainField, ForwardHook, ForwardPreHook, HookHandle, IncompatibleKeys,
+    Module, ModuleHooks, ModuleParts, ModuleTarget, ReplicaMemo, Replicate, StateDict, TensorField,
+    TrainingFlag, check_device, checkpoint, parameter, prefix_error,
 };
 
 /// What `#[derive(Module)]`'s generated code names, at one path whichever crate re-exports
@@ -69,6 +69,7 @@ pub use module::{
 #[doc(hidden)]
 pub mod __derive {
     pub use crate::{
-        ChildModules, Module, ModuleHooks, ModuleParts, Tensor, TensorField, TrainingFlag,
+        ChildModules, ClonePlainField, Module, ModuleHooks, ModuleParts, ReplicaMemo, Replicate,
+        Result, Tensor, TensorField, TrainingFlag,
     };
 }

@@ -65,7 +65,7 @@ struct MyNet {
     #[buffer]
     step: Tensor,
     #[module(skip)]
-    scratch: Linear,
+    scratch: Arc<Linear>,
     width: usize,
     hooks: ModuleHooks,
 }
@@ -105,7 +105,7 @@ fn my_net(d: Device) -> MyNet {
         shared_b: shared,
         decoder,
         step: Tensor::zeros([], d).unwrap(),
-        scratch: Linear::new(4, 4, d).unwrap(),
+        scratch: Arc::new(Linear::new(4, 4, d).unwrap()),
         width: 4,
         hooks: ModuleHooks::default(),
     }

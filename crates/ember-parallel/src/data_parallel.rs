@@ -15,15 +15,19 @@
 //! are the outputs of `Broadcast` (non-leaf tensors in the graph), so gradients reach the
 //! original parameters through autograd. Ember's modules are Rust structs whose fields hold
 //! their tensors: a module can be walked (`named_parameters`, `named_buffers`), moved in
-//! place (`to`) and loaded (`load_state_dict`), but not rebuilt around other tensors, and a
-//! `Clone` of it shares its tensors (Note [Modules move in place] in `ember-nn`). So:
+//! place (`to`), loaded (`load_state_dict`) and replicated (`Replicate`: the same structure
+//! around new tensors, Note [Replicas of a module] in `ember-nn`), but its tensor fields
+//! cannot be swapped for graph outputs. So:
 //!
-//! - A replica is a module of the same structure built by a factory the caller gives
-//!   (`|| Net::new()`, usually what built the module), made once per extra device on the
-//!   first forward, moved to its device, checked to have the module's parameter and buffer
-//!   names and shapes. Device `device_ids[0]`'s replica is the module itself (PyTorch's is a
-//!   copy that shares its storage; the difference is invisible), so its buffer updates
-//!   (BatchNorm's running statistics) are the ones kept, as in PyTorch.
+//! - A replica is the module's `replicate()` (which `#[derive(Module)]` writes and every
+//!   layer has), made once per extra device on the first forward, moved to its device,
+//!   checked to have the module's parameter and buffer names and shapes (a hand-written
+//!   `Replicate` could differ). It copies the forward hooks the module has then, so they
+//!   run on every replica, as PyTorch's replicas share the module's hooks (a hook
+//!   registered after the first forward runs on device `device_ids[0]` only). Device `device_ids[0]`'s
+//!   replica is the module itself (PyTorch's is a copy that shares its storage; the
+//!   difference is invisible), so its buffer updates (BatchNorm's running statistics) are
+//!   the ones kept, as in PyTorch.
 //! - Every forward broadcasts the module's current parameters and buffers into *fresh*
 //!   tensors on each device and swaps them into the replicas (`set_data`), so the replicas
 //!   see the current weights, and a graph recorded by an earlier forward keeps the tensors
@@ -56,24 +60,20 @@
 //! replicas (an output not used by the loss on some device) leaves a set unfinished, and the
 //! next forward fails naming the parameter, as DDP's "Expected to have finished reduction".
 //!
-//! Alternatives considered: a state-dict load into a deep copy gives values but no gradient
-//! path (the same hooks would be needed); a graph-native replica (parameters that are
-//! `Broadcast` outputs) needs a way to swap a module's tensor fields, which `ModuleParts`
-//! does not offer; running the one module on every device needs per-thread parameter
-//! substitution inside autograd.
+//! Alternatives considered: a graph-native replica (parameters that are `Broadcast`
+//! outputs) needs a way to swap a module's tensor fields for non-leaf tensors, which
+//! `ModuleParts` does not offer; running the one module on every device needs per-thread
+//! parameter substitution inside autograd.
 
 use std::sync::{Arc, Mutex, PoisonError};
 
 use ember_autograd::mode::{current_policy, set_autocast_policy};
 use ember_autograd::{HookHandle, reachable_leaves};
 use ember_device::{Device, cuda};
-use ember_nn::{Module, ModuleParts, NnError, Result, Tensor};
+use ember_nn::{Module, ModuleParts, NnError, Replicate, Result, Tensor};
 use ember_tensor::Tensor as Raw;
 
 use crate::comm::{Gather, Scatter, broadcast_raw, chunk_sizes};
-
-/// Builds a replica: a module of the same structure as the wrapped one (Note [Replicas]).
-pub type ReplicaFactory<M> = Box<dyn Fn() -> Result<M> + Send + Sync>;
 
 struct Replica<M> {
     module: M,
@@ -88,10 +88,9 @@ struct Replica<M> {
 /// use ember_parallel::DataParallel;
 /// # fn main() -> ember_nn::Result<()> {
 /// # ember_device::cuda::use_emulator(ember_device::driver::emulator::EmulatorConfig::devices(2))?;
-/// let make = || Linear::new(4, 3, ());
-/// let net = make()?;
+/// let net = Linear::new(4, 3, ())?;
 /// net.to(ember_device::Device::Cuda(0))?;
-/// let model = DataParallel::new(net, make, None, None)?;
+/// let model = DataParallel::new(net, None, None)?;  // every CUDA device, output on cuda:0
 /// let x = Tensor::randn([6, 4], ember_device::Device::Cuda(0))?;
 /// let y = model.call(&x)?;                      // rows 0..3 on cuda:0, 3..6 on cuda:1
 /// assert_eq!(y.dims(), [6, 3]);
@@ -102,7 +101,6 @@ pub struct DataParallel<M: Module> {
     module: M,
     device_ids: Vec<usize>,
     output_device: Device,
-    factory: ReplicaFactory<M>,
     replicas: Mutex<Vec<Replica<M>>>,
     /// An error of a gradient hook, returned by the next forward.
     hook_error: Arc<Mutex<Option<String>>>,
@@ -200,17 +198,16 @@ fn invalid(msg: impl Into<String>) -> ember_nn::Error {
     NnError::invalid("DataParallel", msg).into()
 }
 
-impl<M: Module> DataParallel<M> {
-    /// `nn.DataParallel(module, device_ids, output_device)`. `factory` builds a module of the
-    /// same structure, for the replicas on the other devices (Note [Replicas]). `device_ids`
-    /// defaults to every CUDA device, `output_device` to `device_ids[0]`; the module must
-    /// be on `cuda:{device_ids[0]}` when it runs forward (it may be moved there after
-    /// wrapping, as `DataParallel(model).to("cuda")` in PyTorch).
+impl<M: Module + Replicate> DataParallel<M> {
+    /// `nn.DataParallel(module, device_ids, output_device)`. The replicas on the other
+    /// devices are the module's [`replicate`](Replicate::replicate) (Note [Replicas]).
+    /// `device_ids` defaults to every CUDA device, `output_device` to `device_ids[0]`; the
+    /// module must be on `cuda:{device_ids[0]}` when it runs forward (it may be moved there
+    /// after wrapping, as `DataParallel(model).to("cuda")` in PyTorch).
     ///
     /// Errors: no CUDA device, an empty or repeated device list, an index past the devices.
     pub fn new(
         module: M,
-        factory: impl Fn() -> Result<M> + Send + Sync + 'static,
         device_ids: Option<Vec<usize>>,
         output_device: Option<Device>,
     ) -> Result<DataParallel<M>> {
@@ -254,7 +251,6 @@ impl<M: Module> DataParallel<M> {
             module,
             device_ids,
             output_device,
-            factory: Box::new(factory),
             replicas: Mutex::new(Vec::new()),
             hook_error: Arc::new(Mutex::new(None)),
             pending: Arc::new(Mutex::new(Pending::default())),
@@ -339,7 +335,7 @@ impl<M: Module> DataParallel<M> {
             pending.expected = vec![vec![false; others]; trained.len()];
         }
         for (r, &device) in self.device_ids[1..].iter().enumerate() {
-            let module = (self.factory)()?;
+            let module = self.module.replicate()?;
             module.to(Device::Cuda(device))?;
             let copies = Self::members(&module);
             let shape_of = |v: &[(String, Tensor, bool)]| -> Vec<(String, Vec<usize>, bool)> {
@@ -369,7 +365,7 @@ impl<M: Module> DataParallel<M> {
                         )
                     });
                 return Err(invalid(format!(
-                    "the replica factory built a module of another structure: {first}"
+                    "the module's replica (its `Replicate`) has another structure: {first}"
                 )));
             }
             let mut hooks = Vec::new();
@@ -477,7 +473,7 @@ fn deliver_grad(
     original.set_grad(Some(&Tensor::wrap(sum)))
 }
 
-impl<M: Module> ModuleParts for DataParallel<M> {
+impl<M: Module + Replicate> ModuleParts for DataParallel<M> {
     fn name(&self) -> &'static str {
         "DataParallel"
     }
@@ -491,7 +487,7 @@ impl<M: Module> ModuleParts for DataParallel<M> {
     }
 }
 
-impl<M: Module> Module for DataParallel<M> {
+impl<M: Module + Replicate> Module for DataParallel<M> {
     fn forward(&self, input: &Tensor) -> Result<Tensor> {
         if let Some(e) = self
             .hook_error

@@ -30,7 +30,7 @@ pub mod sampler;
 pub mod store;
 pub mod testing;
 
-pub use data_parallel::{DataParallel, ReplicaFactory};
+pub use data_parallel::DataParallel;
 pub use ddp::{DdpError, DdpOptions, DistributedDataParallel, NoSyncGuard};
 pub use error::DistError;
 pub use group::{

@@ -271,6 +271,7 @@ fn buckets_follow_reverse_order_and_overlap_backward() {
 
 /// A model whose second layer is only used when asked.
 #[derive(Debug, ember_nn::Module)]
+#[module(no_replicate)] // an AtomicBool is not Clone; DDP needs no replica
 struct Branchy {
     a: Linear,
     b: Linear,

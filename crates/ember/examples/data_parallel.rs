@@ -11,7 +11,7 @@
 use std::sync::Arc;
 
 use ember::data::{DataLoader, Dataset, TensorDataset};
-use ember::nn::{CrossEntropyLoss, Linear, Loss, Module, ReLU, Sequential};
+use ember::nn::{CrossEntropyLoss, Linear, Loss, Module, ReLU, Replicate, Sequential};
 use ember::optim::{Adam, AdamOptions, Optimizer};
 use ember::{Device, Error, Tensor, cuda};
 use ember_parallel::DataParallel;
@@ -66,12 +66,12 @@ pub fn run(samples: usize) -> Result<(Vec<f64>, Vec<f64>), Error> {
     let dataset: Arc<dyn Dataset> = Arc::new(TensorDataset::new(vec![x, y])?);
     let gpus = cuda::device_count();
     let net = model()?;
-    let single = model()?;
-    single.load_state_dict(&net.state_dict())?;
+    // `copy.deepcopy(model)`: the same weights in tensors of its own, for the run on one device.
+    let single = net.replicate()?;
     // Wrap with DataParallel (distributes batches across GPUs).
     let model: Box<dyn Module> = if gpus > 1 {
         println!("Using {gpus} GPUs");
-        Box::new(DataParallel::new(net, model, None, None)?)
+        Box::new(DataParallel::new(net, None, None)?)
     } else {
         Box::new(net)
     };

@@ -93,7 +93,7 @@ pub use half;
 /// # Ok::<(), ember::Error>(())
 /// ```
 pub mod prelude {
-    pub use crate::nn::{self, Loss, Module, functional as F};
+    pub use crate::nn::{self, Loss, Module, Replicate, functional as F};
     pub use crate::optim::Optimizer;
     pub use crate::{DType, Device, Error, ErrorKind, Result, Tensor, no_grad};
 }
@@ -203,9 +203,9 @@ pub mod nn {
     pub use ember_nn::layers::*;
     pub use ember_nn::loss::*;
     pub use ember_nn::{
-        __derive, ChildModules, ForwardHook, ForwardPreHook, HookHandle, IncompatibleKeys, Module,
-        ModuleHooks, ModuleParts, ModuleTarget, NnError, StateDict, TensorField, TrainingFlag,
-        checkpoint, parameter,
+        __derive, ChildModules, ClonePlainField, ForwardHook, ForwardPreHook, HookHandle,
+        IncompatibleKeys, Module, ModuleHooks, ModuleParts, ModuleTarget, NnError, ReplicaMemo,
+        Replicate, StateDict, TensorField, TrainingFlag, checkpoint, parameter,
     };
     pub use ember_nn::{functional, init};
 }

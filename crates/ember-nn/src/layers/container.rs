@@ -1,7 +1,9 @@
 //! `Sequential`.
 
 use crate::module::prefix_error;
-use crate::{Module, ModuleHooks, ModuleParts, Result, Tensor, TrainingFlag};
+use crate::{
+    Module, ModuleHooks, ModuleParts, ReplicaMemo, Replicate, Result, Tensor, TrainingFlag,
+};
 
 /// Children run in order (`torch.nn.Sequential`); named `"0"`, `"1"`, ...
 ///
@@ -68,6 +70,21 @@ impl ModuleParts for Sequential {
     }
     fn hooks(&self) -> Option<&ModuleHooks> {
         Some(&self.hooks)
+    }
+    fn replicate_boxed_with(&self, memo: &mut ReplicaMemo) -> Result<Box<dyn Module>> {
+        Ok(Box::new(self.replicate_with(memo)?))
+    }
+}
+
+/// Each layer's replica (through its `replicate_boxed_with`), in order, with the flag and
+/// the hooks copied (Note [Replicas of a module]).
+impl Replicate for Sequential {
+    fn replicate_with(&self, memo: &mut ReplicaMemo) -> Result<Self> {
+        Ok(Sequential {
+            layers: self.layers.replicate_with(memo)?,
+            training: self.training.clone(),
+            hooks: self.hooks.clone(),
+        })
     }
 }
 

@@ -5,14 +5,15 @@
 
 use std::sync::Arc;
 
-use super::{Module, ModuleHooks, ModuleParts, TrainingFlag};
+use super::{Module, ModuleHooks, ModuleParts, ReplicaMemo, TrainingFlag, replicate_arc};
 use crate::{Result, Tensor};
 
 /// A field type that holds child modules: what `#[derive(Module)]` registers from a field
 /// named `name`. Every [`Module`] is one child (`name`); `Option<C>` adds its content when
 /// `Some`; `Vec<C>` and `[C; N]` name their elements `name.0`, `name.1`, ... (PyTorch's
 /// `ModuleList`). Implement it for a container of
-/// your own to make it a field type the derive accepts.
+/// your own to make it a field type the derive accepts (and
+/// [`Replicate`](super::Replicate), which the derive's replica asks of every child field).
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a module, so #[derive(Module)] cannot register this field",
     label = "not a `Module` (nor an Option, Vec, array, Box or Arc of modules)",
@@ -139,7 +140,7 @@ impl TensorField for Option<Tensor> {
 }
 
 macro_rules! delegate {
-    ($($(#[$doc:meta])* $wrapper:ident;)*) => {
+    ($($(#[$doc:meta])* $wrapper:ident => |$this:ident, $memo:ident| $replica:expr;)*) => {
         $(
             impl<M: ModuleParts + ?Sized> ModuleParts for $wrapper<M> {
                 fn name(&self) -> &'static str {
@@ -163,6 +164,10 @@ macro_rules! delegate {
                 fn hooks(&self) -> Option<&ModuleHooks> {
                     (**self).hooks()
                 }
+                fn replicate_boxed_with(&self, memo: &mut ReplicaMemo) -> Result<Box<dyn Module>> {
+                    let ($this, $memo) = (self, memo);
+                    $replica
+                }
             }
 
             $(#[$doc])*
@@ -180,7 +185,10 @@ macro_rules! delegate {
 
 delegate! {
     /// A boxed module is the module it holds: `Box<dyn Module>` fields, `Sequential`'s layers.
-    Box;
+    /// Its replica is the held module's, boxed once.
+    Box => |this, memo| (**this).replicate_boxed_with(memo);
     /// A shared module is the module it holds: `Arc<dyn Module>` for [`checkpoint`](crate::checkpoint).
-    Arc;
+    /// Its replica is an `Arc` of the held module's, made once per allocation (see
+    /// Note [Replicas of a module]).
+    Arc => |this, memo| Ok(Box::new(replicate_arc(this, memo)?));
 }

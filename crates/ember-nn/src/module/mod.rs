@@ -8,10 +8,13 @@
 //! swaps each parameter's data (`param.data = param.data.to(device)` in PyTorch) instead of
 //! making new tensors, so everything holding the parameter sees it move: building the
 //! optimizer before or after `model.to(device)` are the same. Gradients move with their
-//! parameters.
+//! parameters. So a module's `Clone` (where it has one) shares its tensors; a copy with
+//! tensors of its own is a replica ([`Replicate`], Note [Replicas of a module] in
+//! `replicate.rs`).
 
 mod fields;
 mod hooks;
+mod replicate;
 mod state_dict;
 mod walk;
 
@@ -25,6 +28,8 @@ use crate::{Error, NnError, Result, Tensor};
 
 pub use fields::{ChildModules, TensorField};
 pub use hooks::{ForwardHook, ForwardPreHook, HookHandle, ModuleHooks};
+pub(crate) use replicate::replicate_arc;
+pub use replicate::{ClonePlainField, ReplicaMemo, Replicate};
 pub use state_dict::StateDict;
 
 /// What [`Module::load_state_dict_opts`] did not match, when not strict.
@@ -78,6 +83,24 @@ pub trait ModuleParts {
     /// [`Module::register_forward_hook`] returns an error.
     fn hooks(&self) -> Option<&ModuleHooks> {
         None
+    }
+
+    /// A replica of this module, boxed: [`Replicate::replicate_with`] for a module reached
+    /// as `&dyn Module` or held in a `Box<dyn Module>` (`Sequential`'s layers). The derive
+    /// writes it from the struct's `Replicate` impl; a wrapper (`Box<M>`, `Arc<M>`)
+    /// replicates the module it holds. The default, for a hand-written module that has no
+    /// replica, is an error naming it. See Note [Replicas of a module].
+    fn replicate_boxed_with(&self, memo: &mut ReplicaMemo) -> Result<Box<dyn Module>> {
+        let _ = memo;
+        Err(NnError::invalid(
+            "replicate",
+            format!(
+                "`{}` has no replica: implement `Replicate` for it and \
+                 `ModuleParts::replicate_boxed_with` (#[derive(Module)] writes both)",
+                self.name()
+            ),
+        )
+        .into())
     }
 }
 
@@ -368,6 +391,14 @@ pub trait Module: ModuleParts + Send + Sync + std::fmt::Debug {
             }
         }
         Ok(keys)
+    }
+
+    /// A replica of this module (`copy.deepcopy(model)`): the same structure, names and
+    /// plain data around new tensors holding copies of the values, as a `Box<dyn Module>`
+    /// so that it works on trait objects; the typed form is [`Replicate::replicate`]. See
+    /// Note [Replicas of a module].
+    fn replicate_boxed(&self) -> Result<Box<dyn Module>> {
+        self.replicate_boxed_with(&mut ReplicaMemo::new())
     }
 
     /// The module tree as PyTorch prints a model:

@@ -8,7 +8,7 @@ use ember_device::driver::emulator::EmulatorConfig;
 use ember_nn::layers::{BatchNorm2d, Conv2d, Flatten, Linear, ReLU, Sequential};
 use ember_nn::loss::CrossEntropyLoss;
 use ember_nn::optim::{Adam, AdamOptions, Optimizer, SGD, SgdOptions};
-use ember_nn::{Loss, Module, Result, Tensor};
+use ember_nn::{Loss, Module, ReplicaMemo, Replicate, Result, Tensor};
 use ember_parallel::DataParallel;
 use ember_parallel::comm::{self, Broadcast, Gather, ReduceAddCoalesced, Scatter, chunk_sizes};
 use ember_tensor::DType;
@@ -63,8 +63,25 @@ fn pair(make: fn() -> Result<Sequential>) -> (Sequential, Sequential) {
     (a, b)
 }
 
-fn wrap(m: Sequential, make: fn() -> Result<Sequential>) -> DataParallel<Sequential> {
-    DataParallel::new(m, make, None, None).unwrap()
+fn wrap(m: Sequential) -> DataParallel<Sequential> {
+    DataParallel::new(m, None, None).unwrap()
+}
+
+/// A module whose hand-written replica has another structure than the module.
+#[derive(Debug, Module)]
+#[module(no_replicate)]
+struct Lopsided(Sequential);
+
+impl Module for Lopsided {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.0.call(x)
+    }
+}
+
+impl Replicate for Lopsided {
+    fn replicate_with(&self, _memo: &mut ReplicaMemo) -> Result<Self> {
+        Ok(Lopsided(Sequential::new().add(Linear::new(6, 4, ())?)))
+    }
 }
 
 /// The single-device meaning of DataParallel: the module on each `torch.chunk` of the batch,
@@ -100,7 +117,7 @@ fn reference_forward(m: &Sequential, x: &Tensor, devices: usize) -> Tensor {
 pub fn forward_equals_the_module(devices: usize) {
     for batch in [1, devices, 2 * devices + 1, 7] {
         let (a, b) = pair(mlp);
-        let dp = wrap(a, mlp);
+        let dp = wrap(a);
         let x = Tensor::randn([batch, 6], cuda0()).unwrap();
         let y = dp.call(&x).unwrap();
         assert_eq!(y.device(), cuda0());
@@ -115,7 +132,7 @@ pub fn forward_equals_the_module(devices: usize) {
 
 pub fn gradients_equal_single_device(devices: usize) {
     let (a, b) = pair(mlp);
-    let dp = wrap(a, mlp);
+    let dp = wrap(a);
     let x = Tensor::randn([2 * devices + 1, 6], cuda0()).unwrap();
     let xa = x.detach().requires_grad_(true).unwrap();
     let xb = x.detach().requires_grad_(true).unwrap();
@@ -172,7 +189,7 @@ fn train(
     devices: usize,
 ) {
     let (a, b) = pair(make);
-    let dp = wrap(a, make);
+    let dp = wrap(a);
     let opt = |m: &dyn Module| -> Box<dyn Optimizer> {
         if adam {
             Box::new(
@@ -267,7 +284,7 @@ pub fn training_is_repeatable(devices: usize) {
         let m = conv_bn().unwrap();
         m.load_state_dict(&init.state_dict()).unwrap();
         m.to(cuda0()).unwrap();
-        let dp = wrap(m, conv_bn);
+        let dp = wrap(m);
         let options = AdamOptions {
             lr: 1e-2,
             ..Default::default()
@@ -290,47 +307,41 @@ pub fn training_is_repeatable(devices: usize) {
 pub fn errors_are_clear(devices: usize) {
     // The module must be on device_ids[0].
     let m = mlp().unwrap();
-    let dp = DataParallel::new(m, mlp, None, None).unwrap();
+    let dp = DataParallel::new(m, None, None).unwrap();
     let x = Tensor::randn([4, 6], cuda0()).unwrap();
     let e = dp.call(&x).unwrap_err().to_string();
     assert!(e.contains("device_ids[0]") && e.contains("cpu"), "{e}");
     // Device lists.
-    let e = DataParallel::new(mlp().unwrap(), mlp, Some(vec![]), None)
+    let e = DataParallel::new(mlp().unwrap(), Some(vec![]), None)
         .unwrap_err()
         .to_string();
     assert!(e.contains("empty"), "{e}");
-    let e = DataParallel::new(mlp().unwrap(), mlp, Some(vec![0, 0]), None)
+    let e = DataParallel::new(mlp().unwrap(), Some(vec![0, 0]), None)
         .unwrap_err()
         .to_string();
     assert!(e.contains("twice"), "{e}");
-    let e = DataParallel::new(mlp().unwrap(), mlp, Some(vec![devices]), None)
+    let e = DataParallel::new(mlp().unwrap(), Some(vec![devices]), None)
         .unwrap_err()
         .to_string();
     assert!(e.contains(&format!("cuda:{devices}")), "{e}");
     // An input on a CUDA device the wrapper does not use.
     let m = mlp().unwrap();
     m.to(Device::Cuda(1)).unwrap();
-    let dp = DataParallel::new(m, mlp, Some(vec![1]), None).unwrap();
+    let dp = DataParallel::new(m, Some(vec![1]), None).unwrap();
     let e = dp.call(&x).unwrap_err().to_string();
     assert!(e.contains("input is on cuda:0"), "{e}");
     // An input on the CPU is scattered from there.
     let cpu_x = Tensor::randn([3, 6], ()).unwrap();
     assert_eq!(dp.call(&cpu_x).unwrap().device(), Device::Cuda(1));
-    // A factory that builds another structure.
-    let m = mlp().unwrap();
+    // A hand-written replica of another structure.
+    let m = Lopsided(mlp().unwrap());
     m.to(cuda0()).unwrap();
-    let dp = DataParallel::new(
-        m,
-        || Ok(Sequential::new().add(Linear::new(6, 4, ())?)),
-        None,
-        None,
-    )
-    .unwrap();
+    let dp = DataParallel::new(m, None, None).unwrap();
     let e = dp.call(&x).unwrap_err().to_string();
     assert!(e.contains("another structure"), "{e}");
     // An empty batch.
     let (a, _) = pair(mlp);
-    let dp = wrap(a, mlp);
+    let dp = wrap(a);
     let e = dp
         .call(&Tensor::zeros([0, 6], cuda0()).unwrap())
         .unwrap_err()

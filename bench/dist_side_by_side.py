@@ -108,7 +108,7 @@ def mpi4py_rank(name: str, out: str) -> None:
         rec = {"name": name, "value": busbw(nbytes, s, comm.Get_size()), "unit": "GB/s",
                "us_per_call": s * 1e6, "ranks": comm.Get_size(), "bytes": nbytes,
                "mpi4py": mpi4py.__version__,
-               "mpi": MPI.Get_library_version().splitlines()[0].strip(" \x00")}
+               "mpi": MPI.Get_library_version().split(",")[0].strip(" \x00\n")}
         Path(out).write_text(json.dumps(rec))
 
 

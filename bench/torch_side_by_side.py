@@ -602,7 +602,7 @@ def command_line() -> str:
             try:
                 a = str(Path(a).resolve().relative_to(ROOT))
             except ValueError:
-                a = "/".join(["...", *Path(a).parts[-3:]])
+                a = "/".join(["...", *[p for p in Path(a).parts if p != "/"][-3:]])
         words.append(shlex.quote(a))
     return " ".join(["python3 bench/torch_side_by_side.py", *words])
 

@@ -3,7 +3,7 @@
 
     python3 bench/torch_side_by_side.py [--filter matmul] [--rounds 3] [--threads 2] [--json]
                                         [--ember-bin target/release/ember-bench] [--no-install]
-                                        [--device cpu|cuda] [--python python3]
+                                        [--device cpu|cuda] [--python python3] [--rank-threads 1]
                                         [--save [--host NAME] [--notes TEXT]]
 
 Each round takes every selected case in turn and runs it in Ember's benchmark program (`cargo
@@ -28,6 +28,12 @@ With `--save` the rows are also written to bench/results/<date>-<host>-<device>.
 machine's description (CPU model and flags, cores, GPU, Ember's version and commit, PyTorch's
 version), the format `cargo xtask bench --save` writes (see xtask/src/results.rs);
 `cargo xtask bench-report` renders the saved files into docs/performance.md.
+
+The multi-process cases (`all_reduce_mpi_*` against MPI_Allreduce through mpi4py on the same
+Open MPI, `ddp_train_mlp_2000_1000_100_b128_2ranks` against PyTorch DDP over gloo; 2 ranks of
+--rank-threads threads each on both sides) run their other side in processes of their own:
+see bench/dist_side_by_side.py. mpi4py is installed from PyPI into the same interpreter as
+torch when missing (unless --no-install); without it those rows say why and show Ember alone.
 
 To add cases: append a Case to CASES below (same name and unit as Ember's record). `setup`
 builds the inputs and returns (fn, work): the PyTorch side times fn() and reports work/seconds
@@ -84,6 +90,13 @@ class Case:
     peak_memory: bool = False
     # The devices the case runs on (Ember's benchmark program has the same ones).
     devices: tuple[str, ...] = ("cpu", "cuda")
+    # A multi-process case: its other side runs in processes of its own
+    # (bench/dist_side_by_side.py), not in the PyTorch worker; "mpi4py" or "torch".
+    external: str | None = None
+
+
+def _no_setup():
+    raise RuntimeError("a multi-process case runs in bench/dist_side_by_side.py")
 
 
 def _matmul(m: int, k: int, n: int, dtype: str = "float32", trans: str = "") -> Callable:
@@ -371,6 +384,11 @@ CASES: list[Case] = (
                  devices=devices),
         ]
     ]
+    # Several processes, the other side in bench/dist_side_by_side.py.
+    + [Case(f"all_reduce_mpi_{size}", "GB/s", True, _no_setup, devices=("cpu",), external="mpi4py")
+       for size in ("1kib", "64kib", "1mib", "16mib", "256mib")]
+    + [Case("ddp_train_mlp_2000_1000_100_b128_2ranks", "samples/s", True, _no_setup,
+            devices=("cpu",), external="torch")]
 )
 
 
@@ -484,8 +502,9 @@ def install_torch(log) -> str | None:
 
 def run_ember(args, name: str) -> list[dict]:
     """Ember's records for one case (and its `_rust` twin, where it has one)."""
-    env = dict(os.environ, RAYON_NUM_THREADS=str(args.threads))
-    flags = ["--json", "--device", args.device, "--filter", name]
+    env = dict(os.environ, RAYON_NUM_THREADS=str(args.threads),
+               EMBER_BENCH_RANK_THREADS=str(args.rank_threads))
+    flags = ["--json", "--device", args.device, "--filter", name, "--exact"]
     cmd = ([args.ember_bin] if args.ember_bin else ["cargo", "xtask", "bench"]) + flags
     r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     if r.returncode != 0:
@@ -583,20 +602,23 @@ def command_line() -> str:
             try:
                 a = str(Path(a).resolve().relative_to(ROOT))
             except ValueError:
-                a = "/".join(["...", *Path(a).parts[-3:]])
+                a = "/".join(["...", *[p for p in Path(a).parts if p != "/"][-3:]])
         words.append(shlex.quote(a))
     return " ".join(["python3 bench/torch_side_by_side.py", *words])
 
 
-def save(args, rows: list[dict], worker: "TorchWorker | None") -> Path:
-    """Writes bench/results/<date>-<host>-<device>.json and returns its path."""
+def save(args, rows: list[dict], worker: "TorchWorker | None", other: list[list[dict]]) -> Path:
+    """Writes bench/results/<date>-<host>-<device>.json and returns its path. `other`: the
+    other side's records, round by round (the versions of PyTorch and mpi4py they ran)."""
     host = args.host or socket.gethostname() or "unknown"
     now = datetime.datetime.now(datetime.timezone.utc)
     date = now.date().isoformat()
     model, flags = cpu_description()
+    others = [r for rnd in other for r in rnd]
+    side_by_side = worker is not None or any(r["torch"] is not None for r in rows)
     doc = {
         "schema": SCHEMA,
-        "kind": "side-by-side" if worker is not None else "ember",
+        "kind": "side-by-side" if side_by_side else "ember",
         "date": date,
         "time": now.strftime("%H:%M:%S"),
         "host": host,
@@ -615,8 +637,14 @@ def save(args, rows: list[dict], worker: "TorchWorker | None") -> Path:
         "rounds": args.rounds,
         "records": rows,
     }
-    if worker is not None:
-        doc["torch"] = {"version": worker.version}
+    torch_version = worker.version if worker is not None else next(
+        (r["torch"] for r in others if r.get("torch")), None)
+    mpi4py = next((r for r in others if r.get("mpi4py")), None)
+    if mpi4py is not None:
+        doc["mpi4py"] = {"version": mpi4py["mpi4py"], "mpi": mpi4py["mpi"]}
+    if side_by_side:
+        if torch_version is not None:
+            doc["torch"] = {"version": torch_version}
     else:
         # Without PyTorch only Ember's values mean anything: keep them as Ember records.
         doc["records"] = [{"name": r["name"], "device": args.device, "threads": r["threads"],
@@ -644,6 +672,9 @@ def main() -> None:
                     help="substring of case names, or several separated by commas (default: matmul)")
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds (default 3)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rank-threads", type=int, default=None,
+                    help="threads per rank of the multi-process cases, both sides (default: the "
+                         "cores divided among the 2 ranks, at least 1)")
     ap.add_argument("--json", action="store_true", help="print one JSON array instead of a table")
     ap.add_argument("--ember-bin", help="run this ember-bench binary instead of `cargo xtask bench`")
     ap.add_argument("--no-install", action="store_true", help="never create the venv or install torch")
@@ -671,9 +702,24 @@ def main() -> None:
     if why is not None:
         log(f"PyTorch side skipped: {why}")
 
-    worker = TorchWorker(args.threads, args.device) if why is None else None
     wanted = args.filter.split(",")
     selected = [c for c in CASES if any(w in c.name for w in wanted) and args.device in c.devices]
+    dist = None
+    if any(c.external for c in selected):
+        import dist_side_by_side as dist  # beside this script
+        if args.rank_threads is None:
+            args.rank_threads = dist.default_rank_threads()
+    # Why each kind of multi-process case has no other side (None: it has one).
+    external_why = {"torch": why}
+    if dist is not None and any(c.external == "mpi4py" for c in selected):
+        py = str(venv_python()) if venv_python().exists() else sys.executable
+        external_why["mpi4py"] = dist.mpi4py_unavailable(py)
+        if external_why["mpi4py"] is not None and not args.no_install:
+            external_why["mpi4py"] = dist.install_mpi4py(py, log)
+        if external_why["mpi4py"] is not None:
+            log(f"mpi4py side skipped: {external_why['mpi4py']}")
+    worker = (TorchWorker(args.threads, args.device)
+              if why is None and any(not c.external for c in selected) else None)
     ember_rounds: list[list[dict]] = []
     torch_rounds: list[list[dict]] = []
     for i in range(args.rounds):
@@ -681,13 +727,17 @@ def main() -> None:
         e_rnd, t_rnd = [], []
         for case in selected:
             e_rnd += run_ember(args, case.name)
-            if worker is not None:
+            t = None
+            if case.external and external_why.get(case.external) is None:
+                py = str(venv_python()) if venv_python().exists() else sys.executable
+                t = (dist.run_mpi4py(py, case.name) if case.external == "mpi4py"
+                     else dist.run_torch_ddp(py, args.rank_threads))
+            elif not case.external and worker is not None:
                 t = worker.run(case.name)
-                if t is not None:
-                    t_rnd.append(t)
+            if t is not None:
+                t_rnd.append(t)
         ember_rounds.append(e_rnd)
-        if worker is not None:
-            torch_rounds.append(t_rnd)
+        torch_rounds.append(t_rnd)
     if not ember_rounds or not ember_rounds[0]:
         raise SystemExit(f"no Ember records match --filter {args.filter!r}")
 
@@ -719,6 +769,14 @@ def main() -> None:
             "h100_bound_us": rec.get("h100_bound_us"),
             "fraction_of_h100_bound": rec.get("fraction_of_h100_bound"),
         })
+        if case is not None and case.external:
+            e_recs = [r for rnd in ember_rounds for r in rnd if r["name"] == name]
+            t_recs = [r for rnd in torch_rounds for r in rnd if r["name"] == base]
+            rows[-1]["threads"] = rec["threads"]
+            rows[-1]["backend"] = "mpi"
+            rows[-1]["note"] = dist.note(name, e_recs, t_recs)
+            if not t_recs:
+                rows[-1]["note"] += f" (other side skipped: {external_why.get(case.external)})"
 
     # Peak memory, where both sides report it: a row of its own, in MB, lower is better.
     for rec in ember_rounds[0]:
@@ -742,7 +800,8 @@ def main() -> None:
     if worker is not None:
         worker.close()
     if args.save:
-        log(f"saved {save(args, rows, worker)}; `cargo xtask bench-report` renders docs/performance.md")
+        log(f"saved {save(args, rows, worker, torch_rounds)}; `cargo xtask bench-report` renders "
+            "docs/performance.md")
     if args.json:
         print(json.dumps(rows, indent=2))
         return
@@ -754,6 +813,9 @@ def main() -> None:
         print(f"{r['name']:<44} {r['unit']:<9} {r['ember']:10.2f} {t} {q}  {span:<13} {r['backend'] or ''}")
     print(f"\nratio > 1: Ember ahead (rates: Ember/PyTorch; times and memory: PyTorch/Ember); "
           f"{args.threads} threads, {args.rounds} alternating rounds, medians, on {args.device}.")
+    for r in rows:
+        if r.get("note") and case_of.get(r["name"]) and case_of[r["name"]].external:
+            print(f"{r['name']}: {r['note']}")
     bounds = [r for r in rows if r["fraction_of_h100_bound"] is not None]
     if bounds:
         print(f"\n{'case':<32} {'H100 bound (us)':>16} {'fraction of bound':>18}")

@@ -37,14 +37,31 @@ fn split_args(args: &[String]) -> Result<(SaveOptions, Vec<String>), String> {
     Ok((opts, rest))
 }
 
+/// `ember-bench`'s features for this machine: `mpi` when Open MPI is installed.
+fn features() -> Vec<&'static str> {
+    if crate::test::mpi_present() {
+        vec!["--features", "ember-bench/mpi"]
+    } else {
+        Vec::new()
+    }
+}
+
 pub fn run(args: &[String]) -> Result<(), String> {
     let (save, mut bench_args) = split_args(args)?;
+    let features = features();
     run_step(
-        "cargo build --release -p ember-bench",
-        cargo().args(["build", "--release", "--quiet", "-p", "ember-bench"]),
+        &format!(
+            "cargo build --release -p ember-bench {}",
+            features.join(" ")
+        ),
+        cargo()
+            .args(["build", "--release", "--quiet", "-p", "ember-bench"])
+            .args(&features),
     )?;
     let mut cmd = cargo();
-    cmd.args(["run", "--release", "--quiet", "-p", "ember-bench", "--"]);
+    cmd.args(["run", "--release", "--quiet", "-p", "ember-bench"])
+        .args(&features)
+        .arg("--");
     if !save.save {
         let status = cmd
             .args(&bench_args)

@@ -157,7 +157,7 @@ fn apt_install(packages: &str, why: &str) -> bool {
 
 /// `true` when Open MPI (runtime and headers) and libclang (for the bindings' generator)
 /// are installed.
-fn mpi_present() -> bool {
+pub(crate) fn mpi_present() -> bool {
     let libclang = Command::new("sh")
         .args(["-c", "ldconfig -p | grep -q 'libclang[-.0-9]*\\.so'"])
         .status()

@@ -22,6 +22,10 @@ pub struct Options {
     /// their records say `"quick": true`: a smoke test that the paths run, not a
     /// measurement.
     pub quick: bool,
+    /// `--exact`: `--filter` names one case (and its `_rust` twin) instead of a substring, so
+    /// that asking for `train_mlp_2000_1000_100_b128` does not also start the ranks of
+    /// `ddp_train_mlp_2000_1000_100_b128_2ranks` (the side-by-side script asks this way).
+    pub exact: bool,
 }
 
 impl Options {
@@ -31,11 +35,13 @@ impl Options {
             filter: None,
             devices: DeviceSel::All,
             quick: false,
+            exact: false,
         };
         while let Some(a) = args.next() {
             match a.as_str() {
                 "--json" => opts.json = true,
                 "--quick" => opts.quick = true,
+                "--exact" => opts.exact = true,
                 "--filter" => {
                     opts.filter = Some(args.next().ok_or("--filter needs a value")?);
                 }
@@ -54,7 +60,7 @@ impl Options {
                 }
                 other => {
                     return Err(format!(
-                        "unknown argument {other:?}; expected --json, --quick, --filter S, --device cpu|cuda|all"
+                        "unknown argument {other:?}; expected --json, --quick, --filter S, --exact, --device cpu|cuda|all"
                     ));
                 }
             }
@@ -62,9 +68,15 @@ impl Options {
         Ok(opts)
     }
 
-    /// Whether a case of this name is selected by `--filter`.
+    /// Whether a case of this name is selected by `--filter` (and `--exact`).
     pub fn wants(&self, name: &str) -> bool {
-        self.filter.as_deref().is_none_or(|f| name.contains(f))
+        self.filter.as_deref().is_none_or(|f| {
+            if self.exact {
+                name == f || name.strip_suffix("_rust") == Some(f)
+            } else {
+                name.contains(f)
+            }
+        })
     }
 
     pub fn cpu(&self) -> bool {
@@ -143,5 +155,24 @@ pub fn report(opts: &Options, records: &[Record]) {
             "{:<36} {:<10} {:>7} {:>14.2}  {}{}",
             r.name, r.device, r.threads, r.value, r.unit, extra
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exact_filters_name_one_case_and_its_rust_twin() {
+        let args = |a: &[&str]| Options::parse(a.iter().map(|s| s.to_string())).unwrap();
+        let sub = args(&["--filter", "train_mlp_2000_1000_100_b128"]);
+        assert!(sub.wants("ddp_train_mlp_2000_1000_100_b128_2ranks"));
+        let exact = args(&["--filter", "train_mlp_2000_1000_100_b128", "--exact"]);
+        assert!(exact.wants("train_mlp_2000_1000_100_b128"));
+        assert!(!exact.wants("ddp_train_mlp_2000_1000_100_b128_2ranks"));
+        assert!(!exact.wants("train_mlp_2000_1000_100_b128_bf16"));
+        let twin = args(&["--filter", "matmul_f32_n512", "--exact"]);
+        assert!(twin.wants("matmul_f32_n512_rust"));
+        assert!(!twin.wants("matmul_f32_n5120"));
     }
 }

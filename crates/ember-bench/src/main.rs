@@ -1,5 +1,5 @@
 //! Ember's benchmark program. Run it through `cargo xtask bench [--json] [--quick] [--filter S]
-//! [--device cpu|cuda|all]`.
+//! [--exact] [--device cpu|cuda|all]`.
 //!
 //! Every case produces a [`Record`]: `name`, `device`, `threads`, `value`, `unit`, plus
 //! optional extras. Speed targets are ratios checked here and in the side-by-side script,
@@ -7,6 +7,7 @@
 
 mod alloc;
 mod autograd;
+mod dist;
 mod harness;
 mod matmul;
 mod nn;
@@ -28,6 +29,17 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // A rank started by this program's multi-rank cases runs only those (Note [Benchmark
+    // ranks] in dist.rs).
+    if let Some(out) = dist::rank_output() {
+        return match dist::rank_main(&opts, &out) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("ember-bench (rank): {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     if opts.cuda()
         && let Err(e) = harness::choose_cuda_driver()
     {
@@ -35,13 +47,14 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     let mut records: Vec<Record> = Vec::new();
-    let suites: [Suite; 6] = [
+    let suites: [Suite; 7] = [
         alloc::run,
         matmul::run,
         autograd::run,
         tensor_ops::run,
         nn::run,
         resnet::run,
+        dist::run,
     ];
     for run in suites {
         if let Err(e) = run(&opts, &mut records) {

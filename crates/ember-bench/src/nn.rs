@@ -42,7 +42,7 @@ pub(crate) fn err(e: impl std::fmt::Display) -> String {
 }
 
 /// `widths[0] -> widths[1] -> ...` with a ReLU between layers, on `device`.
-fn mlp(widths: &[usize], device: Device) -> Result<Sequential, String> {
+pub(crate) fn mlp(widths: &[usize], device: Device) -> Result<Sequential, String> {
     let mut m = Sequential::new();
     for (i, w) in widths.windows(2).enumerate() {
         if i > 0 {

@@ -74,3 +74,62 @@ fn resnet18_forward_runs_on_emulated_cuda() {
         (Some(2), Some(32))
     );
 }
+
+/// `ember-bench --json --quick --device cpu --filter FILTER --exact`: its records and what it
+/// said on stderr.
+fn quick_cpu_case(name: &str) -> (Vec<Value>, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_ember-bench"))
+        .args([
+            "--json", "--quick", "--device", "cpu", "--filter", name, "--exact",
+        ])
+        .env("RAYON_NUM_THREADS", "2")
+        .env("EMBER_BENCH_RANK_THREADS", "1")
+        .output()
+        .expect("ember-bench starts");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "ember-bench failed: {stderr}");
+    (
+        serde_json::from_slice(&out.stdout).expect("a JSON array"),
+        stderr,
+    )
+}
+
+/// The multi-rank cases start their 2 ranks under `mpirun` and come back as the parent's
+/// records; in a build without MPI support they are skipped, saying so, never faked.
+#[test]
+fn multi_rank_cases_run_on_two_ranks_or_say_why_not() {
+    for (name, unit) in [
+        ("all_reduce_mpi_1kib", "GB/s"),
+        ("ddp_train_mlp_2000_1000_100_b128_2ranks", "samples/s"),
+    ] {
+        let (records, stderr) = quick_cpu_case(name);
+        if !ember_parallel::group::mpi_built() {
+            assert!(records.is_empty(), "{records:?}");
+            assert!(stderr.contains("built without MPI support"), "{stderr}");
+            continue;
+        }
+        assert_eq!(records.len(), 1, "{records:?} {stderr}");
+        let r = &records[0];
+        assert_eq!(
+            (r["name"].as_str(), r["unit"].as_str()),
+            (Some(name), Some(unit))
+        );
+        assert!(r["value"].as_f64().is_some_and(|v| v > 0.0), "{r}");
+        assert_eq!(r["ranks"], 2, "{r}");
+        assert_eq!(r["threads"], 1, "{r}");
+        assert_eq!(r["quick"], true, "{r}");
+        if unit == "GB/s" {
+            assert_eq!(r["bytes"], 1024, "{r}");
+            assert!(
+                r["busbw_check_off"].as_f64().is_some_and(|v| v > 0.0),
+                "{r}"
+            );
+        } else {
+            assert_eq!(r["batch_per_rank"], 64, "{r}");
+            assert!(
+                r["vs_one_process"].as_f64().is_some_and(f64::is_finite),
+                "{r}"
+            );
+        }
+    }
+}

@@ -264,7 +264,7 @@ pub fn training_matches_single_device(devices: usize) {
     }
 }
 
-/// Note [Replica gradients in device order]: the replicas run at once, and the result must
+/// See Note [Replica gradients in device order]: the replicas run at once, and the result must
 /// not depend on how their threads interleave, so the same training repeated gives the same
 /// bits. A conv bias before BatchNorm has a gradient that is zero up to rounding, which
 /// Adam scales to a full step: a summation order that follows thread timing shows here.

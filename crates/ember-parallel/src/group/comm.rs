@@ -332,6 +332,11 @@ impl Shared {
         if tx.send(Msg::Shutdown(ack_tx)).is_err() {
             return Ok(());
         }
+        if self.broken().is_some() {
+            // The thread may be inside a collective that will never complete (Note
+            // [Blocking all-reduce] in `mpi.rs`): it is left to end with the process.
+            return Ok(());
+        }
         // The queue ahead of the shutdown is bounded by the collectives' own deadlines.
         match ack_rx.recv_timeout(self.timeout() + Duration::from_secs(5)) {
             Ok(()) => {

@@ -64,7 +64,9 @@
 //! Note [Timeouts]: a collective must finish within the group's timeout (30 minutes unless
 //! set, [`ProcessGroup::set_timeout`]), counted from its issue. The communication thread
 //! polls a non-blocking collective and gives up at that deadline; [`Work::wait`] gives up at
-//! the same deadline even if the thread does not answer. Either way the error names the
+//! the same deadline even if the thread does not answer (the `mpi` backend's all-reduce is
+//! a blocking call, so for it `Work::wait` alone keeps the deadline: Note [Blocking
+//! all-reduce] in `mpi.rs`). Either way the error names the
 //! rank, the operation and the timeout, and the group is marked broken: a collective left
 //! half-done on one rank cannot be resumed, so every later call on the group fails at once
 //! (PyTorch aborts the communicator in the same case). The tensor of the abandoned

@@ -348,27 +348,31 @@ impl MpiEngine {
             Some(p) => p as *const c_void,
             None => copy.as_ptr().cast::<c_void>(),
         };
-        let r = self.call("MPI_Iallreduce", deadline, |req| {
-            // SAFETY: `buf` is `n` valid `T`s, borrowed (and so kept alive and unaliased)
-            // until `call` returns, and `send` is MPI_IN_PLACE or `copy` (`n` `T`s, alive
-            // as long); on a timeout the caller leaks the storage behind `buf`, and `copy`
-            // is leaked below.
-            unsafe {
-                ffi::MPI_Iallreduce(
-                    send,
-                    buf.as_mut_ptr().cast::<c_void>(),
-                    n,
-                    T::equivalent_datatype().as_raw(),
-                    mpi_op,
-                    comm,
-                    req,
-                )
-            }
-        });
-        if matches!(r, Err(EngineError::TimedOut)) {
-            std::mem::forget(copy);
+        // Note [Blocking all-reduce]: the blocking MPI_Allreduce, not MPI_Iallreduce:
+        // Open MPI's non-blocking all-reduce (libnbc) is 2-3x slower than the blocking one
+        // from 64 KiB up (measured from mpi4py on the same library; see the benchmark
+        // records `all_reduce_mpi_*`), and the all-reduce carries DDP's gradients. PyTorch's
+        // ProcessGroupMPI issues blocking calls on its worker thread as well. The timeout
+        // then comes from `Work::wait`'s deadline alone (Note [Timeouts]): a rank whose peer
+        // never joins keeps this thread inside MPI, and `buf` alive (the collective holds
+        // its tensor), until the process ends.
+        let _ = deadline;
+        // SAFETY: `buf` is `n` valid `T`s, borrowed (and so kept alive and unaliased) for
+        // the whole call, and `send` is MPI_IN_PLACE or `copy` (`n` `T`s, alive as long).
+        let rc = unsafe {
+            ffi::MPI_Allreduce(
+                send,
+                buf.as_mut_ptr().cast::<c_void>(),
+                n,
+                T::equivalent_datatype().as_raw(),
+                mpi_op,
+                comm,
+            )
+        };
+        drop(copy);
+        if rc != 0 {
+            return Err(mpi_error("MPI_Allreduce", rc));
         }
-        r?;
         if op == ReduceOp::Avg {
             T::divide(buf, self.size);
         }

@@ -333,7 +333,6 @@ impl MpiEngine {
         &self,
         buf: &mut [T],
         op: ReduceOp,
-        deadline: Instant,
     ) -> std::result::Result<(), EngineError> {
         let mpi_op = T::mpi_op(op).map_err(|m| EngineError::Invalid(ErrorKind::DType, m))?;
         let n = count(buf.len())?;
@@ -356,7 +355,6 @@ impl MpiEngine {
         // then comes from `Work::wait`'s deadline alone (Note [Timeouts]): a rank whose peer
         // never joins keeps this thread inside MPI, and `buf` alive (the collective holds
         // its tensor), until the process ends.
-        let _ = deadline;
         // SAFETY: `buf` is `n` valid `T`s, borrowed (and so kept alive and unaliased) for
         // the whole call, and `send` is MPI_IN_PLACE or `copy` (`n` `T`s, alive as long).
         let rc = unsafe {
@@ -389,7 +387,8 @@ impl MpiEngine {
         let root = count(src)?;
         let comm = self.comm();
         self.call("MPI_Ibcast", deadline, |req| {
-            // SAFETY: as in `all_reduce_slice`.
+            // SAFETY: `buf` is `n` valid `T`s, borrowed (and so kept alive and unaliased)
+            // until `call` returns; on a timeout the caller leaks the storage behind `buf`.
             unsafe {
                 ffi::MPI_Ibcast(
                     buf.as_mut_ptr().cast::<c_void>(),
@@ -437,11 +436,12 @@ impl MpiEngine {
         &self,
         t: &Raw,
         op: ReduceOp,
-        deadline: Instant,
+        // A blocking call: `Work::wait` keeps the deadline (Note [Blocking all-reduce]).
+        _deadline: Instant,
     ) -> std::result::Result<(), EngineError> {
         self.in_place(t, |h| {
             typed!(h.dtype(), T => h
-                .with_cpu_slice_mut::<T, _>("mpi:all_reduce", |s| self.all_reduce_slice(s, op, deadline))
+                .with_cpu_slice_mut::<T, _>("mpi:all_reduce", |s| self.all_reduce_slice(s, op))
                 .map_err(tensor_err)?)
         })
     }

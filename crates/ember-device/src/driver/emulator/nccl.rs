@@ -59,6 +59,10 @@ struct Clique {
     nranks: usize,
     /// Ranks that joined (a rank's device), by rank.
     members: BTreeMap<usize, usize>,
+    /// How many ranks ever joined: the clique (and its unique id) is dropped only once all
+    /// `nranks` joined and all left, so a rank that leaves before a slower one joins does
+    /// not take the id away from it.
+    joined: usize,
     /// Per rank, the number of the next collective it issues.
     issued: HashMap<usize, u64>,
     /// Collectives waiting for ranks: number → rank → call.
@@ -168,6 +172,7 @@ impl Emulator {
         let mut comms = Vec::with_capacity(devices.len());
         for (rank, &device) in devices.iter().enumerate() {
             c.members.insert(rank, device);
+            c.joined += 1;
             let h = state.issue();
             state.comms.insert(
                 h,
@@ -256,6 +261,7 @@ impl Emulator {
             ));
         }
         c.members.insert(rank, device);
+        c.joined += 1;
         let h = state.issue();
         state.comms.insert(
             h,
@@ -299,7 +305,7 @@ impl Emulator {
             })?;
         let empty = state.cliques.get_mut(&c.clique).is_some_and(|q| {
             q.members.remove(&c.rank);
-            q.members.is_empty()
+            q.members.is_empty() && q.joined >= q.nranks
         });
         if empty {
             state.cliques.remove(&c.clique);

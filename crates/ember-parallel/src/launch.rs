@@ -171,34 +171,38 @@ enum Line {
     Err(String),
 }
 
-/// Forwards `r`'s lines to `tx`, each through `map` (which may drop one).
+/// Forwards `r`'s lines to `tx`, each through `map`, which gives the lines to print for it
+/// (`None`: the output ended).
 fn pump<R: std::io::Read + Send + 'static>(
     r: R,
     tx: mpsc::Sender<Line>,
     is_err: bool,
-    map: impl Fn(&str) -> Option<String> + Send + 'static,
+    mut map: impl FnMut(Option<&str>) -> Vec<String> + Send + 'static,
 ) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
         let mut reader = BufReader::new(r);
         let mut buf = Vec::new();
         loop {
             buf.clear();
-            match reader.read_until(b'\n', &mut buf) {
-                Ok(0) | Err(_) => return,
+            let (lines, ended) = match reader.read_until(b'\n', &mut buf) {
+                Ok(0) | Err(_) => (map(None), true),
                 Ok(_) => {
                     let s = String::from_utf8_lossy(&buf);
-                    let s = s.trim_end_matches(['\n', '\r']);
-                    if let Some(line) = map(s) {
-                        let l = if is_err {
-                            Line::Err(line)
-                        } else {
-                            Line::Out(line)
-                        };
-                        if tx.send(l).is_err() {
-                            return;
-                        }
-                    }
+                    (map(Some(s.trim_end_matches(['\n', '\r']))), false)
                 }
+            };
+            for line in lines {
+                let l = if is_err {
+                    Line::Err(line)
+                } else {
+                    Line::Out(line)
+                };
+                if tx.send(l).is_err() {
+                    return;
+                }
+            }
+            if ended {
+                return;
             }
         }
     })
@@ -222,18 +226,22 @@ fn printer(rx: mpsc::Receiver<Line>) -> std::thread::JoinHandle<()> {
     })
 }
 
-/// `[1,R]<stdout>:text` as `[rankR]:text` (every tag of a line: see
-/// `testing::tagged_pieces`); other lines (mpirun's own) unchanged.
-fn retag(line: &str) -> String {
-    let pieces = crate::testing::tagged_pieces(line);
-    if pieces.is_empty() {
-        return line.to_string();
+/// A `pump` map that prints `[1,R]<stdout>:text` as `[rankR]:text`, each rank's lines whole
+/// (see Note [Tagged output comes in chunks]); other lines (mpirun's own) unchanged.
+fn retagger() -> impl FnMut(Option<&str>) -> Vec<String> {
+    let mut lines = crate::tagged::TaggedLines::default();
+    move |line| {
+        let out = match line {
+            Some(l) => lines.push(l),
+            None => lines.finish(),
+        };
+        out.into_iter()
+            .map(|(rank, text)| match rank {
+                Some(r) => format!("[rank{r}]:{text}"),
+                None => text,
+            })
+            .collect()
     }
-    pieces
-        .iter()
-        .map(|(rank, text)| format!("[rank{rank}]:{text}"))
-        .collect::<Vec<_>>()
-        .join("\n")
 }
 
 const SHIM: &str = r#"export RANK="$OMPI_COMM_WORLD_RANK" WORLD_SIZE="$OMPI_COMM_WORLD_SIZE" LOCAL_RANK="$OMPI_COMM_WORLD_LOCAL_RANK" LOCAL_WORLD_SIZE="$OMPI_COMM_WORLD_LOCAL_SIZE"
@@ -270,10 +278,10 @@ fn launch_mpirun(opts: &LaunchOptions) -> Result<LaunchOutcome> {
     let (tx, rx) = mpsc::channel();
     let mut pumps = Vec::new();
     if let Some(o) = child.stdout.take() {
-        pumps.push(pump(o, tx.clone(), false, |l| Some(retag(l))));
+        pumps.push(pump(o, tx.clone(), false, retagger()));
     }
     if let Some(e) = child.stderr.take() {
-        pumps.push(pump(e, tx.clone(), true, |l| Some(retag(l))));
+        pumps.push(pump(e, tx.clone(), true, retagger()));
     }
     drop(tx);
     let print = printer(rx);
@@ -390,11 +398,13 @@ fn launch_direct(opts: &LaunchOptions) -> Result<LaunchOutcome> {
         let prefix = format!("[rank{rank}]:");
         if let Some(o) = child.stdout.take() {
             let p = prefix.clone();
-            pumps.push(pump(o, tx.clone(), false, move |l| Some(format!("{p}{l}"))));
+            pumps.push(pump(o, tx.clone(), false, move |l| {
+                l.map(|l| format!("{p}{l}")).into_iter().collect()
+            }));
         }
         if let Some(e) = child.stderr.take() {
             pumps.push(pump(e, tx.clone(), true, move |l| {
-                Some(format!("{prefix}{l}"))
+                l.map(|l| format!("{prefix}{l}")).into_iter().collect()
             }));
         }
         children.insert(rank, child);
@@ -442,9 +452,18 @@ mod tests {
 
     #[test]
     fn mpirun_tags_become_rank_prefixes() {
-        assert_eq!(retag("[1,0]<stdout>:hello"), "[rank0]:hello");
-        assert_eq!(retag("[1,12]<stderr>:x: y"), "[rank12]:x: y");
-        assert_eq!(retag("plain"), "plain");
+        let mut retag = retagger();
+        assert_eq!(retag(Some("[1,0]<stdout>:hello")), ["[rank0]:hello"]);
+        assert_eq!(retag(Some("[1,12]<stderr>:x: y")), ["[rank12]:x: y"]);
+        assert_eq!(retag(Some("plain")), ["plain"]);
+        // A chunk left unfinished waits for its rest (Note [Tagged output comes in chunks]).
+        assert!(
+            retag(Some("[1,0]<stdout>:{\"a\": 0.9[1,1]<stdout>:x"))
+                .contains(&"[rank1]:x".to_string())
+        );
+        assert_eq!(retag(Some("[1,0]<stdout>:5}")), ["[rank0]:{\"a\": 0.95}"]);
+        assert_eq!(retag(Some("[1,1]<stdout>:tail")), ["[rank1]:tail"]);
+        assert_eq!(retag(None), Vec::<String>::new());
     }
 
     #[test]

@@ -28,6 +28,7 @@ pub mod group;
 pub mod launch;
 pub mod sampler;
 pub mod store;
+mod tagged;
 pub mod testing;
 
 pub use data_parallel::DataParallel;

@@ -207,9 +207,8 @@ pub fn run_ranks_with(opts: &RunRanks) -> Result<RanksOutcome, String> {
     })
 }
 
-/// Splits `--tag-output` lines (`[JOB,RANK]<stdout>:text`) by rank. A rank's line left
-/// unfinished (libtest's `test name ... `) is continued on the same output line by the next
-/// tag, so every tag in a line starts a new piece.
+/// Splits `--tag-output` lines (`[JOB,RANK]<stdout>:text`) by rank, each rank's lines whole
+/// again (see Note [Tagged output comes in chunks]).
 fn split_ranks(output: &str, n: usize) -> Vec<RankOutcome> {
     let mut ranks: Vec<RankOutcome> = (0..n)
         .map(|rank| RankOutcome {
@@ -217,59 +216,19 @@ fn split_ranks(output: &str, n: usize) -> Vec<RankOutcome> {
             ..RankOutcome::default()
         })
         .collect();
-    for line in output.lines() {
-        for (rank, text) in tagged_pieces(line) {
-            let Some(r) = ranks.get_mut(rank) else {
-                continue;
-            };
-            if text.contains(PASS_MARKER) {
-                r.passed.get_or_insert(true);
-            } else if text.contains(FAIL_MARKER) {
-                r.passed = Some(false);
-            }
-            r.output.push_str(text);
-            r.output.push('\n');
+    for (rank, text) in crate::tagged::rank_lines(output) {
+        let Some(r) = rank.and_then(|rank| ranks.get_mut(rank)) else {
+            continue;
+        };
+        if text.contains(PASS_MARKER) {
+            r.passed.get_or_insert(true);
+        } else if text.contains(FAIL_MARKER) {
+            r.passed = Some(false);
         }
+        r.output.push_str(&text);
+        r.output.push('\n');
     }
     ranks
-}
-
-/// The pieces of a line, each after a `[JOB,RANK]<stream>:` tag, with their ranks.
-pub(crate) fn tagged_pieces(line: &str) -> Vec<(usize, &str)> {
-    let mut tags: Vec<(usize, usize, usize)> = Vec::new(); // (tag start, text start, rank)
-    let mut from = 0;
-    while let Some(i) = line[from..].find('[') {
-        let start = from + i;
-        if let Some((rank, len)) = parse_tag(&line[start..]) {
-            tags.push((start, start + len, rank));
-            from = start + len;
-        } else {
-            from = start + 1;
-        }
-    }
-    tags.iter()
-        .enumerate()
-        .map(|(k, &(_, text, rank))| {
-            let end = tags.get(k + 1).map_or(line.len(), |t| t.0);
-            (rank, &line[text..end])
-        })
-        .collect()
-}
-
-/// `[JOB,RANK]<stdout>:` or `<stderr>:` at the start of `s`: the rank and the tag's length.
-fn parse_tag(s: &str) -> Option<(usize, usize)> {
-    let rest = s.strip_prefix('[')?;
-    let close = rest.find(']')?;
-    let (job, rank) = rest[..close].split_once(',')?;
-    if job.is_empty() || !job.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    let rank = rank.parse().ok()?;
-    let after = &rest[close + 1..];
-    let stream = ["<stdout>:", "<stderr>:", "<stddiag>:"]
-        .into_iter()
-        .find(|t| after.starts_with(t))?;
-    Some((rank, 1 + close + 1 + stream.len()))
 }
 
 /// In a test: runs `body` when this process is one of the ranks (printing the pass or fail
@@ -333,10 +292,9 @@ pub fn report(test_name: &str, out: &RanksOutcome) -> String {
             r.output
         ));
     }
-    let untagged: Vec<&str> = out
-        .output
-        .lines()
-        .filter(|l| tagged_pieces(l).is_empty())
+    let untagged: Vec<String> = crate::tagged::rank_lines(&out.output)
+        .into_iter()
+        .filter_map(|(rank, text)| rank.is_none().then_some(text))
         .collect();
     if !untagged.is_empty() {
         s.push_str("--- mpirun:\n");
@@ -359,7 +317,6 @@ mod tests {
         assert_eq!(r[1].passed, Some(false));
         assert!(r[0].output.starts_with("hello\n"));
         assert!(r[1].output.contains("oops"));
-        assert_eq!(parse_tag("no tag"), None);
         // An unfinished line of rank 1 continued by rank 0's marker.
         let glued = format!("[1,1]<stdout>:test x ... [1,0]<stdout>:{PASS_MARKER}\n");
         let r = split_ranks(&glued, 2);

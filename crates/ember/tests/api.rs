@@ -189,7 +189,9 @@ fn values_read_back_in_another_dtype_and_options_take_device_then_dtype() {
         let moved = z.to((Device::Cpu, DType::F32))?;
         assert_eq!((moved.dtype(), moved.device()), (DType::F32, Device::Cpu));
         // Devices by value or by reference.
-        assert_eq!(memory::memory_allocated(d)?, memory::memory_allocated(d)?);
+        // (Other tests allocate on `d` meanwhile: the peak, read second, bounds the first read.)
+        let now = memory::memory_allocated(d)?;
+        assert!(memory::max_memory_allocated(&d)? >= now);
         assert_eq!(x.to_device(d)?.device(), x.to_device(d)?.device());
         Ok(())
     });

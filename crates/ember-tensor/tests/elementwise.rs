@@ -414,6 +414,72 @@ fn large_tensors_take_the_parallel_paths() {
     );
 }
 
+/// Rows of 333 over 301 rows: the parallel pieces start mid-row, so the row-at-a-time path
+/// of broadcast operands (`x + bias`, `x * col`, a sliced view) is checked at every element.
+#[test]
+fn broadcast_rows_split_across_threads_match_a_naive_loop() {
+    let (rows, cols) = (301usize, 333usize);
+    let x: Vec<f32> = (0..rows * cols).map(|i| (i % 1009) as f32 * 0.25).collect();
+    let bias: Vec<f32> = (0..cols).map(|j| j as f32 - 100.0).collect();
+    let col: Vec<f32> = (0..rows).map(|i| (i % 7) as f32 - 3.0).collect();
+    for dt in [DType::F32, DType::Bf16, DType::F64] {
+        let tx = f32s(&x, &[rows, cols], &Device::Cpu).to_dtype(dt).unwrap();
+        let tb = f32s(&bias, &[cols], &Device::Cpu).to_dtype(dt).unwrap();
+        let tc = f32s(&col, &[rows, 1], &Device::Cpu).to_dtype(dt).unwrap();
+        let round = |v: f32| {
+            Tensor::scalar(v, Device::Cpu)
+                .unwrap()
+                .to_dtype(dt)
+                .unwrap()
+                .item::<f64>()
+                .unwrap()
+        };
+        let (xr, br, cr): (Vec<f64>, Vec<f64>, Vec<f64>) = (
+            x.iter().map(|&v| round(v)).collect(),
+            bias.iter().map(|&v| round(v)).collect(),
+            col.iter().map(|&v| round(v)).collect(),
+        );
+        let check = |t: Tensor, want: &dyn Fn(usize, usize) -> f64, what: &str| {
+            let got = t.to_dtype(DType::F64).unwrap().to_vec::<f64>().unwrap();
+            let w = t.dims()[1];
+            for (k, &g) in got.iter().enumerate() {
+                let (i, j) = (k / w, k % w);
+                let want = Tensor::scalar(want(i, j), Device::Cpu)
+                    .unwrap()
+                    .to_dtype(dt)
+                    .unwrap()
+                    .item::<f64>()
+                    .unwrap();
+                assert_eq!(g, want, "{dt:?} {what} at [{i}, {j}]");
+            }
+        };
+        check(
+            tx.add(&tb).unwrap(),
+            &|i, j| xr[i * cols + j] + br[j],
+            "x + bias",
+        );
+        check(
+            tb.sub(&tx).unwrap(),
+            &|i, j| br[j] - xr[i * cols + j],
+            "bias - x",
+        );
+        check(
+            tx.mul(&tc).unwrap(),
+            &|i, j| xr[i * cols + j] * cr[i],
+            "x * col",
+        );
+        check(tc.add(&tb).unwrap(), &|i, j| cr[i] + br[j], "col + bias");
+        // Rows that are contiguous but apart: columns 5.. of x.
+        let v = tx.narrow(1, 5, cols - 5).unwrap();
+        let bv = tb.narrow(0, 5, cols - 5).unwrap();
+        check(
+            v.add(&bv).unwrap(),
+            &|i, j| xr[i * cols + j + 5] + br[j + 5],
+            "sliced",
+        );
+    }
+}
+
 #[test]
 fn device_mismatch_message() {
     let e = TensorError::DeviceMismatch {

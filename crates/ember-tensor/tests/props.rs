@@ -19,21 +19,29 @@ struct ViewCase {
     perm: Vec<usize>,
 }
 
+/// A view of up to 4 dims of up to 5 elements, or (`wide`) with its last base dim 16 longer,
+/// which the CPU kernels' row-at-a-time paths take (rows of 16 elements or more).
 fn view_case() -> impl Strategy<Value = ViewCase> {
-    (0usize..=4)
-        .prop_flat_map(|r| {
+    (0usize..=4, any::<bool>())
+        .prop_flat_map(|(r, wide)| {
             (
                 prop::collection::vec(0usize..=5, r),
                 prop::collection::vec(1usize..=3, r),
                 prop::collection::vec(0usize..=2, r),
                 Just((0..r).collect::<Vec<_>>()).prop_shuffle(),
+                Just(wide),
             )
         })
-        .prop_map(|(shape, steps, pads, perm)| ViewCase {
-            shape,
-            steps,
-            pads,
-            perm,
+        .prop_map(|(mut shape, steps, pads, perm, wide)| {
+            if let (true, Some(last)) = (wide, shape.last_mut()) {
+                *last += 16;
+            }
+            ViewCase {
+                shape,
+                steps,
+                pads,
+                perm,
+            }
         })
 }
 
@@ -100,10 +108,14 @@ fn same(a: &[f64], b: &[f64]) -> bool {
             .all(|(x, y)| x == y || (x.is_nan() && y.is_nan()))
 }
 
-/// Broadcast-compatible shapes: an output shape, and for each operand a copy with random
-/// dims set to 1 and random leading dims dropped.
+/// Broadcast-compatible shapes: an output shape (its last dim sometimes 16 longer, for the
+/// row-at-a-time paths), and for each operand a copy with random dims set to 1 and random
+/// leading dims dropped.
 fn broadcast_pair() -> impl Strategy<Value = (Vec<usize>, Vec<usize>)> {
-    prop::collection::vec(0usize..=4, 0..=4).prop_flat_map(|out| {
+    (prop::collection::vec(0usize..=4, 0..=4), any::<bool>()).prop_flat_map(|(mut out, wide)| {
+        if let (true, Some(last)) = (wide, out.last_mut()) {
+            *last += 16;
+        }
         let r = out.len();
         (
             Just(out),

@@ -202,6 +202,9 @@ where
         }
         _ => {}
     }
+    if let Some(out) = map2_rows(da, la, db, lb, &f)? {
+        return Ok(out);
+    }
     CpuStorage::from_chunks(n, |r| {
         let len = r.len();
         StridedIndex::from_position(la, r.start)
@@ -214,6 +217,74 @@ where
                 )
             })
     })
+}
+
+/// [`map2`] a row (the last dimension) at a time, when along it each operand is contiguous
+/// or one value (stride 1 or 0): `x + bias`, `x * scale[:, None]`, a row of a transposed
+/// view. The strided walk costs a few nanoseconds an element; this costs that per row, and
+/// its inner loops vectorise. `None` for other layouts or short rows.
+fn map2_rows<T, U, F>(
+    da: &[T],
+    la: &Layout,
+    db: &[T],
+    lb: &Layout,
+    f: &F,
+) -> Result<Option<CpuStorage>>
+where
+    T: WithDType,
+    U: WithDType,
+    F: Fn(T, T) -> U + Sync,
+{
+    let inner = la.dims().last().copied().unwrap_or(0);
+    let stride = |l: &Layout| l.strides().last().copied().filter(|&s| s <= 1);
+    let (Some(sa), Some(sb)) = (stride(la), stride(lb)) else {
+        return Ok(None);
+    };
+    if inner < 16 {
+        return Ok(None);
+    }
+    let n = la.numel();
+    // Every element is in bounds (`map2` checked both layouts), so the rows' slices are too;
+    // `get` keeps an internal error from panicking (its row stays zero).
+    let mut out = CpuStorage::zeroed(U::DTYPE, n)?;
+    let o = out.as_mut_slice::<U>()?;
+    for_each_piece(o, |start, mut piece| {
+        let mut pos = start;
+        while !piece.is_empty() {
+            let (row, col) = (pos / inner, pos % inner);
+            let len = (inner - col).min(piece.len());
+            let (head, tail) = std::mem::take(&mut piece).split_at_mut(len);
+            let a0 = crate::strided::offset_of(la, row * inner) + col * sa;
+            let b0 = crate::strided::offset_of(lb, row * inner) + col * sb;
+            match (row_run(da, a0, sa, len), row_run(db, b0, sb, len)) {
+                (Some(x), Some(y)) if sa == 1 && sb == 1 => {
+                    for ((o, &p), &q) in head.iter_mut().zip(x).zip(y) {
+                        *o = f(p, q);
+                    }
+                }
+                (Some(x), Some(&[q])) if sa == 1 => {
+                    for (o, &p) in head.iter_mut().zip(x) {
+                        *o = f(p, q);
+                    }
+                }
+                (Some(&[p]), Some(y)) if sb == 1 => {
+                    for (o, &q) in head.iter_mut().zip(y) {
+                        *o = f(p, q);
+                    }
+                }
+                (Some(&[p]), Some(&[q])) => head.fill(f(p, q)),
+                _ => {}
+            }
+            pos += len;
+            piece = tail;
+        }
+    });
+    Ok(Some(out))
+}
+
+/// The `len` elements of a row from `at` (stride 1), or its one value (stride 0).
+fn row_run<T>(d: &[T], at: usize, stride: usize, len: usize) -> Option<&[T]> {
+    d.get(at..at + if stride == 1 { len } else { 1 })
 }
 
 /// `dst[i] = f(dst[i], src[i])` in place, for two layouts of one shape. `dst`'s layout must
@@ -329,6 +400,21 @@ pub(crate) fn cast_elem<T: WithDType, U: WithDType>(x: T) -> U {
 
 /// A contiguous copy of the layout's elements converted to `dtype`.
 pub(crate) fn cast(src: &CpuStorage, l: &Layout, dtype: DType) -> Result<CpuStorage> {
+    // The casts between f32 and the 16-bit floats (autocast's) take vectorised loops; they
+    // give `cast_elem`'s bits (f32 → f64 is exact, so `from_f64(x as f64)` rounds once).
+    match (src.dtype(), dtype) {
+        (DType::F32, DType::Bf16) => {
+            return map1_as::<true, f32, _, _>(src, l, crate::dtype::bf16_from_f32);
+        }
+        (DType::Bf16, DType::F32) => {
+            return map1_as::<true, _, f32, _>(src, l, crate::dtype::bf16_to_f32);
+        }
+        (DType::F32, DType::F16) => {
+            return map1_as::<true, f32, _, _>(src, l, half::f16::from_f32);
+        }
+        (DType::F16, DType::F32) => return map1_as::<true, _, f32, _>(src, l, half::f16::to_f32),
+        _ => {}
+    }
     dispatch!(src.dtype(), T => dispatch!(dtype, U => {
         if T::DTYPE == U::DTYPE {
             map1::<T, T, _>(src, l, |x| x)
@@ -336,4 +422,70 @@ pub(crate) fn cast(src: &CpuStorage, l: &Layout, dtype: DType) -> Result<CpuStor
             map1::<T, U, _>(src, l, cast_elem::<T, U>)
         }
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// f32 bit patterns over every exponent: zeros, subnormals, halfway and near-halfway
+    /// mantissas, the largest finite values, infinities and NaNs of both signs.
+    fn f32_patterns() -> Vec<f32> {
+        let mantissas = [
+            0u32, 1, 0x7fff, 0x8000, 0x8001, 0x1_7fff, 0x1_8000, 0x1_8001, 0x40_0000, 0x7f_ffff,
+            0x12_3456, 0x7f_8000,
+        ];
+        let mut v = Vec::new();
+        for sign in [0u32, 1 << 31] {
+            for exp in 0u32..=255 {
+                for &m in &mantissas {
+                    v.push(f32::from_bits(sign | exp << 23 | m));
+                }
+            }
+        }
+        v
+    }
+
+    fn same_bits_or_both_nan(a: f32, b: f32) -> bool {
+        a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())
+    }
+
+    #[test]
+    fn fast_16_bit_casts_give_the_general_paths_bits() {
+        for x in f32_patterns() {
+            // `half`'s own conversions (which `WithDType` used before): the same bits.
+            let general = half::bf16::from_f32(x);
+            let fast: half::bf16 = cast_elem(x);
+            assert_eq!(
+                fast.to_bits(),
+                general.to_bits(),
+                "{x:e} ({:#x})",
+                x.to_bits()
+            );
+            let widened = crate::dtype::bf16_to_f32(general);
+            assert!(same_bits_or_both_nan(widened, general.to_f32()), "{x:e}");
+            let (a, b) = (WithDType::to_f64(general), general.to_f64());
+            assert!(
+                a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()),
+                "{x:e}"
+            );
+        }
+        // Through `cast`, contiguous (the vectorised loops, split in parallel) and strided.
+        let xs: Vec<f32> = f32_patterns().into_iter().cycle().take(70_000).collect();
+        let src = CpuStorage::from_slice(&xs).unwrap_or_else(|e| panic!("{e}"));
+        let l = Layout::contiguous([xs.len()]);
+        for dt in [DType::Bf16, DType::F16] {
+            let fast = cast(&src, &l, dt).unwrap_or_else(|e| panic!("{e}"));
+            let back = cast(&fast, &l, DType::F32).unwrap_or_else(|e| panic!("{e}"));
+            let back = back.as_slice::<f32>().unwrap_or_else(|e| panic!("{e}"));
+            for (i, &x) in xs.iter().enumerate() {
+                let want: f32 = if dt == DType::Bf16 {
+                    cast_elem(cast_elem::<f32, half::bf16>(x))
+                } else {
+                    cast_elem(cast_elem::<f32, half::f16>(x))
+                };
+                assert!(same_bits_or_both_nan(back[i], want), "{dt:?} {x:e}");
+            }
+        }
+    }
 }

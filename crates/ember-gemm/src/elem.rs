@@ -88,9 +88,12 @@ impl Element for f32 {
 
 impl Element for bf16 {
     const DTYPE: DType = DType::Bf16;
+    #[inline]
     fn to_f32(self) -> f32 {
         bf16::to_f32(self)
     }
+    // Inlined into other crates too: `ember-tensor`'s bf16 kernels and casts use it.
+    #[inline]
     fn from_f32(x: f32) -> Self {
         bf16::from_bits(bf16_bits(x))
     }

@@ -312,24 +312,18 @@ with_dtype_float!(
     |v: i64| bf16_from_f32(v as f32)
 );
 
-/// f32 → bf16 exactly as `half::bf16::from_f32` rounds: to nearest even, a NaN kept quiet
-/// with its sign and high payload bits. Without branches, so that loops of it vectorise
-/// (autocast's casts of every weight, and every bf16 kernel computing in f32, go through
-/// it; `half`'s branching version made a cast of 2M elements ~10x slower).
+/// f32 → bf16 as `half::bf16::from_f32` rounds, without its branches, so that loops of it
+/// vectorise (autocast's casts of every weight, and the bf16 kernels that compute in f32, go
+/// through it; `half`'s branching version made a cast of 2M elements several times slower).
 #[inline(always)]
 pub(crate) fn bf16_from_f32(x: f32) -> bf16 {
-    let b = x.to_bits();
-    let rounded = b.wrapping_add(0x7fff + ((b >> 16) & 1)) >> 16;
-    let quiet = (b >> 16) | 0x40;
-    let nan = (b & 0x7fff_ffff) > 0x7f80_0000;
-    bf16::from_bits((if nan { quiet } else { rounded }) as u16)
+    <bf16 as ember_gemm::Element>::from_f32(x)
 }
 
-/// bf16 → f32: exact, the bits shifted into place (`half`'s `to_f64` branches on zeros,
-/// subnormals and NaNs).
+/// bf16 → f32: exact (`half`'s, a shift; `to_f64` branches on zeros, subnormals and NaNs).
 #[inline(always)]
 pub(crate) fn bf16_to_f32(x: bf16) -> f32 {
-    f32::from_bits(u32::from(x.to_bits()) << 16)
+    x.to_f32()
 }
 
 macro_rules! with_dtype_int {

@@ -298,6 +298,10 @@ fn bwd<T: CeFloat>(
             }
         }
     };
+    // `fast_exp`'s `mul_add`s are FMA instructions only in code compiled for them (see
+    // `cpu::simd`); in baseline code each is a call to libm's `fmaf`, which made this loop
+    // ~30x slower.
+    let body = |start: usize, os: &mut [T]| super::simd::widest(|| body(start, os));
     if o.len() >= PAR_THRESHOLD {
         for_each_chunk_mut(o, per, |i, os| body(i * per, os));
     } else {

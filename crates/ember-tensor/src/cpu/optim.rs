@@ -32,6 +32,7 @@ use crate::dtype::{DType, WithDType};
 use crate::error::{Result, TensorError};
 use crate::layout::Layout;
 use crate::op::{self, Elem};
+use crate::ops::optim::{FusedAdamOptions, FusedSgdOptions};
 use crate::storage::{CpuStorage, PAR_THRESHOLD, par_chunk_len};
 
 /// The float types the kernels take: f32 and f64, computed in themselves.
@@ -176,17 +177,7 @@ pub(crate) fn step<U: Update>(op: &'static str, rows: Vec<Row<'_>>, update: &U) 
 
 /// SGD's update (`kernels/optim.cu`'s `optim_sgd`): `written` is `[param, momentum buffer
 /// (with momentum)]`, `extras[0]` is 1 where the buffer is new (its first step: `b = g`).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Sgd {
-    pub(crate) lr: f64,
-    pub(crate) momentum: f64,
-    pub(crate) dampening: f64,
-    pub(crate) weight_decay: f64,
-    pub(crate) nesterov: bool,
-    pub(crate) maximize: bool,
-}
-
-impl Update for Sgd {
+impl Update for FusedSgdOptions {
     fn apply<T: Real>(&self, written: &mut Written<'_, T>, grad: &[T], extras: [f64; 2]) {
         let [Some(param), buf, ..] = written else {
             return;
@@ -224,18 +215,7 @@ impl Update for Sgd {
 /// Adam's and AdamW's update (`kernels/optim.cu`'s `optim_adam`): `written` is `[param,
 /// exp_avg, exp_avg_sq, max_exp_avg_sq (with amsgrad)]`; `extras` are the param's step size
 /// `lr / (1 - β₁ᵗ)` and `sqrt(1 - β₂ᵗ)`, computed in f64 as `adam_single` does.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Adam {
-    pub(crate) lr: f64,
-    pub(crate) betas: (f64, f64),
-    pub(crate) eps: f64,
-    pub(crate) weight_decay: f64,
-    pub(crate) amsgrad: bool,
-    pub(crate) maximize: bool,
-    pub(crate) decoupled_weight_decay: bool,
-}
-
-impl Update for Adam {
+impl Update for FusedAdamOptions {
     fn apply<T: Real>(&self, written: &mut Written<'_, T>, grad: &[T], extras: [f64; 2]) {
         let [Some(param), Some(exp_avg), Some(exp_avg_sq), max_sq] = written else {
             return;

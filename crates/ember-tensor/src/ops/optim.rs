@@ -324,15 +324,7 @@ impl Tensor {
         let buffers = with_momentum.then_some(momentum_buffers);
         if !device.is_cuda() {
             let extras: Vec<[f64; 2]> = first.iter().map(|&f| [f as f64, 0.0]).collect();
-            let update = cpu_optim::Sgd {
-                lr: o.lr,
-                momentum: o.momentum,
-                dampening: o.dampening,
-                weight_decay: o.weight_decay,
-                nesterov: o.nesterov,
-                maximize: o.maximize,
-            };
-            return run_cpu(OP, (params, grads), &[buffers], &extras, &update);
+            return run_cpu(OP, (params, grads), &[buffers], &extras, o);
         }
         let flags = i32::from(o.maximize) | i32::from(o.nesterov) << 1;
         run_cuda(
@@ -417,16 +409,7 @@ impl Tensor {
             o.amsgrad.then_some(max_exp_avg_sqs),
         ];
         if !device.is_cuda() {
-            let update = cpu_optim::Adam {
-                lr: o.lr,
-                betas: o.betas,
-                eps: o.eps,
-                weight_decay: o.weight_decay,
-                amsgrad: o.amsgrad,
-                maximize: o.maximize,
-                decoupled_weight_decay: o.decoupled_weight_decay,
-            };
-            return run_cpu(OP, (params, grads), &states, &corrections, &update);
+            return run_cpu(OP, (params, grads), &states, &corrections, o);
         }
         let bits =
             |k: usize| -> Vec<i64> { corrections.iter().map(|c| c[k].to_bits() as i64).collect() };

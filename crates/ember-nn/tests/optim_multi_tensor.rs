@@ -2,9 +2,10 @@
 // The error test builds its one-tensor lists inline (`&[p.clone()]`), which reads better here.
 #![allow(clippy::cloned_ref_to_slice_refs)]
 //! The optimizers' multi-tensor steps (Note [Multi-tensor optimizer steps] in
-//! `ember-nn/src/optim/mod.rs`): on CUDA, SGD, Adam and AdamW update every parameter of a
-//! dtype in one launch, with the per-op path's bits for f32/f64 parameters and one rounding
-//! of f32 math for bf16/f16; non-contiguous tensors fall back to the per-op path.
+//! `ember-nn/src/optim/mod.rs`): SGD, Adam and AdamW update every parameter in one op per
+//! device (on CUDA one launch per dtype, on the CPU one pass over the f32/f64 ones), with the
+//! per-op path's bits for f32/f64 parameters and, on CUDA, one rounding of f32 math for
+//! bf16/f16; non-contiguous tensors fall back to the per-op path.
 
 use ember_device::driver::emulator::thread_launch_counts;
 use ember_nn::Result;
@@ -13,9 +14,11 @@ use ember_nn::optim::{Adam, AdamOptions, AdamW, AdamWOptions, Optimizer, SGD, Sg
 use ember_tensor::{DType, Device};
 use ember_testing::test_device;
 
-/// Shapes of the test's parameters: a scalar-like one, a matrix, one spanning two chunks of
-/// the kernel's table (32768 elements each), and an empty one.
-const SHAPES: [&[usize]; 4] = [&[1], &[7, 3], &[40_000], &[0, 3]];
+/// Shapes of the test's parameters: a scalar-like one, a matrix, two spanning two chunks of
+/// the CUDA kernel's table (32768 elements each) and split into parallel pieces on the CPU
+/// (from `PAR_THRESHOLD`, 32768 elements), one of each dtype where two alternate, and an
+/// empty one.
+const SHAPES: [&[usize]; 5] = [&[1], &[7, 3], &[40_000], &[200, 250], &[0, 3]];
 
 /// Deterministic values in about [-1, 1] (an LCG), different per `seed`.
 fn values(n: usize, seed: u64) -> Vec<f32> {
@@ -51,9 +54,26 @@ fn params(dtypes: &[DType], dev: &Device) -> Vec<Tensor> {
         .collect()
 }
 
-fn set_grads(params: &[Tensor], step: usize) {
+/// `t`'s values in a tensor of its shape that is not contiguous (every other element of a
+/// wider storage) where it has more than one element.
+fn strided(t: &Tensor) -> Tensor {
+    if t.numel() == 0 {
+        // Nothing to spread (and `stack` of empty tensors refuses to copy into the empty
+        // slices past its empty storage's end).
+        return t.clone();
+    }
+    Tensor::stack(&[t, t], -1).unwrap().select(-1, 0).unwrap()
+}
+
+/// Gradients for step `step`; `per_op`: non-contiguous ones, which send their parameters
+/// down the per-op path.
+fn set_grads(params: &[Tensor], step: usize, per_op: bool) {
     for (i, p) in params.iter().enumerate() {
-        let g = tensor(&p.dims(), (1000 * step + i) as u64, p.dtype(), &p.device());
+        let mut g = tensor(&p.dims(), (1000 * step + i) as u64, p.dtype(), &p.device());
+        if per_op {
+            g = strided(&g);
+            assert!(g.is_contiguous() == (g.numel() <= 1));
+        }
         p.set_grad(Some(&g)).unwrap();
     }
 }
@@ -119,11 +139,12 @@ fn configs() -> Vec<(String, Make)> {
     out
 }
 
-fn run(make: &Make, dtypes: &[DType], dev: &Device, steps: usize) -> Vec<Tensor> {
+/// `steps` steps of `make`'s optimizer over [`params`]; `per_op`: on the per-op path.
+fn run(make: &Make, dtypes: &[DType], dev: &Device, steps: usize, per_op: bool) -> Vec<Tensor> {
     let params = params(dtypes, dev);
     let mut opt = make(params.clone());
     for k in 0..steps {
-        set_grads(&params, k);
+        set_grads(&params, k, per_op);
         opt.step().unwrap();
     }
     params
@@ -140,12 +161,12 @@ fn f32_bits(t: &Tensor) -> Vec<u32> {
         .collect()
 }
 
-/// f32 and f64 parameters: three steps on `dev` give the CPU per-op path's bits, for every
-/// option combination.
+/// f32 and f64 parameters: three multi-tensor steps on `dev` give the CPU per-op path's
+/// bits, for every option combination.
 fn same_bits_as_per_op(dev: &Device) -> Result<()> {
     for (name, make) in configs() {
-        let expected = run(&make, &[DType::F32, DType::F64], &Device::Cpu, 3);
-        let got = run(&make, &[DType::F32, DType::F64], dev, 3);
+        let expected = run(&make, &[DType::F32, DType::F64], &Device::Cpu, 3, true);
+        let got = run(&make, &[DType::F32, DType::F64], dev, 3, false);
         for (i, (e, g)) in expected.iter().zip(&got).enumerate() {
             let (e, g) = (
                 e.data().to_dtype(DType::F64)?,
@@ -170,7 +191,7 @@ fn half_params_round_f32_math_once(dev: &Device) -> Result<()> {
             continue;
         }
         for (name, make) in configs() {
-            let got = run(&make, &[half], dev, 1);
+            let got = run(&make, &[half], dev, 1, false);
             // The f32 reference from the same values: widen the half params and grads.
             let params32: Vec<Tensor> = SHAPES
                 .iter()
@@ -210,8 +231,8 @@ fn half_params_round_f32_math_once(dev: &Device) -> Result<()> {
                 }
             }
             // Three steps against f32's, loosely.
-            let got = run(&make, &[half], dev, 3);
-            let reference = run(&make, &[DType::F32], &Device::Cpu, 3);
+            let got = run(&make, &[half], dev, 3, false);
+            let reference = run(&make, &[DType::F32], &Device::Cpu, 3, true);
             for (e, g) in reference.iter().zip(&got) {
                 let g = g
                     .to_dtype(DType::F32)?
@@ -311,9 +332,9 @@ fn one_launch_per_dtype(dev: &Device) -> Result<()> {
             })
             .collect();
         let mut opt = make(params.clone());
-        set_grads(&params, 0);
+        set_grads(&params, 0, false);
         opt.step()?; // creates the state
-        set_grads(&params, 1);
+        set_grads(&params, 1, false);
         let before = thread_launch_counts();
         opt.step()?;
         let after = thread_launch_counts();
@@ -352,15 +373,19 @@ fn fused_ops_refuse_bad_input(dev: &Device) -> Result<()> {
     let before = p.to_device(Device::Cpu)?.to_vec::<f32>()?;
     let err = |r: ember_tensor::Result<()>| r.unwrap_err().to_string();
     if !dev.is_cuda() {
+        // CPU f16/bf16 params keep the per-op path: the CPU kernel has none.
+        let half = |seed| tensor(&[2, 3], seed, DType::Bf16, dev).data();
         let e = err(Raw::fused_sgd_(
-            &[p.clone()],
-            &[g.clone()],
-            &[b.clone()],
+            &[half(1)],
+            &[half(2)],
+            &[half(3)],
             &[false],
             &sgd,
         ));
-        assert!(e.contains("expected CUDA tensors, found cpu"), "{e}");
-        return Ok(());
+        assert!(
+            e.contains("_fused_sgd_: not implemented for torch.bfloat16"),
+            "{e}"
+        );
     }
     let e = err(Raw::fused_sgd_(
         &[p.clone()],

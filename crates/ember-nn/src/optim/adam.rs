@@ -212,9 +212,10 @@ impl AdamW {
     }
 }
 
-/// One Adam step over every group: on CUDA one multi-tensor launch per device and dtype
-/// (Note [Multi-tensor optimizer steps]), elsewhere PyTorch's `_single_tensor_adam` op for
-/// op.
+/// One Adam step over every group: one multi-tensor op per device (on CUDA a launch per
+/// dtype, on the CPU one pass over the f32/f64 params; Note [Multi-tensor optimizer
+/// steps]) for the parameters it admits, PyTorch's `_single_tensor_adam` op for op for the
+/// others (CPU f16/bf16, non-contiguous or storage-sharing tensors).
 fn adam_step(groups: &mut Groups<AdamState>) -> Result<()> {
     let _no_grad = ember_autograd::no_grad();
     let name = groups.name;

@@ -32,15 +32,18 @@
 //! another dtype is brought over the same way before it is used.
 //!
 //! Note [Multi-tensor optimizer steps]:
-//! on CUDA, [`SGD`], [`Adam`] and [`AdamW`] update their parameters with one kernel launch
-//! per step per device and dtype (`Tensor::fused_sgd_`/`fused_adam_`, kernels/optim.cu,
-//! PyTorch's `fused=True` paths) instead of one launch per op per parameter. The kernel
-//! does the per-op path's arithmetic op for op, each op rounded to f32 (f64 for f64
-//! params), so f32 results are the same bits; f16/bf16 params are updated in f32 and
-//! rounded once per stored value, as PyTorch's fused kernels do. A parameter whose param,
-//! gradient or state tensor is not contiguous, or shares storage with another tensor of
-//! the step, takes the per-op path ([`MultiTensor::admits`]); so do all CPU parameters (the
-//! CPU's `addcmul_`/`addcdiv_`/`lerp_` are single passes already).
+//! [`SGD`], [`Adam`] and [`AdamW`] update their parameters with one multi-tensor op per step
+//! per device (`Tensor::fused_sgd_`/`fused_adam_`, PyTorch's `fused=True` paths) instead of
+//! one op per step of the update per parameter: on CUDA one kernel launch per dtype
+//! (kernels/optim.cu), on the CPU one parallel pass over the f32/f64 parameters
+//! (`ember-tensor`'s `cpu/optim.rs`), each reading and writing every tensor once where the
+//! per-op path makes a pass per op. The kernels do the per-op path's arithmetic op for op,
+//! each op rounded to f32 (f64 for f64 params), so f32 and f64 results are the same bits; on
+//! CUDA f16/bf16 params are updated in f32 and rounded once per stored value, as PyTorch's
+//! fused kernels do, while on the CPU they keep the per-op path (which rounds after every
+//! op, as PyTorch's CPU for-loop step does). A parameter whose param, gradient or state
+//! tensor is not contiguous, or shares storage with another tensor of the step, takes the
+//! per-op path too ([`MultiTensor::admits`]).
 
 mod adam;
 mod clip;
@@ -50,7 +53,7 @@ mod state;
 
 use std::collections::HashSet;
 
-use ember_tensor::{Device, Tensor as Raw};
+use ember_tensor::{DType, Device, Tensor as Raw};
 
 use crate::{NnError, Result, StateDict, Tensor};
 
@@ -423,8 +426,8 @@ pub(crate) fn follow(t: Raw, param: &Raw) -> Result<Raw> {
 /// the optimizer's per-parameter value.
 pub(crate) type Row<E> = (Vec<Raw>, E);
 
-/// The parameters of one step that go to the multi-tensor kernels, one batch per CUDA device
-/// (the kernels split each batch by dtype). See Note [Multi-tensor optimizer steps].
+/// The parameters of one step that go to the multi-tensor kernels, one batch per device (the
+/// CUDA kernels split each batch by dtype). See Note [Multi-tensor optimizer steps].
 #[derive(Debug)]
 pub(crate) struct MultiTensor<E> {
     /// Storages taken so far ([`Raw::storage_id`]).
@@ -443,12 +446,11 @@ impl<E> MultiTensor<E> {
     }
 
     /// Whether a parameter with these tensors (param, gradient, existing state) can take the
-    /// multi-tensor kernel: all on CUDA, contiguous, and sharing no storage with each other
-    /// or with a tensor taken before. If so their storages count as taken.
+    /// multi-tensor kernel: all on CUDA or f32/f64 on the CPU ([`has_kernel`]), contiguous,
+    /// and sharing no storage with each other or with a tensor taken before. If so their
+    /// storages count as taken.
     pub(crate) fn admits(&mut self, tensors: &[&Raw]) -> bool {
-        let ok = tensors
-            .iter()
-            .all(|t| t.device().is_cuda() && t.is_contiguous())
+        let ok = tensors.iter().all(|t| has_kernel(t) && t.is_contiguous())
             && tensors.iter().enumerate().all(|(i, t)| {
                 !self.seen.contains(&t.storage_id())
                     && tensors[..i].iter().all(|u| !u.shares_storage(t))
@@ -472,7 +474,46 @@ impl<E> MultiTensor<E> {
     }
 }
 
+/// Whether the multi-tensor kernels take a tensor's device and dtype: every float dtype on
+/// CUDA, f32 and f64 on the CPU (whose f16/bf16 params keep the per-op path, see Note
+/// [Multi-tensor optimizer steps]).
+fn has_kernel(t: &Raw) -> bool {
+    match t.device() {
+        Device::Cpu => matches!(t.dtype(), DType::F32 | DType::F64),
+        d => d.is_cuda(),
+    }
+}
+
 /// Column `c` of a batch's rows.
 pub(crate) fn column<E>(rows: &[Row<E>], c: usize) -> Vec<Raw> {
     rows.iter().filter_map(|(r, _)| r.get(c).cloned()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Contiguous f32/f64 CPU tensors take the multi-tensor kernels; CPU f16/bf16 ones, a
+    /// non-contiguous one and a storage already taken keep the per-op path.
+    #[test]
+    fn admits_contiguous_f32_f64_on_the_cpu() -> Result<()> {
+        let t = |dims: &[usize], dtype| Raw::zeros(dims.to_vec(), (Device::Cpu, dtype));
+        let mut fused = MultiTensor::<()>::new();
+        let (p, g) = (t(&[3, 4], DType::F32)?, t(&[3, 4], DType::F32)?);
+        assert!(fused.admits(&[&p, &g]));
+        assert!(
+            !fused.admits(&[&p, &t(&[3, 4], DType::F32)?]),
+            "p taken twice"
+        );
+        assert!(fused.admits(&[&t(&[5], DType::F64)?, &t(&[5], DType::F64)?]));
+        for half in [DType::Bf16, DType::F16] {
+            assert!(!fused.admits(&[&t(&[2], half)?, &t(&[2], half)?]), "{half}");
+        }
+        let w = t(&[4, 3], DType::F32)?.t()?;
+        assert!(
+            !fused.admits(&[&w, &t(&[3, 4], DType::F32)?]),
+            "non-contiguous"
+        );
+        Ok(())
+    }
 }

@@ -168,8 +168,9 @@ impl Optimizer for SGD {
                 return Err(foreign_hyper("SGD", group));
             };
             let hyper = (momentum, dampening, nesterov);
-            // See Note [Multi-tensor optimizer steps]: CUDA params in one launch per device and
-            // dtype; the rest (CPU, non-contiguous, shared storage) op by op.
+            // See Note [Multi-tensor optimizer steps]: one multi-tensor op per device (CUDA,
+            // and f32/f64 on the CPU); the rest (CPU f16/bf16, non-contiguous, shared storage)
+            // op by op.
             let mut fused = MultiTensor::<bool>::new();
             for (p, slot) in group.params.iter().zip(slots) {
                 let Some((param, grad)) = param_and_grad(p)? else {

@@ -11,6 +11,7 @@ pub(crate) mod elementwise;
 pub(crate) mod index;
 pub(crate) mod loss;
 pub(crate) mod matmul;
+pub(crate) mod optim;
 pub(crate) mod pool;
 pub(crate) mod reduce;
 pub(crate) mod simd;

@@ -1,18 +1,21 @@
-//! The optimizers' multi-tensor steps on CUDA, as PyTorch's `torch._fused_sgd_` and
+//! The optimizers' multi-tensor steps, as PyTorch's `torch._fused_sgd_` and
 //! `torch._fused_adam_`/`_fused_adamw_`: [`Tensor::fused_sgd_`] and [`Tensor::fused_adam_`]
-//! update every parameter of a list in one kernel launch per dtype (`kernels/optim.cu`,
-//! `cuda/optim.rs`), with the math of `ember-nn`'s per-op `SGD`/`Adam`/`AdamW` steps.
-//!
-//! Only CUDA tensors: on the CPU the optimizers keep their per-op path (whose in-place ops
-//! are single passes already).
+//! update every parameter of a list with the math of `ember-nn`'s per-op
+//! `SGD`/`Adam`/`AdamW` steps: on CUDA in one kernel launch per dtype (`kernels/optim.cu`,
+//! `cuda/optim.rs`), on the CPU in one parallel pass over f32/f64 params (`cpu/optim.rs`;
+//! f16/bf16 CPU params keep the per-op path, see Note [Fused optimizer bits on the CPU]).
 
 use std::collections::HashSet;
 use std::sync::Arc;
 
+use ember_device::Device;
+
+use crate::cpu::optim as cpu_optim;
 use crate::cuda::{CudaStorage, OptimRow, optim_step};
+use crate::dtype::DType;
 use crate::error::{Result, TensorError};
 use crate::layout::Layout;
-use crate::storage::{Storage, StorageCell, write_many_read_many};
+use crate::storage::{CpuStorage, Storage, StorageCell, write_many_read_many};
 use crate::tensor::{Tensor, same_device};
 
 /// The hyperparameters of [`Tensor::fused_sgd_`] (`torch.optim.SGD`'s).
@@ -58,9 +61,9 @@ fn addr(c: &Arc<StorageCell>) -> usize {
 
 /// Checks a multi-tensor step's lists: `columns[0]` the params, `columns[1]` the grads (read),
 /// the others states (written); each list as long as the params, every tensor a contiguous
-/// CUDA tensor of its param's dtype (a float one) and shape, on one device, each in its own
-/// storage.
-fn check(op: &'static str, names: &[&str], columns: &[&[Tensor]]) -> Result<()> {
+/// tensor of its param's dtype (a float one; f32 or f64 on the CPU) and shape, on one
+/// device, each in its own storage. Returns that device.
+fn check(op: &'static str, names: &[&str], columns: &[&[Tensor]]) -> Result<Device> {
     let n = columns.first().map_or(0, |c| c.len());
     for (name, c) in names.iter().zip(columns) {
         if c.len() != n {
@@ -72,18 +75,18 @@ fn check(op: &'static str, names: &[&str], columns: &[&[Tensor]]) -> Result<()> 
     }
     let all: Vec<&Tensor> = columns.iter().flat_map(|c| c.iter()).collect();
     let device = same_device(&all)?;
-    if !device.is_cuda() {
-        return Err(TensorError::invalid(
-            op,
-            format!("expected CUDA tensors, found {device} ones (the CPU takes the per-op path)"),
-        ));
-    }
     let mut cells = HashSet::with_capacity(all.len());
     for (name, c) in names.iter().zip(columns) {
         for (i, t) in c.iter().enumerate() {
             let p = &columns[0][i];
-            if !p.dtype().is_float() {
-                return Err(TensorError::unsupported(op, p.dtype()));
+            let cpu_dtype = matches!(p.dtype(), DType::F32 | DType::F64);
+            if !p.dtype().is_float() || (device.is_cpu() && !cpu_dtype) {
+                return Err(TensorError::UnsupportedDType {
+                    op,
+                    dtype: p.dtype(),
+                    hint: "expected float params (f32 or f64 on the CPU, whose f16/bf16 params \
+                           take the per-op path)",
+                });
             }
             if t.dtype() != p.dtype() || t.shape() != p.shape() {
                 return Err(TensorError::invalid(
@@ -116,72 +119,149 @@ fn check(op: &'static str, names: &[&str], columns: &[&[Tensor]]) -> Result<()> 
             }
         }
     }
-    Ok(())
+    Ok(device)
 }
 
-/// Locks every storage (grads for reading, the others for writing) and runs the kernel over
-/// one row per param: param, grad, then the states (`None`: a state the options leave out,
-/// address 0), with `extras[..][i]` after the counts.
-fn run(
-    op: &'static str,
-    kernel: &str,
+/// One param's storages, locked: the param and its states (written; `None` for a state the
+/// options leave out), then its gradient (read), each with its tensor's layout.
+struct Locked<'a> {
+    written: Vec<Option<(&'a mut Storage, &'a Layout)>>,
+    grad: Option<(&'a Storage, &'a Layout)>,
+}
+
+fn lock_error(op: &'static str) -> TensorError {
+    TensorError::invalid(op, "internal error: lock count")
+}
+
+/// Locks every storage (grads for reading, the others for writing) and calls `f` with one
+/// [`Locked`] row per param.
+fn locked<R>(
     (params, grads): (&[Tensor], &[Tensor]),
     states: &[Option<&[Tensor]>],
-    extras: &[Vec<i64>],
-    scalars: impl Fn(&mut ember_kernels::KernelArgs),
-) -> Result<()> {
+    f: impl for<'a> FnOnce(Vec<Locked<'a>>) -> Result<R>,
+) -> Result<R> {
     let n = params.len();
     // Written: the params, then each present state column.
-    let written: Vec<&[Tensor]> = std::iter::once(params)
+    let columns: Vec<&[Tensor]> = std::iter::once(params)
         .chain(states.iter().flatten().copied())
         .collect();
-    let wcells: Vec<&Arc<StorageCell>> = written
+    let wcells: Vec<&Arc<StorageCell>> = columns
         .iter()
         .flat_map(|c| c.iter().map(Tensor::cell))
         .collect();
     let rcells: Vec<&Arc<StorageCell>> = grads.iter().map(Tensor::cell).collect();
-    let lock_error = || TensorError::invalid(op, "internal error: lock count");
     write_many_read_many(&wcells, &rcells, |ws, rs| {
-        let ws: Vec<&Storage> = ws.iter().map(|s| &**s).collect();
-        let mut rows: Vec<OptimRow<'_>> = Vec::with_capacity(n);
+        let mut ws: Vec<Option<&mut Storage>> = ws.iter_mut().map(|s| Some(&mut **s)).collect();
+        let mut rows = Vec::with_capacity(n);
         for i in 0..n {
-            let param = (ws.get(i).copied(), params.get(i));
-            let grad = (rs.get(i).copied(), grads.get(i));
-            let mut tensors = vec![on_cuda(op, param)?, on_cuda(op, grad)?];
-            let mut column = 1;
+            // Param i's written storages, column by column, with their layouts.
+            let mut present = columns.iter().enumerate().map(|(column, c)| {
+                let s = ws.get_mut(column * n + i).and_then(Option::take);
+                s.zip(c.get(i).map(Tensor::layout))
+            });
+            let mut written = vec![present.next().flatten()];
             for state in states {
-                if let Some(c) = state {
-                    tensors.push(on_cuda(op, (ws.get(column * n + i).copied(), c.get(i)))?);
-                    column += 1;
-                } else {
-                    tensors.push(None);
-                }
+                written.push(state.and_then(|_| present.next().flatten()));
             }
-            if tensors.iter().take(2).any(Option::is_none) {
-                return Err(lock_error());
+            let grad = rs.get(i).copied().zip(grads.get(i).map(Tensor::layout));
+            rows.push(Locked { written, grad });
+        }
+        f(rows)
+    })
+}
+
+/// Runs CUDA kernel `kernel` over one row per param: param, grad, then the states (`None`:
+/// a state the options leave out, address 0), with `extras[..][i]` after the counts.
+fn run_cuda(
+    op: &'static str,
+    kernel: &str,
+    tensors: (&[Tensor], &[Tensor]),
+    states: &[Option<&[Tensor]>],
+    extras: &[Vec<i64>],
+    scalars: impl Fn(&mut ember_kernels::KernelArgs),
+) -> Result<()> {
+    locked(tensors, states, |rows| {
+        let mut out: Vec<OptimRow<'_>> = Vec::with_capacity(rows.len());
+        for (i, row) in rows.into_iter().enumerate() {
+            let mut written = row.written.into_iter().map(|w| w.map(|(s, l)| (&*s, l)));
+            let (Some(param), Some(grad)) = (written.next().flatten(), row.grad) else {
+                return Err(lock_error(op));
+            };
+            let mut tensors = vec![on_cuda(op, Some(param))?, on_cuda(op, Some(grad))?];
+            for state in written {
+                tensors.push(on_cuda(op, state)?);
             }
-            rows.push(OptimRow {
+            out.push(OptimRow {
                 tensors,
                 extras: extras.iter().filter_map(|e| e.get(i).copied()).collect(),
             });
         }
-        optim_step(op, kernel, &rows, &scalars)
+        optim_step(op, kernel, &out, &scalars)
     })
 }
 
-/// A locked storage and its tensor as a CUDA view (`None` when either is missing).
+/// A locked storage and its tensor's layout as a CUDA view.
 fn on_cuda<'a>(
     op: &'static str,
-    (s, t): (Option<&'a Storage>, Option<&'a Tensor>),
+    t: Option<(&'a Storage, &'a Layout)>,
 ) -> Result<Option<(&'a CudaStorage, &'a Layout)>> {
-    match (s, t) {
-        (Some(Storage::Cuda(c)), Some(t)) => Ok(Some((c, t.layout()))),
-        (Some(other), Some(_)) => Err(TensorError::invalid(
-            op,
-            format!("expected a CUDA storage, found one on {}", other.device()),
-        )),
-        _ => Ok(None),
+    match t {
+        Some((Storage::Cuda(c), l)) => Ok(Some((c, l))),
+        Some((other, _)) => Err(wrong_storage(op, other)),
+        None => Ok(None),
     }
+}
+
+fn wrong_storage(op: &'static str, s: &Storage) -> TensorError {
+    TensorError::invalid(
+        op,
+        format!(
+            "expected every storage on one device, found one on {}",
+            s.device()
+        ),
+    )
+}
+
+/// Runs the CPU kernel `update` over one row per param (`cpu/optim.rs`): param and states as
+/// [`locked`] gives them, `extras[i]` its per-parameter values.
+fn run_cpu<U: cpu_optim::Update>(
+    op: &'static str,
+    tensors: (&[Tensor], &[Tensor]),
+    states: &[Option<&[Tensor]>],
+    extras: &[[f64; 2]],
+    update: &U,
+) -> Result<()> {
+    fn host<'a>(op: &'static str, s: &'a Storage) -> Result<&'a CpuStorage> {
+        match s {
+            Storage::Cpu(c) => Ok(c),
+            other => Err(wrong_storage(op, other)),
+        }
+    }
+    locked(tensors, states, |rows| {
+        let mut out = Vec::with_capacity(rows.len());
+        for (row, &extras) in rows.into_iter().zip(extras) {
+            let Some((grad, lg)) = row.grad else {
+                return Err(lock_error(op));
+            };
+            let mut written = Vec::with_capacity(row.written.len());
+            for w in row.written {
+                written.push(match w {
+                    Some((Storage::Cpu(c), l)) => Some((c, l)),
+                    Some((other, _)) => return Err(wrong_storage(op, other)),
+                    None => None,
+                });
+            }
+            if written.first().is_none_or(Option::is_none) {
+                return Err(lock_error(op));
+            }
+            out.push(cpu_optim::Row {
+                written,
+                grad: (host(op, grad)?, lg),
+                extras,
+            });
+        }
+        cpu_optim::step(op, out, update)
+    })
 }
 
 impl Tensor {
@@ -197,11 +277,12 @@ impl Tensor {
     ///
     /// `momentum_buffers` has one tensor per param when `momentum != 0` (its contents are
     /// ignored where `first_step[i]`), and is empty otherwise. Every tensor is a contiguous
-    /// CUDA tensor of its param's float dtype and shape on one device, each in its own
-    /// storage. One kernel launch per dtype present, however many params there are; each
-    /// scalar is cast once to f32 (f64 for f64 params) and every op rounds as Ember's per-op
-    /// path does, so f32 params get its bits; f16/bf16 params are updated in f32 and rounded
-    /// once (PyTorch's fused kernels).
+    /// tensor of its param's float dtype and shape on one device, each in its own storage.
+    /// Each scalar is cast once to f32 (f64 for f64 params) and every op rounds as Ember's
+    /// per-op path does, so f32 and f64 params get its bits. On CUDA: one kernel launch per
+    /// dtype present, however many params there are; f16/bf16 params are updated in f32 and
+    /// rounded once (PyTorch's fused kernels). On the CPU: one parallel pass over all the
+    /// params, f32 and f64 ones only (Note [Fused optimizer bits on the CPU]).
     pub fn fused_sgd_(
         params: &[Tensor],
         grads: &[Tensor],
@@ -226,7 +307,7 @@ impl Tensor {
                 ),
             ));
         }
-        check(OP, &names, &columns)?;
+        let device = check(OP, &names, &columns)?;
         if with_momentum && first_step.len() != params.len() {
             return Err(TensorError::invalid(
                 OP,
@@ -240,9 +321,13 @@ impl Tensor {
         let first: Vec<i64> = (0..params.len())
             .map(|i| i64::from(first_step.get(i).copied().unwrap_or(false)))
             .collect();
-        let flags = i32::from(o.maximize) | i32::from(o.nesterov) << 1;
         let buffers = with_momentum.then_some(momentum_buffers);
-        run(
+        if !device.is_cuda() {
+            let extras: Vec<[f64; 2]> = first.iter().map(|&f| [f as f64, 0.0]).collect();
+            return run_cpu(OP, (params, grads), &[buffers], &extras, o);
+        }
+        let flags = i32::from(o.maximize) | i32::from(o.nesterov) << 1;
+        run_cuda(
             OP,
             "optim_sgd",
             (params, grads),
@@ -271,7 +356,7 @@ impl Tensor {
     ///
     /// with the bias corrections computed on the host in f64 per tensor. `max_exp_avg_sqs`
     /// has one tensor per param with `amsgrad`, none otherwise. The tensors' requirements,
-    /// the launches and the rounding are [`Tensor::fused_sgd_`]'s.
+    /// the devices' kernels and the rounding are [`Tensor::fused_sgd_`]'s.
     pub fn fused_adam_(
         params: &[Tensor],
         grads: &[Tensor],
@@ -295,7 +380,7 @@ impl Tensor {
                 ),
             ));
         }
-        check(OP, &names, &columns)?;
+        let device = check(OP, &names, &columns)?;
         if steps.len() != params.len() {
             return Err(TensorError::invalid(
                 OP,
@@ -307,24 +392,32 @@ impl Tensor {
             ));
         }
         let (beta1, beta2) = o.betas;
-        // `_single_tensor_adam`'s host arithmetic, per tensor.
-        let step_sizes: Vec<i64> = steps
+        // `_single_tensor_adam`'s host arithmetic, per tensor: the step size and the square
+        // root of the second bias correction.
+        let corrections: Vec<[f64; 2]> = steps
             .iter()
-            .map(|&t| (o.lr / (1.0 - beta1.powf(t))).to_bits() as i64)
+            .map(|&t| {
+                [
+                    o.lr / (1.0 - beta1.powf(t)),
+                    (1.0 - beta2.powf(t)).powf(0.5),
+                ]
+            })
             .collect();
-        let bc2_sqrts: Vec<i64> = steps
-            .iter()
-            .map(|&t| (1.0 - beta2.powf(t)).powf(0.5).to_bits() as i64)
-            .collect();
-        let flags = i32::from(o.maximize)
-            | i32::from(o.amsgrad) << 1
-            | i32::from(o.decoupled_weight_decay) << 2;
         let states = [
             Some(exp_avgs),
             Some(exp_avg_sqs),
             o.amsgrad.then_some(max_exp_avg_sqs),
         ];
-        run(
+        if !device.is_cuda() {
+            return run_cpu(OP, (params, grads), &states, &corrections, o);
+        }
+        let bits =
+            |k: usize| -> Vec<i64> { corrections.iter().map(|c| c[k].to_bits() as i64).collect() };
+        let (step_sizes, bc2_sqrts) = (bits(0), bits(1));
+        let flags = i32::from(o.maximize)
+            | i32::from(o.amsgrad) << 1
+            | i32::from(o.decoupled_weight_decay) << 2;
+        run_cuda(
             OP,
             "optim_adam",
             (params, grads),

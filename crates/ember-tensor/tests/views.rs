@@ -215,6 +215,10 @@ fn cat_stack_chunk_split() {
     assert_eq!(s.dims(), &[2, 2, 3]);
     assert_eq!(v(&s.select(1, 1).unwrap()), v(&a));
     assert!(Tensor::stack(&[&a, &a.t().unwrap()], 0).is_err());
+    // Empty tensors stack into empty slices past their empty storage's end.
+    let e = Tensor::zeros([0, 3], DType::F32).unwrap();
+    assert_eq!(Tensor::stack(&[&e, &e], -1).unwrap().dims(), &[0, 3, 2]);
+    assert_eq!(Tensor::stack(&[&e, &e], 0).unwrap().dims(), &[2, 0, 3]);
 
     let parts = ar(10).chunk(3, 0).unwrap();
     assert_eq!(

@@ -301,14 +301,15 @@ where
     T: WithDType,
     F: Fn(T, T) -> T + Sync,
 {
+    // Nothing to write; an empty view's offset may be past its (empty) storage's end.
+    if ld.numel() == 0 {
+        return Ok(());
+    }
     let s = src.as_slice::<T>()?;
     check_bounds(s.len(), ls, "update")?;
     if is_constant(ls) {
         // One value broadcast over `dst` (a scalar operand, `x.mul_(0.9)`): read it once
         // and take `update1`'s contiguous, parallel loop rather than the strided walk.
-        if ld.numel() == 0 {
-            return Ok(());
-        }
         let q = *s.get(ls.offset()).ok_or_else(|| corrupt("update"))?;
         return update1(dst, ld, |p| f(p, q));
     }
@@ -371,6 +372,9 @@ where
     T: WithDType,
     F: Fn(T) -> T + Sync,
 {
+    if ld.numel() == 0 {
+        return Ok(());
+    }
     let d = dst.as_mut_slice::<T>()?;
     check_bounds(d.len(), ld, "update")?;
     if let Some((a, b)) = ld.contiguous_range() {

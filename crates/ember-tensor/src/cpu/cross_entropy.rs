@@ -279,7 +279,9 @@ fn bwd<T: CeFloat>(
     let o = out.as_mut_slice::<T>()?;
     let block = (c * l).max(1);
     let per = (PAR_THRESHOLD / block).max(1) * block;
-    let body = |start: usize, os: &mut [T]| {
+    // Inlined into `widest`'s trampoline below, so compiled for its vector instructions.
+    let body = #[inline(always)]
+    |start: usize, os: &mut [T]| {
         for (sb, ob) in os.chunks_mut(block).enumerate() {
             let s = start / block + sb;
             let xb = data.get(s * block..(s + 1) * block).unwrap_or(&[]);
@@ -301,7 +303,12 @@ fn bwd<T: CeFloat>(
     // `fast_exp`'s `mul_add`s are FMA instructions only in code compiled for them (see
     // `cpu::simd`); in baseline code each is a call to libm's `fmaf`, which made this loop
     // ~30x slower.
-    let body = |start: usize, os: &mut [T]| super::simd::widest(|| body(start, os));
+    let body = |start: usize, os: &mut [T]| {
+        super::simd::widest(
+            #[inline(always)]
+            || body(start, os),
+        )
+    };
     if o.len() >= PAR_THRESHOLD {
         for_each_chunk_mut(o, per, |i, os| body(i * per, os));
     } else {

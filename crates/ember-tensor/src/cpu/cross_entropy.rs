@@ -279,34 +279,31 @@ fn bwd<T: CeFloat>(
     let o = out.as_mut_slice::<T>()?;
     let block = (c * l).max(1);
     let per = (PAR_THRESHOLD / block).max(1) * block;
-    // Inlined into `widest`'s trampoline below, so compiled for its vector instructions.
-    let body = #[inline(always)]
-    |start: usize, os: &mut [T]| {
-        for (sb, ob) in os.chunks_mut(block).enumerate() {
-            let s = start / block + sb;
-            let xb = data.get(s * block..(s + 1) * block).unwrap_or(&[]);
-            for li in 0..l {
-                let i = s * l + li;
-                let (a, hit, sh, scale, k) = row(i);
-                let m = lse.get(i).copied().unwrap_or(T::ZERO);
-                for kk in 0..c {
-                    let at = kk * l + li;
-                    let v = xb.get(at).copied().unwrap_or(T::ZERO);
-                    let a_c = (if kk == k { hit } else { T::ZERO }) + sh * wc(kk);
-                    if let Some(d) = ob.get_mut(at) {
-                        *d = scale * ((v - m).fast_exp() * a - a_c);
-                    }
-                }
-            }
-        }
-    };
     // `fast_exp`'s `mul_add`s are FMA instructions only in code compiled for them (see
     // `cpu::simd`); in baseline code each is a call to libm's `fmaf`, which made this loop
-    // ~30x slower.
+    // ~30x slower. So the loop is inlined into `widest`'s trampoline.
     let body = |start: usize, os: &mut [T]| {
         super::simd::widest(
             #[inline(always)]
-            || body(start, os),
+            || {
+                for (sb, ob) in os.chunks_mut(block).enumerate() {
+                    let s = start / block + sb;
+                    let xb = data.get(s * block..(s + 1) * block).unwrap_or(&[]);
+                    for li in 0..l {
+                        let i = s * l + li;
+                        let (a, hit, sh, scale, k) = row(i);
+                        let m = lse.get(i).copied().unwrap_or(T::ZERO);
+                        for kk in 0..c {
+                            let at = kk * l + li;
+                            let v = xb.get(at).copied().unwrap_or(T::ZERO);
+                            let a_c = (if kk == k { hit } else { T::ZERO }) + sh * wc(kk);
+                            if let Some(d) = ob.get_mut(at) {
+                                *d = scale * ((v - m).fast_exp() * a - a_c);
+                            }
+                        }
+                    }
+                }
+            },
         )
     };
     if o.len() >= PAR_THRESHOLD {

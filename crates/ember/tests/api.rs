@@ -191,7 +191,7 @@ fn values_read_back_in_another_dtype_and_options_take_device_then_dtype() {
         // Devices by value or by reference.
         // (Other tests allocate on `d` meanwhile: the peak, read second, bounds the first read.)
         let now = memory::memory_allocated(d)?;
-        assert!(memory::max_memory_allocated(&d)? >= now);
+        assert!(memory::max_memory_allocated(d)? >= now);
         assert_eq!(x.to_device(d)?.device(), x.to_device(d)?.device());
         Ok(())
     });

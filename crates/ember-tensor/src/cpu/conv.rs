@@ -33,10 +33,7 @@ const COL_BUDGET: usize = 16 * 1024 * 1024;
 const GEMM_PAR_FLOPS: usize = 1 << 17;
 
 fn corrupt() -> TensorError {
-    TensorError::invalid(
-        "conv2d",
-        "layout reaches outside its storage (internal error)",
-    )
+    super::corrupt("conv2d")
 }
 
 fn check_layout(len: usize, l: &Layout, rank: usize) -> Result<()> {

@@ -7,10 +7,7 @@ use crate::layout::Layout;
 use crate::storage::CpuStorage;
 
 pub(super) fn corrupt() -> TensorError {
-    TensorError::invalid(
-        "nll_loss",
-        "layout reaches outside its storage (internal error)",
-    )
+    super::corrupt("nll_loss")
 }
 
 /// A loss's class weights (`weight=`) gathered into a vector of `T`, if given.

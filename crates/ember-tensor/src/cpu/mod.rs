@@ -64,7 +64,9 @@ macro_rules! dispatch {
 }
 pub(crate) use dispatch;
 
-fn corrupt(op: &'static str) -> TensorError {
+/// The error of a layout that reaches outside its storage: an internal error, never the
+/// user's (the fronts build every layout the kernels see).
+pub(crate) fn corrupt(op: &'static str) -> TensorError {
     TensorError::invalid(op, "layout reaches outside its storage (internal error)")
 }
 

@@ -27,7 +27,7 @@ use std::ops::{Add, Div, Mul, Sub};
 
 use ember_gemm::parallel::for_each_chunk_mut;
 
-use crate::cpu::simd;
+use crate::cpu::{corrupt, simd};
 use crate::dtype::{DType, WithDType};
 use crate::error::{Result, TensorError};
 use crate::layout::Layout;
@@ -81,13 +81,6 @@ pub(crate) trait Update: Sync {
     /// Updates the piece's elements in place: `written` holds the param and the states (as
     /// [`Row::written`]), all as long as `grad`.
     fn apply<T: Real>(&self, written: &mut Written<'_, T>, grad: &[T], extras: [f64; 2]);
-}
-
-fn corrupt(op: &'static str) -> TensorError {
-    TensorError::invalid(
-        op,
-        "a tensor's layout reaches outside its storage (internal error)",
-    )
 }
 
 /// The row's slices in `T`, cut into pieces of `chunk` elements, appended to `out`.

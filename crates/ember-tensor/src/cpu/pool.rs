@@ -4,14 +4,11 @@
 use ember_gemm::parallel::for_each_chunk_mut;
 
 use crate::backend_nn::{AvgDivisor, Pool2dParams};
+use crate::cpu::corrupt;
 use crate::dtype::{DType, WithDType};
 use crate::error::{Result, TensorError};
 use crate::layout::Layout;
 use crate::storage::{CpuStorage, PAR_THRESHOLD};
-
-fn corrupt(op: &'static str) -> TensorError {
-    TensorError::invalid(op, "layout reaches outside its storage (internal error)")
-}
 
 fn check_layout(len: usize, l: &Layout, op: &'static str) -> Result<()> {
     if l.rank() != 4 || (l.numel() > 0 && l.max_extent() > len) {

@@ -92,6 +92,12 @@ fn launches_of_one_cnn_training_step() {
     }
     // Two ReLUs: each backward is one threshold_backward kernel, no comparison and `where`.
     assert_eq!(count("threshold_backward_f32"), 2);
+    // Each layer's `num_batches_tracked += 1` is one in-place `badd_i64` (after the fill of
+    // the scalar 1), with no copy back of an out-of-place sum.
+    assert_eq!(count("badd_i64"), 2);
+    for k in ["copy_i64", "cast_i64_i64"] {
+        assert_eq!(count(k), 0, "{k}");
+    }
     for k in ["cmp_gt_f32", "where_f32"] {
         assert_eq!(count(k), 0, "{k}");
     }

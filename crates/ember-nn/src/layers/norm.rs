@@ -253,8 +253,10 @@ impl BatchNorm {
             return Ok(0.0);
         };
         let _guard = ember_autograd::no_grad();
+        // One in-place add (a fill of the scalar and one `badd` on CUDA), not an add and a
+        // copy back.
         let nb = nb.data();
-        nb.copy_(&nb.add(1)?)?;
+        nb.add_(1)?;
         Ok(match self.config.momentum {
             Some(m) => m,
             None => 1.0 / nb.item::<f64>()?,

@@ -138,6 +138,47 @@ pub(crate) trait Engine {
     fn direct(&self) -> Option<Arc<dyn Direct>> {
         None
     }
+    /// How to abandon the backend's communicator from any thread once the group is broken
+    /// (NCCL's `ncclCommAbort`); `None`: the backend has no such call (Note [Timeouts]).
+    fn abort(&self) -> Option<Arc<Abort>> {
+        None
+    }
+}
+
+/// A backend's abort (NCCL's `ncclCommAbort`), run at most once, from whichever thread
+/// first finds the group broken: a `Work::wait` past its deadline, the communication thread
+/// after a failed or timed-out collective, or the group's destruction.
+pub(crate) struct Abort {
+    f: Box<dyn Fn() + Send + Sync>,
+    once: std::sync::Once,
+}
+
+impl Abort {
+    pub(crate) fn new(f: impl Fn() + Send + Sync + 'static) -> Arc<Abort> {
+        Arc::new(Abort {
+            f: Box::new(f),
+            once: std::sync::Once::new(),
+        })
+    }
+
+    fn fire(&self) {
+        self.once.call_once(|| (self.f)());
+    }
+
+    fn fired(&self) -> bool {
+        self.once.is_completed()
+    }
+}
+
+/// Whether `abort` was fired: the broken group's message says so.
+fn aborted(abort: Option<&Abort>) -> bool {
+    abort.is_some_and(Abort::fired)
+}
+
+impl std::fmt::Debug for Abort {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Abort(fired: {})", self.once.is_completed())
+    }
 }
 
 /// A backend's collectives as any thread may run them, one at a time (the group's
@@ -198,6 +239,8 @@ pub(crate) struct Shared {
     exec: Arc<Mutex<()>>,
     /// The backend's caller-thread runner (Note [Collectives on the caller's thread]).
     direct: Option<Arc<dyn Direct>>,
+    /// The backend's abort, fired once the group is broken.
+    abort: Option<Arc<Abort>>,
     /// How many collectives ran on the caller's thread (for tests).
     direct_runs: AtomicU64,
     thread: Mutex<Option<JoinHandle<()>>>,
@@ -228,7 +271,12 @@ impl Shared {
         F: FnOnce() -> Result<Box<dyn Engine>> + Send + 'static,
     {
         let (tx, rx) = mpsc::channel::<Msg>();
-        type Ready = ((usize, usize), Option<usize>, Option<Arc<dyn Direct>>);
+        type Ready = (
+            (usize, usize),
+            Option<usize>,
+            Option<Arc<dyn Direct>>,
+            Option<Arc<Abort>>,
+        );
         let (ready_tx, ready_rx) = mpsc::channel::<Result<Ready>>();
         let broken: Arc<Mutex<Option<String>>> = Arc::new(Mutex::new(None));
         let check_inputs = Arc::new(AtomicBool::new(true));
@@ -248,7 +296,13 @@ impl Shared {
                     }
                 };
                 let (rank, size) = engine.rank_and_size();
-                let ready = ((rank, size), engine.device(), engine.direct());
+                let abort = engine.abort();
+                let ready = (
+                    (rank, size),
+                    engine.device(),
+                    engine.direct(),
+                    abort.clone(),
+                );
                 let _ = ready_tx.send(Ok(ready));
                 let state = ServeState {
                     rank,
@@ -256,6 +310,7 @@ impl Shared {
                     check_inputs: &thread_check,
                     pending: &thread_pending,
                     exec: &thread_exec,
+                    abort: abort.as_deref(),
                 };
                 serve(engine, rx, &state);
             })
@@ -267,7 +322,7 @@ impl Shared {
                     format!("cannot start the communication thread: {e}"),
                 )
             })?;
-        let ((rank, world_size), device, direct) = match ready_rx.recv() {
+        let ((rank, world_size), device, direct, abort) = match ready_rx.recv() {
             Ok(r) => r?,
             Err(_) => {
                 let _ = thread.join();
@@ -291,6 +346,7 @@ impl Shared {
             pending,
             exec,
             direct,
+            abort,
             direct_runs: AtomicU64::new(0),
             thread: Mutex::new(Some(thread)),
         }))
@@ -328,7 +384,8 @@ impl Shared {
     /// Queues `c` and returns its handle. The caller holds the trace range.
     fn issue(&self, c: Collective, name: &'static str) -> Result<Work> {
         if let Some(why) = self.broken() {
-            return Err(self.error(ErrorKind::Distributed, name, broken_msg(&why)));
+            let msg = broken_msg(&why, aborted(self.abort.as_deref()));
+            return Err(self.error(ErrorKind::Distributed, name, msg));
         }
         let (deadline, timeout) = self.deadline();
         let done = Arc::new(Completion::default());
@@ -356,6 +413,7 @@ impl Shared {
                 name,
                 rank: self.rank,
                 broken: self.broken.clone(),
+                abort: self.abort.clone(),
             }),
             _ => Err(self.error(
                 ErrorKind::Distributed,
@@ -394,11 +452,8 @@ impl Shared {
             return None;
         }
         if let Some(why) = self.broken() {
-            return Some(Err(self.error(
-                ErrorKind::Distributed,
-                name,
-                broken_msg(&why),
-            )));
+            let msg = broken_msg(&why, aborted(self.abort.as_deref()));
+            return Some(Err(self.error(ErrorKind::Distributed, name, msg)));
         }
         // Taken before the queue is released: a collective queued after this one waits
         // for it on the communication thread.
@@ -412,6 +467,9 @@ impl Shared {
             producer: None,
         };
         let outcome = settle(direct.run(c, &ctx), name, timeout, self.rank, &self.broken);
+        if let (Err(_), Some(_), Some(abort)) = (&outcome, self.broken(), &self.abort) {
+            abort.fire();
+        }
         Some(outcome.map_err(|(kind, e)| ember_autograd::Error::new(kind, e)))
     }
 
@@ -430,9 +488,29 @@ impl Shared {
             return Ok(());
         }
         if self.broken().is_some() {
-            // The thread may be inside a collective that will never complete (Note
-            // [Blocking all-reduce] in `mpi.rs`): it is left to end with the process.
-            return Ok(());
+            let Some(abort) = &self.abort else {
+                // The thread may be inside a collective that will never complete (Note
+                // [Blocking all-reduce] in `mpi.rs`): it is left to end with the process.
+                return Ok(());
+            };
+            // Aborting the communicator ends whatever the thread waits for (Note
+            // [Timeouts]); it then stops without finalizing the backend.
+            abort.fire();
+            return match ack_rx.recv_timeout(ABORTED_STOP) {
+                Ok(()) => {
+                    if let Some(t) = lock(&self.thread).take() {
+                        let _ = t.join();
+                    }
+                    Ok(())
+                }
+                Err(_) => Err(self.error(
+                    ErrorKind::Distributed,
+                    "destroy_process_group",
+                    format!(
+                        "the communication thread did not stop within {ABORTED_STOP:?} of aborting the communicator"
+                    ),
+                )),
+            };
         }
         // The queue ahead of the shutdown is bounded by the collectives' own deadlines.
         match ack_rx.recv_timeout(self.timeout() + Duration::from_secs(5)) {
@@ -451,9 +529,18 @@ impl Shared {
     }
 }
 
-fn broken_msg(why: &str) -> String {
+/// How long the destruction of a broken group waits for its thread once the backend's
+/// communicator is aborted.
+const ABORTED_STOP: Duration = Duration::from_secs(10);
+
+fn broken_msg(why: &str, aborted: bool) -> String {
+    let how = if aborted {
+        "; its communicator was aborted"
+    } else {
+        ""
+    };
     format!(
-        "the process group is unusable after an earlier failure ({why}); destroy it and end the process"
+        "the process group is unusable after an earlier failure ({why}{how}); destroy it and end the process"
     )
 }
 
@@ -503,6 +590,7 @@ struct ServeState<'a> {
     check_inputs: &'a AtomicBool,
     pending: &'a AtomicUsize,
     exec: &'a Mutex<()>,
+    abort: Option<&'a Abort>,
 }
 
 /// The communication thread's loop: runs each queued collective in order.
@@ -523,7 +611,7 @@ fn serve(mut engine: Box<dyn Engine>, rx: mpsc::Receiver<Msg>, st: &ServeState<'
                         DistError {
                             rank: Some(st.rank),
                             op: name.to_string(),
-                            msg: broken_msg(&why),
+                            msg: broken_msg(&why, aborted(st.abort)),
                         },
                     ))
                 } else {
@@ -536,7 +624,12 @@ fn serve(mut engine: Box<dyn Engine>, rx: mpsc::Receiver<Msg>, st: &ServeState<'
                         let _exec = lock(st.exec);
                         engine.run(&c, &ctx)
                     };
-                    settle(r, name, timeout, st.rank, st.broken)
+                    let breaks = matches!(r, Err(EngineError::Failed(_) | EngineError::TimedOut));
+                    let outcome = settle(r, name, timeout, st.rank, st.broken);
+                    if let (true, Some(abort)) = (breaks, st.abort) {
+                        abort.fire();
+                    }
+                    outcome
                 };
                 // Counted down before the completion wakes the waiter, so that its next
                 // blocking call may run on its own thread.
@@ -569,6 +662,7 @@ pub struct Work {
     name: &'static str,
     rank: usize,
     broken: Arc<Mutex<Option<String>>>,
+    abort: Option<Arc<Abort>>,
 }
 
 impl Work {
@@ -588,6 +682,10 @@ impl Work {
             if now >= self.deadline {
                 drop(g);
                 lock(&self.broken).get_or_insert_with(|| format!("{} timed out", self.name));
+                // The communication thread may wait on the communicator: abort it.
+                if let Some(abort) = &self.abort {
+                    abort.fire();
+                }
                 return Err(dist_error(
                     ErrorKind::Distributed,
                     Some(self.rank),

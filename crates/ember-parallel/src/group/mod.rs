@@ -93,10 +93,13 @@
 //! names the rank, the operation and the timeout, and the group is marked broken: a
 //! collective left half-done on one rank cannot be resumed, so every later call on the
 //! group fails at once
-//! (PyTorch aborts the communicator in the same case). The tensor of the abandoned
-//! collective is kept alive, but its contents are undefined (the library may still write
-//! into it). A broken group is never finalized (`MPI_Finalize` would wait for the abandoned
-//! collective); end the process, and `mpirun` ends the job.
+//! (as PyTorch, the `nccl` backend then aborts its communicator with `ncclCommAbort`, once,
+//! from whichever thread first finds the group broken, waking its communication thread;
+//! destroying the broken group aborts it as well and waits for that thread to stop). The
+//! tensor of the abandoned collective is kept alive, but its contents are undefined (the
+//! library may still write into it). A broken group is never finalized (`MPI_Finalize`
+//! would wait for the abandoned collective; MPI has no abort that leaves the process
+//! running); end the process, and `mpirun` ends the job.
 
 mod comm;
 mod meta;
@@ -117,7 +120,7 @@ use crate::store::TcpStore;
 #[cfg(feature = "mpi")]
 pub(crate) use comm::Direct;
 pub use comm::Work;
-pub(crate) use comm::{Collective, Engine, EngineError, RunCtx, poll_until};
+pub(crate) use comm::{Abort, Collective, Engine, EngineError, RunCtx, poll_until};
 pub use nccl::UNIQUE_ID_KEY;
 
 /// Which library runs a group's collectives.

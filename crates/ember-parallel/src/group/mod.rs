@@ -81,7 +81,11 @@
 //! next. What the check cannot see (a peer that dies, or fails to allocate a staging copy,
 //! between its check and its call) leaves the caller inside MPI, where a dead peer makes
 //! `mpirun` end the job. With the check off, the sync all-reduce goes through the thread as
-//! before, and keeps `Work::wait`'s deadline.
+//! before, and keeps `Work::wait`'s deadline. The check stays one small non-blocking
+//! exchange per collective, a round trip of its own that a 1 KiB all-reduce pays (what
+//! `set_check_inputs(false)` saves): the smaller alternatives (one MAX all-reduce of the
+//! description and its complement, a hash) cost the same round trip, and a blocking
+//! exchange would give up the bound on the wait that the caller's thread relies on.
 //!
 //! Note [Timeouts]: a collective must finish within the group's timeout (30 minutes unless
 //! set, [`ProcessGroup::set_timeout`]), counted from its issue. The communication thread
@@ -92,12 +96,11 @@
 //! same deadline there, Note [Collectives on the caller's thread]). Either way the error
 //! names the rank, the operation and the timeout, and the group is marked broken: a
 //! collective left half-done on one rank cannot be resumed, so every later call on the
-//! group fails at once
-//! (as PyTorch, the `nccl` backend then aborts its communicator with `ncclCommAbort`, once,
-//! from whichever thread first finds the group broken, waking its communication thread;
-//! destroying the broken group aborts it as well and waits for that thread to stop). The
-//! tensor of the abandoned collective is kept alive, but its contents are undefined (the
-//! library may still write into it). A broken group is never finalized (`MPI_Finalize`
+//! group fails at once (as in PyTorch, the `nccl` backend then aborts its communicator with
+//! `ncclCommAbort`, once, from whichever thread first finds the group broken, waking its
+//! communication thread; destroying the broken group aborts it as well and waits for that
+//! thread to stop). The tensor of the abandoned collective is kept alive, but its contents
+//! are undefined (the library may still write into it). A broken group is never finalized (`MPI_Finalize`
 //! would wait for the abandoned collective; MPI has no abort that leaves the process
 //! running); end the process, and `mpirun` ends the job.
 

@@ -158,9 +158,13 @@
 //! (a field holding a file or a channel) says `#[module(no_replicate)]`: it gets no
 //! `Replicate`, and `replicate_boxed()` on it is an error naming it. A generic struct
 //! (`S<M>`) has `replicate()` when its type parameters are `Replicate` (or `Clone`, for
-//! plain fields), but no boxed replica: `replicate_boxed()` on it, or on a `Sequential`
-//! holding it, is an error naming it (the boxed form would need `M: Replicate + 'static`
-//! of every `S<M>` that is a module).
+//! plain fields). Its boxed replica (what a `Sequential` or `DataParallel` holding it
+//! uses) asks nothing more of `M` than `Module`: when the type parameters appear only in
+//! child fields (`inner: M`, `Option<M>`, `Vec<M>`, `[M; N]`), those are copied through
+//! the children's own boxed replicas (Note [Boxed replicas of generic modules] in
+//! `ember-nn`). A type parameter in a plain or tensor field (`S<C> { cfg: C }`), or a
+//! lifetime, leaves the struct without a boxed replica: `replicate_boxed()` on it, or on a
+//! `Sequential` holding it, is an error naming it.
 //!
 //! # Attributes on the struct
 //!
@@ -315,6 +319,12 @@ fn expand(input: &DeriveInput) -> syn::Result<TokenStream2> {
     // The replica's field initialisers and the bounds of its generic fields.
     let mut inits: Vec<TokenStream2> = Vec::new();
     let mut replica_bounds: Vec<TokenStream2> = Vec::new();
+    // The boxed replica of a generic struct: its field initialisers, the bounds it adds to
+    // `ModuleParts`, and whether every field that mentions a type parameter is a child
+    // (Note [Boxed replicas of generic modules] in `ember-nn`).
+    let mut dyn_inits: Vec<TokenStream2> = Vec::new();
+    let mut dyn_bounds: Vec<TokenStream2> = Vec::new();
+    let mut dyn_ok = true;
 
     for (i, field) in fields.iter().enumerate() {
         let (access, name) = match &field.ident {
@@ -341,6 +351,15 @@ fn expand(input: &DeriveInput) -> syn::Result<TokenStream2> {
                 quote!(#ty: ::std::clone::Clone),
             ),
         };
+        if generic && matches!(role, Role::Child) {
+            dyn_inits.push(quote_spanned! {span=>
+                #access: #rt::DynReplicate::dyn_replicate_with(&self.#access, memo)?
+            });
+            dyn_bounds.push(quote!(#ty: #rt::DynReplicate));
+        } else {
+            dyn_ok &= !generic;
+            dyn_inits.push(quote!(#access: #init));
+        }
         inits.push(quote!(#access: #init));
         if generic && !bound.is_empty() {
             replica_bounds.push(bound);
@@ -406,13 +425,18 @@ fn expand(input: &DeriveInput) -> syn::Result<TokenStream2> {
     // `as_module` returns `self` as a `&dyn Module`: the user's `impl Module` must exist.
     predicates.push(quote!(Self: #rt::Module));
     let replicate = !opts.no_replicate;
-    // `replicate_boxed_with` needs `Self: Replicate + 'static`, which a struct with type or
-    // lifetime parameters has only for some of them, while `ModuleParts` (a supertrait of
-    // the user's `impl<M: Module> Module for S<M>`) must hold for all: such a struct keeps
-    // the default (an error naming it) and has its typed `replicate` only.
-    let boxed_replica = replicate
-        && input.generics.type_params().next().is_none()
-        && input.generics.lifetimes().next().is_none();
+    // `replicate_boxed_with` lives in `ModuleParts`, a supertrait of the user's
+    // `impl<M: Module> Module for S<M>`, so it may ask of `M` only what `Module` gives: not
+    // `Replicate`. A struct whose type parameters appear in child fields alone copies those
+    // through the children's boxed replicas (`DynReplicate`, which every module has: Note
+    // [Boxed replicas of generic modules] in `ember-nn`); one with a type parameter in a
+    // plain or tensor field, or with a lifetime, keeps the default (an error naming it) and
+    // has its typed `replicate` only.
+    let generic = input.generics.type_params().next().is_some();
+    let boxed_replica = replicate && input.generics.lifetimes().next().is_none() && dyn_ok;
+    if boxed_replica && generic {
+        predicates.extend(dyn_bounds);
+    }
     let where_tokens = quote!(where #(#predicates),*);
 
     let tensors_fn = |fn_name: Ident, calls: &[TokenStream2]| {
@@ -457,14 +481,18 @@ fn expand(input: &DeriveInput) -> syn::Result<TokenStream2> {
     });
 
     let replicate_fn = boxed_replica.then(|| {
+        let replica = if generic {
+            quote!(Self { #(#dyn_inits),* })
+        } else {
+            quote!(<Self as #rt::Replicate>::replicate_with(self, memo)?)
+        };
         quote! {
+            #[allow(unused_variables)]
             fn replicate_boxed_with(
                 &self,
                 memo: &mut #rt::ReplicaMemo,
             ) -> #rt::Result<::std::boxed::Box<dyn #rt::Module>> {
-                ::std::result::Result::Ok(::std::boxed::Box::new(
-                    <Self as #rt::Replicate>::replicate_with(self, memo)?,
-                ))
+                ::std::result::Result::Ok(::std::boxed::Box::new(#replica))
             }
         }
     });
@@ -664,6 +692,19 @@ mod tests {
         };
         let out = expand(&input).unwrap_or_else(|e| panic!("{e}")).to_string();
         assert!(!out.contains("fn replicate_boxed_with"), "{out}");
+        // Type parameters in child fields alone: a boxed replica through `DynReplicate`.
+        let input: DeriveInput = syn::parse_quote! {
+            struct R<M: Module> { inner: M, more: Vec<M>, #[module(skip)] k: f64 }
+        };
+        let generic = expand(&input).unwrap_or_else(|e| panic!("{e}")).to_string();
+        for want in [
+            "fn replicate_boxed_with",
+            "M : :: ember_nn :: __derive :: DynReplicate",
+            "Vec < M > : :: ember_nn :: __derive :: DynReplicate",
+            "inner : :: ember_nn :: __derive :: DynReplicate :: dyn_replicate_with (& self . inner , memo) ?",
+        ] {
+            assert!(generic.contains(want), "missing `{want}` in {generic}");
+        }
         for want in [
             "C : :: std :: clone :: Clone",
             "Self { 0 : :: ember_nn",

@@ -384,6 +384,62 @@ fn ranks_on_threads_meet_without_a_group() {
     });
 }
 
+/// `nccl_comm_abort` from another thread wakes a rank blocked in a collective on the
+/// clique with an error, and leaves the aborted handle and the clique unusable (Note
+/// [Emulated NCCL]); nothing waits for the emulator's own timeout.
+#[test]
+fn abort_wakes_a_blocked_rank_and_the_clique_is_unusable() {
+    let f = Fixture::new(2);
+    let p0 = f.upload(0, NcclType::F32, &[1.0, 2.0]);
+    let p1 = f.upload(1, NcclType::F32, &[3.0, 4.0]);
+    let op = |p| Collective::AllReduce {
+        send: p,
+        recv: p,
+        count: 2,
+        dtype: NcclType::F32,
+        op: ReduceOp::Sum,
+    };
+    let started = std::time::Instant::now();
+    let blocked = std::thread::scope(|s| {
+        // Rank 0 waits for rank 1, which never issues its part.
+        let h = s.spawn(|| {
+            f.emu
+                .nccl_collective(f.comms[0], StreamHandle::DEFAULT, &op(p0))
+        });
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        assert!(!h.is_finished(), "rank 0 did not wait for rank 1");
+        f.emu.nccl_comm_abort(f.comms[0]).unwrap();
+        h.join().unwrap()
+    });
+    let e = blocked.unwrap_err().to_string();
+    assert!(
+        e.contains("communicator of rank 0 of this clique was aborted")
+            && e.contains("rank 0's collectives"),
+        "{e}"
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(30));
+    // The other rank's later call fails instead of pairing with the abandoned one.
+    let e = f
+        .emu
+        .nccl_collective(f.comms[1], StreamHandle::DEFAULT, &op(p1))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("rank 1's collectives on the clique cannot complete"),
+        "{e}"
+    );
+    assert_eq!(f.download(p1, NcclType::F32, 2), vec![3.0, 4.0]);
+    // The aborted handle is gone, with a reason; aborting or destroying it again is an error.
+    for e in [
+        f.emu.nccl_comm_info(f.comms[0]).unwrap_err(),
+        f.emu.nccl_comm_abort(f.comms[0]).unwrap_err(),
+        f.emu.nccl_comm_destroy(f.comms[0]).unwrap_err(),
+    ] {
+        assert!(e.to_string().contains("was aborted (ncclCommAbort)"), "{e}");
+    }
+    f.emu.nccl_comm_destroy(f.comms[1]).unwrap();
+}
+
 #[test]
 fn mismatched_counts_or_types_are_errors_on_every_rank() {
     let f = Fixture::new(2);

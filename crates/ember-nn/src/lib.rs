@@ -59,9 +59,9 @@ pub use ember_derive::Module;
 pub use error::{Error, ErrorKind, NnError, Result};
 pub use loss::Loss;
 pub use module::{
-    ChildModules, ClonePlainField, ForwardHook, ForwardPreHook, HookHandle, IncompatibleKeys,
-    Module, ModuleHooks, ModuleParts, ModuleTarget, ReplicaMemo, Replicate, StateDict, TensorField,
-    TrainingFlag, check_device, checkpoint, parameter, prefix_error,
+    ChildModules, ClonePlainField, DynReplicate, ForwardHook, ForwardPreHook, HookHandle,
+    IncompatibleKeys, Module, ModuleHooks, ModuleParts, ModuleTarget, ReplicaMemo, Replicate,
+    StateDict, TensorField, TrainingFlag, check_device, checkpoint, parameter, prefix_error,
 };
 
 /// What `#[derive(Module)]`'s generated code names, at one path whichever crate re-exports
@@ -69,7 +69,7 @@ pub use module::{
 #[doc(hidden)]
 pub mod __derive {
     pub use crate::{
-        ChildModules, ClonePlainField, Module, ModuleHooks, ModuleParts, ReplicaMemo, Replicate,
-        Result, Tensor, TensorField, TrainingFlag,
+        ChildModules, ClonePlainField, DynReplicate, Module, ModuleHooks, ModuleParts, ReplicaMemo,
+        Replicate, Result, Tensor, TensorField, TrainingFlag,
     };
 }

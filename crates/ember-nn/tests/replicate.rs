@@ -448,17 +448,102 @@ fn modules_without_a_boxed_replica_say_so() {
     let seq = Sequential::new().add(ReLU::new()).add(logged);
     let e = seq.replicate().unwrap_err().to_string();
     assert!(e.contains("`Logged` has no replica"), "{e}");
-    // A generic struct has its typed replica, and no boxed one.
+    // A type parameter in a plain field: a typed replica, and no boxed one.
+    let c = Configured {
+        fc: Linear::new(2, 2, ()).unwrap(),
+        cfg: 3u8,
+    };
+    check_replica("Configured<u8>", &c, &c.replicate().unwrap(), None);
+    let e = c.replicate_boxed().unwrap_err().to_string();
+    assert!(e.contains("`Configured` has no replica"), "{e}");
+}
+
+#[derive(Debug, Module)]
+struct Configured<C: Clone + Send + Sync + std::fmt::Debug + 'static> {
+    fc: Linear,
+    #[module(skip)]
+    cfg: C,
+}
+
+impl<C: Clone + Send + Sync + std::fmt::Debug + 'static> Module for Configured<C> {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.fc.call(x)
+    }
+}
+
+/// A generic module of modules (`Residual<M>`, `Stack<M>`): the typed replica, and the
+/// boxed one a `Sequential` uses, through the children's boxed replicas (Note [Boxed
+/// replicas of generic modules]), also for `M = Box<dyn Module>` and `Arc<dyn Module>`.
+#[test]
+fn generic_modules_of_modules_have_boxed_replicas() {
+    let _rng = rng_lock();
+    let x = randn(&[1, 2], Device::Cpu);
     let r = Residual {
         inner: Linear::new(2, 2, ()).unwrap(),
     };
-    let copy = r.replicate().unwrap();
+    check_replica("Residual<Linear>", &r, &r.replicate().unwrap(), Some(&x));
     check_replica(
-        "Residual<Linear>",
+        "boxed Residual<Linear>",
         &r,
-        &copy,
-        Some(&randn(&[1, 2], Device::Cpu)),
+        &*r.replicate_boxed().unwrap(),
+        Some(&x),
     );
-    let e = r.replicate_boxed().unwrap_err().to_string();
-    assert!(e.contains("`Residual` has no replica"), "{e}");
+    let seq = Sequential::new()
+        .add(Linear::new(2, 2, ()).unwrap())
+        .add(Residual {
+            inner: Residual {
+                inner: Linear::new(2, 2, ()).unwrap(),
+            },
+        });
+    check_replica(
+        "Sequential of Residuals",
+        &seq,
+        &seq.replicate().unwrap(),
+        Some(&x),
+    );
+    let dynamic: Residual<Box<dyn Module>> = Residual {
+        inner: Box::new(Linear::new(2, 2, ()).unwrap()),
+    };
+    check_replica(
+        "Residual<Box<dyn Module>>",
+        &dynamic,
+        &*dynamic.replicate_boxed().unwrap(),
+        Some(&x),
+    );
+    // Shared children stay shared: one Arc held twice is one replica held twice.
+    let shared: Arc<dyn Module> = Arc::new(Linear::new(2, 2, ()).unwrap());
+    let stack = Stack {
+        layers: vec![shared.clone(), shared],
+        head: Some(Linear::new(2, 2, ()).unwrap()),
+    };
+    let copy = stack.replicate_boxed().unwrap();
+    check_replica("Stack<Arc<dyn Module>>", &stack, &*copy, Some(&x));
+    let p = copy.parameters();
+    assert_eq!(p.len(), 4, "the shared layer's parameters are listed once");
+    // A child whose replica is of another type than the field's is a named error.
+    let odd: Residual<Box<Linear>> = Residual {
+        inner: Box::new(Linear::new(2, 2, ()).unwrap()),
+    };
+    let e = odd.replicate_boxed().unwrap_err().to_string();
+    assert!(e.contains("is not a `alloc::boxed::Box<"), "{e}");
+    assert!(odd.replicate().is_ok());
+}
+
+#[derive(Debug, Module)]
+struct Stack<M: Module> {
+    layers: Vec<M>,
+    head: Option<Linear>,
+}
+
+impl<M: Module> Module for Stack<M> {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let mut x = x.clone();
+        for l in &self.layers {
+            x = l.call(&x)?;
+        }
+        match &self.head {
+            Some(h) => h.call(&x),
+            None => Ok(x),
+        }
+    }
 }

@@ -299,23 +299,72 @@ fn a_rank_that_skips_a_collective_times_the_other_out() {
     if !emulated("a_rank_that_skips_a_collective_times_the_other_out") {
         return;
     }
-    let out = ranks(2, Duration::from_secs(2), |pg| {
+    // Rank 0's timeout aborts its communicator (ncclCommAbort), which wakes its
+    // communication thread (waiting in the emulator's NCCL for rank 1) and makes the
+    // clique unusable: rank 1's later call fails too, and both groups are destroyed at
+    // once, long before the emulator's own 120 s wait.
+    let timed_out = Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
+    let started = std::time::Instant::now();
+    let out = ranks(2, Duration::from_secs(2), move |pg| {
+        let (flag, cv) = &*timed_out;
         if pg.rank() == 1 {
-            return None; // never issues the all-reduce
+            // Skips the all-reduce; comes back once rank 0 has given up.
+            let g = flag.lock().unwrap();
+            let g = cv
+                .wait_timeout_while(g, Duration::from_secs(60), |done| !*done)
+                .unwrap()
+                .0;
+            assert!(*g, "rank 0 never timed out");
+            drop(g);
+            let e = pg.barrier().unwrap_err();
+            let broken = pg.is_broken();
+            let destroyed = pg.destroy().map_err(|e| e.to_string());
+            return (e.kind(), e.to_string(), broken, String::new(), destroyed);
         }
         let t = Tensor::ones([4], (&Device::Cuda(0), DType::F32)).unwrap();
         let e = pg.all_reduce(&t, ReduceOp::Sum).unwrap_err();
         let again = pg.barrier().unwrap_err();
-        Some((e.kind(), e.to_string(), pg.is_broken(), again.to_string()))
+        *flag.lock().unwrap() = true;
+        cv.notify_all();
+        let broken = pg.is_broken();
+        let destroyed = pg.destroy().map_err(|e| e.to_string());
+        (
+            e.kind(),
+            e.to_string(),
+            broken,
+            again.to_string(),
+            destroyed,
+        )
     });
-    let (kind, msg, broken, again) = out[0].clone().unwrap();
+    let (kind, msg, broken, again, destroyed) = out[0].clone();
     assert_eq!(kind, ErrorKind::Distributed);
     assert!(
         msg.contains("rank 0: nccl:all_reduce") && msg.contains("timed out"),
         "{msg}"
     );
     assert!(broken);
-    assert!(again.contains("unusable"), "{again}");
+    assert!(
+        again.contains("rank 0: nccl:barrier")
+            && again.contains("unusable")
+            && again.contains("communicator was aborted"),
+        "{again}"
+    );
+    // The aborted communicator let the communication thread go: destroy joined it.
+    assert_eq!(destroyed, Ok(()));
+    let (kind, msg, broken, _, destroyed) = out[1].clone();
+    assert_eq!(kind, ErrorKind::Distributed);
+    assert!(
+        msg.contains("rank 1: nccl:barrier")
+            && msg.contains("communicator of rank 0 of this clique was aborted"),
+        "{msg}"
+    );
+    assert!(broken);
+    assert_eq!(destroyed, Ok(()));
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "took {:?}",
+        started.elapsed()
+    );
 }
 
 #[test]

@@ -380,6 +380,12 @@ pub trait Driver: Send + Sync + fmt::Debug {
     fn nccl_comm_info(&self, comm: NcclComm) -> Result<(usize, usize, usize)>;
     /// Release a communicator (`ncclCommDestroy`).
     fn nccl_comm_destroy(&self, comm: NcclComm) -> Result<()>;
+    /// Abort a communicator (`ncclCommAbort`): its collectives in flight are abandoned and
+    /// the handle is released, so it must not be destroyed or used afterwards. Safe to call
+    /// from another thread while a collective waits on it, which is what it is for: a
+    /// rank blocked in a collective on it is woken with an error (Note [NCCL through the
+    /// seam]).
+    fn nccl_comm_abort(&self, comm: NcclComm) -> Result<()>;
     /// Open a group on this thread (`ncclGroupStart`): collectives issued until the matching
     /// [`Driver::nccl_group_end`] are launched together. Groups nest.
     fn nccl_group_start(&self) -> Result<()>;

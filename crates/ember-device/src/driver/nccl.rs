@@ -17,6 +17,10 @@
 //!   driving several devices brackets the per-device calls with `nccl_group_start` /
 //!   `nccl_group_end` (`ncclGroupStart`/`ncclGroupEnd`); without the group the first call
 //!   would wait for ranks that are never issued.
+//! - A communicator whose collective will never complete (a rank that skipped it or died)
+//!   is aborted with `nccl_comm_abort` (`ncclCommAbort`), from any thread: the collectives
+//!   waiting on it end with an error and the handle is gone (neither used nor destroyed
+//!   again), as PyTorch's watchdog aborts its communicators after a timeout.
 //!
 //! The emulator serves the same calls among its own devices; see Note [Emulated NCCL] in
 //! `emulator/nccl.rs`.

@@ -19,7 +19,7 @@ use crate::{Result, Tensor};
     label = "not a `Module` (nor an Option, Vec, array, Box or Arc of modules)",
     note = "mark a field that holds no parameters with #[module(skip)]; a tensor with #[param] or #[buffer]"
 )]
-pub trait ChildModules: Send + Sync + std::fmt::Debug {
+pub trait ChildModules: Send + Sync + std::fmt::Debug + 'static {
     /// Appends the children this field holds, named from `name`.
     fn collect_children<'a>(&'a self, name: &str, out: &mut Vec<(String, &'a dyn Module)>);
 }

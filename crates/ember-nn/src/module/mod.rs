@@ -29,7 +29,7 @@ use crate::{Error, NnError, Result, Tensor};
 pub use fields::{ChildModules, TensorField};
 pub use hooks::{ForwardHook, ForwardPreHook, HookHandle, ModuleHooks};
 pub(crate) use replicate::replicate_arc;
-pub use replicate::{ClonePlainField, ReplicaMemo, Replicate};
+pub use replicate::{ClonePlainField, DynReplicate, ReplicaMemo, Replicate};
 pub use state_dict::StateDict;
 
 /// What [`Module::load_state_dict_opts`] did not match, when not strict.
@@ -132,7 +132,7 @@ pub trait ModuleParts {
     message = "`{Self}` is not a `Module`",
     note = "a `#[derive(Module)]` struct also needs `impl Module for {Self} {{ fn forward(..) }}`"
 )]
-pub trait Module: ModuleParts + Send + Sync + std::fmt::Debug {
+pub trait Module: ModuleParts + Send + Sync + std::fmt::Debug + std::any::Any {
     /// The forward pass. Call a module through [`call`](Module::call) so that its hooks run
     /// (as `module(x)` in PyTorch); `forward` alone skips them, as in PyTorch.
     fn forward(&self, input: &Tensor) -> Result<Tensor>;

@@ -195,6 +195,87 @@ pub(crate) fn replicate_arc<M: ModuleParts + ?Sized>(
     })
 }
 
+/// How the boxed replica of a generic derived module (`S<M>`, `#[derive(Module)]`) copies
+/// a field that holds child modules of a type parameter: through the child's own boxed
+/// replica ([`replicate_boxed_with`](super::ModuleParts::replicate_boxed_with)), taken back
+/// to the field's type. Every [`Module`] has it, so `S<M>`'s boxed replica asks nothing of
+/// `M` beyond `Module` (see Note [Boxed replicas of generic modules]); `Option`, `Vec` and
+/// arrays of such fields have it too.
+///
+/// Note [Boxed replicas of generic modules]: a `Sequential` (or `DataParallel`) replicates
+/// its layers through `replicate_boxed_with`, an object-safe method of `ModuleParts`. The
+/// derive writes it for `S<M>` in the `ModuleParts` impl, which must hold for every `M`
+/// the user's `impl<M: Module> Module for S<M>` allows, so it cannot ask `M: Replicate`.
+/// It asks `M: DynReplicate`, which every module meets: the child's boxed replica is a
+/// `Box<dyn Module>`, and since `Module: Any` it is taken back to `M` by a downcast (for
+/// `M = Box<dyn Module>`, whose replica is the held module's, by boxing it once more).
+/// A replica whose type is not `M` (an `M = Box<Linear>`, whose boxed replica is the
+/// `Linear` itself) is an error naming both types.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` holds no modules the boxed replica of a generic module can copy",
+    label = "not a `Module` (nor an Option, Vec or array of modules)"
+)]
+pub trait DynReplicate: Sized {
+    /// A replica of the field, through its modules' boxed replicas.
+    fn dyn_replicate_with(&self, memo: &mut ReplicaMemo) -> Result<Self>;
+}
+
+impl<M: Module> DynReplicate for M {
+    fn dyn_replicate_with(&self, memo: &mut ReplicaMemo) -> Result<Self> {
+        let boxed = self.replicate_boxed_with(memo)?;
+        let seen: &dyn Any = &*boxed;
+        let any: Box<dyn Any> = if seen.is::<M>() {
+            boxed
+        } else {
+            // `M` a `Box<dyn Module>`: the replica is the held module's.
+            Box::new(boxed)
+        };
+        any.downcast::<M>().map(|m| *m).map_err(|_| {
+            NnError::invalid(
+                "replicate",
+                format!(
+                    "the replica of `{}` is not a `{}` (a generic module's boxed replica takes its \
+                     children's replicas back to their types)",
+                    self.name(),
+                    std::any::type_name::<M>()
+                ),
+            )
+            .into()
+        })
+    }
+}
+
+impl<C: DynReplicate> DynReplicate for Option<C> {
+    fn dyn_replicate_with(&self, memo: &mut ReplicaMemo) -> Result<Self> {
+        self.as_ref()
+            .map(|c| c.dyn_replicate_with(memo))
+            .transpose()
+    }
+}
+
+impl<C: DynReplicate> DynReplicate for Vec<C> {
+    fn dyn_replicate_with(&self, memo: &mut ReplicaMemo) -> Result<Self> {
+        self.iter().map(|c| c.dyn_replicate_with(memo)).collect()
+    }
+}
+
+impl<C: DynReplicate, const N: usize> DynReplicate for [C; N] {
+    fn dyn_replicate_with(&self, memo: &mut ReplicaMemo) -> Result<Self> {
+        let v = self
+            .iter()
+            .map(|c| c.dyn_replicate_with(memo))
+            .collect::<Result<Vec<C>>>()?;
+        let len = v.len();
+        <[C; N]>::try_from(v).map_err(|_| {
+            NnError::invalid(
+                "replicate",
+                format!("an array of {N} modules gave {len} replicas"),
+            )
+            .into()
+        })
+    }
+}
+
 /// Where an `Arc`'s module lives (its identity while the original is borrowed).
 fn address<M: ?Sized>(arc: &Arc<M>) -> usize {
     Arc::as_ptr(arc) as *const () as usize

@@ -31,7 +31,7 @@ pub(crate) fn same_module(a: &dyn Module, b: &dyn Module) -> bool {
 }
 
 /// `named_modules()`: `m` as `""`, then its descendants depth first, each once.
-pub(crate) fn named_modules<'a>(m: &'a (dyn Module + 'a)) -> Vec<(String, &'a dyn Module)> {
+pub(crate) fn named_modules(m: &dyn Module) -> Vec<(String, &dyn Module)> {
     fn visit<'a>(m: &'a dyn Module, prefix: String, out: &mut Vec<(String, &'a dyn Module)>) {
         let m = m.as_module();
         if out.iter().any(|(_, seen)| same_module(*seen, m)) {

@@ -1,7 +1,7 @@
 //! The communication thread of a group and the [`Work`] handles it completes. See Note [One
 //! communication thread] and Note [Timeouts].
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
@@ -132,6 +132,63 @@ pub(crate) trait Engine {
     fn run(&mut self, c: &Collective, ctx: &RunCtx) -> std::result::Result<(), EngineError>;
     /// Ends the backend cleanly (only on a group that is not broken).
     fn finalize(self: Box<Self>);
+    /// The part of the backend that may run a blocking collective on the issuing thread
+    /// when nothing is queued (Note [Collectives on the caller's thread]); `None`: every
+    /// collective goes through the communication thread.
+    fn direct(&self) -> Option<Arc<dyn Direct>> {
+        None
+    }
+    /// How to abandon the backend's communicator from any thread once the group is broken
+    /// (NCCL's `ncclCommAbort`); `None`: the backend has no such call (Note [Timeouts]).
+    fn abort(&self) -> Option<Arc<Abort>> {
+        None
+    }
+}
+
+/// A backend's abort (NCCL's `ncclCommAbort`), run at most once, from whichever thread
+/// first finds the group broken: a `Work::wait` past its deadline, the communication thread
+/// after a failed or timed-out collective, or the group's destruction.
+pub(crate) struct Abort {
+    f: Box<dyn Fn() + Send + Sync>,
+    once: std::sync::Once,
+}
+
+impl Abort {
+    pub(crate) fn new(f: impl Fn() + Send + Sync + 'static) -> Arc<Abort> {
+        Arc::new(Abort {
+            f: Box::new(f),
+            once: std::sync::Once::new(),
+        })
+    }
+
+    fn fire(&self) {
+        self.once.call_once(|| (self.f)());
+    }
+
+    fn fired(&self) -> bool {
+        self.once.is_completed()
+    }
+}
+
+/// Whether `abort` was fired: the broken group's message says so.
+fn aborted(abort: Option<&Abort>) -> bool {
+    abort.is_some_and(Abort::fired)
+}
+
+impl std::fmt::Debug for Abort {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Abort(fired: {})", self.once.is_completed())
+    }
+}
+
+/// A backend's collectives as any thread may run them, one at a time (the group's
+/// execution lock serializes them with the communication thread's).
+pub(crate) trait Direct: Send + Sync + std::fmt::Debug {
+    /// Whether `c` may run on the caller's thread with the input check `check_inputs`
+    /// (Note [Collectives on the caller's thread]).
+    fn takes(&self, c: &Collective, check_inputs: bool) -> bool;
+    /// Runs one collective to completion, or gives up at `ctx.deadline`.
+    fn run(&self, c: &Collective, ctx: &RunCtx) -> std::result::Result<(), EngineError>;
 }
 
 type Outcome = std::result::Result<(), (ErrorKind, DistError)>;
@@ -172,7 +229,20 @@ pub(crate) struct Shared {
     timeout_ns: AtomicU64,
     check_inputs: Arc<AtomicBool>,
     broken: Arc<Mutex<Option<String>>>,
+    /// The queue to the communication thread (`None` once shut down). Held while a
+    /// collective is queued or started on the caller's thread, so that either happens in
+    /// one order on this rank.
     tx: Mutex<Option<mpsc::Sender<Msg>>>,
+    /// Collectives queued and not yet finished by the communication thread.
+    pending: Arc<AtomicUsize>,
+    /// Held by whichever thread runs a collective: the backend's calls never overlap.
+    exec: Arc<Mutex<()>>,
+    /// The backend's caller-thread runner (Note [Collectives on the caller's thread]).
+    direct: Option<Arc<dyn Direct>>,
+    /// The backend's abort, fired once the group is broken.
+    abort: Option<Arc<Abort>>,
+    /// How many collectives ran on the caller's thread (for tests).
+    direct_runs: AtomicU64,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -201,11 +271,20 @@ impl Shared {
         F: FnOnce() -> Result<Box<dyn Engine>> + Send + 'static,
     {
         let (tx, rx) = mpsc::channel::<Msg>();
-        let (ready_tx, ready_rx) = mpsc::channel::<Result<(usize, usize, Option<usize>)>>();
+        type Ready = (
+            (usize, usize),
+            Option<usize>,
+            Option<Arc<dyn Direct>>,
+            Option<Arc<Abort>>,
+        );
+        let (ready_tx, ready_rx) = mpsc::channel::<Result<Ready>>();
         let broken: Arc<Mutex<Option<String>>> = Arc::new(Mutex::new(None));
         let check_inputs = Arc::new(AtomicBool::new(true));
         let backend = opts.backend;
         let (thread_broken, thread_check) = (broken.clone(), check_inputs.clone());
+        let pending = Arc::new(AtomicUsize::new(0));
+        let exec = Arc::new(Mutex::new(()));
+        let (thread_pending, thread_exec) = (pending.clone(), exec.clone());
         let thread = std::thread::Builder::new()
             .name(format!("ember-{backend}-comm"))
             .spawn(move || {
@@ -217,8 +296,23 @@ impl Shared {
                     }
                 };
                 let (rank, size) = engine.rank_and_size();
-                let _ = ready_tx.send(Ok((rank, size, engine.device())));
-                serve(engine, rx, rank, &thread_broken, &thread_check);
+                let abort = engine.abort();
+                let ready = (
+                    (rank, size),
+                    engine.device(),
+                    engine.direct(),
+                    abort.clone(),
+                );
+                let _ = ready_tx.send(Ok(ready));
+                let state = ServeState {
+                    rank,
+                    broken: &thread_broken,
+                    check_inputs: &thread_check,
+                    pending: &thread_pending,
+                    exec: &thread_exec,
+                    abort: abort.as_deref(),
+                };
+                serve(engine, rx, &state);
             })
             .map_err(|e| {
                 dist_error(
@@ -228,7 +322,7 @@ impl Shared {
                     format!("cannot start the communication thread: {e}"),
                 )
             })?;
-        let (rank, world_size, device) = match ready_rx.recv() {
+        let ((rank, world_size), device, direct, abort) = match ready_rx.recv() {
             Ok(r) => r?,
             Err(_) => {
                 let _ = thread.join();
@@ -249,6 +343,11 @@ impl Shared {
             check_inputs,
             broken,
             tx: Mutex::new(Some(tx)),
+            pending,
+            exec,
+            direct,
+            abort,
+            direct_runs: AtomicU64::new(0),
             thread: Mutex::new(Some(thread)),
         }))
     }
@@ -273,26 +372,38 @@ impl Shared {
         dist_error(kind, Some(self.rank), op, msg)
     }
 
-    /// Queues `c` and returns its handle. The caller holds the trace range.
-    fn issue(&self, c: Collective, name: &'static str) -> Result<Work> {
-        if let Some(why) = self.broken() {
-            return Err(self.error(ErrorKind::Distributed, name, broken_msg(&why)));
-        }
+    /// The deadline of a collective issued now, and the timeout it comes from.
+    fn deadline(&self) -> (Instant, Duration) {
         let timeout = self.timeout();
         let deadline = Instant::now()
             .checked_add(timeout)
             .unwrap_or_else(|| Instant::now() + Duration::from_secs(u32::MAX.into()));
+        (deadline, timeout)
+    }
+
+    /// Queues `c` and returns its handle. The caller holds the trace range.
+    fn issue(&self, c: Collective, name: &'static str) -> Result<Work> {
+        if let Some(why) = self.broken() {
+            let msg = broken_msg(&why, aborted(self.abort.as_deref()));
+            return Err(self.error(ErrorKind::Distributed, name, msg));
+        }
+        let (deadline, timeout) = self.deadline();
         let done = Arc::new(Completion::default());
         let producer = self.device.map(cuda::current_stream);
         let sent = lock(&self.tx).as_ref().map(|tx| {
-            tx.send(Msg::Run {
+            self.pending.fetch_add(1, Ordering::SeqCst);
+            let r = tx.send(Msg::Run {
                 c,
                 done: done.clone(),
                 deadline,
                 timeout,
                 name,
                 producer,
-            })
+            });
+            if r.is_err() {
+                self.pending.fetch_sub(1, Ordering::SeqCst);
+            }
+            r
         });
         match sent {
             Some(Ok(())) => Ok(Work {
@@ -302,6 +413,7 @@ impl Shared {
                 name,
                 rank: self.rank,
                 broken: self.broken.clone(),
+                abort: self.abort.clone(),
             }),
             _ => Err(self.error(
                 ErrorKind::Distributed,
@@ -320,7 +432,50 @@ impl Shared {
     pub(crate) fn run_sync(&self, c: Collective) -> Result<()> {
         let name = c.trace_name(self.backend);
         let _range = trace::range_with(name, || c.metadata());
-        self.issue(c, name)?.wait()
+        match self.run_here(&c, name) {
+            Some(r) => r,
+            None => self.issue(c, name)?.wait(),
+        }
+    }
+
+    /// Runs `c` on this thread when the backend takes it and nothing is queued (Note
+    /// [Collectives on the caller's thread]); `None`: queue it instead.
+    fn run_here(&self, c: &Collective, name: &'static str) -> Option<Result<()>> {
+        let direct = self.direct.as_ref()?;
+        let check_inputs = self.check_inputs.load(Ordering::Relaxed);
+        if !direct.takes(c, check_inputs) {
+            return None;
+        }
+        let queue = lock(&self.tx);
+        // Shut down, or work queued ahead of this call: the thread keeps the order.
+        if queue.is_none() || self.pending.load(Ordering::SeqCst) != 0 {
+            return None;
+        }
+        if let Some(why) = self.broken() {
+            let msg = broken_msg(&why, aborted(self.abort.as_deref()));
+            return Some(Err(self.error(ErrorKind::Distributed, name, msg)));
+        }
+        // Taken before the queue is released: a collective queued after this one waits
+        // for it on the communication thread.
+        let _exec = lock(&self.exec);
+        drop(queue);
+        self.direct_runs.fetch_add(1, Ordering::Relaxed);
+        let (deadline, timeout) = self.deadline();
+        let ctx = RunCtx {
+            deadline,
+            check_inputs,
+            producer: None,
+        };
+        let outcome = settle(direct.run(c, &ctx), name, timeout, self.rank, &self.broken);
+        if let (Err(_), Some(_), Some(abort)) = (&outcome, self.broken(), &self.abort) {
+            abort.fire();
+        }
+        Some(outcome.map_err(|(kind, e)| ember_autograd::Error::new(kind, e)))
+    }
+
+    /// How many collectives ran on the calling thread instead of the communication thread.
+    pub(crate) fn direct_runs(&self) -> u64 {
+        self.direct_runs.load(Ordering::Relaxed)
     }
 
     /// Drains the queue, finalizes the backend (unless broken) and joins the thread.
@@ -333,9 +488,29 @@ impl Shared {
             return Ok(());
         }
         if self.broken().is_some() {
-            // The thread may be inside a collective that will never complete (Note
-            // [Blocking all-reduce] in `mpi.rs`): it is left to end with the process.
-            return Ok(());
+            let Some(abort) = &self.abort else {
+                // The thread may be inside a collective that will never complete (Note
+                // [Blocking all-reduce] in `mpi.rs`): it is left to end with the process.
+                return Ok(());
+            };
+            // Aborting the communicator ends whatever the thread waits for (Note
+            // [Timeouts]); it then stops without finalizing the backend.
+            abort.fire();
+            return match ack_rx.recv_timeout(ABORTED_STOP) {
+                Ok(()) => {
+                    if let Some(t) = lock(&self.thread).take() {
+                        let _ = t.join();
+                    }
+                    Ok(())
+                }
+                Err(_) => Err(self.error(
+                    ErrorKind::Distributed,
+                    "destroy_process_group",
+                    format!(
+                        "the communication thread did not stop within {ABORTED_STOP:?} of aborting the communicator"
+                    ),
+                )),
+            };
         }
         // The queue ahead of the shutdown is bounded by the collectives' own deadlines.
         match ack_rx.recv_timeout(self.timeout() + Duration::from_secs(5)) {
@@ -354,9 +529,18 @@ impl Shared {
     }
 }
 
-fn broken_msg(why: &str) -> String {
+/// How long the destruction of a broken group waits for its thread once the backend's
+/// communicator is aborted.
+const ABORTED_STOP: Duration = Duration::from_secs(10);
+
+fn broken_msg(why: &str, aborted: bool) -> String {
+    let how = if aborted {
+        "; its communicator was aborted"
+    } else {
+        ""
+    };
     format!(
-        "the process group is unusable after an earlier failure ({why}); destroy it and end the process"
+        "the process group is unusable after an earlier failure ({why}{how}); destroy it and end the process"
     )
 }
 
@@ -366,15 +550,16 @@ fn timeout_msg(timeout: Duration) -> String {
     )
 }
 
-/// The communication thread's loop: runs each queued collective in order.
-fn serve(
-    mut engine: Box<dyn Engine>,
-    rx: mpsc::Receiver<Msg>,
+/// What a backend's run came to, as a completion: an invalid input leaves the group
+/// usable; a library failure or a timeout breaks it.
+fn settle(
+    r: std::result::Result<(), EngineError>,
+    name: &str,
+    timeout: Duration,
     rank: usize,
     broken: &Mutex<Option<String>>,
-    check_inputs: &AtomicBool,
-) {
-    let err = |kind, name: &str, msg: String| {
+) -> Outcome {
+    let err = |kind, msg: String| {
         Err((
             kind,
             DistError {
@@ -384,6 +569,32 @@ fn serve(
             },
         ))
     };
+    match r {
+        Ok(()) => Ok(()),
+        Err(EngineError::Invalid(kind, msg)) => err(kind, msg),
+        Err(EngineError::Failed(msg)) => {
+            lock(broken).get_or_insert_with(|| format!("{name} failed: {msg}"));
+            err(ErrorKind::Distributed, msg)
+        }
+        Err(EngineError::TimedOut) => {
+            lock(broken).get_or_insert_with(|| format!("{name} timed out"));
+            err(ErrorKind::Distributed, timeout_msg(timeout))
+        }
+    }
+}
+
+/// What the communication thread shares with its group's handles.
+struct ServeState<'a> {
+    rank: usize,
+    broken: &'a Mutex<Option<String>>,
+    check_inputs: &'a AtomicBool,
+    pending: &'a AtomicUsize,
+    exec: &'a Mutex<()>,
+    abort: Option<&'a Abort>,
+}
+
+/// The communication thread's loop: runs each queued collective in order.
+fn serve(mut engine: Box<dyn Engine>, rx: mpsc::Receiver<Msg>, st: &ServeState<'_>) {
     while let Ok(msg) = rx.recv() {
         match msg {
             Msg::Run {
@@ -394,36 +605,47 @@ fn serve(
                 name,
                 producer,
             } => {
-                if let Some(why) = lock(broken).clone() {
-                    done.complete(err(ErrorKind::Distributed, name, broken_msg(&why)));
-                    continue;
-                }
-                let ctx = RunCtx {
-                    deadline,
-                    check_inputs: check_inputs.load(Ordering::Relaxed),
-                    producer,
-                };
-                let outcome = match engine.run(&c, &ctx) {
-                    Ok(()) => Ok(()),
-                    Err(EngineError::Invalid(kind, msg)) => err(kind, name, msg),
-                    Err(EngineError::Failed(msg)) => {
-                        lock(broken).get_or_insert_with(|| format!("{name} failed: {msg}"));
-                        err(ErrorKind::Distributed, name, msg)
+                let outcome = if let Some(why) = lock(st.broken).clone() {
+                    Err((
+                        ErrorKind::Distributed,
+                        DistError {
+                            rank: Some(st.rank),
+                            op: name.to_string(),
+                            msg: broken_msg(&why, aborted(st.abort)),
+                        },
+                    ))
+                } else {
+                    let ctx = RunCtx {
+                        deadline,
+                        check_inputs: st.check_inputs.load(Ordering::Relaxed),
+                        producer,
+                    };
+                    let r = {
+                        let _exec = lock(st.exec);
+                        engine.run(&c, &ctx)
+                    };
+                    let breaks = matches!(r, Err(EngineError::Failed(_) | EngineError::TimedOut));
+                    let outcome = settle(r, name, timeout, st.rank, st.broken);
+                    if let (true, Some(abort)) = (breaks, st.abort) {
+                        abort.fire();
                     }
-                    Err(EngineError::TimedOut) => {
-                        lock(broken).get_or_insert_with(|| format!("{name} timed out"));
-                        err(ErrorKind::Distributed, name, timeout_msg(timeout))
-                    }
+                    outcome
                 };
+                // Counted down before the completion wakes the waiter, so that its next
+                // blocking call may run on its own thread.
+                st.pending.fetch_sub(1, Ordering::SeqCst);
                 done.complete(outcome);
             }
             Msg::Shutdown(ack) => {
-                if lock(broken).is_none() {
+                // A collective running on a caller's thread finishes first.
+                let exec = lock(st.exec);
+                if lock(st.broken).is_none() {
                     engine.finalize();
                 } else {
                     // A broken backend is left as it is (see Note [Timeouts]).
                     std::mem::forget(engine);
                 }
+                drop(exec);
                 let _ = ack.send(());
                 return;
             }
@@ -440,6 +662,7 @@ pub struct Work {
     name: &'static str,
     rank: usize,
     broken: Arc<Mutex<Option<String>>>,
+    abort: Option<Arc<Abort>>,
 }
 
 impl Work {
@@ -459,6 +682,10 @@ impl Work {
             if now >= self.deadline {
                 drop(g);
                 lock(&self.broken).get_or_insert_with(|| format!("{} timed out", self.name));
+                // The communication thread may wait on the communicator: abort it.
+                if let Some(abort) = &self.abort {
+                    abort.fire();
+                }
                 return Err(dist_error(
                     ErrorKind::Distributed,
                     Some(self.rank),

@@ -61,18 +61,48 @@
 //! issuing thread: it covers the issue for the `_async` forms and the issue and the wait for
 //! the sync ones.
 //!
+//! Note [Collectives on the caller's thread]: handing a collective to the communication
+//! thread and back costs two thread wake-ups, which is most of a small all-reduce's time
+//! (a 1 KiB `MPI_Allreduce` takes a few microseconds). So a sync collective runs on the
+//! calling thread itself when the backend offers that (`Engine::direct`: the `mpi` backend,
+//! when MPI granted `MPI_THREAD_SERIALIZED`) and nothing is queued: no `_async` collective
+//! issued earlier is still waiting or running on the thread. The order is kept: the queue's
+//! lock is held while a collective is queued or started here, and the execution lock (held
+//! by whichever thread runs a collective, so the backend's calls never overlap) is taken
+//! before the queue's is released, so a collective queued later waits on the thread until
+//! this one is done. `_async` collectives always go through the thread, and a sync one issued
+//! while earlier work is queued waits behind it there, as before. The timeout holds on both
+//! paths, with one difference: the `mpi` backend's all-reduce is a blocking `MPI_Allreduce`
+//! that no deadline interrupts (Note [Blocking all-reduce] in `mpi.rs`), and on the caller's
+//! thread no `Work::wait` stands beside it to give up. So it runs there only behind the
+//! input check, a non-blocking exchange polled against the deadline: a rank whose peer
+//! skipped the collective, issued another or died fails in the check, within the timeout.
+//! Once the check passed, every rank has reached this collective and calls `MPI_Allreduce`
+//! next. What the check cannot see (a peer that dies, or fails to allocate a staging copy,
+//! between its check and its call) leaves the caller inside MPI, where a dead peer makes
+//! `mpirun` end the job. With the check off, the sync all-reduce goes through the thread as
+//! before, and keeps `Work::wait`'s deadline. The check stays one small non-blocking
+//! exchange per collective, a round trip of its own that a 1 KiB all-reduce pays (what
+//! `set_check_inputs(false)` saves): the smaller alternatives (one MAX all-reduce of the
+//! description and its complement, a hash) cost the same round trip, and a blocking
+//! exchange would give up the bound on the wait that the caller's thread relies on.
+//!
 //! Note [Timeouts]: a collective must finish within the group's timeout (30 minutes unless
 //! set, [`ProcessGroup::set_timeout`]), counted from its issue. The communication thread
 //! polls a non-blocking collective and gives up at that deadline; [`Work::wait`] gives up at
 //! the same deadline even if the thread does not answer (the `mpi` backend's all-reduce is
 //! a blocking call, so for it `Work::wait` alone keeps the deadline: Note [Blocking
-//! all-reduce] in `mpi.rs`). Either way the error names the
-//! rank, the operation and the timeout, and the group is marked broken: a collective left
-//! half-done on one rank cannot be resumed, so every later call on the group fails at once
-//! (PyTorch aborts the communicator in the same case). The tensor of the abandoned
-//! collective is kept alive, but its contents are undefined (the library may still write
-//! into it). A broken group is never finalized (`MPI_Finalize` would wait for the abandoned
-//! collective); end the process, and `mpirun` ends the job.
+//! all-reduce] in `mpi.rs`; a sync collective run on the caller's thread polls against the
+//! same deadline there, Note [Collectives on the caller's thread]). Either way the error
+//! names the rank, the operation and the timeout, and the group is marked broken: a
+//! collective left half-done on one rank cannot be resumed, so every later call on the
+//! group fails at once (as in PyTorch, the `nccl` backend then aborts its communicator with
+//! `ncclCommAbort`, once, from whichever thread first finds the group broken, waking its
+//! communication thread; destroying the broken group aborts it as well and waits for that
+//! thread to stop). The tensor of the abandoned collective is kept alive, but its contents
+//! are undefined (the library may still write into it). A broken group is never finalized (`MPI_Finalize`
+//! would wait for the abandoned collective; MPI has no abort that leaves the process
+//! running); end the process, and `mpirun` ends the job.
 
 mod comm;
 mod meta;
@@ -90,8 +120,10 @@ use ember_tensor::{DType, Device, Tensor as Raw};
 use crate::error::{dist_error, distributed};
 use crate::store::TcpStore;
 
+#[cfg(feature = "mpi")]
+pub(crate) use comm::Direct;
 pub use comm::Work;
-pub(crate) use comm::{Collective, Engine, EngineError, RunCtx, poll_until};
+pub(crate) use comm::{Abort, Collective, Engine, EngineError, RunCtx, poll_until};
 pub use nccl::UNIQUE_ID_KEY;
 
 /// Which library runs a group's collectives.
@@ -428,9 +460,18 @@ impl ProcessGroup {
     /// element count and shape, that every rank passed matching tensors (on by default).
     /// Switching it off saves that exchange on every call; it must then be off on every
     /// rank (the exchange is itself a collective), and mismatched inputs are the library's
-    /// undefined behaviour (a hang until the timeout, or garbage).
+    /// undefined behaviour (a hang until the timeout, or garbage). With the `mpi` backend
+    /// the check also lets a sync `all_reduce` run on the calling thread (Note [Collectives
+    /// on the caller's thread]); with it off, that goes through the communication thread.
     pub fn set_check_inputs(&self, on: bool) {
         self.shared.set_check_inputs(on);
+    }
+
+    /// How many collectives of this group ran on the calling thread rather than on the
+    /// communication thread (Note [Collectives on the caller's thread]); for tests.
+    #[doc(hidden)]
+    pub fn caller_thread_runs(&self) -> u64 {
+        self.shared.direct_runs()
     }
 
     /// `true` once a collective timed out or failed mid-way: every later call fails.

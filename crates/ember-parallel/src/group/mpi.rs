@@ -8,6 +8,7 @@
 //! the request (or is leaked with it when the request is abandoned).
 
 use std::ffi::{c_int, c_void};
+use std::sync::Arc;
 use std::time::Instant;
 
 use ember_autograd::{ErrorKind, Result};
@@ -18,20 +19,40 @@ use mpi::raw::AsRaw;
 use mpi::topology::{Communicator, SimpleCommunicator};
 
 use super::meta::{META, compare, describe};
-use super::{Collective, Engine, EngineError, InitMethod, ReduceOp, RunCtx, env_usize, poll_until};
+use super::{
+    Collective, Direct, Engine, EngineError, InitMethod, ReduceOp, RunCtx, env_usize, poll_until,
+};
 use crate::error::distributed;
 
 /// Open MPI's world on the communication thread.
 pub(crate) struct MpiEngine {
     // Dropping the universe finalizes MPI; `None` never happens while serving.
     universe: Option<mpi::environment::Universe>,
-    world: SimpleCommunicator,
+    core: Arc<MpiCore>,
+    /// MPI granted `MPI_THREAD_SERIALIZED` or more: any thread may call it, one at a time
+    /// (Note [Collectives on the caller's thread]).
+    serialized: bool,
+}
+
+/// The world's handle and what the collectives need, usable from any thread.
+#[derive(Debug)]
+pub(crate) struct MpiCore {
+    comm: ffi::MPI_Comm,
     rank: usize,
     size: usize,
     /// The library's `MPI_IN_PLACE` (a C macro the bindings cannot carry); `None` for a
     /// library we do not recognise, whose reductions then go through a send copy.
     in_place: Option<usize>,
 }
+
+// SAFETY: `comm` is MPI_COMM_WORLD's handle, a pointer to MPI's own object that lives until
+// MPI_Finalize. MPI is called through it from the communication thread, and from a caller's
+// thread only when MPI granted MPI_THREAD_SERIALIZED (`MpiEngine::direct`); every call is
+// made under the group's execution lock, so calls never overlap, and none is made after
+// finalizing (the group's queue is closed first, Note [Collectives on the caller's thread]).
+unsafe impl Send for MpiCore {}
+// SAFETY: as for `Send`: shared use is serialized by the group's execution lock.
+unsafe impl Sync for MpiCore {}
 
 /// `MPI_IN_PLACE` by implementation: Open MPI's `(void *) 1`, MPICH's `(void *) -1`, read
 /// from `MPI_Get_library_version`.
@@ -62,37 +83,44 @@ impl MpiEngine {
     ) -> impl FnOnce() -> Result<Box<dyn Engine>> + Send + 'static {
         move || {
             let op = "init_process_group";
-            let (universe, _threading) =
-                mpi::initialize_with_threading(mpi::Threading::Funneled).ok_or_else(|| {
+            let (universe, threading) =
+                mpi::initialize_with_threading(mpi::Threading::Serialized).ok_or_else(|| {
                     distributed(
                         None,
                         op,
                         "MPI is already initialized or was finalized in this process (MPI can be initialized once per process)",
                     )
                 })?;
-            let world = universe.world();
+            let world: SimpleCommunicator = universe.world();
             // SAFETY: `world` is MPI_COMM_WORLD of an initialized MPI; MPI_ERRORS_RETURN is
             // a predefined handler. Errors then come back as return codes, never an abort.
             unsafe {
                 ffi::MPI_Comm_set_errhandler(world.as_raw(), ffi::RSMPI_ERRORS_RETURN);
             }
-            let rank = usize::try_from(world.rank()).unwrap_or(0);
-            let size = usize::try_from(world.size()).unwrap_or(1);
+            let core = MpiCore {
+                comm: world.as_raw(),
+                rank: usize::try_from(world.rank()).unwrap_or(0),
+                size: usize::try_from(world.size()).unwrap_or(1),
+                in_place: in_place_sentinel(),
+            };
             let engine = MpiEngine {
                 universe: Some(universe),
-                world,
-                rank,
-                size,
-                in_place: in_place_sentinel(),
+                core: Arc::new(core),
+                serialized: matches!(
+                    threading,
+                    mpi::Threading::Serialized | mpi::Threading::Multiple
+                ),
             };
             if init == InitMethod::Env {
                 // On a mismatch the universe is dropped (MPI finalized) with the error.
-                engine.check_env()?;
+                engine.core.check_env()?;
             }
             Ok(Box::new(engine) as Box<dyn Engine>)
         }
     }
+}
 
+impl MpiCore {
     /// `WORLD_SIZE` and `RANK`, when set, must be MPI's.
     fn check_env(&self) -> Result<()> {
         let op = "init_process_group";
@@ -125,7 +153,7 @@ impl MpiEngine {
     }
 
     fn comm(&self) -> ffi::MPI_Comm {
-        self.world.as_raw()
+        self.comm
     }
 }
 
@@ -293,7 +321,7 @@ fn write_into<T: Elem>(out: &Raw, data: &[T]) -> std::result::Result<(), EngineE
     out.copy_(&src).map(|_| ()).map_err(tensor_err)
 }
 
-impl MpiEngine {
+impl MpiCore {
     /// Polls `req` until it completes or `deadline` passes. On a timeout the request is
     /// abandoned: the caller must leak the buffers it uses (Note [Timeouts]).
     fn wait(
@@ -354,7 +382,9 @@ impl MpiEngine {
         // ProcessGroupMPI issues blocking calls on its worker thread as well. The timeout
         // then comes from `Work::wait`'s deadline alone (Note [Timeouts]): a rank whose peer
         // never joins keeps this thread inside MPI, and `buf` alive (the collective holds
-        // its tensor), until the process ends.
+        // its tensor), until the process ends. On a caller's thread there is no `Work::wait`:
+        // there it runs only behind the polled input check (Note [Collectives on the
+        // caller's thread]).
         // SAFETY: `buf` is `n` valid `T`s, borrowed (and so kept alive and unaliased) for
         // the whole call, and `send` is MPI_IN_PLACE or `copy` (`n` `T`s, alive as long).
         let rc = unsafe {
@@ -436,7 +466,8 @@ impl MpiEngine {
         &self,
         t: &Raw,
         op: ReduceOp,
-        // A blocking call: `Work::wait` keeps the deadline (Note [Blocking all-reduce]).
+        // A blocking call: `Work::wait`, or the input check before it, keeps the deadline
+        // (Note [Blocking all-reduce]).
         _deadline: Instant,
     ) -> std::result::Result<(), EngineError> {
         self.in_place(t, |h| {
@@ -582,12 +613,14 @@ impl MpiEngine {
     }
 }
 
-impl Engine for MpiEngine {
-    fn rank_and_size(&self) -> (usize, usize) {
-        (self.rank, self.size)
+impl Direct for MpiCore {
+    /// Every collective, but the all-reduce (a blocking `MPI_Allreduce` that no deadline
+    /// interrupts) only behind the input check (Note [Collectives on the caller's thread]).
+    fn takes(&self, c: &Collective, check_inputs: bool) -> bool {
+        check_inputs || !matches!(c, Collective::AllReduce { .. })
     }
 
-    fn run(&mut self, c: &Collective, ctx: &RunCtx) -> std::result::Result<(), EngineError> {
+    fn run(&self, c: &Collective, ctx: &RunCtx) -> std::result::Result<(), EngineError> {
         if ctx.check_inputs {
             self.check_inputs(c, ctx.deadline)?;
         }
@@ -601,6 +634,21 @@ impl Engine for MpiEngine {
             }
             Collective::Barrier => self.barrier(d),
         }
+    }
+}
+
+impl Engine for MpiEngine {
+    fn rank_and_size(&self) -> (usize, usize) {
+        (self.core.rank, self.core.size)
+    }
+
+    fn run(&mut self, c: &Collective, ctx: &RunCtx) -> std::result::Result<(), EngineError> {
+        Direct::run(&*self.core, c, ctx)
+    }
+
+    fn direct(&self) -> Option<Arc<dyn Direct>> {
+        self.serialized
+            .then(|| self.core.clone() as Arc<dyn Direct>)
     }
 
     fn finalize(mut self: Box<Self>) {

@@ -35,8 +35,12 @@
 //! is done on the device when `wait` returns, and one collective is in flight per group at
 //! a time. Under the emulator, whose streams run work when it is enqueued, the NCCL call
 //! itself waits for the other ranks (Note [Emulated NCCL]); there a missing rank is caught
-//! by `Work::wait`'s own deadline. After a timeout the communicator is left as it is (the
-//! seam has no `ncclCommAbort`): the group is broken and the tensors involved are leaked.
+//! by `Work::wait`'s own deadline. After a timeout or a failed call the group is broken, the
+//! tensors involved are leaked and the communicator is aborted (`ncclCommAbort`, from the
+//! thread that found the group broken: the communication thread, or the `Work::wait` that
+//! gave up, which wakes a communication thread still waiting in the emulator's NCCL), as
+//! PyTorch's watchdog aborts its communicators; destroying a broken group aborts it too
+//! (once), and then waits for the communication thread to stop.
 //!
 //! Collectives whose tensors NCCL cannot take as they are (strided views, several outputs of
 //! an all-gather or inputs of a reduce-scatter) go through contiguous buffers on the
@@ -56,7 +60,7 @@ use ember_tensor::{CudaBuffer, DType, Device, Tensor as Raw, with_cuda_buffers};
 
 use super::meta::{META, compare, describe};
 use super::{
-    Collective, Engine, EngineError, InitMethod, InitOptions, ReduceOp, RunCtx, env_usize,
+    Abort, Collective, Engine, EngineError, InitMethod, InitOptions, ReduceOp, RunCtx, env_usize,
     poll_until,
 };
 use crate::comm::nccl_type;
@@ -567,6 +571,14 @@ impl Engine for NcclEngine {
         }
         issued?;
         self.finish(Some(producer), d, tensors(c))
+    }
+
+    fn abort(&self) -> Option<Arc<Abort>> {
+        let (driver, comm) = (self.driver.clone(), self.comm);
+        // A failed abort leaves the communicator as it was; the group is broken either way.
+        Some(Abort::new(move || {
+            let _ = driver.nccl_comm_abort(comm);
+        }))
     }
 
     fn finalize(self: Box<Self>) {

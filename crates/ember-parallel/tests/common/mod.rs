@@ -44,6 +44,36 @@ pub fn mlp() -> Result<Sequential> {
         .add(Linear::new(16, 4, ())?))
 }
 
+/// A derived generic module of modules: `x + inner(x)`.
+#[derive(Debug, Module)]
+pub struct Residual<M: Module> {
+    inner: M,
+}
+
+impl<M: Module> Module for Residual<M> {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        x.add(&self.inner.call(x)?)
+    }
+}
+
+/// An MLP with a `Residual<Linear>` and a `Residual<Sequential>` among its layers, which
+/// DataParallel replicates through their boxed replicas (Note [Boxed replicas of generic
+/// modules] in `ember-nn`).
+pub fn residual_mlp() -> Result<Sequential> {
+    Ok(Sequential::new()
+        .add(Linear::new(6, 16, ())?)
+        .add(ReLU::new())
+        .add(Residual {
+            inner: Linear::new(16, 16, ())?,
+        })
+        .add(Residual {
+            inner: Sequential::new()
+                .add(Linear::new(16, 16, ())?)
+                .add(ReLU::new()),
+        })
+        .add(Linear::new(16, 4, ())?))
+}
+
 pub fn conv_bn() -> Result<Sequential> {
     Ok(Sequential::new()
         .add(Conv2d::new(2, 4, 3, ())?)
@@ -260,6 +290,7 @@ fn train(
 pub fn training_matches_single_device(devices: usize) {
     for adam in [false, true] {
         train(mlp, &[2 * devices + 1, 6], 4, adam, devices);
+        train(residual_mlp, &[2 * devices + 1, 6], 4, adam, devices);
         train(conv_bn, &[3 * devices + 1, 2, 5, 5], 3, adam, devices);
     }
 }

@@ -541,6 +541,10 @@ impl Driver for Emulator {
         self.nccl_comm_destroy_impl(comm)
     }
 
+    fn nccl_comm_abort(&self, comm: NcclComm) -> Result<()> {
+        self.nccl_comm_abort_impl(comm)
+    }
+
     fn nccl_group_start(&self) -> Result<()> {
         self.nccl_group_start_impl()
     }

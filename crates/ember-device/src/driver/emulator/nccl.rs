@@ -24,6 +24,15 @@
 //! never came, instead of hanging. Inside `nccl_group_start`/`nccl_group_end` a thread's calls
 //! are queued and deposited together at the outermost `nccl_group_end`, which then waits for
 //! all of them: one thread can drive every device of a clique, as with real NCCL.
+//!
+//! `nccl_comm_abort` releases the communicator as `nccl_comm_destroy` does (a later use of
+//! the handle is an error saying it was aborted) and aborts its whole clique: the calls
+//! deposited and not yet run are dropped, every rank waiting for one of the clique's
+//! collectives is woken with an error naming the rank that aborted, and a later collective
+//! on any of the clique's communicators fails the same way. Real NCCL leaves the other
+//! ranks to notice a dead peer on their own (or hang until their own abort); failing them
+//! at once keeps a half-run collective from pairing with a later call of a rank that had
+//! skipped it, and nothing in the emulator waits past an abort.
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
@@ -69,6 +78,19 @@ struct Clique {
     pending: BTreeMap<u64, BTreeMap<usize, Collective>>,
     /// Collectives that ran: number → (outcome, ranks yet to collect it).
     done: HashMap<u64, (std::result::Result<(), DeviceError>, usize)>,
+    /// The rank whose communicator was aborted (`nccl_comm_abort`): the clique is unusable.
+    aborted_by: Option<usize>,
+}
+
+/// The error of `rank`'s call on a clique whose rank `by` aborted its communicator.
+fn clique_aborted(call: &'static str, by: usize, rank: usize) -> DeviceError {
+    DeviceError::Driver {
+        call,
+        code: "ncclInvalidUsage".into(),
+        detail: format!(
+            "the communicator of rank {by} of this clique was aborted (ncclCommAbort); rank {rank}'s collectives on the clique cannot complete"
+        ),
+    }
 }
 
 #[derive(Debug, Default)]
@@ -78,6 +100,8 @@ struct State {
     cliques: HashMap<u64, Clique>,
     /// Clique of a unique id made by `nccl_unique_id`.
     ids: HashMap<u64, u64>,
+    /// Communicators released by `nccl_comm_abort`, for a clear error on later use.
+    aborted: std::collections::HashSet<u64>,
 }
 
 impl State {
@@ -275,15 +299,7 @@ impl Emulator {
     }
 
     fn comm(&self, call: &'static str, comm: NcclComm) -> Result<CommState> {
-        self.nccl_state()
-            .comms
-            .get(&comm.0)
-            .copied()
-            .ok_or(DeviceError::InvalidHandle {
-                what: call,
-                kind: "NCCL communicator",
-                handle: comm.0,
-            })
+        lookup(&self.nccl_state(), call, comm)
     }
 
     pub(super) fn nccl_comm_info_impl(&self, comm: NcclComm) -> Result<(usize, usize, usize)> {
@@ -295,22 +311,24 @@ impl Emulator {
 
     pub(super) fn nccl_comm_destroy_impl(&self, comm: NcclComm) -> Result<()> {
         let mut state = self.nccl_state();
-        let c = state
-            .comms
-            .remove(&comm.0)
-            .ok_or(DeviceError::InvalidHandle {
-                what: "ncclCommDestroy",
-                kind: "NCCL communicator",
-                handle: comm.0,
-            })?;
-        let empty = state.cliques.get_mut(&c.clique).is_some_and(|q| {
-            q.members.remove(&c.rank);
-            q.members.is_empty() && q.joined >= q.nranks
-        });
-        if empty {
-            state.cliques.remove(&c.clique);
-            state.ids.retain(|_, clique| *clique != c.clique);
+        let c = lookup(&state, "ncclCommDestroy", comm)?;
+        state.comms.remove(&comm.0);
+        release(&mut state, c);
+        Ok(())
+    }
+
+    pub(super) fn nccl_comm_abort_impl(&self, comm: NcclComm) -> Result<()> {
+        let mut state = self.nccl_state();
+        let c = lookup(&state, "ncclCommAbort", comm)?;
+        state.comms.remove(&comm.0);
+        state.aborted.insert(comm.0);
+        if let Some(q) = state.cliques.get_mut(&c.clique) {
+            q.aborted_by.get_or_insert(c.rank);
+            q.pending.clear();
         }
+        release(&mut state, c);
+        // Wake every waiter: those of this clique find it aborted (or gone).
+        self.nccl.ran.notify_all();
         Ok(())
     }
 
@@ -460,6 +478,9 @@ impl Emulator {
             .cliques
             .get_mut(&c.clique)
             .ok_or_else(|| invalid(op.call(), "the communicator's clique is gone".into()))?;
+        if let Some(by) = clique.aborted_by {
+            return Err(clique_aborted(op.call(), by, c.rank));
+        }
         let number = {
             let n = clique.issued.entry(c.rank).or_insert(0);
             *n += 1;
@@ -502,6 +523,9 @@ impl Emulator {
                 }
                 return outcome;
             }
+            if let Some(by) = clique.aborted_by {
+                return Err(clique_aborted("ncclCollective", by, t.rank));
+            }
             let now = Instant::now();
             if now >= deadline {
                 let arrived: Vec<usize> = clique
@@ -532,6 +556,41 @@ impl Emulator {
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }
+    }
+}
+
+/// The state of a live communicator, or why there is none (unknown, or aborted).
+fn lookup(state: &State, call: &'static str, comm: NcclComm) -> Result<CommState> {
+    if let Some(c) = state.comms.get(&comm.0) {
+        return Ok(*c);
+    }
+    if state.aborted.contains(&comm.0) {
+        return Err(DeviceError::Driver {
+            call,
+            code: "ncclInvalidUsage".into(),
+            detail: format!(
+                "NCCL communicator {:#x} was aborted (ncclCommAbort) and cannot be used",
+                comm.0
+            ),
+        });
+    }
+    Err(DeviceError::InvalidHandle {
+        what: call,
+        kind: "NCCL communicator",
+        handle: comm.0,
+    })
+}
+
+/// Takes a released communicator's rank out of its clique, dropping the clique (and its
+/// id) once every rank joined and left.
+fn release(state: &mut State, c: CommState) {
+    let empty = state.cliques.get_mut(&c.clique).is_some_and(|q| {
+        q.members.remove(&c.rank);
+        q.members.is_empty() && q.joined >= q.nranks
+    });
+    if empty {
+        state.cliques.remove(&c.clique);
+        state.ids.retain(|_, clique| *clique != c.clique);
     }
 }
 

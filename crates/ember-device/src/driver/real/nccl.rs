@@ -199,6 +199,18 @@ impl RealDriver {
         })
     }
 
+    pub(super) fn nccl_comm_abort_impl(&self, comm: NcclComm) -> Result<()> {
+        let (device, _, _) = self.nccl_comm("ncclCommAbort", comm)?;
+        self.bind(device)?;
+        self.tables().nccl.remove(&comm.0);
+        // SAFETY: `comm` was issued by ncclCommInit* and is removed from the table, so it is
+        // aborted once and never used or destroyed after; NCCL allows the abort while
+        // another thread waits in a call on the communicator.
+        check_nccl("ncclCommAbort", unsafe {
+            nccl_sys::ncclCommAbort(comm.0 as nccl_sys::ncclComm_t)
+        })
+    }
+
     pub(super) fn nccl_group_start_impl(&self) -> Result<()> {
         self.nccl_ready()?;
         // SAFETY: no preconditions.

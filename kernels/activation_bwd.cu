@@ -10,9 +10,11 @@
 // (exact: the threshold is converted to T by the host, as PyTorch's `threshold.to<scalar_t>()`).
 //
 // `out` is contiguous with n elements; lg and lx map the iteration (out's shape, row-major)
-// onto grad and x, broadcasting by zero strides (see ember.cuh). When both inputs are
-// contiguous: 32-bit indices when n < 2^31, 16-byte vector loads and stores (Pack16) when the
-// three pointers are 16-byte aligned, scalar accesses for the tail. Any 1-D grid works.
+// onto grad and x, broadcasting by zero strides (see ember.cuh). The loops are ember.cuh's
+// (Note [Elementwise loops]): contiguous inputs in groups of 16 bytes, four per thread per
+// pass, 32-bit indices, scalars for the tail or when misaligned; strided inputs of rank <= 4
+// with one 32-bit split of the index. Any 1-D grid works; the host launches
+// `launch_config_elementwise`.
 //
 // Bound: reads grad and x, writes out: 12 bytes per f32 element (6 for f16/bf16), no
 // arithmetic beyond one compare; the composed `where(x > 0, grad, 0)` moves 9 (cmp) + 13
@@ -26,47 +28,23 @@ __device__ __forceinline__ T threshold_bwd_one(T g, T x, typename Widen<T>::type
     return Widen<T>::in(x) <= th ? Widen<T>::out(0) : g;
 }
 
-// The contiguous path over indices of type Idx (u32 when n fits).
-template <typename Idx, typename T>
-__device__ __forceinline__ void threshold_bwd_contiguous(Idx n, const T* __restrict__ g, const T* __restrict__ x,
-                                                         typename Widen<T>::type th, T* __restrict__ out) {
-    const Idx start = static_cast<Idx>(blockIdx.x) * blockDim.x + threadIdx.x;
-    const Idx stride = static_cast<Idx>(gridDim.x) * blockDim.x;
-    Idx head = 0;
-    if (aligned16(g) && aligned16(x) && aligned16(out)) {
-        constexpr int N = Pack16<T>::N;
-        const Idx vecs = n / N;
-        const uint4* g16 = reinterpret_cast<const uint4*>(g);
-        const uint4* x16 = reinterpret_cast<const uint4*>(x);
-        uint4* out16 = reinterpret_cast<uint4*>(out);
-        for (Idx i = start; i < vecs; i += stride) {
-            Pack16<T> a, b, z;
-            a.raw = g16[i];
-            b.raw = x16[i];
-#pragma unroll
-            for (int k = 0; k < N; k++) z.v[k] = threshold_bwd_one<T>(a.v[k], b.v[k], th);
-            out16[i] = z.raw;
-        }
-        head = vecs * N;
-    }
-    for (Idx i = head + start; i < n; i += stride) out[i] = threshold_bwd_one<T>(g[i], x[i], th);
-}
-
 template <typename T>
 __device__ void threshold_bwd(i64 n, const StridedLayout& lg, const StridedLayout& lx, const T* g, const T* x,
                               T threshold, T* out) {
     const typename Widen<T>::type th = Widen<T>::in(threshold);
+    const auto f = [th](T gv, T xv) { return threshold_bwd_one<T>(gv, xv, th); };
     if (lg.contiguous && lx.contiguous) {
-        if (n < (i64(1) << 31)) {
-            threshold_bwd_contiguous<u32, T>(static_cast<u32>(n), g, x, th, out);
-        } else {
-            threshold_bwd_contiguous<i64, T>(n, g, x, th, out);
+        map_contiguous(n, f, out, g, x);
+    } else if (strided4_fits(n, lg, lx)) {
+        const u32 stride = gridDim.x * blockDim.x;
+        for (u32 i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+            const Digits4 q = digits4(i, lg);
+            out[i] = f(g[offset4(q, lg)], x[offset4(q, lx)]);
         }
-        return;
-    }
-    const i64 start = global_thread_id(), stride = grid_stride();
-    for (i64 i = start; i < n; i += stride) {
-        out[i] = threshold_bwd_one<T>(g[strided_offset(i, lg)], x[strided_offset(i, lx)], th);
+    } else {
+        for (i64 i = global_thread_id(); i < n; i += grid_stride()) {
+            out[i] = f(g[strided_offset(i, lg)], x[strided_offset(i, lx)]);
+        }
     }
 }
 

@@ -15,6 +15,14 @@
 //
 // Written out explicitly rather than left to C++ casts, whose float-to-int conversion is
 // undefined out of range, so that nvcc and g++ give the same answers.
+//
+// The loops are ember.cuh's (Note [Elementwise loops]): contiguous inputs in groups of 16
+// bytes of the wider of the two types (f32 -> f16 reads 16 and writes 8 bytes per group of
+// 4), four groups per thread per pass, 32-bit indices, scalar accesses for the tail or when
+// misaligned; strided inputs of rank <= 4 with a 32-bit split of the index.
+//
+// Bound (contiguous): size(src) + size(dst) bytes per element: f32 -> f16 6, f16 -> f32 6,
+// f32 -> f64 12, cast_{d}_{d} 2·size(d); 30 µs (6 bytes) to 60 µs (12) for 2^24 elements.
 #include "ember.cuh"
 
 namespace ember {
@@ -100,11 +108,16 @@ __device__ __forceinline__ bf16 cast_one<bf16, bf16>(bf16 x) { return x; }
 
 template <typename S, typename D>
 __device__ void cast(i64 n, const StridedLayout& l, const S* in, D* out) {
-    const i64 start = global_thread_id(), stride = grid_stride();
+    const auto f = [](S x) { return cast_one<S, D>(x); };
     if (l.contiguous) {
-        for (i64 i = start; i < n; i += stride) out[i] = cast_one<S, D>(in[i]);
+        map_contiguous(n, f, out, in);
+    } else if (strided4_fits(n, l)) {
+        const u32 stride = gridDim.x * blockDim.x;
+        for (u32 i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+            out[i] = f(in[offset4(digits4(i, l), l)]);
+        }
     } else {
-        for (i64 i = start; i < n; i += stride) out[i] = cast_one<S, D>(in[strided_offset(i, l)]);
+        for (i64 i = global_thread_id(); i < n; i += grid_stride()) out[i] = f(in[strided_offset(i, l)]);
     }
 }
 

@@ -216,4 +216,217 @@ __device__ __forceinline__ bool aligned16(const T* p) {
     return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
 }
 
+// ---- elementwise loops: contiguous vectors and rank-4 strided indices -----------------------
+// Note [Elementwise loops]: the unary, binary, comparison, where and cast kernels share these
+// loops (kernels/README.md, "Elementwise loops").
+//
+// Contiguous operands: element i of every operand is element i of the iteration. A *group*
+// is G consecutive elements, G = 16 / (the widest operand's size), so that the widest operand
+// moves 16 bytes per group and the others 8, 4, 2 or 1 (one memory instruction each). Each
+// thread takes ELEMENTWISE_UNROLL groups per pass, block-tiled (group k of a thread is
+// `tile + k * blockDim.x + threadIdx.x`, so every load instruction of a warp reads one
+// contiguous run) and issues all their loads before the first compute. The index math is
+// 32-bit: the elements are walked in chunks of 2^31 (a multiple of every vector width, so
+// alignment holds in every chunk), inside which every index and every grid step stays below
+// 2^32; only a grid so large that one pass covers more than 2^31 elements (never launched by
+// the host) takes the plain 64-bit loop. Operands not aligned to their vector width (a view
+// at an odd offset) take the scalar loop, also 32-bit. Any 1-D grid is correct; the host
+// sizes it to one pass over the groups, up to a few waves of the device's SMs
+// (`ember_kernels::launch_config_elementwise`).
+//
+// Strided operands of rank <= 4 (all sharing the iteration shape, which the host
+// guarantees and `strided4_fits` checks), n below 2^32 minus one grid step: the iteration
+// index is split into digits with 32-bit divisions (rank - 1 of them, shared by every
+// operand) instead of 64-bit ones per dimension per operand; other shapes use
+// `strided_offset`. The offsets are the same integers either way, so results are identical.
+constexpr int ELEMENTWISE_UNROLL = 4;
+// Elements per chunk of the 32-bit loops.
+constexpr u64 ELEMENTWISE_CHUNK = u64(1) << 31;
+
+template <int BYTES>
+struct VecOf;
+template <>
+struct VecOf<16> {
+    using type = uint4;
+};
+template <>
+struct VecOf<8> {
+    using type = uint2;
+};
+template <>
+struct VecOf<4> {
+    using type = u32;
+};
+template <>
+struct VecOf<2> {
+    using type = unsigned short;
+};
+template <>
+struct VecOf<1> {
+    using type = unsigned char;
+};
+
+// G elements of T as one memory access of G * sizeof(T) bytes.
+template <typename T, int G>
+union PackN {
+    using Raw = typename VecOf<G * static_cast<int>(sizeof(T))>::type;
+    Raw raw;
+    T v[G];
+};
+
+template <typename T, int G>
+__device__ __forceinline__ PackN<T, G> load_group(const T* p, u32 g) {
+    PackN<T, G> x;
+    x.raw = reinterpret_cast<const typename PackN<T, G>::Raw*>(p)[g];
+    return x;
+}
+
+template <typename T>
+__device__ __forceinline__ bool aligned_to(const T* p, unsigned bytes) {
+    return (reinterpret_cast<uintptr_t>(p) & (bytes - 1)) == 0;
+}
+
+// Elements per group for operands of these types: 16 bytes of the widest.
+template <typename... Ts>
+__host__ __device__ constexpr int group_of() {
+    int widest = 1;
+    ((widest = static_cast<int>(sizeof(Ts)) > widest ? static_cast<int>(sizeof(Ts)) : widest), ...);
+    return 16 / widest;
+}
+
+// One group of every input, loaded, and the op applied to its j-th elements.
+template <int G, typename... In>
+struct Loaded;
+template <int G, typename A>
+struct Loaded<G, A> {
+    PackN<A, G> a;
+    __device__ __forceinline__ void load(u32 g, const A* pa) { a = load_group<A, G>(pa, g); }
+    template <typename F>
+    __device__ __forceinline__ auto at(const F& f, int j) const {
+        return f(a.v[j]);
+    }
+};
+template <int G, typename A, typename B>
+struct Loaded<G, A, B> {
+    PackN<A, G> a;
+    PackN<B, G> b;
+    __device__ __forceinline__ void load(u32 g, const A* pa, const B* pb) {
+        a = load_group<A, G>(pa, g);
+        b = load_group<B, G>(pb, g);
+    }
+    template <typename F>
+    __device__ __forceinline__ auto at(const F& f, int j) const {
+        return f(a.v[j], b.v[j]);
+    }
+};
+template <int G, typename A, typename B, typename C>
+struct Loaded<G, A, B, C> {
+    PackN<A, G> a;
+    PackN<B, G> b;
+    PackN<C, G> c;
+    __device__ __forceinline__ void load(u32 g, const A* pa, const B* pb, const C* pc) {
+        a = load_group<A, G>(pa, g);
+        b = load_group<B, G>(pb, g);
+        c = load_group<C, G>(pc, g);
+    }
+    template <typename F>
+    __device__ __forceinline__ auto at(const F& f, int j) const {
+        return f(a.v[j], b.v[j], c.v[j]);
+    }
+};
+
+// out[i] = f(in[i]...) for i < n (n <= 2^31, one grid pass <= 2^31 elements): groups, then
+// the scalar tail; scalars throughout when `vec` is false.
+template <int G, int U, typename O, typename F, typename... In>
+__device__ __forceinline__ void map_chunk(u32 n, bool vec, const F& f, O* out, const In*... in) {
+    u32 head = 0;
+    if (vec) {
+        const u32 groups = n / G, bd = blockDim.x, step = gridDim.x * bd * U;
+        for (u32 g0 = blockIdx.x * bd * U + threadIdx.x; g0 < groups; g0 += step) {
+            Loaded<G, In...> x[U];
+#pragma unroll
+            for (int k = 0; k < U; k++) {
+                if (g0 + k * bd < groups) x[k].load(g0 + k * bd, in...);
+            }
+#pragma unroll
+            for (int k = 0; k < U; k++) {
+                const u32 g = g0 + k * bd;
+                if (g < groups) {
+                    PackN<O, G> z;
+#pragma unroll
+                    for (int j = 0; j < G; j++) z.v[j] = x[k].at(f, j);
+                    reinterpret_cast<typename PackN<O, G>::Raw*>(out)[g] = z.raw;
+                }
+            }
+        }
+        head = groups * G;
+    }
+    const u32 stride = gridDim.x * blockDim.x;
+    for (u32 i = head + blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) out[i] = f(in[i]...);
+}
+
+// out[i] = f(in[i]...) for i < n over contiguous operands (Note [Elementwise loops]); U groups
+// per thread per pass (fewer for ops whose inlined copies would not fit in registers).
+template <int U = ELEMENTWISE_UNROLL, typename O, typename F, typename... In>
+__device__ __forceinline__ void map_contiguous(i64 n, const F& f, O* out, const In*... in) {
+    constexpr int G = group_of<O, In...>();
+    const u64 pass = static_cast<u64>(gridDim.x) * blockDim.x * U * G;
+    if (pass > ELEMENTWISE_CHUNK) {
+        for (i64 i = global_thread_id(); i < n; i += grid_stride()) out[i] = f(in[i]...);
+        return;
+    }
+    const bool vec = aligned_to(out, G * sizeof(O)) && (aligned_to(in, G * sizeof(In)) && ...);
+    for (u64 base = 0; base < static_cast<u64>(n); base += ELEMENTWISE_CHUNK) {
+        const u64 left = static_cast<u64>(n) - base;
+        const u32 len = static_cast<u32>(left < ELEMENTWISE_CHUNK ? left : ELEMENTWISE_CHUNK);
+        map_chunk<G, U>(len, vec, f, out + base, (in + base)...);
+    }
+}
+
+// Whether the rank-4 strided loop applies: rank <= 4, every layout over `l`'s iteration
+// shape, and n plus one grid step below 2^32.
+template <typename... L>
+__device__ __forceinline__ bool strided4_fits(i64 n, const StridedLayout& l, const L&... others) {
+    if (l.rank > 4) return false;
+    if (static_cast<u64>(n) + static_cast<u64>(gridDim.x) * blockDim.x >= (u64(1) << 32)) return false;
+    bool same = true;
+#pragma unroll
+    for (int d = 0; d < 4; d++) {
+        if (d < l.rank) same = same && ((others.rank == l.rank && others.sizes[d] == l.sizes[d]) && ...);
+    }
+    return same && ((others.rank == l.rank) && ...);
+}
+
+// The digits of `linear` (< the product of l's sizes) in l's shape, rank <= 4: rank - 1
+// 32-bit divisions (the outermost digit is what is left).
+struct Digits4 {
+    u32 d[4];
+};
+__device__ __forceinline__ Digits4 digits4(u32 linear, const StridedLayout& l) {
+    Digits4 q;
+#pragma unroll
+    for (int d = 3; d >= 0; --d) {
+        q.d[d] = 0;
+        if (d < l.rank) {
+            if (d == 0) {
+                q.d[d] = linear;
+            } else {
+                const u32 size = static_cast<u32>(l.sizes[d]);
+                const u32 next = linear / size;
+                q.d[d] = linear - next * size;
+                linear = next;
+            }
+        }
+    }
+    return q;
+}
+__device__ __forceinline__ i64 offset4(const Digits4& q, const StridedLayout& l) {
+    i64 offset = 0;
+#pragma unroll
+    for (int d = 0; d < 4; d++) {
+        if (d < l.rank) offset += static_cast<i64>(q.d[d]) * l.strides[d];
+    }
+    return offset;
+}
+
 }  // namespace ember

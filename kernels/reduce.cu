@@ -19,13 +19,25 @@
 //   then a warp-shuffle block reduction; blockDim.x must be a multiple of 32 (at most 1024).
 // - inner > 1: one thread per output, walking its column sequentially; neighbouring threads
 //   read neighbouring addresses, so the loads coalesce. Any 1-D grid.
-// A full reduction of a large tensor runs on one block (one SM), and [small outer·inner, long
-// size, inner > 1] on few threads; splitting `size` across blocks with a second pass is not
-// done yet. Until then the host can split with these kernels for sum/max/min of f32, f64 and
-// integers: view [outer, size, inner] as [outer·c, size/c, inner] (c dividing size), reduce,
-// then reduce the [outer, c, inner] partials (integers: with reduce_sum_i64). Not for f16/bf16
-// sums (the partials would round to 16 bits; cast to f32 first), prod of floats (same), or
-// the arg forms (the partial indices are local).
+// A whole reduction splits over blocks (below). [small outer·inner, long size] with more than
+// one output runs on few blocks or threads; the host splits those with these kernels for
+// sum/max/min of f32, f64 and integers: view [outer, size, inner] as [outer·c, size/c, inner]
+// (c dividing size), reduce, then reduce the [outer, c, inner] partials (integers: with
+// reduce_sum_i64). Not for f16/bf16 sums (the partials would round to 16 bits), prod of floats
+// (same), or the arg forms (the partial indices are local).
+//
+// Whole reductions ([1, size, 1]) of more than a block's worth split in two passes (Note
+// [Split whole reductions] in crates/ember-tensor/src/cuda/reduce.rs):
+//
+//   reduce_part_{op}_{dtype}(i64 size, const T* in, A* partials)
+//       block b folds its block-tiled share of in[0, size) into partials[b] (A: the op's
+//       accumulator: f32, f64 or i64, or {value, i64 index} for max/min/arg; at most 16
+//       bytes); 16-byte loads, four per thread per pass, 32-bit indices
+//   reduce_combine_{op}_{dtype}(i64 parts, const A* partials, O* out)
+//       one block folds the partials and writes out[0] (any grid: every block writes it)
+//
+// Bound: the input read once, 4 bytes per f32 element (2 for f16/bf16, 8 for f64/i64, 1 for
+// u8/bool), 16 bytes per block of partials: 20 µs for 2^24 f32 elements at 3.35 TB/s.
 #include "ember.cuh"
 
 namespace ember {
@@ -187,6 +199,73 @@ __device__ void reduce(i64 outer, i64 size, i64 inner, const T* in, O* out) {
     }
 }
 
+// ---- whole-tensor reductions in two passes (Note [Split whole reductions]) -----------------
+// Pass 1: block b folds its share of in[0, size) into partials[b] (the op's accumulator, value
+// and index for the arg forms). The share is block-tiled as the elementwise loops are: groups
+// of 16 bytes, ELEMENTWISE_UNROLL per thread per pass, all loads issued before the folds, a
+// 32-bit index inside chunks of 2^31 elements; scalars when `in` is not 16-byte aligned.
+template <typename T, typename Op>
+__device__ __forceinline__ typename Op::A fold_chunk(typename Op::A acc, const T* x, u32 n, i64 base, bool vec) {
+    constexpr int G = Pack16<T>::N, U = ELEMENTWISE_UNROLL;
+    u32 head = 0;
+    if (vec) {
+        const u32 groups = n / G, bd = blockDim.x, step = gridDim.x * bd * U;
+        for (u32 g0 = blockIdx.x * bd * U + threadIdx.x; g0 < groups; g0 += step) {
+            PackN<T, G> v[U];
+#pragma unroll
+            for (int k = 0; k < U; k++) {
+                if (g0 + k * bd < groups) v[k] = load_group<T, G>(x, g0 + k * bd);
+            }
+#pragma unroll
+            for (int k = 0; k < U; k++) {
+                const u32 g = g0 + k * bd;
+                if (g < groups) {
+#pragma unroll
+                    for (int j = 0; j < G; j++) acc = Op::step(acc, v[k].v[j], base + static_cast<i64>(g) * G + j);
+                }
+            }
+        }
+        head = groups * G;
+    }
+    const u32 stride = gridDim.x * blockDim.x;
+    for (u32 i = head + blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        acc = Op::step(acc, x[i], base + static_cast<i64>(i));
+    }
+    return acc;
+}
+
+template <typename T, typename Op>
+__device__ void reduce_part(i64 size, const T* in, typename Op::A* partials) {
+    using A = typename Op::A;
+    __shared__ A scratch[32];
+    A acc = Op::identity();
+    const u64 pass = static_cast<u64>(gridDim.x) * blockDim.x * ELEMENTWISE_UNROLL * Pack16<T>::N;
+    if (pass > ELEMENTWISE_CHUNK) {
+        for (i64 i = global_thread_id(); i < size; i += grid_stride()) acc = Op::step(acc, in[i], i);
+    } else {
+        const bool vec = aligned16(in);
+        for (u64 base = 0; base < static_cast<u64>(size); base += ELEMENTWISE_CHUNK) {
+            const u64 left = static_cast<u64>(size) - base;
+            const u32 len = static_cast<u32>(left < ELEMENTWISE_CHUNK ? left : ELEMENTWISE_CHUNK);
+            acc = fold_chunk<T, Op>(acc, in + base, len, static_cast<i64>(base), vec);
+        }
+    }
+    acc = block_combine<Op>(acc, scratch);
+    if (threadIdx.x == 0) partials[blockIdx.x] = acc;
+}
+
+// Pass 2: one block folds the `parts` partials and writes the result. Any grid: every block
+// writes the same value.
+template <typename T, typename Op, typename O>
+__device__ void reduce_combine(i64 parts, const typename Op::A* partials, O* out) {
+    using A = typename Op::A;
+    __shared__ A scratch[32];
+    A acc = Op::identity();
+    for (i64 p = threadIdx.x; p < parts; p += blockDim.x) acc = Op::combine(acc, partials[p]);
+    acc = block_combine<Op>(acc, scratch);
+    if (threadIdx.x == 0) out[0] = Op::template finish<O>(acc);
+}
+
 }  // namespace ember
 
 #define EMBER_REDUCE(NAME, OP, SUFFIX, T, O)                                                       \
@@ -194,7 +273,15 @@ __device__ void reduce(i64 outer, i64 size, i64 inner, const T* in, O* out) {
                                                         const T* in, O* out) {                     \
         ember::reduce<T, OP, O>(outer, size, inner, in, out);                                      \
     }                                                                                              \
-    EMBER_REGISTER_KERNEL(reduce_##NAME##_##SUFFIX)
+    EMBER_REGISTER_KERNEL(reduce_##NAME##_##SUFFIX)                                                \
+    extern "C" __global__ void reduce_part_##NAME##_##SUFFIX(ember::i64 size, const T* in, OP::A* partials) { \
+        ember::reduce_part<T, OP>(size, in, partials);                                             \
+    }                                                                                              \
+    EMBER_REGISTER_KERNEL(reduce_part_##NAME##_##SUFFIX)                                           \
+    extern "C" __global__ void reduce_combine_##NAME##_##SUFFIX(ember::i64 parts, const OP::A* partials, O* out) { \
+        ember::reduce_combine<T, OP, O>(parts, partials, out);                                     \
+    }                                                                                              \
+    EMBER_REGISTER_KERNEL(reduce_combine_##NAME##_##SUFFIX)
 
 // Sum/prod output: T for floats, i64 for the rest.
 #define EMBER_REDUCE_DTYPE(SUFFIX, T, SUM_OUT)                                                     \

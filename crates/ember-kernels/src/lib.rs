@@ -10,7 +10,8 @@
 //! `badd_f16`, listed in each `.cu` file's header comment) and launched with
 //! [`ember_device::driver::Driver::launch_kernel`] (or [`Module::launch`]); [`KernelArgs`]
 //! builds the `void**` parameter array, [`StridedLayout`] mirrors the kernels'
-//! strided-operand struct and [`launch_config_1d`] gives the elementwise kernels' geometry.
+//! strided-operand struct and [`launch_config_elementwise`] gives the elementwise kernels'
+//! geometry ([`launch_config_1d`] the other grid-stride kernels').
 //!
 //! ```
 //! use ember_device::{cuda, driver::{LaunchConfig, StreamHandle}, driver::emulator::EmulatorConfig};
@@ -35,7 +36,10 @@
 
 mod module;
 
-pub use module::{BLOCK_1D, MAX_GRID_1D, Module, launch_config_1d};
+pub use module::{
+    BLOCK_1D, ELEMENTWISE_BLOCKS_PER_SM, ELEMENTWISE_UNROLL, MAX_GRID_1D, Module, launch_config_1d,
+    launch_config_elementwise,
+};
 
 use std::ffi::{CStr, c_char, c_int, c_void};
 use std::sync::Once;

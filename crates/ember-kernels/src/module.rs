@@ -1,5 +1,6 @@
 //! [`Module`]: Ember's kernels loaded on one device, with function handles cached by name, and
-//! [`launch_config_1d`], the launch geometry of the grid-stride kernels.
+//! [`launch_config_1d`] and [`launch_config_elementwise`], the launch geometry of the
+//! grid-stride kernels.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -19,6 +20,44 @@ pub const MAX_GRID_1D: u32 = 65_535;
 /// thread per element up to [`MAX_GRID_1D`] blocks (at least one block, also for `n == 0`).
 pub fn launch_config_1d(n: usize) -> LaunchConfig {
     let blocks = n.div_ceil(BLOCK_1D as usize).clamp(1, MAX_GRID_1D as usize) as u32;
+    LaunchConfig {
+        grid: (blocks, 1, 1),
+        block: (BLOCK_1D, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// Groups per thread per pass of the contiguous elementwise loops (`ELEMENTWISE_UNROLL` in
+/// `kernels/ember.cuh`, Note [Elementwise loops]); a group is 16 bytes of the widest operand.
+pub const ELEMENTWISE_UNROLL: usize = 4;
+/// The most blocks per SM an elementwise launch uses: four waves of the eight
+/// [`BLOCK_1D`]-thread blocks that fill an SM's 2048 threads. Past that, threads loop.
+pub const ELEMENTWISE_BLOCKS_PER_SM: usize = 32;
+
+/// The launch of an elementwise kernel (unary, binary, comparison, where, cast) over `n`
+/// elements whose widest operand has `widest` bytes per element, on a device with
+/// `sm_count` SMs: [`BLOCK_1D`] threads per block, one thread per
+/// [`ELEMENTWISE_UNROLL`] groups of 16 bytes of the widest operand when every operand is
+/// `contiguous` (one pass of the vector loop), one per element otherwise, at most
+/// [`ELEMENTWISE_BLOCKS_PER_SM`] blocks per SM and at least one block. Any grid is correct
+/// (the kernels loop); this one is sized for bandwidth, not the 65 535-block cap of
+/// [`launch_config_1d`].
+pub fn launch_config_elementwise(
+    n: usize,
+    widest: usize,
+    contiguous: bool,
+    sm_count: usize,
+) -> LaunchConfig {
+    let per_thread = if contiguous {
+        ELEMENTWISE_UNROLL * (16 / widest.clamp(1, 16))
+    } else {
+        1
+    };
+    let most = sm_count.max(1).saturating_mul(ELEMENTWISE_BLOCKS_PER_SM);
+    let blocks = n
+        .div_ceil(per_thread)
+        .div_ceil(BLOCK_1D as usize)
+        .clamp(1, most.min(u32::MAX as usize)) as u32;
     LaunchConfig {
         grid: (blocks, 1, 1),
         block: (BLOCK_1D, 1, 1),

@@ -381,3 +381,26 @@ fn strided_layout_detects_contiguity() {
     assert_eq!(StridedLayout::new(&[1, 3], &[99, 1]).unwrap().contiguous, 1);
     assert!(StridedLayout::contiguous(&[1; 9]).is_err());
 }
+
+/// The elementwise grid: one thread per 4 groups of 16 bytes when contiguous (per element
+/// otherwise), 256 threads per block, at most 32 blocks per SM, at least one block.
+#[test]
+fn elementwise_grid_follows_groups_and_sm_count() {
+    use ember_kernels::{BLOCK_1D, launch_config_elementwise as cfg};
+    let blocks = |n, widest, contiguous, sms| cfg(n, widest, contiguous, sms).grid.0;
+    assert_eq!(cfg(1, 4, true, 132).block.0, BLOCK_1D);
+    assert_eq!(blocks(0, 4, true, 132), 1);
+    assert_eq!(blocks(1, 4, true, 132), 1);
+    // 2^24 f32 elements: 2^20 threads of 16 elements = 4096 blocks, under 132 · 32.
+    assert_eq!(blocks(1 << 24, 4, true, 132), 4096);
+    // f16 and u8 groups hold 8 and 16 elements; f64 2.
+    assert_eq!(blocks(1 << 24, 2, true, 132), 2048);
+    assert_eq!(blocks(1 << 24, 1, true, 132), 1024);
+    assert_eq!(blocks(1 << 20, 8, true, 132), 512);
+    // Strided: one thread per element, capped at 32 blocks per SM.
+    assert_eq!(blocks(1 << 21, 4, false, 132), 132 * 32);
+    assert_eq!(blocks(1 << 12, 4, false, 132), 16);
+    // Large tensors loop instead of growing the grid.
+    assert_eq!(blocks(1 << 34, 4, true, 132), 132 * 32);
+    assert_eq!(blocks(1 << 34, 4, true, 0), 32);
+}

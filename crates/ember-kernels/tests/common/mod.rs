@@ -291,7 +291,9 @@ pub struct View {
 }
 
 /// Iteration shapes with one view per operand (up to three): contiguous aligned (vector path
-/// plus tail), contiguous misaligned, transposed, broadcast (stride 0), rank 8.
+/// plus tail), contiguous misaligned, transposed, broadcast (stride 0), rank 4 (the kernels'
+/// 32-bit strided loop: a reversed permutation, a broadcast, an offset) and rank 8 (their
+/// general loop).
 pub fn layouts() -> Vec<(Vec<usize>, [View; 3])> {
     let v = |s: &[isize], o: usize| View {
         strides: s.to_vec(),
@@ -300,11 +302,16 @@ pub fn layouts() -> Vec<(Vec<usize>, [View; 3])> {
     let c1003 = contiguous_strides(&[1003]);
     let c57 = contiguous_strides(&[5, 7]);
     let c8 = contiguous_strides(&[2, 1, 3, 2, 1, 2, 3, 2]);
+    let c4 = contiguous_strides(&[2, 3, 4, 5]);
     vec![
         (vec![1003], [v(&c1003, 0), v(&c1003, 0), v(&c1003, 0)]),
         (vec![1003], [v(&c1003, 1), v(&c1003, 0), v(&c1003, 3)]),
         (vec![5, 7], [v(&[1, 5], 0), v(&[1, 0], 0), v(&c57, 2)]),
         (vec![5, 7], [v(&c57, 0), v(&[0, 0], 1), v(&[0, 1], 0)]),
+        (
+            vec![2, 3, 4, 5],
+            [v(&[1, 2, 6, 24], 0), v(&[0, 5, 0, 1], 2), v(&c4, 1)],
+        ),
         (
             vec![2, 1, 3, 2, 1, 2, 3, 2],
             [v(&c8, 0), v(&[0, 0, 1, 0, 0, 0, 3, 0], 0), v(&c8, 1)],

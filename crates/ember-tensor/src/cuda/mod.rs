@@ -15,6 +15,7 @@ mod fused;
 mod nn;
 mod ops;
 mod optim;
+mod reduce;
 
 pub(crate) use amp::*;
 pub(crate) use cudnn::{conv_path, conv2d_backward_data, conv2d_backward_filter, cudnn_fallbacks};
@@ -22,6 +23,7 @@ pub(crate) use fused::*;
 pub(crate) use nn::*;
 pub(crate) use ops::*;
 pub(crate) use optim::*;
+pub(crate) use reduce::*;
 
 use std::borrow::Cow;
 use std::sync::{Arc, Mutex, PoisonError};

@@ -5,18 +5,18 @@
 use std::sync::Arc;
 
 use ember_device::driver::{DevicePtr, GemmDesc, GemmType};
-use ember_kernels::{KernelArgs, launch_config_1d};
+use ember_kernels::{KernelArgs, StridedLayout, launch_config_1d, launch_config_elementwise};
 
 use super::{Ctx, CudaStorage, kernel_name, strided};
 use crate::cpu::dispatch;
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
 use crate::layout::Layout;
-use crate::op::{BinaryOpT, CmpOp, ReduceOp, UnaryOpT};
+use crate::op::{BinaryOpT, CmpOp, UnaryOpT};
 use crate::scalar::Scalar;
 
 /// Threads per block of the row kernels (reductions, softmax); a multiple of 32.
-const ROW_BLOCK: u32 = 256;
+pub(super) const ROW_BLOCK: u32 = 256;
 /// The most blocks a row kernel's grid uses (the kernels loop over further rows).
 const MAX_ROW_GRID: usize = 65_535;
 
@@ -25,6 +25,19 @@ fn push_scalar(args: &mut KernelArgs, value: Scalar, dtype: DType) {
     dispatch!(dtype, T => {
         args.push(value.to_dtype::<T>());
     });
+}
+
+/// The launch of an elementwise kernel (kernels/ember.cuh, Note [Elementwise loops]) over
+/// `n` elements with these operand layouts and dtypes (the output's among them).
+fn elementwise_config(
+    ctx: &Ctx,
+    n: usize,
+    layouts: &[&StridedLayout],
+    dtypes: &[DType],
+) -> ember_device::driver::LaunchConfig {
+    let contiguous = layouts.iter().all(|l| l.contiguous != 0);
+    let widest = dtypes.iter().map(|d| d.size_in_bytes()).max().unwrap_or(1);
+    launch_config_elementwise(n, widest, contiguous, ctx.sm_count())
 }
 
 /// `out[i] = kernel(in[l(i)])` over `l`'s shape: the `(n, StridedLayout, in, out)` kernels.
@@ -40,15 +53,17 @@ fn map1(
     if n == 0 {
         return Ok(out);
     }
+    let sl = strided(op, l)?;
+    let config = elementwise_config(s.ctx(), n, &[&sl], &[s.dtype(), out_dtype]);
     let mut args = KernelArgs::new();
     args.push(n as i64)
-        .push(strided(op, l)?)
+        .push(sl)
         .ptr(s.ptr_at(l.offset()))
         .ptr(out.ptr_at(0));
     // SAFETY: `(i64 n, StridedLayout l, const T* in, U* out)` is the signature of every
     // kernel routed here (unary.cu, cast.cu); `l` stays inside `s` (a tensor's layout always
     // does) and `out` holds `n` elements of the output dtype.
-    unsafe { s.ctx().launch(name, launch_config_1d(n), &mut args)? };
+    unsafe { s.ctx().launch(name, config, &mut args)? };
     Ok(out)
 }
 
@@ -71,7 +86,7 @@ fn map2(
     out_dtype: DType,
 ) -> Result<CudaStorage> {
     let out = CudaStorage::alloc(a.ctx(), out_dtype, la.numel())?;
-    map2_into(op, name, (a, la), (b, lb), out.ptr_at(0))?;
+    map2_into(op, name, (a, la), (b, lb), (out.ptr_at(0), out_dtype))?;
     Ok(out)
 }
 
@@ -81,16 +96,19 @@ fn map2_into(
     name: &str,
     (a, la): (&CudaStorage, &Layout),
     (b, lb): (&CudaStorage, &Layout),
-    out: DevicePtr,
+    (out, out_dtype): (DevicePtr, DType),
 ) -> Result<()> {
     let n = la.numel();
     if n == 0 {
         return Ok(());
     }
+    let (sa, sb) = (strided(op, la)?, strided(op, lb)?);
+    let dtypes = [a.dtype(), b.dtype(), out_dtype];
+    let config = elementwise_config(a.ctx(), n, &[&sa, &sb], &dtypes);
     let mut args = KernelArgs::new();
     args.push(n as i64)
-        .push(strided(op, la)?)
-        .push(strided(op, lb)?)
+        .push(sa)
+        .push(sb)
         .ptr(a.ptr_at(la.offset()))
         .ptr(b.ptr_at(lb.offset()))
         .ptr(out);
@@ -98,7 +116,7 @@ fn map2_into(
     // layouts have the output's shape (the front broadcast them) and stay inside their
     // storages; `out` holds `n` contiguous elements: a fresh buffer, or `a`'s own contiguous
     // view, where each thread reads element i before writing it.
-    unsafe { a.ctx().launch(name, launch_config_1d(n), &mut args)? };
+    unsafe { a.ctx().launch(name, config, &mut args)? };
     Ok(())
 }
 
@@ -133,11 +151,18 @@ pub(crate) fn where_cond(
     if n == 0 {
         return Ok(out);
     }
+    let (sc, st, sf) = (
+        strided("where", lc)?,
+        strided("where", lt)?,
+        strided("where", lf)?,
+    );
+    let dtypes = [DType::Bool, t.dtype()];
+    let config = elementwise_config(t.ctx(), n, &[&sc, &st, &sf], &dtypes);
     let mut args = KernelArgs::new();
     args.push(n as i64)
-        .push(strided("where", lc)?)
-        .push(strided("where", lt)?)
-        .push(strided("where", lf)?)
+        .push(sc)
+        .push(st)
+        .push(sf)
         .ptr(c.ptr_at(lc.offset()))
         .ptr(t.ptr_at(lt.offset()))
         .ptr(f.ptr_at(lf.offset()))
@@ -146,11 +171,8 @@ pub(crate) fn where_cond(
     // layouts share the output's shape and stay inside their storages (`c` is bool, `t` and
     // `f` the output's dtype); `out` holds `n` elements.
     unsafe {
-        t.ctx().launch(
-            &kernel_name("where", t.dtype()),
-            launch_config_1d(n),
-            &mut args,
-        )?
+        t.ctx()
+            .launch(&kernel_name("where", t.dtype()), config, &mut args)?
     };
     Ok(out)
 }
@@ -169,10 +191,12 @@ pub(crate) fn threshold_backward(
     if n == 0 {
         return Ok(out);
     }
+    let (sg, sx) = (strided(OP, lg)?, strided(OP, lx)?);
+    let config = elementwise_config(g.ctx(), n, &[&sg, &sx], &[dtype]);
     let mut args = KernelArgs::new();
     args.push(n as i64)
-        .push(strided(OP, lg)?)
-        .push(strided(OP, lx)?)
+        .push(sg)
+        .push(sx)
         .ptr(g.ptr_at(lg.offset()))
         .ptr(x.ptr_at(lx.offset()));
     push_scalar(&mut args, threshold, dtype);
@@ -181,10 +205,7 @@ pub(crate) fn threshold_backward(
     // T* out)` with the threshold pushed as `T`; both layouts have the output's shape (the
     // front broadcast them) and stay inside their storages, both of the output's dtype; `out`
     // is fresh with `n` elements.
-    unsafe {
-        g.ctx()
-            .launch(&kernel_name(OP, dtype), launch_config_1d(n), &mut args)?
-    };
+    unsafe { g.ctx().launch(&kernel_name(OP, dtype), config, &mut args)? };
     Ok(out)
 }
 
@@ -246,7 +267,7 @@ pub(crate) fn binary_inplace<O: BinaryOpT>(
         // The kernel writes its contiguous output over the operand it reads (element for
         // element): no buffer, no copy back — the optimizer's `add_`/`mul_` path.
         let name = kernel_name(O::KERNEL, dst.dtype());
-        let out = dst.ptr_at(ld.offset());
+        let out = (dst.ptr_at(ld.offset()), dst.dtype());
         return map2_into(O::NAME, &name, (dst, ld), (src, ls), out);
     }
     let r = binary::<O>(dst, ld, src, ls)?;
@@ -352,34 +373,6 @@ pub(crate) fn fill(dst: &mut CudaStorage, l: &Layout, value: Scalar) -> Result<(
     copy_into(dst, l, &tmp, &Layout::contiguous(l.shape().clone()))
 }
 
-/// `[outer, size, inner]` of a contiguous layout whose `dims` (sorted) are consecutive, or
-/// `None`.
-fn row_split(l: &Layout, dims: &[usize]) -> Option<(usize, usize, usize)> {
-    if !l.is_contiguous() {
-        return None;
-    }
-    let (&first, &last) = (dims.first()?, dims.last()?);
-    if last - first + 1 != dims.len() {
-        return None;
-    }
-    let d = l.dims();
-    Some((
-        d[..first].iter().product(),
-        d[first..=last].iter().product(),
-        d[last + 1..].iter().product(),
-    ))
-}
-
-/// A contiguous copy of `l` with `dims` (sorted) moved last, and its `[outer, size, 1]`.
-fn rows_last(s: &CudaStorage, l: &Layout, dims: &[usize]) -> Result<(CudaStorage, usize, usize)> {
-    let mut perm: Vec<usize> = (0..l.rank()).filter(|d| !dims.contains(d)).collect();
-    let outer = perm.iter().map(|&d| l.dims()[d]).product();
-    let size = dims.iter().map(|&d| l.dims()[d]).product();
-    perm.extend_from_slice(dims);
-    let p = l.permute(&perm)?;
-    Ok((cast(s, &p, s.dtype())?, outer, size))
-}
-
 /// Launch geometry of the row kernels: a block per row when `inner == 1`, a thread per
 /// column otherwise (reduce.cu, softmax.cu).
 pub(super) fn row_config(outer: usize, inner: usize) -> ember_device::driver::LaunchConfig {
@@ -392,110 +385,6 @@ pub(super) fn row_config(outer: usize, inner: usize) -> ember_device::driver::La
     } else {
         launch_config_1d(outer * inner)
     }
-}
-
-/// Reduces `dims` (sorted, unique) of `l`; the output is the kept dims, row-major.
-/// Dtypes as the CPU's: sum/prod of integers and bool in i64, max/min keep the dtype,
-/// argmax/argmin are i64.
-pub(crate) fn reduce(
-    op: ReduceOp,
-    s: &CudaStorage,
-    l: &Layout,
-    dims: &[usize],
-) -> Result<CudaStorage> {
-    let dt = s.dtype();
-    let extreme = matches!(
-        op,
-        ReduceOp::Max | ReduceOp::Min | ReduceOp::ArgMax | ReduceOp::ArgMin
-    );
-    let n_red: usize = dims.iter().map(|&d| l.dims()[d]).product();
-    if extreme && n_red == 0 {
-        return Err(crate::cpu::reduce::empty_extreme(op));
-    }
-    let out_dtype = match op {
-        ReduceOp::Sum | ReduceOp::Prod if !dt.is_float() => DType::I64,
-        ReduceOp::ArgMax | ReduceOp::ArgMin => DType::I64,
-        _ => dt,
-    };
-    let n_out: usize = (0..l.rank())
-        .filter(|d| !dims.contains(d))
-        .map(|d| l.dims()[d])
-        .product();
-    if n_red == 0 {
-        // Nothing to read (an empty storage has no device address to hand a kernel): the
-        // identity of sum and prod.
-        let one = Scalar::Int(i64::from(op == ReduceOp::Prod));
-        return full(s.ctx(), n_out, one, out_dtype);
-    }
-    let out = CudaStorage::alloc(s.ctx(), out_dtype, n_out)?;
-    if n_out == 0 {
-        return Ok(out);
-    }
-    let (tmp, src, offset, (outer, size, inner));
-    if dims.is_empty() {
-        (outer, size, inner) = (n_out, 1, 1);
-        tmp = cast(s, l, dt)?;
-        (src, offset) = (&tmp, 0);
-    } else if let Some(split) = row_split(l, dims) {
-        (outer, size, inner) = split;
-        (src, offset) = (s, l.offset());
-    } else {
-        let (t, o, z) = rows_last(s, l, dims)?;
-        tmp = t;
-        (outer, size, inner) = (o, z, 1);
-        (src, offset) = (&tmp, 0);
-    }
-    // Few outputs over long rows would run on a few blocks (a full reduction on one SM):
-    // split each row into `c` chunks reduced in parallel, then reduce the partials.
-    let splittable = matches!(op, ReduceOp::Sum | ReduceOp::Max | ReduceOp::Min)
-        && !matches!(dt, DType::F16 | DType::Bf16)
-        && !(op == ReduceOp::Sum && matches!(dt, DType::I32 | DType::U8 | DType::Bool));
-    if let Some(c) = split_factor(outer * inner, size).filter(|_| splittable) {
-        let partial = CudaStorage::alloc(s.ctx(), out_dtype, outer * c * inner)?;
-        reduce_launch(op, (src, offset), &partial, (outer * c, size / c, inner))?;
-        reduce_launch(op, (&partial, 0), &out, (outer, c, inner))?;
-        return Ok(out);
-    }
-    reduce_launch(op, (src, offset), &out, (outer, size, inner))?;
-    Ok(out)
-}
-
-/// Rows of at least this many elements are split when there are few outputs.
-const SPLIT_ROWS_FROM: usize = 8192;
-/// The least elements per chunk of a split row (one block's worth of work).
-const SPLIT_CHUNK_MIN: usize = 2048;
-
-/// The number of chunks to split rows of `size` into when only `outputs` rows would run in
-/// parallel: the largest divisor of `size` that leaves chunks of at least
-/// [`SPLIT_CHUNK_MIN`] elements, at most 1024, or `None`.
-fn split_factor(outputs: usize, size: usize) -> Option<usize> {
-    if outputs > 64 || size < SPLIT_ROWS_FROM {
-        return None;
-    }
-    let most = (size / SPLIT_CHUNK_MIN).min(1024);
-    (2..=most).rev().find(|&c| size.is_multiple_of(c))
-}
-
-/// One `reduce_{op}_{dtype}` launch over the contiguous `[outer, size, inner]` block of
-/// `src` at `offset` into `out` (`outer * inner` elements). Sums of 8/32-bit integers are
-/// not split (their partials are i64, another dtype), so `src`'s dtype names the kernel.
-fn reduce_launch(
-    op: ReduceOp,
-    (src, offset): (&CudaStorage, usize),
-    out: &CudaStorage,
-    (outer, size, inner): (usize, usize, usize),
-) -> Result<()> {
-    let mut args = KernelArgs::new();
-    args.push(outer as i64)
-        .push(size as i64)
-        .push(inner as i64)
-        .ptr(src.ptr_at(offset))
-        .ptr(out.ptr_at(0));
-    let name = format!("reduce_{}_{}", op.name(), src.dtype().short_name());
-    // SAFETY: `reduce_{op}_{dtype}(i64 outer, i64 size, i64 inner, const T* in, O* out)`;
-    // `in` holds the contiguous `[outer, size, inner]` block at `offset`, `out` holds
-    // `outer * inner` elements of the output dtype; blockDim is a multiple of 32.
-    unsafe { src.ctx().launch(&name, row_config(outer, inner), &mut args) }
 }
 
 /// Softmax or log-softmax along `dim` (f32/f64/f16/bf16), contiguous output.

@@ -496,36 +496,33 @@ impl Shared {
             // Aborting the communicator ends whatever the thread waits for (Note
             // [Timeouts]); it then stops without finalizing the backend.
             abort.fire();
-            return match ack_rx.recv_timeout(ABORTED_STOP) {
-                Ok(()) => {
-                    if let Some(t) = lock(&self.thread).take() {
-                        let _ = t.join();
-                    }
-                    Ok(())
-                }
-                Err(_) => Err(self.error(
-                    ErrorKind::Distributed,
-                    "destroy_process_group",
-                    format!(
-                        "the communication thread did not stop within {ABORTED_STOP:?} of aborting the communicator"
-                    ),
-                )),
-            };
+            return self.join_within(&ack_rx, ABORTED_STOP, || {
+                format!(
+                    "the communication thread did not stop within {ABORTED_STOP:?} of aborting the communicator"
+                )
+            });
         }
         // The queue ahead of the shutdown is bounded by the collectives' own deadlines.
-        match ack_rx.recv_timeout(self.timeout() + Duration::from_secs(5)) {
-            Ok(()) => {
-                if let Some(t) = lock(&self.thread).take() {
-                    let _ = t.join();
-                }
-                Ok(())
-            }
-            Err(_) => Err(self.error(
-                ErrorKind::Distributed,
-                "destroy_process_group",
-                "the communication thread did not stop within the timeout",
-            )),
+        self.join_within(&ack_rx, self.timeout() + Duration::from_secs(5), || {
+            "the communication thread did not stop within the timeout".to_string()
+        })
+    }
+
+    /// Joins the communication thread once it acknowledges the shutdown on `ack` within
+    /// `wait`; otherwise the error `late` describes.
+    fn join_within(
+        &self,
+        ack: &mpsc::Receiver<()>,
+        wait: Duration,
+        late: impl FnOnce() -> String,
+    ) -> Result<()> {
+        if ack.recv_timeout(wait).is_err() {
+            return Err(self.error(ErrorKind::Distributed, "destroy_process_group", late()));
         }
+        if let Some(t) = lock(&self.thread).take() {
+            let _ = t.join();
+        }
+        Ok(())
     }
 }
 

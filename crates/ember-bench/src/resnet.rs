@@ -162,7 +162,7 @@ pub fn run(opts: &Options, out: &mut Vec<Record>) -> Result<(), String> {
         let model = ResNet18::new(1000)?;
         model.to(device).map_err(err)?;
         let x = Tensor::randn([batch, 3, image, image], (device, DType::F32)).map_err(err)?;
-        let (value, unit, peak, steps) = if name.starts_with("train") {
+        let (value, unit, peak, steps, counts) = if name.starts_with("train") {
             model.train(true);
             let y = Tensor::randint(0, 1000, [batch], (device, DType::I64)).map_err(err)?;
             let loss_fn = CrossEntropyLoss::new();
@@ -188,7 +188,10 @@ pub fn run(opts: &Options, out: &mut Vec<Record>) -> Result<(), String> {
             let peak = peak_of(device, &mut step)?;
             let ns = time(device, opts.quick, &mut step)?;
             let steps = 1e9 / ns;
-            (steps * batch as f64, "samples/s", peak, Some(steps))
+            let counts = emulated
+                .then(|| launches_and_waits(&mut step))
+                .transpose()?;
+            (steps * batch as f64, "samples/s", peak, Some(steps), counts)
         } else {
             model.train(false);
             let _no_grad = ember_autograd::no_grad();
@@ -196,7 +199,8 @@ pub fn run(opts: &Options, out: &mut Vec<Record>) -> Result<(), String> {
             fwd()?;
             let peak = peak_of(device, &mut fwd)?;
             let ns = time(device, opts.quick, &mut fwd)?;
-            (ns * 1e-6, "ms", peak, None)
+            let counts = emulated.then(|| launches_and_waits(&mut fwd)).transpose()?;
+            (ns * 1e-6, "ms", peak, None, counts)
         };
         let mut r = record(name, device, value, unit);
         if let Some(s) = steps {
@@ -207,9 +211,25 @@ pub fn run(opts: &Options, out: &mut Vec<Record>) -> Result<(), String> {
         if emulated {
             r.extra.insert("image".into(), image.into());
         }
+        if let Some((launches, waits)) = counts {
+            r.extra.insert("launches_per_call".into(), launches.into());
+            r.extra.insert("host_waits_per_call".into(), waits.into());
+        }
         out.push(r);
     }
     Ok(())
+}
+
+/// On the emulator: the kernels one call of `f` launches, and how often it makes the host
+/// wait for the device (a synchronising copy or synchronize, which on a GPU stops the host
+/// from queueing work ahead; Note [Known index ranges] in `ember-tensor`'s `cuda/nn.rs`).
+fn launches_and_waits(f: &mut impl FnMut() -> Result<(), String>) -> Result<(u64, u64), String> {
+    use ember_device::driver::emulator::{thread_host_waits, thread_launch_counts};
+    let launches = || thread_launch_counts().values().sum::<u64>();
+    let waits = || thread_host_waits().values().sum::<u64>();
+    let (l0, w0) = (launches(), waits());
+    f()?;
+    Ok((launches() - l0, waits() - w0))
 }
 
 #[cfg(test)]

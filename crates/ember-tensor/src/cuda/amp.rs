@@ -10,7 +10,6 @@ use crate::cpu::amp::ScaleUpdate;
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::layout::Layout;
-use crate::storage::CpuStorage;
 
 // Note [Multi-tensor launches]:
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -47,7 +46,7 @@ pub(crate) fn amp_unscale(
         table.extend(of_dtype.iter().map(|(s, l)| s.ptr_at(l.offset()).0 as i64));
         table.extend(of_dtype.iter().map(|(_, l)| l.numel() as i64));
         let largest = of_dtype.iter().map(|(_, l)| l.numel()).max().unwrap_or(0);
-        let table = CudaStorage::upload(&ctx, &CpuStorage::from_slice(&table)?)?;
+        let table = CudaStorage::upload_table(&ctx, &table)?;
         let mut args = KernelArgs::new();
         args.push(count as i64)
             .ptr(table.ptr_at(0))

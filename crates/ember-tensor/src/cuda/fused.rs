@@ -8,8 +8,8 @@ use ember_kernels::{KernelArgs, launch_config_1d};
 
 use super::CudaStorage;
 use super::nn::{
-    bad_position, bad_target, check_index_dtype, error_slot, first_bad_on_host, index_at,
-    indexed_name,
+    ErrorSlot, bad_target, check_index_dtype, first_bad_on_host, index_at, indexed_name,
+    targets_proven,
 };
 use super::ops::{full, row_config};
 use crate::backend_fused::{BnStats, CrossEntropyParams};
@@ -86,7 +86,7 @@ pub(crate) fn cross_entropy_fwd(
     let wout = CudaStorage::alloc(ctx, cd, rows)?;
     let lse = CudaStorage::alloc(ctx, cd, rows)?;
     let (w_ptr, w_s) = weight_arg(weight);
-    let err = error_slot(x)?;
+    let err = ErrorSlot::new(x, t, |lo, hi| targets_proven(lo, hi, c, p.ignore_index))?;
     let st = lt.strides();
     let mut args = KernelArgs::new();
     args.push(rows as i64)
@@ -103,7 +103,7 @@ pub(crate) fn cross_entropy_fwd(
         .ptr(loss.ptr_at(0))
         .ptr(wout.ptr_at(0))
         .ptr(lse.ptr_at(0))
-        .ptr(err.ptr_at(0));
+        .ptr(err.ptr());
     let name = indexed_name("cross_entropy_fwd", x.dtype(), t.dtype());
     // SAFETY: the argument list of `cross_entropy_fwd_{T}_{I}` (kernels/cross_entropy.cu):
     // x is the contiguous [N, C, L] scores, t the [N, L] targets inside their storages
@@ -111,7 +111,7 @@ pub(crate) fn cross_entropy_fwd(
     // null, `loss`/`wout`/`lse` hold N·L compute-dtype elements, `err` two i64; the block
     // size is a multiple of 32.
     unsafe { ctx.launch(&name, ce_config(rows, l), &mut args)? };
-    if let Some(pos) = bad_position(&err)? {
+    if let Some(pos) = err.bad_position()? {
         return Err(bad_target(index_at(t, lt, pos)?, c, p.ignore_index));
     }
     Ok((loss, wout, lse))

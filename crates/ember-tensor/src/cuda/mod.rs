@@ -216,6 +216,30 @@ impl Ctx {
     }
 }
 
+/// Uploads of integer storages up to this many elements record their range (one pass over
+/// the host copy, next to the copy itself); larger ones are not index tensors in practice.
+const RANGE_SCAN_LIMIT: usize = 1 << 22;
+
+/// `[min, max]` of an i64/i32 host storage of at most [`RANGE_SCAN_LIMIT`] elements (Note
+/// [Known index ranges]); `None` for other dtypes, empty or larger storages.
+fn host_range(src: &CpuStorage) -> Option<(i64, i64)> {
+    fn min_max<T: Copy + Into<i64>>(v: &[T]) -> Option<(i64, i64)> {
+        let first = (*v.first()?).into();
+        Some(v.iter().fold((first, first), |(lo, hi), &x| {
+            let x = x.into();
+            (lo.min(x), hi.max(x))
+        }))
+    }
+    if src.len() > RANGE_SCAN_LIMIT {
+        return None;
+    }
+    match src.dtype() {
+        DType::I64 => min_max(src.as_slice::<i64>().ok()?),
+        DType::I32 => min_max(src.as_slice::<i32>().ok()?),
+        _ => None,
+    }
+}
+
 /// Device memory holding `len` elements of one dtype on one CUDA device.
 #[derive(Debug)]
 pub struct CudaStorage {
@@ -223,6 +247,9 @@ pub struct CudaStorage {
     dtype: DType,
     len: usize,
     ctx: Arc<Ctx>,
+    /// Bounds every element is known to lie in, for integer storages whose values the host
+    /// knows without reading them back (Note [Known index ranges]).
+    range: Option<(i64, i64)>,
 }
 
 impl CudaStorage {
@@ -263,7 +290,27 @@ impl CudaStorage {
             dtype,
             len,
             ctx: Arc::clone(ctx),
+            range: None,
         })
+    }
+
+    /// `[min, max]` of every element, when known without reading the device (Note [Known
+    /// index ranges]).
+    pub(crate) fn known_range(&self) -> Option<(i64, i64)> {
+        self.range
+    }
+
+    /// Records that every element lies in `[lo, hi]` (Note [Known index ranges]): only for
+    /// a storage the caller has just filled and nobody else can see yet.
+    pub(crate) fn set_known_range(&mut self, lo: i64, hi: i64) {
+        if matches!(self.dtype, DType::I64 | DType::I32) && lo <= hi {
+            self.range = Some((lo, hi));
+        }
+    }
+
+    /// Forgets the known range: the storage is about to be written in place.
+    pub(crate) fn forget_range(&mut self) {
+        self.range = None;
     }
 
     /// The device address of element `index` (the start of a view at that offset).
@@ -273,7 +320,8 @@ impl CudaStorage {
 
     /// A copy of a host storage on `ctx`'s device.
     pub(crate) fn upload(ctx: &Arc<Ctx>, src: &CpuStorage) -> Result<CudaStorage> {
-        let out = CudaStorage::alloc(ctx, src.dtype(), src.len())?;
+        let mut out = CudaStorage::alloc(ctx, src.dtype(), src.len())?;
+        out.range = host_range(src);
         let bytes = src.as_bytes();
         if !bytes.is_empty() {
             let stream = ctx.stream();
@@ -288,7 +336,8 @@ impl CudaStorage {
     /// without waiting (`to(device, non_blocking=True)`); the source block is recorded on
     /// the stream, so the allocator does not reuse it before the copy has read it.
     pub(crate) fn upload_async(ctx: &Arc<Ctx>, src: &CpuStorage) -> Result<CudaStorage> {
-        let out = CudaStorage::alloc(ctx, src.dtype(), src.len())?;
+        let mut out = CudaStorage::alloc(ctx, src.dtype(), src.len())?;
+        out.range = host_range(src);
         let bytes = src.as_bytes();
         if !bytes.is_empty() {
             let stream = ctx.stream();
@@ -306,6 +355,14 @@ impl CudaStorage {
             src.record_stream(stream);
         }
         Ok(out)
+    }
+
+    /// A small host table (a multi-tensor kernel's addresses and counts) on `ctx`'s device,
+    /// without making the host wait for the device as a pageable upload does: staged in
+    /// pinned memory and copied on the current stream ([`CudaStorage::upload_async`]), so
+    /// the kernel that reads it is ordered after the copy.
+    pub(crate) fn upload_table(ctx: &Arc<Ctx>, table: &[i64]) -> Result<CudaStorage> {
+        CudaStorage::upload_async(ctx, &CpuStorage::from_slice(table)?.pinned_copy()?)
     }
 
     /// PyTorch's `record_stream`: the block is not reused until the work enqueued on

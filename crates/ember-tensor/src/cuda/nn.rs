@@ -3,7 +3,8 @@
 //!
 //! Index checks happen in the kernels: each launch gets a two-`i64` error slot (Note [Index
 //! error slot]) that the host reads back afterwards, so a bad index is the same error value
-//! the CPU backend returns, naming the same (first, row-major) bad index.
+//! the CPU backend returns, naming the same (first, row-major) bad index — unless the index
+//! tensor's known range proves every index valid (Note [Known index ranges]).
 
 use ember_device::driver::{DevicePtr, GemmDesc};
 use ember_kernels::{KernelArgs, StridedLayout, launch_config_1d};
@@ -25,30 +26,90 @@ use crate::scalar::Scalar;
 // slot back (which also waits for the kernel); err[0] < i64::MAX means some index was bad,
 // and the index at that position is the first bad one in row-major order — the one the CPU
 // backend names. The kernels' output is then discarded. The copy back costs one
-// synchronisation per indexing op; PyTorch instead traps with a device-side assert, which
-// poisons the CUDA context.
+// synchronisation per indexing op, which Note [Known index ranges] avoids when it can.
 
-/// A fresh error slot on `s`'s device.
-pub(super) fn error_slot(s: &CudaStorage) -> Result<CudaStorage> {
-    full(s.ctx(), 2, Scalar::Int(i64::MAX), DType::I64)
+// Note [Known index ranges]:
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The read-back of Note [Index error slot] makes the host wait for the device once per
+// indexing op: one training step with cross-entropy stops queueing work until its forward
+// has run, which costs more than the loss kernel itself on a fast GPU. Most index tensors'
+// values are known to the host without reading them back, so a CUDA i64/i32 storage carries
+// `[min, max]` of its elements when
+//   - it was uploaded from host memory (`to(device)`, `Tensor::new`/`from_vec` on a CUDA
+//     device, pinned non-blocking copies): the upload scans the host copy, up to
+//     `RANGE_SCAN_LIMIT` elements — the DataLoader's labels and token ids;
+//   - `randint(low, high)` made it: `[low, high - 1]` by construction.
+// Every in-place write takes the cell's write lock (Note [Storage sharing]), which forgets
+// the range, and fresh storages start without one, so a range is never stale; a view's
+// elements are some of its storage's, so the storage's range bounds every view. When the
+// range proves every index valid, the kernel gets an unfilled scratch slot it never writes,
+// and nothing is read back (`ErrorSlot::Proven`); otherwise the slot is filled and checked
+// as before, so a bad index is still the CPU's error, at the same call. PyTorch instead
+// checks on the device with an assert that poisons the context.
+
+/// An indexing kernel's error slot: checked (Note [Index error slot]) or, when the indices'
+/// known range proves them valid, a scratch slot nothing writes (Note [Known index ranges]).
+pub(super) enum ErrorSlot {
+    /// Filled with `i64::MAX` before the launch and read back after it.
+    Checked(CudaStorage),
+    /// Never filled nor read: no index can be bad.
+    Proven(CudaStorage),
 }
 
-/// The first bad position the kernel recorded, if any.
-pub(super) fn bad_position(slot: &CudaStorage) -> Result<Option<usize>> {
-    let host = slot.download()?;
-    let pos = host.as_slice::<i64>()?.first().copied().unwrap_or(i64::MAX);
-    Ok((pos != i64::MAX).then_some(pos as usize))
+impl ErrorSlot {
+    /// A slot on `s`'s device for a kernel reading `idx`, proven when `idx`'s known range
+    /// `[lo, hi]` satisfies `proves(lo, hi)`.
+    pub(super) fn new(
+        s: &CudaStorage,
+        idx: &CudaStorage,
+        proves: impl Fn(i64, i64) -> bool,
+    ) -> Result<ErrorSlot> {
+        Ok(match idx.known_range() {
+            Some((lo, hi)) if proves(lo, hi) => {
+                ErrorSlot::Proven(CudaStorage::alloc(s.ctx(), DType::I64, 2)?)
+            }
+            _ => ErrorSlot::Checked(full(s.ctx(), 2, Scalar::Int(i64::MAX), DType::I64)?),
+        })
+    }
+
+    /// A slot for indices that must lie in `[0, size)`.
+    fn for_indices(s: &CudaStorage, idx: &CudaStorage, size: usize) -> Result<ErrorSlot> {
+        ErrorSlot::new(s, idx, |lo, hi| lo >= 0 && (hi as u64) < size as u64)
+    }
+
+    /// The slot's device address, for the kernel's `i64* err`.
+    pub(super) fn ptr(&self) -> DevicePtr {
+        match self {
+            ErrorSlot::Checked(s) | ErrorSlot::Proven(s) => s.ptr_at(0),
+        }
+    }
+
+    /// The first bad position the kernel recorded, if any (waits for the kernel when the
+    /// slot is checked; `None` at once when proven).
+    pub(super) fn bad_position(&self) -> Result<Option<usize>> {
+        let ErrorSlot::Checked(slot) = self else {
+            return Ok(None);
+        };
+        let host = slot.download()?;
+        let pos = host.as_slice::<i64>()?.first().copied().unwrap_or(i64::MAX);
+        Ok((pos != i64::MAX).then_some(pos as usize))
+    }
+}
+
+/// Whether targets in `[lo, hi]` are all classes of `[0, classes)` or `ignore_index`.
+pub(super) fn targets_proven(lo: i64, hi: i64, classes: usize, ignore_index: i64) -> bool {
+    (lo >= 0 && (hi as u64) < classes as u64) || (lo == hi && lo == ignore_index)
 }
 
 /// After an indexing kernel: the CPU's error for the first bad index it recorded, if any.
 fn check_slot(
     op: &'static str,
-    err: &CudaStorage,
+    err: &ErrorSlot,
     (idx, il): (&CudaStorage, &Layout),
     dim: usize,
     size: usize,
 ) -> Result<()> {
-    match bad_position(err)? {
+    match err.bad_position()? {
         Some(pos) => Err(TensorError::IndexOutOfRange {
             op,
             index: index_at(idx, il, pos)?,
@@ -162,7 +223,7 @@ pub(crate) fn index_select(
     strides[dim] = 0;
     let inner: usize = dims[dim + 1..].iter().product();
     let idx_stride = il.strides().first().copied().unwrap_or(0);
-    let err = error_slot(src)?;
+    let err = ErrorSlot::for_indices(src, idx, size)?;
     let mut args = KernelArgs::new();
     args.push(n as i64)
         .push(inner as i64)
@@ -174,7 +235,7 @@ pub(crate) fn index_select(
         .ptr(idx.ptr_at(il.offset()))
         .push(idx_stride as i64)
         .ptr(out.ptr_at(0))
-        .ptr(err.ptr_at(0));
+        .ptr(err.ptr());
     let name = indexed_name(OP, src.dtype(), idx.dtype());
     // SAFETY: the argument list of `index_select_{T}_{I}` (kernels/index.cu); `src` and
     // `idx` are read inside their layouts (indices are checked before use), `out` holds `n`
@@ -210,7 +271,7 @@ pub(crate) fn gather(
     let mut strides = l.strides().to_vec();
     let src_dim_stride = strides[dim];
     strides[dim] = 0;
-    let err = error_slot(src)?;
+    let err = ErrorSlot::for_indices(src, idx, size)?;
     let mut args = KernelArgs::new();
     args.push(n as i64)
         .push(size as i64)
@@ -220,7 +281,7 @@ pub(crate) fn gather(
         .push(strided(OP, il)?)
         .ptr(idx.ptr_at(il.offset()))
         .ptr(out.ptr_at(0))
-        .ptr(err.ptr_at(0));
+        .ptr(err.ptr());
     let name = indexed_name(OP, src.dtype(), idx.dtype());
     // SAFETY: the argument list of `gather_{T}_{I}`; src's view over idx's shape (its dim
     // stride zeroed, added back per checked index) and idx's layout stay inside their
@@ -257,7 +318,7 @@ pub(crate) fn scatter_add(
     let mut out_strides = dl.shape().contiguous_strides();
     let out_dim_stride = out_strides[dim];
     out_strides[dim] = 0;
-    let err = error_slot(dst)?;
+    let err = ErrorSlot::for_indices(dst, idx, size)?;
     let mut args = KernelArgs::new();
     args.push(n as i64)
         .push(size as i64)
@@ -268,7 +329,7 @@ pub(crate) fn scatter_add(
         .ptr(idx.ptr_at(il.offset()))
         .push(strided(OP, sl)?)
         .ptr(src.ptr_at(sl.offset()))
-        .ptr(err.ptr_at(0));
+        .ptr(err.ptr());
     let name = indexed_name(OP, dst.dtype(), idx.dtype());
     // SAFETY: the argument list of `scatter_add_{T}_{I}`; `out` is a fresh contiguous copy
     // of dst's shape (so the checked `idx * out_dim_stride` stays inside it, and nothing
@@ -313,7 +374,7 @@ pub(crate) fn nll_loss(
         Some((w, lw)) => (w.ptr_at(lw.offset()), lw.strides()[0]),
         None => (DevicePtr(0), 0),
     };
-    let err = error_slot(x)?;
+    let err = ErrorSlot::new(x, t, |lo, hi| targets_proven(lo, hi, classes, ignore_index))?;
     let mut args = KernelArgs::new();
     args.push(n as i64)
         .push(classes as i64)
@@ -330,13 +391,13 @@ pub(crate) fn nll_loss(
         .push(ignore_index)
         .ptr(loss.ptr_at(0))
         .ptr(wout.ptr_at(0))
-        .ptr(err.ptr_at(0));
+        .ptr(err.ptr());
     let name = indexed_name(OP, x.dtype(), t.dtype());
     // SAFETY: the argument list of `nll_loss_{T}_{I}` (kernels/loss.cu); x is [N, C, L] and
     // t [N, L] inside their storages (targets are checked before they index x), weight is
     // [C] or null, `loss`/`wout` hold N·L elements, `err` two i64.
     unsafe { x.ctx().launch(&name, launch_config_1d(n), &mut args)? };
-    if let Some(pos) = bad_position(&err)? {
+    if let Some(pos) = err.bad_position()? {
         return Err(bad_target(index_at(t, lt, pos)?, classes, ignore_index));
     }
     Ok((loss, wout))
@@ -390,7 +451,7 @@ pub(crate) fn max_pool2d(
     let d = l.dims();
     let n = d[0] * d[1] * p.out.0 * p.out.1;
     let out = CudaStorage::alloc(x.ctx(), x.dtype(), n)?;
-    let idx = CudaStorage::alloc(x.ctx(), DType::I64, n)?;
+    let mut idx = CudaStorage::alloc(x.ctx(), DType::I64, n)?;
     if n > 0 {
         let mut args = pool_args(x, l, p, n);
         args.push(p.dilation.0 as i64)
@@ -406,6 +467,11 @@ pub(crate) fn max_pool2d(
                 &mut args,
             )?
         };
+        // Each index is a position h·W + w inside its input plane (a window always starts
+        // inside the input: the front bounds the padding by half the kernel), so the
+        // backward's scatter need not read them back (Note [Known index ranges]).
+        let plane = (d[2] * d[3]) as i64;
+        idx.set_known_range(0, plane - 1);
     }
     Ok((out, idx))
 }

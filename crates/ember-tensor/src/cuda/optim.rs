@@ -10,7 +10,6 @@ use super::{CudaStorage, kernel_name};
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
 use crate::layout::Layout;
-use crate::storage::CpuStorage;
 
 /// Elements per chunk entry of the table: `OPTIM_CHUNK` in kernels/optim.cu.
 const OPTIM_CHUNK: usize = 32768;
@@ -71,7 +70,7 @@ pub(crate) fn optim_step<'a>(
                 chunks += 1;
             }
         }
-        let table = CudaStorage::upload(&ctx, &CpuStorage::from_slice(&table)?)?;
+        let table = CudaStorage::upload_table(&ctx, &table)?;
         let mut args = KernelArgs::new();
         args.push(count as i64)
             .push(chunks as i64)

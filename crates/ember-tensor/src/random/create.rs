@@ -212,13 +212,17 @@ fn integers(
         low,
         range: r.range,
     };
-    crate::cpu::dispatch!(dtype, T => {
+    let t = crate::cpu::dispatch!(dtype, T => {
         if r.range <= 1 << 32 {
             fill(RandInt32(r), n, shape, g, T::from_i64, k)
         } else {
             fill(RandInt64(r), n, shape, g, T::from_i64, k)
         }
-    })
+    })?;
+    // Fresh and unshared: the kernels that take it as indices need not read it back to
+    // check it (Note [Known index ranges]).
+    t.cell().set_known_range(low, high - 1);
+    Ok(t)
 }
 
 fn bernoulli(

@@ -111,11 +111,24 @@ impl StorageCell {
         self.data.read().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The write lock; bumps the version counter.
+    /// The write lock; bumps the version counter and forgets a CUDA storage's known index
+    /// range (Note [Known index ranges] in `cuda/nn.rs`).
     pub(crate) fn write(&self) -> RwLockWriteGuard<'_, Storage> {
-        let g = self.data.write().unwrap_or_else(PoisonError::into_inner);
+        let mut g = self.data.write().unwrap_or_else(PoisonError::into_inner);
         self.version.fetch_add(1, Ordering::AcqRel);
+        if let Storage::Cuda(s) = &mut *g {
+            s.forget_range();
+        }
         g
+    }
+
+    /// Records the range of a CUDA integer storage its creator has just filled (`randint`),
+    /// before anyone else can see it; not a write, so the version stays.
+    pub(crate) fn set_known_range(&self, lo: i64, hi: i64) {
+        let mut g = self.data.write().unwrap_or_else(PoisonError::into_inner);
+        if let Storage::Cuda(s) = &mut *g {
+            s.set_known_range(lo, hi);
+        }
     }
 
     fn addr(self: &Arc<Self>) -> usize {

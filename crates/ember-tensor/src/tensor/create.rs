@@ -184,8 +184,14 @@ impl Tensor {
         )
     }
 
-    /// A zero-dimensional tensor of a [`Scalar`] in `dtype`.
+    /// A zero-dimensional tensor of a [`Scalar`] in `dtype`: the operand an op with a
+    /// scalar argument broadcasts. On CUDA a fill kernel writes it, so `x.mul(2.0)` never
+    /// makes the host wait for the device, as an upload would.
     pub(crate) fn scalar_of(value: Scalar, dtype: DType, device: Device) -> Result<Tensor> {
+        if let Device::Cuda(i) = device {
+            let s = crate::cuda::full(&crate::cuda::ctx("scalar", i)?, 1, value, dtype)?;
+            return Ok(Tensor::from_storage(Storage::Cuda(s), Shape::scalar()));
+        }
         generate("scalar", Shape::scalar(), dtype, device, |_| value)
     }
 

@@ -4,6 +4,7 @@ use std::alloc::Layout;
 use std::ffi::c_void;
 use std::time::Instant;
 
+use super::launch_trace::record_host_wait;
 use super::{
     Emulator, EventState, FunctionState, HOST_ALIGN, KernelLaunch, cudnn, device_of_address, gemm,
     invalid_handle, kernel_name_ok, lookup_kernel, translate_for_kernel,
@@ -67,6 +68,7 @@ impl Driver for Emulator {
     }
 
     fn synchronize(&self, device: usize) -> Result<()> {
+        record_host_wait("cuCtxSynchronize");
         self.check_device(device)
     }
 
@@ -75,6 +77,7 @@ impl Driver for Emulator {
     }
 
     fn free(&self, device: usize, ptr: DevicePtr) -> Result<()> {
+        record_host_wait("cuMemFree");
         self.mem().free(device, ptr)
     }
 
@@ -121,6 +124,7 @@ impl Driver for Emulator {
     }
 
     fn memcpy_htod(&self, dst: DevicePtr, src: &[u8], stream: StreamHandle) -> Result<()> {
+        record_host_wait("cuMemcpyHtoD");
         self.check_on_stream("cuMemcpyHtoD", stream, dst)?;
         self.mem()
             .slice_mut("cuMemcpyHtoD", dst, src.len())?
@@ -129,6 +133,7 @@ impl Driver for Emulator {
     }
 
     fn memcpy_dtoh(&self, dst: &mut [u8], src: DevicePtr, stream: StreamHandle) -> Result<()> {
+        record_host_wait("cuMemcpyDtoH");
         self.check_on_stream("cuMemcpyDtoH", stream, src)?;
         dst.copy_from_slice(self.mem().slice("cuMemcpyDtoH", src, dst.len())?);
         Ok(())
@@ -234,6 +239,7 @@ impl Driver for Emulator {
     }
 
     fn stream_synchronize(&self, stream: StreamHandle) -> Result<()> {
+        record_host_wait("cuStreamSynchronize");
         self.stream_device("cuStreamSynchronize", stream)
             .map(|_| ())
     }
@@ -291,6 +297,7 @@ impl Driver for Emulator {
     }
 
     fn event_synchronize(&self, event: EventHandle) -> Result<()> {
+        record_host_wait("cuEventSynchronize");
         self.event("cuEventSynchronize", event).map(|_| ())
     }
 

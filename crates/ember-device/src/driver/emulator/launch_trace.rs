@@ -88,6 +88,27 @@ pub fn thread_launch_counts() -> std::collections::BTreeMap<String, u64> {
     THREAD_LAUNCHES.with(|m| m.borrow().clone())
 }
 
+thread_local! {
+    /// Calls this thread made that block the host until the device catches up on a real GPU
+    /// (driver call name to count): see [`thread_host_waits`].
+    static THREAD_WAITS: std::cell::RefCell<std::collections::BTreeMap<&'static str, u64>> =
+        const { std::cell::RefCell::new(std::collections::BTreeMap::new()) };
+}
+
+/// How many times this thread made each driver call that makes the host wait for the device
+/// on a real GPU (`cuCtxSynchronize`, `cuStreamSynchronize`, `cuEventSynchronize`, the
+/// synchronous copies `cuMemcpyHtoD`/`cuMemcpyDtoH`, and `cuMemFree`, which synchronises the
+/// device): the emulator runs everything at once, but a wait on a GPU stops the host from
+/// queueing work ahead of the device, so tests count them as they count launches.
+pub fn thread_host_waits() -> std::collections::BTreeMap<&'static str, u64> {
+    THREAD_WAITS.with(|m| m.borrow().clone())
+}
+
+/// Records a call that blocks the host on a real GPU (see [`thread_host_waits`]).
+pub(crate) fn record_host_wait(call: &'static str) {
+    THREAD_WAITS.with(|m| *m.borrow_mut().entry(call).or_insert(0) += 1);
+}
+
 /// Records that kernel `name` is being launched (Note [Launch trace]).
 pub(crate) fn record_launch(name: &str) {
     THREAD_LAUNCHES.with(|m| *m.borrow_mut().entry(name.to_string()).or_insert(0) += 1);

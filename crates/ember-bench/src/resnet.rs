@@ -81,14 +81,22 @@ impl BasicBlock {
 }
 
 impl Module for BasicBlock {
+    // Note [Intermediates in a forward]: each layer's input is released as soon as its
+    // output exists (`out = layer(&out)` drops the old `out` on assignment), as the Python
+    // forward's rebinding does; nesting the calls in one expression, or shadowing with
+    // `let`, would keep every intermediate of the block alive until its end (three
+    // activations at once instead of two).
     fn forward(&self, x: &Tensor) -> ember_nn::Result<Tensor> {
-        let out = self.relu.call(&self.bn1.call(&self.conv1.call(x)?)?)?;
-        let out = self.bn2.call(&self.conv2.call(&out)?)?;
-        let identity = match &self.downsample {
-            Some(d) => d.call(x)?,
-            None => x.clone(),
+        let mut out = self.conv1.call(x)?;
+        out = self.bn1.call(&out)?;
+        out = self.relu.call(&out)?;
+        out = self.conv2.call(&out)?;
+        out = self.bn2.call(&out)?;
+        out = match &self.downsample {
+            Some(d) => out.add(&d.call(x)?)?,
+            None => out.add(x)?,
         };
-        self.relu.call(&out.add(&identity)?)
+        self.relu.call(&out)
     }
 }
 
@@ -130,8 +138,10 @@ impl ResNet18 {
 
 impl Module for ResNet18 {
     fn forward(&self, x: &Tensor) -> ember_nn::Result<Tensor> {
+        // Note [Intermediates in a forward].
         let mut x = self.conv1.call(x)?;
-        x = self.relu.call(&self.bn1.call(&x)?)?;
+        x = self.bn1.call(&x)?;
+        x = self.relu.call(&x)?;
         x = self.maxpool.call(&x)?;
         for block in self
             .layer1

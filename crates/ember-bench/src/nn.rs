@@ -162,7 +162,7 @@ fn train_case(
             )
         }
     };
-    let ns = time(device, quick, || {
+    let mut step = || {
         opt.zero_grad(true).map_err(err)?;
         let loss = {
             let _region = amp
@@ -176,13 +176,16 @@ fn train_case(
         scaler.scale(&loss).map_err(err)?.backward().map_err(err)?;
         scaler.step(&mut opt).map_err(err)?;
         scaler.update().map_err(err)
-    })?;
+    };
+    let ns = time(device, quick, &mut step)?;
+    let counts = emulated_counts(device, &mut step)?;
     if let Some(mut p) = profiler {
         p.stop().map_err(err)?;
     }
     let steps = 1e9 / ns;
     let mut r = record(name, device, steps * batch as f64, "samples/s");
     r.extra.insert("steps_per_s".into(), steps.into());
+    insert_counts(&mut r, counts);
     Ok(r)
 }
 
@@ -208,9 +211,11 @@ fn forward_case(
     let mut forward = forward;
     forward()?;
     let peak = peak_of(device, &mut forward)?;
-    let ns = time(device, quick, forward)?;
+    let ns = time(device, quick, &mut forward)?;
+    let counts = emulated_counts(device, &mut forward)?;
     let mut r = record(name, device, ns * 1e-6, "ms");
     r.extra.insert("peak_memory_bytes".into(), peak.into());
+    insert_counts(&mut r, counts);
     Ok(r)
 }
 
@@ -226,6 +231,40 @@ pub(crate) fn peak_of(
     sync(device)?;
     let peak = ember_memory::max_memory_allocated(device).map_err(err)?;
     Ok(peak.saturating_sub(before) as u64)
+}
+
+/// On the emulator: the kernels one call of `f` launches, and how often it makes the host
+/// wait for the device (a synchronising copy or synchronize, which on a GPU stops the host
+/// from queueing work ahead; Note [Known index ranges] in `ember-tensor`'s `cuda/nn.rs`).
+pub(crate) fn launches_and_waits(
+    f: &mut impl FnMut() -> Result<(), String>,
+) -> Result<(u64, u64), String> {
+    use ember_device::driver::emulator::{thread_host_waits, thread_launch_counts};
+    let launches = || thread_launch_counts().values().sum::<u64>();
+    let waits = || thread_host_waits().values().sum::<u64>();
+    let (l0, w0) = (launches(), waits());
+    f()?;
+    Ok((launches() - l0, waits() - w0))
+}
+
+/// [`launches_and_waits`] of one more call of `f` on the emulated `cuda:N`; `None` elsewhere.
+pub(crate) fn emulated_counts(
+    device: Device,
+    f: &mut impl FnMut() -> Result<(), String>,
+) -> Result<Option<(u64, u64)>, String> {
+    if device.is_cuda() && ember_device::cuda::is_emulated() {
+        launches_and_waits(f).map(Some)
+    } else {
+        Ok(None)
+    }
+}
+
+/// Records `launches_per_call` and `host_waits_per_call` when counted.
+pub(crate) fn insert_counts(r: &mut Record, counts: Option<(u64, u64)>) {
+    if let Some((launches, waits)) = counts {
+        r.extra.insert("launches_per_call".into(), launches.into());
+        r.extra.insert("host_waits_per_call".into(), waits.into());
+    }
 }
 
 /// The extras of how a case ran: `quick`, and on the emulator `emulated` with the reduced

@@ -24,7 +24,7 @@ use ember_nn::{Loss, Module, Tensor};
 use ember_tensor::{DType, MaxPool2dOptions, Size2};
 
 use crate::harness::{Options, Record};
-use crate::nn::{err, mark_run, peak_of, record, time};
+use crate::nn::{emulated_counts, err, insert_counts, mark_run, peak_of, record, time};
 
 /// A convolution without bias, as torchvision's `conv3x3`/`conv1x1`.
 fn conv(
@@ -198,9 +198,7 @@ pub fn run(opts: &Options, out: &mut Vec<Record>) -> Result<(), String> {
             let peak = peak_of(device, &mut step)?;
             let ns = time(device, opts.quick, &mut step)?;
             let steps = 1e9 / ns;
-            let counts = emulated
-                .then(|| launches_and_waits(&mut step))
-                .transpose()?;
+            let counts = emulated_counts(device, &mut step)?;
             (steps * batch as f64, "samples/s", peak, Some(steps), counts)
         } else {
             model.train(false);
@@ -209,7 +207,7 @@ pub fn run(opts: &Options, out: &mut Vec<Record>) -> Result<(), String> {
             fwd()?;
             let peak = peak_of(device, &mut fwd)?;
             let ns = time(device, opts.quick, &mut fwd)?;
-            let counts = emulated.then(|| launches_and_waits(&mut fwd)).transpose()?;
+            let counts = emulated_counts(device, &mut fwd)?;
             (ns * 1e-6, "ms", peak, None, counts)
         };
         let mut r = record(name, device, value, unit);
@@ -221,25 +219,10 @@ pub fn run(opts: &Options, out: &mut Vec<Record>) -> Result<(), String> {
         if emulated {
             r.extra.insert("image".into(), image.into());
         }
-        if let Some((launches, waits)) = counts {
-            r.extra.insert("launches_per_call".into(), launches.into());
-            r.extra.insert("host_waits_per_call".into(), waits.into());
-        }
+        insert_counts(&mut r, counts);
         out.push(r);
     }
     Ok(())
-}
-
-/// On the emulator: the kernels one call of `f` launches, and how often it makes the host
-/// wait for the device (a synchronising copy or synchronize, which on a GPU stops the host
-/// from queueing work ahead; Note [Known index ranges] in `ember-tensor`'s `cuda/nn.rs`).
-fn launches_and_waits(f: &mut impl FnMut() -> Result<(), String>) -> Result<(u64, u64), String> {
-    use ember_device::driver::emulator::{thread_host_waits, thread_launch_counts};
-    let launches = || thread_launch_counts().values().sum::<u64>();
-    let waits = || thread_host_waits().values().sum::<u64>();
-    let (l0, w0) = (launches(), waits());
-    f()?;
-    Ok((launches() - l0, waits() - w0))
 }
 
 #[cfg(test)]

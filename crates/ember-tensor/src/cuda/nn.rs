@@ -44,8 +44,11 @@ use crate::scalar::Scalar;
 // elements are some of its storage's, so the storage's range bounds every view. When the
 // range proves every index valid, the kernel gets an unfilled scratch slot it never writes,
 // and nothing is read back (`ErrorSlot::Proven`); otherwise the slot is filled and checked
-// as before, so a bad index is still the CPU's error, at the same call. PyTorch instead
-// checks on the device with an assert that poisons the context.
+// as before, so a bad index is still the CPU's error, at the same call. (A non-blocking
+// upload scans the pinned source when it is enqueued: writing that memory before the copy
+// runs is a race in PyTorch too, and here could let a bad index pass unreported — the
+// kernels still test every index before using it, so nothing is read or written out of
+// bounds.) PyTorch instead checks on the device with an assert that poisons the context.
 
 /// An indexing kernel's error slot: checked (Note [Index error slot]) or, when the indices'
 /// known range proves them valid, a scratch slot nothing writes (Note [Known index ranges]).

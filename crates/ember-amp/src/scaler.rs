@@ -44,7 +44,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use ember_autograd::{Error, ErrorKind, Result, Tensor};
 use ember_nn::optim::Optimizer;
-use ember_tensor::{DType, Device, Scalar, Tensor as Raw};
+use ember_tensor::{DType, Device, Scalar, Shape, Tensor as Raw};
 
 /// A scaler's error: the message, and the [`ErrorKind`] it is carried as in [`Error`].
 #[derive(Debug, Clone, PartialEq)]
@@ -389,11 +389,13 @@ impl GradScaler {
             return Ok(Vec::new());
         }
         // inv_scale = 1 / scale, in f64 then rounded to f32 (PyTorch's
-        // `scale.double().reciprocal().float()`), on the device.
-        let inv_scale = Raw::scalar(1f64, self.device)?
-            .div(&scale.to_dtype(DType::F64)?)?
+        // `scale.double().reciprocal().float()`), on the device; `found_inf` filled there
+        // too (an upload of a host scalar would make the host wait for the device).
+        let inv_scale = scale
+            .to_dtype(DType::F64)?
+            .reciprocal()?
             .to_dtype(DType::F32)?;
-        let found_inf = Raw::scalar(0f32, self.device)?;
+        let found_inf = Raw::zeros(Shape::scalar(), (self.device, DType::F32))?;
         Raw::amp_foreach_non_finite_check_and_unscale_(&grads, &found_inf, &inv_scale)?;
         Ok(vec![(self.device, found_inf)])
     }

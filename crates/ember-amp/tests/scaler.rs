@@ -534,9 +534,9 @@ fn update_scale_values(dev: &Device) -> Result<()> {
 test_device!(update_scale, update_scale_values);
 
 /// On CUDA, `unscale_` launches one kernel per dtype for all gradients of the device (not
-/// one per parameter), and `update` one scale-update kernel.
+/// one per parameter) without making the host wait, and `update` one scale-update kernel.
 fn one_launch_per_device_and_dtype(dev: &Device) -> Result<()> {
-    use ember_device::driver::emulator::thread_launch_counts;
+    use ember_device::driver::emulator::{thread_host_waits, thread_launch_counts};
     if ember_testing::real_gpu_requested() {
         eprintln!("skipped: counts the emulator's launches (the real driver keeps no count)");
         return Ok(());
@@ -564,8 +564,13 @@ fn one_launch_per_device_and_dtype(dev: &Device) -> Result<()> {
     let mut scaler = GradScaler::new(*dev);
     scaler.scale(&scalar_loss(dev))?;
     let before = thread_launch_counts();
+    let waits_before: u64 = thread_host_waits().values().sum();
     scaler.unscale_(&mut opt)?;
     let after = thread_launch_counts();
+    // Nothing in `unscale_` makes the host wait for the device: the address table is copied
+    // from pinned memory, `found_inf` and `1 / scale` are made on the device.
+    let waits: u64 = thread_host_waits().values().sum::<u64>() - waits_before;
+    assert_eq!(waits, 0, "host waits in unscale_");
     let launched =
         |name: &str| after.get(name).copied().unwrap_or(0) - before.get(name).copied().unwrap_or(0);
     assert_eq!(launched("amp_unscale_f32"), 1);

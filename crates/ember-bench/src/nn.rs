@@ -185,7 +185,7 @@ fn train_case(
     let steps = 1e9 / ns;
     let mut r = record(name, device, steps * batch as f64, "samples/s");
     r.extra.insert("steps_per_s".into(), steps.into());
-    insert_counts(&mut r, counts);
+    insert_counts(&mut r.extra, counts);
     Ok(r)
 }
 
@@ -215,7 +215,7 @@ fn forward_case(
     let counts = emulated_counts(device, &mut forward)?;
     let mut r = record(name, device, ns * 1e-6, "ms");
     r.extra.insert("peak_memory_bytes".into(), peak.into());
-    insert_counts(&mut r, counts);
+    insert_counts(&mut r.extra, counts);
     Ok(r)
 }
 
@@ -259,11 +259,14 @@ pub(crate) fn emulated_counts(
     }
 }
 
-/// Records `launches_per_call` and `host_waits_per_call` when counted.
-pub(crate) fn insert_counts(r: &mut Record, counts: Option<(u64, u64)>) {
+/// Records `launches_per_call` and `host_waits_per_call` in a record's extras when counted.
+pub(crate) fn insert_counts(
+    extra: &mut serde_json::Map<String, serde_json::Value>,
+    counts: Option<(u64, u64)>,
+) {
     if let Some((launches, waits)) = counts {
-        r.extra.insert("launches_per_call".into(), launches.into());
-        r.extra.insert("host_waits_per_call".into(), waits.into());
+        extra.insert("launches_per_call".into(), launches.into());
+        extra.insert("host_waits_per_call".into(), waits.into());
     }
 }
 

@@ -219,7 +219,7 @@ pub fn run(opts: &Options, out: &mut Vec<Record>) -> Result<(), String> {
         if emulated {
             r.extra.insert("image".into(), image.into());
         }
-        insert_counts(&mut r, counts);
+        insert_counts(&mut r.extra, counts);
         out.push(r);
     }
     Ok(())

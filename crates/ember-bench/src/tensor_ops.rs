@@ -18,7 +18,7 @@ use ember_device::{Device, cuda};
 use ember_tensor::{CrossEntropyOptions, DType, Tensor};
 
 use crate::harness::{Options, Record, ns_per_iter};
-use crate::nn::launches_and_waits;
+use crate::nn::{insert_counts, launches_and_waits};
 
 const ROUNDS: usize = 5;
 /// Time of one round, in seconds.
@@ -239,9 +239,8 @@ fn run_on(opts: &Options, out: &mut Vec<Record>, env: &Env, emulated: bool) -> R
             if emulated {
                 extra.insert("emulated".into(), true.into());
                 extra.insert("elements".into(), env.n.into());
-                let (launches, waits) = launches_and_waits(&mut || f().map(drop).map_err(err))?;
-                extra.insert("launches_per_call".into(), launches.into());
-                extra.insert("host_waits_per_call".into(), waits.into());
+                let counts = launches_and_waits(&mut || f().map(drop).map_err(err))?;
+                insert_counts(&mut extra, Some(counts));
             }
         }
         out.push(Record {

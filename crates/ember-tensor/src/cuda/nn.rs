@@ -38,7 +38,8 @@ use crate::scalar::Scalar;
 //   - it was uploaded from host memory (`to(device)`, `Tensor::new`/`from_vec` on a CUDA
 //     device, pinned non-blocking copies): the upload scans the host copy, up to
 //     `RANGE_SCAN_LIMIT` elements — the DataLoader's labels and token ids;
-//   - `randint(low, high)` made it: `[low, high - 1]` by construction.
+//   - `randint(low, high)` made it: `[low, high - 1]` by construction;
+//   - it holds `max_pool2d`'s indices: `[0, H·W - 1]`, positions inside an input plane.
 // Every in-place write takes the cell's write lock (Note [Storage sharing]), which forgets
 // the range, and fresh storages start without one, so a range is never stale; a view's
 // elements are some of its storage's, so the storage's range bounds every view. When the

@@ -62,6 +62,7 @@
 //! | `M` | | `process_name`, `thread_name` | | `name` |
 
 mod chrome;
+mod device_times;
 mod error;
 mod event;
 mod profiler;

@@ -8,14 +8,15 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
 use ember_device::cuda;
-use ember_device::driver::{Driver, EventHandle, StreamHandle};
+use ember_device::driver::{Driver, EventHandle};
 use ember_device::trace::device::{self as device_trace, DeviceActivity, DeviceSink};
 use ember_device::trace::{
     self, BeginEvent, Category, EventKind, RangeGuard, Subscriber, Subscription, TraceEvent,
 };
 
+use crate::device_times::DeviceTimes;
 use crate::error::{ProfilerError, Result};
-use crate::event::{self, Profile, RawDevice, RawMemory, RawRange};
+use crate::event::{self, Profile, RawMemory, RawRange};
 use crate::schedule::{ProfilerAction, Schedule};
 
 /// What to record, as `torch.profiler.ProfilerActivity`.
@@ -402,7 +403,7 @@ struct Collected {
     ranges: Vec<RawRange>,
     open: HashMap<u64, BeginEvent>,
     memory: Vec<RawMemory>,
-    device: Vec<DeviceActivity>,
+    device: DeviceTimes,
 }
 
 /// The subscriber and device sink of one cycle.
@@ -462,18 +463,13 @@ impl Subscriber for Collector {
 }
 
 impl DeviceSink for Collector {
-    fn on_activity(&self, activity: DeviceActivity) {
-        self.lock().device.push(activity);
+    fn on_activity(&self, driver: &dyn Driver, activity: DeviceActivity) {
+        self.lock().device.push(driver, activity);
     }
-}
 
-/// A reference event per device, recorded on the idle device when the cycle ends, that
-/// places device times on the host clock (Note [Device activity] in `ember-device`).
-#[derive(Debug)]
-struct DeviceClock {
-    device: usize,
-    event: EventHandle,
-    host: Instant,
+    fn reuse_event(&self, device: usize) -> Option<EventHandle> {
+        self.lock().device.take_free(device)
+    }
 }
 
 /// One cycle being recorded.
@@ -524,19 +520,18 @@ impl Recording {
         if self.cuda {
             device_trace::set_sink(None);
         }
-        let collected = std::mem::take(&mut *self.collector.lock());
+        let mut collected = std::mem::take(&mut *self.collector.lock());
+        // Close the collector's device side in place too: an activity racing with the end
+        // (a launch on another thread that saw the sink) destroys its events on arrival.
+        self.collector
+            .lock()
+            .device
+            .release_with(cuda::initialized_driver().as_deref());
         // Device work was enqueued only if the process has a driver already.
-        let driver = cuda::initialized_driver().filter(|_| !collected.device.is_empty());
-        let mut clocks: Vec<DeviceClock> = Vec::new();
-        if let Some(d) = &driver {
-            for a in &collected.device {
-                if !clocks.iter().any(|c| c.device == a.device)
-                    && let Some(c) = device_clock(&**d, a.device)
-                {
-                    clocks.push(c);
-                }
-            }
-        }
+        let resolved = match cuda::initialized_driver() {
+            Some(d) if collected.device.holds_events() => collected.device.finish(&*d),
+            _ => Default::default(),
+        };
         let mut ranges = collected.ranges;
         ranges.extend(collected.open.into_values().map(|b| RawRange {
             name: b.name.into_owned(),
@@ -550,21 +545,10 @@ impl Recording {
             truncated: true,
             stack: b.stack,
         }));
-        let mut untimed = 0;
-        let mut device = Vec::with_capacity(collected.device.len());
-        let mut used = Vec::new();
-        for a in collected.device {
-            match resolve(driver.as_deref(), &clocks, &a) {
-                Some(d) => {
-                    if !used.contains(&d.device) {
-                        used.push(d.device);
-                    }
-                    device.push(d);
-                }
-                None => untimed += 1,
-            }
-        }
+        let mut used: Vec<usize> = resolved.device.iter().map(|d| d.device).collect();
         used.sort_unstable();
+        used.dedup();
+        let driver = cuda::initialized_driver().filter(|_| !used.is_empty());
         let devices = match &driver {
             Some(d) => used
                 .iter()
@@ -572,13 +556,8 @@ impl Recording {
                 .collect(),
             None => Vec::new(),
         };
-        if let Some(d) = &driver {
-            for c in &clocks {
-                let _ = d.event_destroy(c.event);
-            }
-        }
         let emulated = driver.is_some() && cuda::is_emulated();
-        let events = event::resolve(self.t0, ranges, collected.memory, device, emulated);
+        let events = event::resolve(self.t0, ranges, collected.memory, resolved.device, emulated);
         Profile {
             events,
             started_at: self.started_at,
@@ -589,45 +568,10 @@ impl Recording {
             with_stack: options.with_stack,
             devices,
             emulated,
-            untimed: untimed + device_trace::untimed_count().saturating_sub(self.untimed_before),
+            untimed: resolved.untimed
+                + device_trace::untimed_count().saturating_sub(self.untimed_before),
         }
     }
-}
-
-/// Device times of `a` on the host clock, from the clock of its device (a reference event
-/// recorded on the idle device after the work: the host time then minus the device time
-/// from `a`'s events to it); its events are destroyed either way.
-fn resolve(
-    driver: Option<&dyn Driver>,
-    clocks: &[DeviceClock],
-    a: &DeviceActivity,
-) -> Option<RawDevice> {
-    let d = driver?;
-    let times = clocks
-        .iter()
-        .find(|c| c.device == a.device)
-        .and_then(|clock| {
-            let to_start = d.event_elapsed_ms(a.start, clock.event).ok()?;
-            let to_end = d.event_elapsed_ms(a.end, clock.event).ok()?;
-            let start = clock.host.checked_sub(ms(to_start))?;
-            let end = clock.host.checked_sub(ms(to_end.min(to_start)))?;
-            Some((start, end))
-        });
-    let _ = d.event_destroy(a.start);
-    let _ = d.event_destroy(a.end);
-    let (start, end) = times?;
-    Some(RawDevice {
-        kind: a.launch.kind,
-        name: a.launch.name.to_string(),
-        device: a.device,
-        stream: a.stream.0,
-        correlation: a.correlation,
-        start,
-        end,
-        bytes: a.launch.bytes,
-        grid: a.launch.grid,
-        block: a.launch.block,
-    })
 }
 
 impl Drop for Recording {
@@ -637,35 +581,7 @@ impl Drop for Recording {
         }
         trace::set_shapes_wanted(false);
         // A cycle dropped unfinished (a warm-up): its device events are ours to destroy.
-        let left = std::mem::take(&mut self.collector.lock().device);
-        if let Some(d) = cuda::initialized_driver() {
-            for a in left {
-                let _ = d.event_destroy(a.start);
-                let _ = d.event_destroy(a.end);
-            }
-        }
+        let driver = cuda::initialized_driver();
+        self.collector.lock().device.release_with(driver.as_deref());
     }
-}
-
-fn ms(v: f32) -> Duration {
-    Duration::from_secs_f64(f64::from(v.max(0.0)) / 1e3)
-}
-
-/// Wait for `device` to be idle, record a reference event and note the host time.
-fn device_clock(d: &dyn Driver, device: usize) -> Option<DeviceClock> {
-    d.synchronize(device).ok()?;
-    let event = d.event_create(device, true).ok()?;
-    // The idle device stamps the event as soon as it is recorded: the host time just before
-    // the call is its host time, off by the latency of one event record.
-    let host = Instant::now();
-    if d.event_record(event, StreamHandle::DEFAULT).is_err() || d.event_synchronize(event).is_err()
-    {
-        let _ = d.event_destroy(event);
-        return None;
-    }
-    Some(DeviceClock {
-        device,
-        event,
-        host,
-    })
 }

@@ -225,6 +225,67 @@ fn records_a_training_step(dev: &Device) -> Result<()> {
 }
 test_device!(profiler_records_a_training_step, records_a_training_step);
 
+/// `cuEventCreate`/`cuEventDestroy` calls this thread made on the emulator.
+fn event_calls() -> (u64, u64) {
+    let c = ember_device::driver::emulator::thread_event_calls();
+    let n = |k: &str| c.get(k).copied().unwrap_or(0);
+    (n("cuEventCreate"), n("cuEventDestroy"))
+}
+
+/// Note [Event pool]: once a cycle runs, profiled launches time themselves with the events
+/// of finished ones, and the cycle's end destroys every event it made.
+#[test]
+fn profiled_cuda_steps_reuse_their_timing_events() {
+    let _serial = serial();
+    let dev = ember_testing::prepare(Device::Cuda(0)).unwrap();
+    if !ember_device::cuda::is_emulated() {
+        eprintln!("skipped: the event counts are the emulator's (a real GPU is the driver)");
+        return;
+    }
+    let model = Model::new(&dev).unwrap();
+    let mut opt = Adam::new(model.params(), AdamOptions::default()).unwrap();
+    train_step(&model, &mut opt, &dev).unwrap();
+    let before = event_calls();
+    let mut prof = profile(ProfileOptions::new().activities(both())).unwrap();
+    let mut per_step = Vec::new();
+    for _ in 0..12 {
+        let c0 = event_calls().0;
+        train_step(&model, &mut opt, &dev).unwrap();
+        per_step.push(event_calls().0 - c0);
+    }
+    prof.stop().unwrap();
+    let after = event_calls();
+    let p = prof.profile().unwrap();
+    let kernels = p.events.iter().filter(|e| e.kind.is_device()).count();
+    let launches = p
+        .events
+        .iter()
+        .filter(|e| e.kind == EventType::Runtime)
+        .count();
+    assert_eq!(p.untimed, 0);
+    assert_eq!(kernels, launches, "a device event per launch");
+    // Two events per launch would be made without the pool; with it, the last steps make
+    // none (a step here launches fewer kernels than the pool's drain threshold, so the
+    // first steps fill it).
+    let steps = per_step.len();
+    assert!(kernels / steps >= 10, "{kernels} kernels in {steps} steps");
+    assert_eq!(
+        per_step[steps - 4..],
+        [0, 0, 0, 0],
+        "events created per step: {per_step:?}"
+    );
+    assert!(
+        after.0 - before.0 < kernels as u64,
+        "{} events for {kernels} kernels",
+        after.0 - before.0
+    );
+    assert_eq!(
+        after.0 - before.0,
+        after.1 - before.1,
+        "every event the profiler made is destroyed"
+    );
+}
+
 /// The user's code of `with_stack`'s test: one product, called on `line`.
 #[inline(never)]
 fn user_product(a: &Tensor, b: &Tensor) -> Result<(Tensor, u32)> {

@@ -7,15 +7,16 @@
 //! [`DeviceSink`] is installed that costs one relaxed atomic load. While one is installed
 //! (the profiler with its CUDA activity), [`timed`]:
 //!
-//! 1. creates two timing events and records the first on the stream;
+//! 1. takes two timing events (ones the sink hands back, Note [Event pool] in
+//!    `ember-profiler`, or new ones) and records the first on the stream;
 //! 2. opens a [`Category::Runtime`](super::Category::Runtime) range named after the API
 //!    (`cudaLaunchKernel`, `cudaMemcpyAsync`, `cublasGemmStridedBatchedEx`) carrying a fresh
 //!    correlation id, runs the call inside it, and records the second event;
 //! 3. hands a [`DeviceActivity`] with both events and the same correlation id to the sink.
 //!
 //! The sink owns the events from then on: once the work is done it reads the device time
-//! between them (`cuEventElapsedTime`, placed on the host clock through a reference event
-//! recorded when profiling began) and destroys them. This is CUDA events, not CUPTI: the
+//! between them (`cuEventElapsedTime`, placed on the host clock through a reference event)
+//! and reuses them for later launches ([`DeviceSink::reuse_event`]) or destroys them. This is CUDA events, not CUPTI: the
 //! durations are the device's, measured on its own clock, but a kernel's start is when the
 //! stream reached the first event, so back-to-back kernels may show the gap of an event
 //! record between them. On the emulator the events are stamped on the host when recorded and
@@ -99,8 +100,17 @@ pub struct DeviceActivity {
 
 /// Receives device activity; takes ownership of its two events.
 pub trait DeviceSink: Send + Sync + fmt::Debug {
-    /// Called after the work was enqueued (not finished).
-    fn on_activity(&self, activity: DeviceActivity);
+    /// Called after the work was enqueued (not finished), with the driver that enqueued it
+    /// and owns the events.
+    fn on_activity(&self, driver: &dyn Driver, activity: DeviceActivity);
+
+    /// A timing event of `device` that the sink took with an earlier activity and no longer
+    /// needs, for the next launch to record; `None` (the default) makes [`timed`] create
+    /// one.
+    fn reuse_event(&self, device: usize) -> Option<EventHandle> {
+        let _ = device;
+        None
+    }
 }
 
 static ACTIVE: AtomicBool = AtomicBool::new(false);
@@ -150,7 +160,11 @@ fn timed_slow<T, E>(
     launch: Launch,
     call: impl FnOnce() -> Result<T, E>,
 ) -> Result<T, E> {
-    let Some(events) = start_events(driver, device, stream) else {
+    let Some(sink) = SINK.read().unwrap_or_else(|e| e.into_inner()).clone() else {
+        // The sink went away since `is_active`: nobody listens any more.
+        return call();
+    };
+    let Some(events) = start_events(driver, &*sink, device, stream) else {
         UNTIMED.fetch_add(1, Ordering::Relaxed);
         return call();
     };
@@ -160,43 +174,47 @@ fn timed_slow<T, E>(
     let result = call();
     let recorded = driver.event_record(events.1, stream).is_ok();
     drop(range);
-    let sink = SINK.read().unwrap_or_else(|e| e.into_inner()).clone();
-    match (sink, result.is_ok() && recorded) {
-        (Some(sink), true) => sink.on_activity(DeviceActivity {
-            launch,
-            device,
-            stream,
-            correlation,
-            start: events.0,
-            end: events.1,
-            enqueued,
-            tid: super::thread_tid(),
-        }),
-        _ => {
-            if result.is_ok() {
-                UNTIMED.fetch_add(1, Ordering::Relaxed);
-            }
-            // Best effort: the events were ours and nobody else saw them.
-            let _ = driver.event_destroy(events.0);
-            let _ = driver.event_destroy(events.1);
+    if result.is_ok() && recorded {
+        sink.on_activity(
+            driver,
+            DeviceActivity {
+                launch,
+                device,
+                stream,
+                correlation,
+                start: events.0,
+                end: events.1,
+                enqueued,
+                tid: super::thread_tid(),
+            },
+        );
+    } else {
+        if result.is_ok() {
+            UNTIMED.fetch_add(1, Ordering::Relaxed);
         }
+        // Best effort: the events were ours and nobody else saw them.
+        let _ = driver.event_destroy(events.0);
+        let _ = driver.event_destroy(events.1);
     }
     result
 }
 
-/// Create two timing events on `device` and record the first on `stream`.
+/// Take two timing events on `device` (the sink's spare ones first) and record the first on
+/// `stream`.
 fn start_events(
     driver: &dyn Driver,
+    sink: &dyn DeviceSink,
     device: usize,
     stream: StreamHandle,
 ) -> Option<(EventHandle, EventHandle)> {
-    let a = driver.event_create(device, true).ok()?;
-    let b = match driver.event_create(device, true) {
-        Ok(b) => b,
-        Err(_) => {
-            let _ = driver.event_destroy(a);
-            return None;
-        }
+    let take = || match sink.reuse_event(device) {
+        Some(e) => Some(e),
+        None => driver.event_create(device, true).ok(),
+    };
+    let a = take()?;
+    let Some(b) = take() else {
+        let _ = driver.event_destroy(a);
+        return None;
     };
     if driver.event_record(a, stream).is_err() {
         let _ = driver.event_destroy(a);

@@ -4,7 +4,7 @@ use std::alloc::Layout;
 use std::ffi::c_void;
 use std::time::Instant;
 
-use super::launch_trace::record_host_wait;
+use super::launch_trace::{self, record_host_wait};
 use super::{
     Emulator, EventState, FunctionState, HOST_ALIGN, KernelLaunch, cudnn, device_of_address, gemm,
     invalid_handle, kernel_name_ok, lookup_kernel, translate_for_kernel,
@@ -265,12 +265,16 @@ impl Driver for Emulator {
                 recorded: None,
             },
         );
+        launch_trace::record_event_call("cuEventCreate");
         Ok(EventHandle(id))
     }
 
     fn event_destroy(&self, event: EventHandle) -> Result<()> {
         match self.handles().events.remove(&event.0) {
-            Some(_) => Ok(()),
+            Some(_) => {
+                launch_trace::record_event_call("cuEventDestroy");
+                Ok(())
+            }
             None => Err(invalid_handle("cuEventDestroy", "event", event.0)),
         }
     }

@@ -104,6 +104,25 @@ pub fn thread_host_waits() -> std::collections::BTreeMap<&'static str, u64> {
     THREAD_WAITS.with(|m| m.borrow().clone())
 }
 
+thread_local! {
+    /// Events this thread created and destroyed: see [`thread_event_calls`].
+    static THREAD_EVENTS: std::cell::RefCell<std::collections::BTreeMap<&'static str, u64>> =
+        const { std::cell::RefCell::new(std::collections::BTreeMap::new()) };
+}
+
+/// How many times this thread called `cuEventCreate` and `cuEventDestroy` (call name to
+/// count, successful calls only). Creating and destroying events costs host time on a real
+/// GPU, so tests count them for code that should reuse its events (the profiler's device
+/// timing, Note [Event pool] in `ember-profiler`) and check that none is leaked.
+pub fn thread_event_calls() -> std::collections::BTreeMap<&'static str, u64> {
+    THREAD_EVENTS.with(|m| m.borrow().clone())
+}
+
+/// Records a successful `cuEventCreate` or `cuEventDestroy` (see [`thread_event_calls`]).
+pub(crate) fn record_event_call(call: &'static str) {
+    THREAD_EVENTS.with(|m| *m.borrow_mut().entry(call).or_insert(0) += 1);
+}
+
 /// Records a call that blocks the host on a real GPU (see [`thread_host_waits`]).
 pub(crate) fn record_host_wait(call: &'static str) {
     THREAD_WAITS.with(|m| *m.borrow_mut().entry(call).or_insert(0) += 1);

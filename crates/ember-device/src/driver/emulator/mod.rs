@@ -45,7 +45,8 @@ pub use kernels::{
     EmulatedKernel, KernelLaunch, lookup_kernel, register_kernel, registered_kernels,
 };
 pub use launch_trace::{
-    ENV_EMULATOR_TRACE, launch_trace, set_launch_trace, thread_host_waits, thread_launch_counts,
+    ENV_EMULATOR_TRACE, launch_trace, set_launch_trace, thread_event_calls, thread_host_waits,
+    thread_launch_counts,
 };
 pub use memory::{ADDRESS_TAG, device_of_address, tagged_address};
 pub use nccl::{COLLECTIVE_TIMEOUT, EMULATED_NCCL_VERSION};

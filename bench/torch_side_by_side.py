@@ -769,6 +769,17 @@ def main() -> None:
             "h100_bound_us": rec.get("h100_bound_us"),
             "fraction_of_h100_bound": rec.get("fraction_of_h100_bound"),
         })
+        split = [k for k in ("steps_per_s_cpu_activity_only", "steps_per_s_cuda_activity_only")
+                 if k in rec]
+        if split:
+            # The profiler's overhead split by activity (Ember's extras, medians of rounds).
+            def med(k):
+                return statistics.median(r[k] for rnd in ember_rounds for r in rnd
+                                         if r["name"] == name and k in r)
+            rows[-1]["note"] = "Ember steps/s: all activities {:.0f}, {}".format(
+                med("steps_per_s"),
+                ", ".join(f"{k.removeprefix('steps_per_s_').replace('_', ' ')} {med(k):.0f}"
+                          for k in split))
         if case is not None and case.external:
             e_recs = [r for rnd in ember_rounds for r in rnd if r["name"] == name]
             t_recs = [r for rnd in torch_rounds for r in rnd if r["name"] == base]

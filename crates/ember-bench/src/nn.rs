@@ -20,7 +20,9 @@
 //!   first training step with the profiler compiled in but inactive, and active (CPU, and
 //!   CUDA on a GPU, with `record_shapes`) around the timed steps. Targets: off within 1% of
 //!   `train_mlp_1000_512_10_b64`; on at most 10% slower on the CPU and 25% on a GPU (the side
-//!   by side script runs PyTorch's profiler the same way, for comparison).
+//!   by side script runs PyTorch's profiler the same way, for comparison). On CUDA the `on`
+//!   record's extras `steps_per_s_cpu_activity_only` and `steps_per_s_cuda_activity_only`
+//!   time the step with one activity each, to say which side an overhead comes from.
 //!
 //! `bench/torch_side_by_side.py` runs the same programs in PyTorch. On the emulated
 //! `cuda:0` the batches shrink to 4 rows (the records say `"emulated": true` and `batch`),
@@ -113,11 +115,14 @@ fn model_and_input(
 }
 
 /// The profiler around a timed case: off (compiled in, nobody listening), or on with
-/// `record_shapes` and the device's activities (`profiler_on_*`).
+/// `record_shapes` and the device's activities (`profiler_on_*`), or on a CUDA device with
+/// one of its two activities only (the split of `profiler_on_*`'s overhead in its extras).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Profiling {
     Off,
     On,
+    CpuOnly,
+    CudaOnly,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -147,9 +152,12 @@ fn train_case(
     .map_err(err)?;
     let profiler = match profiling {
         Profiling::Off => None,
-        Profiling::On => {
-            let mut activities = vec![ProfilerActivity::Cpu];
-            if device.is_cuda() {
+        Profiling::On | Profiling::CpuOnly | Profiling::CudaOnly => {
+            let mut activities = Vec::new();
+            if profiling != Profiling::CudaOnly {
+                activities.push(ProfilerActivity::Cpu);
+            }
+            if device.is_cuda() && profiling != Profiling::CpuOnly {
                 activities.push(ProfilerActivity::Cuda);
             }
             Some(
@@ -370,6 +378,19 @@ pub fn run(opts: &Options, out: &mut Vec<Record>) -> Result<(), String> {
             let batch = if emulated { 4 } else { batch };
             let mut r = train_case(&name, widths, batch, device, None, opts.quick, profiling)
                 .map_err(|e| format!("{name} on {device}: {e}"))?;
+            if profiling == Profiling::On && device.is_cuda() {
+                // Where the overhead goes: each activity alone, as extras of the record.
+                for (key, alone) in [
+                    ("steps_per_s_cpu_activity_only", Profiling::CpuOnly),
+                    ("steps_per_s_cuda_activity_only", Profiling::CudaOnly),
+                ] {
+                    let a = train_case(&name, widths, batch, device, None, opts.quick, alone)
+                        .map_err(|e| format!("{name} ({key}) on {device}: {e}"))?;
+                    if let Some(v) = a.extra.get("steps_per_s") {
+                        r.extra.insert(key.into(), v.clone());
+                    }
+                }
+            }
             mark_run(&mut r, opts.quick, emulated, batch);
             out.push(r);
         }

@@ -126,6 +126,47 @@ __device__ __forceinline__ void for_channel(Idx c, Idx s, Idx ch, Idx j0, Idx j1
     }
 }
 
+// Note [Grouped channel walks]: when S is a multiple of G = 16 / sizeof(T) and the operands
+// are 16-byte aligned, G consecutive elements j = q·G .. q·G + G - 1 of a channel never cross
+// a batch row (rows are S long), so they sit at consecutive offsets, share one channel and
+// load (or store) as one 16-byte access. The kernels then walk groups: a thread keeps 16
+// bytes per operand in flight per iteration instead of one element's 2-8, and the
+// elementwise kernels compute the channel once per group. The reductions' parts
+// ([Split channel reductions]) start and end anywhere, so the fewer than G elements before
+// a part's first whole group and after its last are taken one by one. Other shapes and
+// unaligned views take the element loops; the sums then run in another order, equal to
+// rounding.
+template <typename T>
+__device__ __forceinline__ constexpr int bn_group() {
+    return 16 / static_cast<int>(sizeof(T));
+}
+
+template <typename T, typename Idx>
+__device__ __forceinline__ bool bn_grouped(Idx s, const T* a, const T* b, const T* c) {
+    return s % bn_group<T>() == 0 && aligned16(a) && (b == nullptr || aligned16(b)) &&
+           (c == nullptr || aligned16(c));
+}
+
+// for_channel over whole groups of G (Note [Grouped channel walks]): fg(off) for each group of
+// part [j0, j1) of channel ch (off the offset of its first element), f(off) for the elements
+// before the first group and after the last, shared among this block's threads. S % G == 0.
+template <int G, typename Idx, typename F, typename FG>
+__device__ __forceinline__ void for_channel_groups(Idx c, Idx s, Idx ch, Idx j0, Idx j1, F f, FG fg) {
+    const Idx q0 = (j0 + G - 1) / G, q1 = j1 / G;
+    const Idx t = threadIdx.x;
+    auto at = [&](Idx j) {
+        const Idx b = j / s;
+        return (b * c + ch) * s + (j - b * s);
+    };
+    if (q0 >= q1) {
+        for (Idx j = j0 + t; j < j1; j += blockDim.x) f(at(j));
+        return;
+    }
+    if (t < q0 * G - j0) f(at(j0 + t));
+    if (t < j1 - q1 * G) f(at(q1 * G + t));
+    for (Idx q = q0 + t; q < q1; q += blockDim.x) fg(at(q * G));
+}
+
 // Part p of `splits` of a channel of m elements: [m·p / splits, m·(p + 1) / splits), in i64
 // (m·p may pass 2^32 where the element offsets do not).
 __device__ __forceinline__ i64 part_start(i64 m, i64 p, i64 splits) { return m * p / splits; }
@@ -159,7 +200,28 @@ __device__ void bn_stats(Idx n, Idx c, Idx s, const T* __restrict__ x, typename 
         const Idx j0 = static_cast<Idx>(part_start(m, p, splits));
         const Idx j1 = static_cast<Idx>(part_start(m, p + 1, splits));
         Welford<C> a = Op::identity();
-        for_channel<Idx>(c, s, static_cast<Idx>(ch), j0, j1, [&](Idx off) { a = Op::step(a, Widen<T>::in(x[off])); });
+        auto one = [&](Idx off) { a = Op::step(a, Widen<T>::in(x[off])); };
+        if (bn_grouped<T, Idx>(s, x, nullptr, nullptr)) {
+            constexpr int G = bn_group<T>();
+            for_channel_groups<G, Idx>(c, s, static_cast<Idx>(ch), j0, j1, one, [&](Idx off) {
+                // The group's own mean and M2 (two passes over registers), merged by Chan's
+                // formula: one division per group instead of one per element.
+                const PackN<T, G> v = load_group<T, G>(x + off, 0);
+                C sum = 0;
+#pragma unroll
+                for (int k = 0; k < G; k++) sum += Widen<T>::in(v.v[k]);
+                const C mg = sum / static_cast<C>(G);
+                C m2 = 0;
+#pragma unroll
+                for (int k = 0; k < G; k++) {
+                    const C d = Widen<T>::in(v.v[k]) - mg;
+                    m2 += d * d;
+                }
+                a = Op::combine(a, Welford<C>{static_cast<C>(G), mg, m2});
+            });
+        } else {
+            for_channel<Idx>(c, s, static_cast<Idx>(ch), j0, j1, one);
+        }
         a = block_combine<Op>(a, scratch);
         if (threadIdx.x == 0) {
             if (splits == 1) {
@@ -198,8 +260,27 @@ __device__ void bn_apply(Idx n, Idx c, Idx s, const T* __restrict__ x, const typ
                          T* __restrict__ y) {
     using C = typename Widen<T>::type;
     const Idx total = n * c * s;
-    for (Idx i = static_cast<Idx>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
-         i += static_cast<Idx>(gridDim.x) * blockDim.x) {
+    const Idx first = static_cast<Idx>(blockIdx.x) * blockDim.x + threadIdx.x;
+    const Idx step = static_cast<Idx>(gridDim.x) * blockDim.x;
+    if (bn_grouped<T, Idx>(s, x, y, nullptr)) {
+        constexpr int G = bn_group<T>();
+        for (Idx q = first; q < total / G; q += step) {
+            const Idx i = q * G, ch = (i / s) % c;
+            const C m = mean[ch], k = bn_k(v, is_var, eps, ch);
+            const PackN<T, G> in = load_group<T, G>(x + i, 0);
+            PackN<T, G> out;
+#pragma unroll
+            for (int j = 0; j < G; j++) {
+                C r = (Widen<T>::in(in.v[j]) - m) * k;
+                if (weight != nullptr) r = r * weight[ch];
+                if (bias != nullptr) r = r + bias[ch];
+                out.v[j] = Widen<T>::out(r);
+            }
+            reinterpret_cast<typename PackN<T, G>::Raw*>(y + i)[0] = out.raw;
+        }
+        return;
+    }
+    for (Idx i = first; i < total; i += step) {
         const Idx ch = (i / s) % c;
         C r = (Widen<T>::in(x[i]) - mean[ch]) * bn_k(v, is_var, eps, ch);
         if (weight != nullptr) r = r * weight[ch];
@@ -223,11 +304,26 @@ __device__ void bn_bwd_reduce(Idx n, Idx c, Idx s, const T* __restrict__ dy, con
         const Idx j1 = static_cast<Idx>(part_start(m_all, p + 1, splits));
         const C m = mean[ch], k = bn_k(v, is_var, eps, ch);
         PairSum<C> a = Op::identity();
-        for_channel<Idx>(c, s, static_cast<Idx>(ch), j0, j1, [&](Idx off) {
+        auto one = [&](Idx off) {
             const C g = Widen<T>::in(dy[off]);
             a.a += g;
             a.b += g * ((Widen<T>::in(x[off]) - m) * k);
-        });
+        };
+        if (bn_grouped<T, Idx>(s, dy, x, nullptr)) {
+            constexpr int G = bn_group<T>();
+            for_channel_groups<G, Idx>(c, s, static_cast<Idx>(ch), j0, j1, one, [&](Idx off) {
+                const PackN<T, G> gv = load_group<T, G>(dy + off, 0);
+                const PackN<T, G> xv = load_group<T, G>(x + off, 0);
+#pragma unroll
+                for (int j = 0; j < G; j++) {
+                    const C g = Widen<T>::in(gv.v[j]);
+                    a.a += g;
+                    a.b += g * ((Widen<T>::in(xv.v[j]) - m) * k);
+                }
+            });
+        } else {
+            for_channel<Idx>(c, s, static_cast<Idx>(ch), j0, j1, one);
+        }
         a = block_combine<Op>(a, scratch);
         if (threadIdx.x == 0) {
             if (splits == 1) {
@@ -262,8 +358,33 @@ __device__ void bn_bwd_elem(Idx n, Idx c, Idx s, const T* __restrict__ dy, const
     using C = typename Widen<T>::type;
     const Idx total = n * c * s;
     const C inv_m = static_cast<C>(1) / static_cast<C>(n * s);
-    for (Idx i = static_cast<Idx>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
-         i += static_cast<Idx>(gridDim.x) * blockDim.x) {
+    const Idx first = static_cast<Idx>(blockIdx.x) * blockDim.x + threadIdx.x;
+    const Idx step = static_cast<Idx>(gridDim.x) * blockDim.x;
+    if (bn_grouped<T, Idx>(s, dy, training ? x : nullptr, dx)) {
+        constexpr int G = bn_group<T>();
+        for (Idx q = first; q < total / G; q += step) {
+            const Idx i = q * G, ch = (i / s) % c;
+            const C k = bn_k(v, is_var, eps, ch);
+            const C wk = weight != nullptr ? weight[ch] * k : k;
+            const PackN<T, G> gv = load_group<T, G>(dy + i, 0);
+            PackN<T, G> out;
+            if (training) {
+                const PackN<T, G> xv = load_group<T, G>(x + i, 0);
+                const C m = mean[ch], sd = sum_dy[ch] * inv_m, sdx = sum_dy_xhat[ch] * inv_m;
+#pragma unroll
+                for (int j = 0; j < G; j++) {
+                    const C xhat = (Widen<T>::in(xv.v[j]) - m) * k;
+                    out.v[j] = Widen<T>::out(wk * (Widen<T>::in(gv.v[j]) - sd - xhat * sdx));
+                }
+            } else {
+#pragma unroll
+                for (int j = 0; j < G; j++) out.v[j] = Widen<T>::out(Widen<T>::in(gv.v[j]) * wk);
+            }
+            reinterpret_cast<typename PackN<T, G>::Raw*>(dx + i)[0] = out.raw;
+        }
+        return;
+    }
+    for (Idx i = first; i < total; i += step) {
         const Idx ch = (i / s) % c;
         const C k = bn_k(v, is_var, eps, ch);
         const C wk = weight != nullptr ? weight[ch] * k : k;

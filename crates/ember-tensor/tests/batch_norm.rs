@@ -25,6 +25,20 @@ fn tensor(v: &[f64], dims: &[usize], dtype: DType, device: &Device) -> Tensor {
         .unwrap()
 }
 
+/// [`tensor`] as a contiguous view `shift` elements into a larger storage (an unaligned
+/// start for a shift that is not a multiple of 16 bytes).
+fn shifted(v: &[f64], dims: &[usize], dtype: DType, device: &Device, shift: usize) -> Tensor {
+    if shift == 0 {
+        return tensor(v, dims, dtype, device);
+    }
+    let mut padded = vec![0.0; shift];
+    padded.extend_from_slice(v);
+    let all = tensor(&padded, &[padded.len()], dtype, device);
+    let t = all.narrow(0, shift, v.len()).unwrap().view(dims).unwrap();
+    assert!(t.is_contiguous());
+    t
+}
+
 fn read(t: &Tensor) -> Vec<f64> {
     t.to_dtype(DType::F64).unwrap().to_vec::<f64>().unwrap()
 }
@@ -104,6 +118,12 @@ fn reference(
 
 /// One training step of `dims` in `dtype` on `device` against [`reference`].
 fn step_matches(dims: &[usize], dtype: DType, device: &Device) {
+    step_matches_shifted(dims, dtype, device, 0);
+}
+
+/// [`step_matches`] with the input and the upstream gradient `shift` elements into their
+/// storages.
+fn step_matches_shifted(dims: &[usize], dtype: DType, device: &Device, shift: usize) {
     let (n, c) = (dims[0], dims[1]);
     let s: usize = dims[2..].iter().product();
     let total = n * c * s;
@@ -113,8 +133,8 @@ fn step_matches(dims: &[usize], dtype: DType, device: &Device) {
         DType::F32
     };
     // Values away from 0 (mean near 4), where a one-pass variance would lose digits.
-    let x = tensor(&values(total, 1, 2.0), dims, dtype, device);
-    let dy = tensor(&values(total, 2, -2.0), dims, dtype, device);
+    let x = shifted(&values(total, 1, 2.0), dims, dtype, device, shift);
+    let dy = shifted(&values(total, 2, -2.0), dims, dtype, device, shift);
     let (xv, dyv) = (read(&x), read(&dy));
     let (wv, bv) = (values(c, 3, -1.0), values(c, 4, -2.0));
     let (rm0, rv0) = (values(c, 5, -2.0), values(c, 6, 0.5));
@@ -139,7 +159,7 @@ fn step_matches(dims: &[usize], dtype: DType, device: &Device) {
         .unwrap();
     let want = reference(&xv, &dyv, (n, c, s), &wv, &bv, (&rm0, &rv0), momentum, eps);
     assert_eq!(y.dtype(), dtype);
-    let what = |t: &str| format!("{t} of {dims:?} {dtype} on {device}");
+    let what = |t: &str| format!("{t} of {dims:?} {dtype} (shift {shift}) on {device}");
     // Elementwise results are rounded once to the dtype; the statistics and sums are in the
     // compute dtype (f32 for 16-bit input).
     // The sums' tolerance is relative to Σ|term|: x̂ carries f32's rounding of the statistics,
@@ -235,3 +255,16 @@ test_device!(
     batch_norm_of_many_channels_of_few_values,
     many_channels_of_few_values
 );
+
+/// Rows that hold whole 16-byte groups (Note [Grouped channel walks] in
+/// `kernels/batch_norm.cu`): [161, 2, 5, 8] splits each channel into parts whose bounds fall
+/// inside groups (the elements around them taken one by one) in every dtype; the same shapes
+/// at an unaligned start take the element loops.
+fn grouped_walks(device: &Device) {
+    for dtype in DTYPES {
+        step_matches(&[161, 2, 5, 8], dtype, device);
+        step_matches_shifted(&[4, 2, 48, 48], dtype, device, 1);
+        step_matches_shifted(&[161, 2, 5, 8], dtype, device, 3);
+    }
+}
+test_device!(batch_norm_grouped_walks, grouped_walks);

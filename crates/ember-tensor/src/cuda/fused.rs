@@ -389,8 +389,25 @@ pub(crate) fn batch_norm_apply(
     let name = super::kernel_name("batch_norm_apply", x.dtype());
     // SAFETY: the argument list of `batch_norm_apply_{T}`: x and y contiguous [N, C, S] (y
     // fresh), every channel vector [C] of the compute dtype (checked) or null.
-    unsafe { ctx.launch(&name, launch_config_1d(total), &mut args)? };
+    unsafe { ctx.launch(&name, bn_elementwise_config(total, s, x.dtype()), &mut args)? };
     Ok(y)
+}
+
+/// The launch of the elementwise batch-norm kernels over `total` elements of `dtype` in rows
+/// of `s`: a thread per 16-byte group where rows hold whole groups (Note [Grouped channel
+/// walks] in `kernels/batch_norm.cu`; the kernel itself checks the alignment and falls back
+/// to elements), a thread per element otherwise. Any grid is correct.
+fn bn_elementwise_config(
+    total: usize,
+    s: usize,
+    dtype: DType,
+) -> ember_device::driver::LaunchConfig {
+    let group = 16 / dtype.size_in_bytes().max(1);
+    launch_config_1d(if s.is_multiple_of(group) {
+        total / group
+    } else {
+        total
+    })
 }
 
 /// The backward: the per-channel sums (one reduction kernel) and the input gradient (one
@@ -478,7 +495,7 @@ pub(crate) fn batch_norm_backward(
             // SAFETY: the argument list of `batch_norm_bwd_elem_{T}`: dy, x and dx (fresh)
             // contiguous [N, C, S], the channel vectors [C] (checked) or null; the sums are
             // read only in training mode, where they were computed above.
-            unsafe { ctx.launch(&name, launch_config_1d(total), &mut args)? };
+            unsafe { ctx.launch(&name, bn_elementwise_config(total, s, x.dtype()), &mut args)? };
         }
         Some(dx)
     } else {

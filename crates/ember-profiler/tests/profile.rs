@@ -232,8 +232,8 @@ fn event_calls() -> (u64, u64) {
     (n("cuEventCreate"), n("cuEventDestroy"))
 }
 
-/// Note [Event pool]: once a cycle runs, profiled launches time themselves with the events
-/// of finished ones, and the cycle's end destroys every event it made.
+/// Once a cycle runs, profiled launches time themselves with the events of finished ones,
+/// and the cycle's end destroys every event it made (Note [Event pool]).
 #[test]
 fn profiled_cuda_steps_reuse_their_timing_events() {
     let _serial = serial();

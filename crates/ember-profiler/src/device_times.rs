@@ -140,19 +140,21 @@ impl DeviceTimes {
     /// usually clears all of that stream's activities; only a stream still running is
     /// queried activity by activity.
     fn read_finished(&mut self, d: &dyn Driver) {
-        let mut done_streams: Vec<StreamHandle> = Vec::new();
-        let mut asked: Vec<StreamHandle> = Vec::new();
+        // A stream is a device's: the default stream's handle is the same on every device.
+        let key = |a: &DeviceActivity| (a.device, a.stream);
+        let mut done: Vec<(usize, StreamHandle)> = Vec::new();
+        let mut asked: Vec<(usize, StreamHandle)> = Vec::new();
         for a in self.pending.iter().rev() {
-            if !asked.contains(&a.stream) {
-                asked.push(a.stream);
+            if !asked.contains(&key(a)) {
+                asked.push(key(a));
                 if d.event_query(a.end).unwrap_or(false) {
-                    done_streams.push(a.stream);
+                    done.push(key(a));
                 }
             }
         }
         while let Some(a) = self.pending.front() {
             // A broken event (the query fails) is read, and given up on, like a finished one.
-            let finished = done_streams.contains(&a.stream) || d.event_query(a.end).unwrap_or(true);
+            let finished = done.contains(&key(a)) || d.event_query(a.end).unwrap_or(true);
             if !finished {
                 // Still running: the rest waits for the next read.
                 return;

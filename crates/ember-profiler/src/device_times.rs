@@ -140,25 +140,9 @@ impl DeviceTimes {
     /// usually clears all of that stream's activities; only a stream still running is
     /// queried activity by activity.
     fn read_finished(&mut self, d: &dyn Driver) {
-        // A stream is a device's: the default stream's handle is the same on every device.
-        let key = |a: &DeviceActivity| (a.device, a.stream);
-        let mut done: Vec<(usize, StreamHandle)> = Vec::new();
-        let mut asked: Vec<(usize, StreamHandle)> = Vec::new();
-        for a in self.pending.iter().rev() {
-            if !asked.contains(&key(a)) {
-                asked.push(key(a));
-                if d.event_query(a.end).unwrap_or(false) {
-                    done.push(key(a));
-                }
-            }
-        }
-        while let Some(a) = self.pending.front() {
-            // A broken event (the query fails) is read, and given up on, like a finished one.
-            let finished = done.contains(&key(a)) || d.event_query(a.end).unwrap_or(true);
-            if !finished {
-                // Still running: the rest waits for the next read.
-                return;
-            }
+        // A broken event (the query fails) is read, and given up on, like a finished one.
+        let ready = finished_prefix(&self.pending, |a| d.event_query(a.end).ok());
+        for _ in 0..ready {
             if let Some(a) = self.pending.pop_front() {
                 self.read_one(d, a);
             }
@@ -317,6 +301,33 @@ impl DeviceTimes {
     }
 }
 
+/// How many of `pending`'s oldest activities are finished, up to the first still running:
+/// `query` asks whether an activity's end event has passed (`None`: the query failed, which
+/// counts as finished so that reading gives up on the activity). A stream is a device's (the
+/// default stream's handle is the same on every device) and runs its work in order, so the
+/// newest activity of each stream is asked first, and a finished one clears all of its
+/// stream's; only a stream still running is asked activity by activity.
+fn finished_prefix(
+    pending: &VecDeque<DeviceActivity>,
+    mut query: impl FnMut(&DeviceActivity) -> Option<bool>,
+) -> usize {
+    let key = |a: &DeviceActivity| (a.device, a.stream);
+    let mut done: Vec<(usize, StreamHandle)> = Vec::new();
+    let mut asked: Vec<(usize, StreamHandle)> = Vec::new();
+    for a in pending.iter().rev() {
+        if !asked.contains(&key(a)) {
+            asked.push(key(a));
+            if query(a) == Some(true) {
+                done.push(key(a));
+            }
+        }
+    }
+    pending
+        .iter()
+        .take_while(|a| done.contains(&key(a)) || query(a) != Some(false))
+        .count()
+}
+
 /// A reference event recorded on an idle device, and the host time then.
 #[derive(Debug)]
 struct DeviceClock {
@@ -463,6 +474,58 @@ mod tests {
         // Every activity starts past the threshold, so each becomes the anchor in turn.
         let (host, r, _) = run(3 * DRAIN_AT, 0.001);
         check_placed(&host, &r);
+    }
+
+    #[test]
+    fn finished_activities_are_found_with_one_query_per_stream() {
+        // Device 0's default stream, a stream of device 0, and device 1's default stream
+        // (the same handle as device 0's), interleaved; end events numbered in order.
+        let s = StreamHandle(7);
+        let keys = [
+            (0, StreamHandle::DEFAULT),
+            (0, s),
+            (1, StreamHandle::DEFAULT),
+        ];
+        let pending: VecDeque<DeviceActivity> = (0..9)
+            .map(|i| {
+                let (device, stream) = keys[i % 3];
+                DeviceActivity {
+                    launch: Launch {
+                        api: "cudaLaunchKernel",
+                        kind: ActivityKind::Kernel,
+                        name: Cow::Borrowed("k"),
+                        bytes: 0,
+                        grid: [1; 3],
+                        block: [1; 3],
+                    },
+                    device,
+                    stream,
+                    correlation: i as u64,
+                    start: EventHandle(100 + i as u64),
+                    end: EventHandle(i as u64),
+                    enqueued: Instant::now(),
+                    tid: 0,
+                }
+            })
+            .collect();
+        // Everything done: one query per stream (3), all 9 finished.
+        let mut asked = 0;
+        let n = finished_prefix(&pending, |_| {
+            asked += 1;
+            Some(true)
+        });
+        assert_eq!((n, asked), (9, 3));
+        // Device 1's default stream has run up to its second activity (end 5), the others
+        // are done: the prefix stops at its third (end 8), which is still running. Had the
+        // two default streams been taken for one, device 0's finished newest (end 6) would
+        // have cleared device 1's too.
+        let n = finished_prefix(&pending, |a| Some(a.device == 0 || a.end.0 <= 5));
+        assert_eq!(n, 8);
+        // Device 0's stream s still runs its first activity (end 1): nothing past it.
+        let n = finished_prefix(&pending, |a| Some(a.stream != s || a.end.0 < 1));
+        assert_eq!(n, 1);
+        // A failed query counts as finished (reading then gives up on it).
+        assert_eq!(finished_prefix(&pending, |_| None), 9);
     }
 
     #[test]

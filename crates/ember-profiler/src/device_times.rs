@@ -13,7 +13,8 @@
 //! - once [`DRAIN_AT`] activities are pending, the sink that receives the next one reads the
 //!   oldest ones whose end event the device has passed (`cuEventQuery`, which does not wait:
 //!   one query of each stream's newest event, as a stream runs its work in order), stopping
-//!   at the first still running;
+//!   at the first still running; the next read waits for [`DRAIN_AT`] more, so that a device
+//!   far behind the host is not scanned at every launch;
 //! - reading takes the device time from the device's anchor event to the start event and from
 //!   start to end (`cuEventElapsedTime`), and puts both events on the free list, from which
 //!   `timed` takes its next events ([`DeviceSink::reuse_event`](ember_device::trace::device::DeviceSink::reuse_event));
@@ -77,6 +78,10 @@ pub(crate) struct DeviceTimes {
     unread: u64,
     /// Set when the cycle ends: later activities are dropped with their events.
     closed: bool,
+    /// Pending activities at which the next push reads: [`DRAIN_AT`] more than were left
+    /// pending by the last read, so that a device running far behind the host is not
+    /// scanned again at every launch.
+    drain_at: usize,
     /// [`REANCHOR_MS`], smaller in tests.
     reanchor_ms: f32,
 }
@@ -90,6 +95,7 @@ impl Default for DeviceTimes {
             anchors: Vec::new(),
             unread: 0,
             closed: false,
+            drain_at: DRAIN_AT,
             reanchor_ms: REANCHOR_MS,
         }
     }
@@ -107,13 +113,13 @@ impl DeviceTimes {
     /// Take ownership of `a`'s events; read finished activities once enough are pending.
     pub(crate) fn push(&mut self, d: &dyn Driver, a: DeviceActivity) {
         if self.closed {
-            let _ = d.event_destroy(a.start);
-            let _ = d.event_destroy(a.end);
+            destroy_events(d, &a);
             return;
         }
         self.pending.push_back(a);
-        if self.pending.len() >= DRAIN_AT {
+        if self.pending.len() >= self.drain_at {
             self.read_finished(d);
+            self.drain_at = self.pending.len() + DRAIN_AT;
         }
     }
 
@@ -152,54 +158,45 @@ impl DeviceTimes {
     /// Read one finished activity's times and free (or keep as the anchor) its events.
     fn read_one(&mut self, d: &dyn Driver, a: DeviceActivity) {
         let anchor = self.anchors.iter().position(|x| x.device == a.device);
-        let Some(i) = anchor else {
-            // The device's first activity: its start is the anchor.
-            match d.event_elapsed_ms(a.start, a.end) {
-                Ok(dur) => {
-                    self.anchors.push(Anchor {
-                        device: a.device,
-                        event: a.start,
-                        offset_ms: 0.0,
-                    });
-                    self.free.push((a.device, a.end));
-                    self.read.push(Read {
-                        activity: a,
-                        start_ms: 0.0,
-                        end_ms: f64::from(dur.max(0.0)),
-                    });
-                }
-                Err(_) => self.give_up(d, a),
-            }
-            return;
-        };
-        let times = d
-            .event_elapsed_ms(self.anchors[i].event, a.start)
-            .and_then(|since| Ok((since, d.event_elapsed_ms(a.start, a.end)?)));
+        let since = anchor
+            .map(|i| d.event_elapsed_ms(self.anchors[i].event, a.start))
+            .transpose();
+        let times = since.and_then(|since| Ok((since, d.event_elapsed_ms(a.start, a.end)?)));
         let Ok((since, dur)) = times else {
-            self.give_up(d, a);
+            // Unreadable: the activity counts as untimed, its events go.
+            self.unread += 1;
+            destroy_events(d, &a);
             return;
         };
-        let start_ms = self.anchors[i].offset_ms + f64::from(since);
-        if since > self.reanchor_ms {
-            let old = std::mem::replace(&mut self.anchors[i].event, a.start);
-            self.anchors[i].offset_ms = start_ms;
-            self.free.push((a.device, old));
-        } else {
-            self.free.push((a.device, a.start));
-        }
+        // The start event becomes the anchor on the device's first activity, and when the
+        // anchor is more than `reanchor_ms` behind it; otherwise it is free again.
+        let start_ms = match (anchor, since) {
+            (Some(i), Some(since)) => {
+                let start_ms = self.anchors[i].offset_ms + f64::from(since);
+                let freed = if since > self.reanchor_ms {
+                    self.anchors[i].offset_ms = start_ms;
+                    std::mem::replace(&mut self.anchors[i].event, a.start)
+                } else {
+                    a.start
+                };
+                self.free.push((a.device, freed));
+                start_ms
+            }
+            _ => {
+                self.anchors.push(Anchor {
+                    device: a.device,
+                    event: a.start,
+                    offset_ms: 0.0,
+                });
+                0.0
+            }
+        };
         self.free.push((a.device, a.end));
         self.read.push(Read {
             activity: a,
             start_ms,
             end_ms: start_ms + f64::from(dur.max(0.0)),
         });
-    }
-
-    /// An activity whose events cannot be read: it counts as untimed, its events go.
-    fn give_up(&mut self, d: &dyn Driver, a: DeviceActivity) {
-        self.unread += 1;
-        let _ = d.event_destroy(a.start);
-        let _ = d.event_destroy(a.end);
     }
 
     /// End the cycle: wait for each device, read everything, place the times on the host
@@ -269,8 +266,7 @@ impl DeviceTimes {
     pub(crate) fn release(&mut self, d: &dyn Driver) {
         self.closed = true;
         for a in self.pending.drain(..) {
-            let _ = d.event_destroy(a.start);
-            let _ = d.event_destroy(a.end);
+            destroy_events(d, &a);
         }
         for (_, e) in self.free.drain(..) {
             let _ = d.event_destroy(e);
@@ -299,6 +295,12 @@ impl DeviceTimes {
     pub(crate) fn holds_events(&self) -> bool {
         !(self.pending.is_empty() && self.free.is_empty() && self.anchors.is_empty())
     }
+}
+
+/// Destroy an activity's two events (best effort: nothing else holds them).
+fn destroy_events(d: &dyn Driver, a: &DeviceActivity) {
+    let _ = d.event_destroy(a.start);
+    let _ = d.event_destroy(a.end);
 }
 
 /// How many of `pending`'s oldest activities are finished, up to the first still running:
@@ -384,6 +386,33 @@ mod tests {
         )
     }
 
+    /// Kernel `name` on `stream` of `device`, bracketed by `events`.
+    fn kernel(
+        name: impl Into<Cow<'static, str>>,
+        device: usize,
+        stream: StreamHandle,
+        correlation: u64,
+        events: (EventHandle, EventHandle),
+    ) -> DeviceActivity {
+        DeviceActivity {
+            launch: Launch {
+                api: "cudaLaunchKernel",
+                kind: ActivityKind::Kernel,
+                name: name.into(),
+                bytes: 0,
+                grid: [1; 3],
+                block: [1; 3],
+            },
+            device,
+            stream,
+            correlation,
+            start: events.0,
+            end: events.1,
+            enqueued: Instant::now(),
+            tid: 0,
+        }
+    }
+
     /// `n` activities on the emulator, each bracketed by events as `timed` does (spare events
     /// first), with the host times around each; then the cycle's end.
     fn run(n: usize, reanchor_ms: f32) -> (Vec<(Instant, Instant)>, Resolved, u64) {
@@ -412,27 +441,7 @@ mod tests {
             e.event_record(b, s).unwrap();
             let t1 = Instant::now();
             host.push((t0, t1));
-            let launch = Launch {
-                api: "cudaLaunchKernel",
-                kind: ActivityKind::Kernel,
-                name: Cow::Owned(format!("k{i}")),
-                bytes: 0,
-                grid: [1; 3],
-                block: [32, 1, 1],
-            };
-            dt.push(
-                &e,
-                DeviceActivity {
-                    launch,
-                    device: 0,
-                    stream: s,
-                    correlation: i as u64,
-                    start: a,
-                    end: b,
-                    enqueued: t0,
-                    tid: 0,
-                },
-            );
+            dt.push(&e, kernel(format!("k{i}"), 0, s, i as u64, (a, b)));
         }
         let resolved = dt.finish(&e);
         assert!(!dt.holds_events());
@@ -489,23 +498,8 @@ mod tests {
         let pending: VecDeque<DeviceActivity> = (0..9)
             .map(|i| {
                 let (device, stream) = keys[i % 3];
-                DeviceActivity {
-                    launch: Launch {
-                        api: "cudaLaunchKernel",
-                        kind: ActivityKind::Kernel,
-                        name: Cow::Borrowed("k"),
-                        bytes: 0,
-                        grid: [1; 3],
-                        block: [1; 3],
-                    },
-                    device,
-                    stream,
-                    correlation: i as u64,
-                    start: EventHandle(100 + i as u64),
-                    end: EventHandle(i as u64),
-                    enqueued: Instant::now(),
-                    tid: 0,
-                }
+                let events = (EventHandle(100 + i as u64), EventHandle(i as u64));
+                kernel("k", device, stream, i as u64, events)
             })
             .collect();
         // Everything done: one query per stream (3), all 9 finished.
@@ -539,27 +533,7 @@ mod tests {
             e.event_create(0, true).unwrap(),
         );
         assert!(dt.take_free(0).is_none());
-        let launch = Launch {
-            api: "cudaLaunchKernel",
-            kind: ActivityKind::Kernel,
-            name: Cow::Borrowed("late"),
-            bytes: 0,
-            grid: [1; 3],
-            block: [1; 3],
-        };
-        dt.push(
-            &e,
-            DeviceActivity {
-                launch,
-                device: 0,
-                stream: StreamHandle::DEFAULT,
-                correlation: 1,
-                start: a,
-                end: b,
-                enqueued: Instant::now(),
-                tid: 0,
-            },
-        );
+        dt.push(&e, kernel("late", 0, StreamHandle::DEFAULT, 1, (a, b)));
         assert!(!dt.holds_events());
         assert_eq!(creates_and_destroys(), (c0 + 2, d0 + 2));
     }

@@ -520,16 +520,18 @@ impl Recording {
         if self.cuda {
             device_trace::set_sink(None);
         }
-        let mut collected = std::mem::take(&mut *self.collector.lock());
-        // Close the collector's device side in place too: an activity racing with the end
-        // (a launch on another thread that saw the sink) destroys its events on arrival.
-        self.collector
-            .lock()
-            .device
-            .release_with(cuda::initialized_driver().as_deref());
         // Device work was enqueued only if the process has a driver already.
-        let resolved = match cuda::initialized_driver() {
-            Some(d) if collected.device.holds_events() => collected.device.finish(&*d),
+        let process_driver = cuda::initialized_driver();
+        let mut collected = {
+            let mut state = self.collector.lock();
+            let taken = std::mem::take(&mut *state);
+            // Close the collector's device side in place too: an activity racing with the
+            // end (a launch on another thread that saw the sink) destroys its events.
+            state.device.release_with(process_driver.as_deref());
+            taken
+        };
+        let resolved = match &process_driver {
+            Some(d) if collected.device.holds_events() => collected.device.finish(&**d),
             _ => Default::default(),
         };
         let mut ranges = collected.ranges;
@@ -548,7 +550,7 @@ impl Recording {
         let mut used: Vec<usize> = resolved.device.iter().map(|d| d.device).collect();
         used.sort_unstable();
         used.dedup();
-        let driver = cuda::initialized_driver().filter(|_| !used.is_empty());
+        let driver = process_driver.filter(|_| !used.is_empty());
         let devices = match &driver {
             Some(d) => used
                 .iter()

@@ -23,19 +23,65 @@ use serde_json::{Value, json};
 
 use crate::{cargo, kernels, results, root, run_step};
 
-/// The test suites that take `EMBER_GPU_TEST=1`: (package, test target).
-pub const GPU_SUITES: [(&str, &str); 11] = [
+/// The test suites that take `EMBER_GPU_TEST=1`: (package, test target). Every suite whose
+/// tests run on `cuda:0` is here, unless [`NOT_BUNDLED`] says why not (the bundle names a
+/// suite by its test target, so two targets of one name cannot both travel).
+pub const GPU_SUITES: [(&str, &str); 25] = [
     ("ember-tensor", "cuda_ops"),
+    ("ember-tensor", "activation_bwd"),
+    ("ember-tensor", "batch_norm"),
+    ("ember-tensor", "conv_pool"),
+    ("ember-tensor", "cuda_bounds"),
+    ("ember-tensor", "cudnn"),
+    ("ember-tensor", "elementwise"),
+    ("ember-tensor", "known_ranges"),
+    ("ember-tensor", "loss"),
+    ("ember-tensor", "matmul_gemm"),
+    ("ember-tensor", "matmul_index"),
+    ("ember-tensor", "reduce"),
+    ("ember-tensor", "softmax"),
     ("ember-autograd", "gradcheck"),
     ("ember-nn", "nn"),
     ("ember-nn", "data"),
     ("ember-nn", "optim"),
+    ("ember-nn", "optim_multi_tensor"),
     ("ember-nn", "schedulers"),
     ("ember-amp", "autocast"),
     ("ember-amp", "scaler"),
+    ("ember-amp", "underflow"),
     ("ember-profiler", "profile"),
     ("ember-parallel", "nccl_group"),
     ("ember", "walkthroughs"),
+];
+
+/// Suites with device tests that the bundle leaves out, and why.
+pub const NOT_BUNDLED: [(&str, &str, &str); 6] = [
+    (
+        "ember-tensor",
+        "guarantees",
+        "a second test target named `guarantees` (ember-autograd)",
+    ),
+    (
+        "ember-autograd",
+        "guarantees",
+        "a second test target named `guarantees` (ember-tensor)",
+    ),
+    (
+        "ember-tensor",
+        "save_checksum",
+        "checkpoint bytes on disk; the device half is a copy",
+    ),
+    (
+        "ember-nn",
+        "optim_validation",
+        "argument checks before any launch",
+    ),
+    (
+        "ember-profiler",
+        "timeline",
+        "the HTML page in a browser, which a GPU machine lacks",
+    ),
+    ("ember", "checkpoint_fuzz", "checkpoint parsing on the host"),
 ];
 
 /// The programs in `bin/`: (package, binary).
@@ -302,6 +348,53 @@ pub fn run(args: &[String]) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A suite that runs tests on `cuda:0` either travels in the bundle or says why not, so
+    /// a new suite of device tests cannot be left to the emulator alone.
+    #[test]
+    fn every_device_suite_is_bundled_or_excused() {
+        let marks = [
+            "test_device!",
+            "ember_testing::prepare",
+            "real_gpu_requested",
+        ];
+        let mut missing = Vec::new();
+        let crates = std::fs::read_dir(root().join("crates")).unwrap();
+        for krate in crates.flatten() {
+            let package = krate.file_name().to_string_lossy().into_owned();
+            let Ok(files) = std::fs::read_dir(krate.path().join("tests")) else {
+                continue;
+            };
+            for f in files.flatten() {
+                let path = f.path();
+                if path.extension().is_none_or(|e| e != "rs") {
+                    continue;
+                }
+                let text = std::fs::read_to_string(&path).unwrap();
+                if !marks.iter().any(|m| text.contains(m)) {
+                    continue;
+                }
+                let name = path.file_stem().unwrap().to_string_lossy().into_owned();
+                let known = GPU_SUITES.iter().any(|&(p, t)| p == package && t == name)
+                    || NOT_BUNDLED
+                        .iter()
+                        .any(|&(p, t, _)| p == package && t == name);
+                if !known {
+                    missing.push(format!("{package}/tests/{name}.rs"));
+                }
+            }
+        }
+        missing.sort();
+        assert!(
+            missing.is_empty(),
+            "device test suites neither in GPU_SUITES nor in NOT_BUNDLED: {missing:?}"
+        );
+        let mut names: Vec<_> = GPU_SUITES.iter().map(|(_, t)| *t).collect();
+        names.sort_unstable();
+        let before = names.len();
+        names.dedup();
+        assert_eq!(names.len(), before, "two bundled suites share a name");
+    }
 
     #[test]
     fn options_and_artifacts() {

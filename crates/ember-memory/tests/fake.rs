@@ -192,6 +192,37 @@ fn record_stream_holds_the_block_until_the_event_completes() {
     alloc.check_invariants().unwrap();
 }
 
+/// Host (pinned) memory is reused by the host, which no stream orders: a copy queued on the
+/// block's own stream holds it too (Note [Host blocks wait for every stream]).
+#[test]
+fn a_host_block_waits_for_its_own_stream() {
+    let raw = Arc::new(FakeRawAllocator::new(Device::Cpu, 64 << 20));
+    let alloc = CachingAllocator::new(raw.clone());
+    let a = alloc.allocate(4096).unwrap();
+    let addr = a.addr();
+    a.record_stream(StreamHandle::DEFAULT);
+    a.record_stream(StreamHandle::DEFAULT);
+    drop(a);
+    assert_eq!(raw.outstanding_events(), 1, "one event on its own stream");
+    let b = alloc.allocate(4096).unwrap();
+    assert_ne!(
+        b.addr(),
+        addr,
+        "not reused while the copy may still read it"
+    );
+    drop(b);
+    raw.complete_events();
+    let c = alloc.allocate(4096).unwrap();
+    assert_eq!(c.addr(), addr, "reused once the event completed");
+    drop(c);
+    // Without a recorded use, a host block is reused at once.
+    let d = alloc.allocate(4096).unwrap();
+    let d_addr = d.addr();
+    drop(d);
+    assert_eq!(alloc.allocate(4096).unwrap().addr(), d_addr);
+    alloc.check_invariants().unwrap();
+}
+
 #[test]
 fn empty_cache_waits_for_pending_events() {
     let (raw, alloc) = fake(64);

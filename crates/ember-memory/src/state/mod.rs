@@ -557,10 +557,25 @@ impl State {
         s_size
     }
 
-    /// `record_stream`: block `i` was used on `stream`.
+    /// `record_stream`: block `i` was used on `stream`. For device memory the block's own
+    /// stream needs no event; for host memory it does (Note [Host blocks wait for every
+    /// stream]).
     pub(crate) fn record_stream(&mut self, i: u32, stream: StreamHandle) {
+        // Note [Host blocks wait for every stream]: a device block is reused by work that
+        // its allocating stream runs in order after its last use, so only other streams
+        // need events. A host block (pinned memory staging an asynchronous copy) is reused
+        // by the host, which no stream orders: the next table or batch written into it
+        // would overwrite bytes a copy still queued on the allocating stream has yet to
+        // read. So host blocks record an event on every stream that used them, their own
+        // too, as PyTorch's CachingHostAllocator does. (Found on an H200: two multi-tensor
+        // optimizer tables in one step, the second overwriting the first before its copy
+        // ran; the emulator, which copied at once, could not show it.)
+        let own_stream_ordered = !self.device.is_cpu();
         let b = &mut self.blocks[i as usize];
-        if b.allocated && stream != b.stream && !b.stream_uses.contains(&stream) {
+        if b.allocated
+            && (stream != b.stream || !own_stream_ordered)
+            && !b.stream_uses.contains(&stream)
+        {
             b.stream_uses.push(stream);
         }
     }

@@ -315,6 +315,10 @@ pub fn run(args: &[String]) -> Result<(), String> {
         "arch": format!("sm_{}", o.arch),
         "fatbin": fatbin.file_name().map(|n| n.to_string_lossy().into_owned()),
         "suites": GPU_SUITES.iter().map(|(_, t)| *t).collect::<Vec<_>>(),
+        "not_bundled": NOT_BUNDLED
+            .iter()
+            .map(|(p, t, why)| json!({"suite": format!("{p}/{t}"), "why": why}))
+            .collect::<Vec<_>>(),
     });
     let text = serde_json::to_string_pretty(&manifest).map_err(|e| e.to_string())?;
     std::fs::write(top.join("bundle.json"), format!("{text}\n"))

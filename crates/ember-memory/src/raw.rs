@@ -12,8 +12,9 @@
 //! `std::alloc` and give it back with the same layout.
 
 use std::alloc::Layout;
+use std::collections::HashMap;
 use std::fmt::Debug;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use ember_device::Device;
 use ember_device::driver::{DevicePtr, Driver, DriverKind, EventHandle, StreamHandle};
@@ -184,20 +185,20 @@ impl RawAllocator for HostAllocator {
 #[derive(Debug, Clone)]
 pub struct PinnedHostAllocator {
     driver: Option<Arc<dyn Driver>>,
+    events: Option<Arc<EventPool>>,
 }
 
 impl PinnedHostAllocator {
     /// Over the process's CUDA driver when there is one (real or emulated), else plain host
     /// memory.
     pub fn new() -> Self {
-        PinnedHostAllocator {
-            driver: ember_device::cuda::driver().ok(),
-        }
+        Self::with_driver(ember_device::cuda::driver().ok())
     }
 
     /// Over a given driver (`None`: plain host memory, trivially complete events).
     pub fn with_driver(driver: Option<Arc<dyn Driver>>) -> Self {
-        PinnedHostAllocator { driver }
+        let events = driver.clone().map(EventPool::new);
+        PinnedHostAllocator { driver, events }
     }
 
     /// Whether memory really is page-locked (a real driver).
@@ -245,11 +246,11 @@ impl RawAllocator for PinnedHostAllocator {
     }
 
     fn record_event(&self, stream: StreamHandle) -> Result<Option<EventHandle>, RawAllocError> {
-        let Some(d) = &self.driver else {
+        let Some(pool) = &self.events else {
             return Ok(None);
         };
         let device = ember_device::cuda::current_device().unwrap_or(0);
-        record_on(d.as_ref(), device, stream).map(Some)
+        pool.record(device, stream).map(Some)
     }
 
     fn event_done(&self, event: EventHandle) -> Result<bool, RawAllocError> {
@@ -267,8 +268,8 @@ impl RawAllocator for PinnedHostAllocator {
     }
 
     fn release_event(&self, event: EventHandle) -> Result<(), RawAllocError> {
-        match &self.driver {
-            Some(d) => Ok(d.event_destroy(event)?),
+        match &self.events {
+            Some(pool) => pool.release(event),
             None => Ok(()),
         }
     }
@@ -283,18 +284,83 @@ impl RawAllocator for PinnedHostAllocator {
     }
 }
 
-/// Create and record an event on `stream` of `device`, destroying it again if recording fails.
-fn record_on(
-    driver: &dyn Driver,
-    device: usize,
-    stream: StreamHandle,
-) -> Result<EventHandle, RawAllocError> {
-    let event = driver.event_create(device, false)?;
-    if let Err(e) = driver.event_record(event, stream) {
-        let _ = driver.event_destroy(event);
-        return Err(e.into());
+/// Spare events kept per allocator (beyond them, released events are destroyed).
+const EVENT_POOL_MAX: usize = 64;
+
+/// Note [Allocator event pool]: a block used on another stream (or, for pinned host memory,
+/// on any stream: Note [Host blocks wait for every stream]) waits for an event recorded at
+/// its free. Creating and destroying one per free costs two driver calls each time (a
+/// multi-tensor optimizer step frees a pinned table every step), so released events go on
+/// a free list per device and the next record takes one from there, as PyTorch's
+/// allocators keep an event pool. The pool destroys its spare events when the allocator
+/// goes away.
+#[derive(Debug)]
+struct EventPool {
+    driver: Arc<dyn Driver>,
+    state: Mutex<PoolState>,
+}
+
+#[derive(Debug, Default)]
+struct PoolState {
+    /// Spare events and their devices.
+    free: Vec<(usize, EventHandle)>,
+    /// The device of each event handed out and not yet released.
+    out: HashMap<EventHandle, usize>,
+}
+
+impl EventPool {
+    fn new(driver: Arc<dyn Driver>) -> Arc<Self> {
+        Arc::new(EventPool {
+            driver,
+            state: Mutex::new(PoolState::default()),
+        })
     }
-    Ok(event)
+
+    fn lock(&self) -> MutexGuard<'_, PoolState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// An event of `device` (a spare one, else a new one) recorded on `stream`.
+    fn record(&self, device: usize, stream: StreamHandle) -> Result<EventHandle, RawAllocError> {
+        let spare = {
+            let mut st = self.lock();
+            let at = st.free.iter().rposition(|&(d, _)| d == device);
+            at.map(|i| st.free.swap_remove(i).1)
+        };
+        let event = match spare {
+            Some(e) => e,
+            None => self.driver.event_create(device, false)?,
+        };
+        if let Err(e) = self.driver.event_record(event, stream) {
+            let _ = self.driver.event_destroy(event);
+            return Err(e.into());
+        }
+        self.lock().out.insert(event, device);
+        Ok(event)
+    }
+
+    /// Back to the free list (or destroyed when the list is full or the event is unknown).
+    fn release(&self, event: EventHandle) -> Result<(), RawAllocError> {
+        {
+            let mut st = self.lock();
+            if let Some(device) = st.out.remove(&event)
+                && st.free.len() < EVENT_POOL_MAX
+            {
+                st.free.push((device, event));
+                return Ok(());
+            }
+        }
+        Ok(self.driver.event_destroy(event)?)
+    }
+}
+
+impl Drop for EventPool {
+    fn drop(&mut self) {
+        let st = std::mem::take(&mut *self.lock());
+        for (_, e) in st.free {
+            let _ = self.driver.event_destroy(e);
+        }
+    }
 }
 
 /// Device memory of one CUDA ordinal, through the driver seam ([`Driver::malloc`] /
@@ -303,6 +369,7 @@ fn record_on(
 pub struct CudaRawAllocator {
     driver: Arc<dyn Driver>,
     ordinal: usize,
+    events: Arc<EventPool>,
 }
 
 impl CudaRawAllocator {
@@ -316,7 +383,12 @@ impl CudaRawAllocator {
                 count,
             });
         }
-        Ok(CudaRawAllocator { driver, ordinal })
+        let events = EventPool::new(driver.clone());
+        Ok(CudaRawAllocator {
+            driver,
+            ordinal,
+            events,
+        })
     }
 
     /// The driver behind this allocator.
@@ -343,7 +415,7 @@ impl RawAllocator for CudaRawAllocator {
     }
 
     fn record_event(&self, stream: StreamHandle) -> Result<Option<EventHandle>, RawAllocError> {
-        record_on(self.driver.as_ref(), self.ordinal, stream).map(Some)
+        self.events.record(self.ordinal, stream).map(Some)
     }
 
     fn event_done(&self, event: EventHandle) -> Result<bool, RawAllocError> {
@@ -355,7 +427,7 @@ impl RawAllocator for CudaRawAllocator {
     }
 
     fn release_event(&self, event: EventHandle) -> Result<(), RawAllocError> {
-        Ok(self.driver.event_destroy(event)?)
+        self.events.release(event)
     }
 
     fn synchronize(&self) -> Result<(), RawAllocError> {

@@ -102,6 +102,48 @@ fn record_stream_with_emulated_events() {
     emu.stream_destroy(side).unwrap();
 }
 
+/// Events recorded for frees come from a pool: after the first, a block used on another
+/// stream (device memory) or on its own stream (pinned host memory) creates no event
+/// (Note [Allocator event pool]), and dropping the allocators destroys every event made.
+#[test]
+fn freed_blocks_reuse_their_events() {
+    use ember_device::driver::emulator::thread_event_calls;
+    use ember_memory::PinnedHostAllocator;
+    // A pinned block's event goes on the thread's current device, which asks the process's
+    // driver: the one configuration every test installs.
+    emulator();
+    let calls = |k: &str| thread_event_calls().get(k).copied().unwrap_or(0);
+    let (emu, alloc) = small_device(64);
+    let driver: Arc<dyn Driver> = emu.clone();
+    let pinned = CachingAllocator::new(Arc::new(PinnedHostAllocator::with_driver(Some(driver))));
+    let side = emu.stream_create(0).unwrap();
+    let created = calls("cuEventCreate");
+    let destroyed = calls("cuEventDestroy");
+    let mut per_round = Vec::new();
+    for _ in 0..4 {
+        let before = calls("cuEventCreate");
+        let a = alloc.allocate(MIB).unwrap();
+        a.record_stream(side);
+        drop(a);
+        let h = pinned.allocate(4096).unwrap();
+        h.record_stream(StreamHandle::DEFAULT);
+        drop(h);
+        // The next allocations collect the (complete) events.
+        drop(alloc.allocate(MIB).unwrap());
+        drop(pinned.allocate(4096).unwrap());
+        per_round.push(calls("cuEventCreate") - before);
+    }
+    assert_eq!(per_round, [2, 0, 0, 0], "events created per round");
+    drop(alloc);
+    drop(pinned);
+    assert_eq!(
+        calls("cuEventCreate") - created,
+        calls("cuEventDestroy") - destroyed,
+        "every event made is destroyed"
+    );
+    emu.stream_destroy(side).unwrap();
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
 

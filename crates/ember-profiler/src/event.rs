@@ -1,5 +1,6 @@
 //! The events of a finished trace ([`Profile`]) and how the raw hooks' records become them.
 
+use std::borrow::Cow;
 use std::time::{Duration, Instant, SystemTime};
 
 use ember_device::driver::DeviceProperties;
@@ -174,7 +175,7 @@ pub struct Profile {
 /// What the hooks delivered, before resolution.
 #[derive(Clone, Debug)]
 pub(crate) struct RawRange {
-    pub name: String,
+    pub name: Cow<'static, str>,
     pub category: Category,
     pub metadata: String,
     pub tid: u64,
@@ -278,7 +279,7 @@ pub(crate) fn resolve(
         }
         let name = match kind {
             EventType::CpuOp => format!("aten::{}", r.name),
-            _ => r.name,
+            _ => r.name.into_owned(),
         };
         let stack = if r.stack.is_empty() {
             Vec::new()

@@ -428,21 +428,25 @@ impl Subscriber for Collector {
     }
 
     fn on_event(&self, e: &TraceEvent) {
+        self.on_event_owned(e.clone());
+    }
+
+    fn on_event_owned(&self, e: TraceEvent) {
         match e.kind {
             EventKind::Range if self.cpu => {
                 let mut s = self.lock();
                 s.open.remove(&e.id);
                 s.ranges.push(RawRange {
-                    name: e.name.to_string(),
+                    name: e.name,
                     category: e.category,
-                    metadata: e.metadata.clone(),
+                    metadata: e.metadata,
                     tid: e.tid,
                     start: e.start,
                     end: e.end,
                     depth: e.depth,
                     correlation: e.correlation,
                     truncated: false,
-                    stack: e.stack.clone(),
+                    stack: e.stack,
                 });
             }
             EventKind::Instant
@@ -498,6 +502,7 @@ impl Recording {
         }
         trace::set_shapes_wanted(options.record_shapes);
         trace::set_stacks_wanted(options.with_stack);
+        trace::set_memory_wanted(options.profile_memory);
         let subscription = (cpu || options.profile_memory).then(|| {
             let sub: Arc<dyn Subscriber> = collector.clone();
             trace::subscribe(sub)
@@ -517,6 +522,7 @@ impl Recording {
         self.subscription = None;
         trace::set_shapes_wanted(false);
         trace::set_stacks_wanted(false);
+        trace::set_memory_wanted(false);
         if self.cuda {
             device_trace::set_sink(None);
         }
@@ -536,7 +542,7 @@ impl Recording {
         };
         let mut ranges = collected.ranges;
         ranges.extend(collected.open.into_values().map(|b| RawRange {
-            name: b.name.into_owned(),
+            name: b.name,
             category: b.category,
             metadata: b.metadata,
             tid: b.tid,
@@ -582,6 +588,8 @@ impl Drop for Recording {
             device_trace::set_sink(None);
         }
         trace::set_shapes_wanted(false);
+        trace::set_stacks_wanted(false);
+        trace::set_memory_wanted(false);
         // A cycle dropped unfinished (a warm-up): its device events are ours to destroy.
         let driver = cuda::initialized_driver();
         self.collector.lock().device.release_with(driver.as_deref());

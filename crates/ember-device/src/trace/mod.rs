@@ -134,6 +134,12 @@ pub trait Subscriber: Send + Sync + fmt::Debug {
     /// Called for each completed range and each point event.
     fn on_event(&self, event: &TraceEvent);
 
+    /// [`Subscriber::on_event`] for the last subscriber to see an event, which may keep its
+    /// parts without copying them (a profiler storing every range). The default lends it.
+    fn on_event_owned(&self, event: TraceEvent) {
+        self.on_event(&event);
+    }
+
     /// Called when a range opens while someone listens (so that a profiler can close ranges
     /// still open when it stops). The default ignores it.
     fn on_begin(&self, _event: &BeginEvent) {}
@@ -142,11 +148,14 @@ pub trait Subscriber: Send + Sync + fmt::Debug {
 static ACTIVE: AtomicUsize = AtomicUsize::new(0);
 static SHAPES: AtomicBool = AtomicBool::new(false);
 static STACKS: AtomicBool = AtomicBool::new(false);
+static MEMORY: AtomicBool = AtomicBool::new(false);
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 static NEXT_RANGE: AtomicU64 = AtomicU64::new(1);
 static NEXT_TID: AtomicU64 = AtomicU64::new(1);
 type Subscribers = Vec<(u64, Arc<dyn Subscriber>)>;
-static SUBSCRIBERS: RwLock<Subscribers> = RwLock::new(Vec::new());
+/// Replaced whole on (un)subscribe, so that an event takes the list with one reference
+/// count instead of copying it.
+static SUBSCRIBERS: RwLock<Option<Arc<Subscribers>>> = RwLock::new(None);
 
 thread_local! {
     static DEPTH: Cell<u32> = const { Cell::new(0) };
@@ -169,6 +178,19 @@ pub fn shapes_wanted() -> bool {
 /// Turn shape recording on or off for every op (the profiler sets it while it records).
 pub fn set_shapes_wanted(on: bool) {
     SHAPES.store(on, Ordering::Relaxed);
+}
+
+/// Whether the caching allocators emit `memory.alloc`/`memory.free` point events (the
+/// profiler's `profile_memory`). Only meaningful while [`is_active`]: a profiler recording
+/// CPU ranges alone does not pay for two formatted events per tensor.
+#[inline]
+pub fn memory_wanted() -> bool {
+    MEMORY.load(Ordering::Relaxed)
+}
+
+/// Turn allocation events on or off (the profiler sets it while it records).
+pub fn set_memory_wanted(on: bool) {
+    MEMORY.store(on, Ordering::Relaxed);
 }
 
 /// Whether op and annotation ranges capture their call stack (the profiler's
@@ -223,10 +245,10 @@ pub fn thread_tid() -> u64 {
 /// Start delivering events to `subscriber` until the returned [`Subscription`] is dropped.
 pub fn subscribe(subscriber: Arc<dyn Subscriber>) -> Subscription {
     let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-    SUBSCRIBERS
-        .write()
-        .unwrap_or_else(|e| e.into_inner())
-        .push((id, subscriber));
+    let mut slot = SUBSCRIBERS.write().unwrap_or_else(|e| e.into_inner());
+    let mut subs: Subscribers = slot.as_deref().cloned().unwrap_or_default();
+    subs.push((id, subscriber));
+    *slot = Some(Arc::new(subs));
     ACTIVE.fetch_add(1, Ordering::Relaxed);
     Subscription { id }
 }
@@ -240,27 +262,34 @@ pub struct Subscription {
 
 impl Drop for Subscription {
     fn drop(&mut self) {
-        let mut subs = SUBSCRIBERS.write().unwrap_or_else(|e| e.into_inner());
+        let mut slot = SUBSCRIBERS.write().unwrap_or_else(|e| e.into_inner());
+        let mut subs: Subscribers = slot.as_deref().cloned().unwrap_or_default();
         let before = subs.len();
         subs.retain(|(id, _)| *id != self.id);
         if subs.len() < before {
             ACTIVE.fetch_sub(1, Ordering::Relaxed);
         }
+        *slot = (!subs.is_empty()).then(|| Arc::new(subs));
     }
 }
 
-fn subscribers() -> Vec<Arc<dyn Subscriber>> {
+fn subscribers() -> Option<Arc<Subscribers>> {
     SUBSCRIBERS
         .read()
         .unwrap_or_else(|e| e.into_inner())
-        .iter()
-        .map(|(_, s)| Arc::clone(s))
-        .collect()
+        .clone()
 }
 
-fn deliver(event: &TraceEvent) {
-    for s in subscribers() {
-        s.on_event(event);
+/// Hands `event` to every subscriber, the last one by value.
+fn deliver(event: TraceEvent) {
+    let Some(subs) = subscribers() else {
+        return;
+    };
+    if let Some(((_, last), rest)) = subs.split_last() {
+        for (_, s) in rest {
+            s.on_event(&event);
+        }
+        last.on_event_owned(event);
     }
 }
 
@@ -301,7 +330,7 @@ impl Drop for RangeGuard {
         if let Some(open) = self.open.take() {
             let end = Instant::now();
             DEPTH.with(|d| d.set(open.depth));
-            deliver(&TraceEvent {
+            deliver(TraceEvent {
                 id: open.id,
                 name: open.name,
                 category: open.category,
@@ -404,8 +433,7 @@ fn open_range(
         Vec::new()
     };
     let start = Instant::now();
-    let subs = subscribers();
-    if !subs.is_empty() {
+    if let Some(subs) = subscribers() {
         let begin = BeginEvent {
             id,
             name: name.clone(),
@@ -416,7 +444,7 @@ fn open_range(
             depth,
             stack: stack.clone(),
         };
-        for s in subs {
+        for (_, s) in subs.iter() {
             s.on_begin(&begin);
         }
     }
@@ -445,7 +473,7 @@ pub fn instant(name: &'static str, metadata: impl FnOnce() -> String) {
 #[cold]
 fn emit_instant(name: &'static str, metadata: String) {
     let now = Instant::now();
-    deliver(&TraceEvent {
+    deliver(TraceEvent {
         id: 0,
         name: Cow::Borrowed(name),
         category: Category::Other,

@@ -85,6 +85,46 @@ fn async_copies_from_pinned_memory() {
     }
 }
 
+/// A pinned buffer rewritten and copied again before the host knew the first asynchronous
+/// copy ran is the hazard the emulator reports (Note [Async host reads]); an event that
+/// completed after the copy, or a synchronisation, makes the reuse safe.
+#[test]
+fn reusing_a_host_buffer_before_its_copy_is_known_done_is_an_error() {
+    let e = emu(1);
+    let d = e.malloc(0, 256).unwrap();
+    let s = e.stream_create(0).unwrap();
+    let ev = e.event_create(0, false).unwrap();
+    let mut host = vec![1u8; 256];
+    // SAFETY: `host` is valid for 256 bytes throughout; the emulator copies at once.
+    let copy = |e: &Emulator, h: &[u8]| unsafe { e.memcpy_htod_async(d, h.as_ptr(), 256, s) };
+    copy(&e, &host).unwrap();
+    // The same bytes again: nothing the first copy reads has changed.
+    copy(&e, &host).unwrap();
+    host[10] = 2;
+    let err = copy(&e, &host).unwrap_err().to_string();
+    assert!(err.contains("EMULATOR_HOST_SOURCE_OVERWRITTEN"), "{err}");
+    assert!(err.contains("Async host reads"), "{err}");
+    // An event recorded after the copies, seen complete: the buffer is free again.
+    e.event_record(ev, s).unwrap();
+    assert!(e.event_query(ev).unwrap());
+    copy(&e, &host).unwrap();
+    host[11] = 3;
+    // An event recorded before the last copy says nothing about it.
+    assert!(e.event_query(ev).unwrap());
+    assert!(copy(&e, &host).is_err());
+    // A stream synchronisation observes everything.
+    e.stream_synchronize(s).unwrap();
+    copy(&e, &host).unwrap();
+    host[12] = 4;
+    e.synchronize(0).unwrap();
+    copy(&e, &host).unwrap();
+    // A disjoint buffer is another matter.
+    let other = vec![5u8; 256];
+    copy(&e, &other).unwrap();
+    e.event_destroy(ev).unwrap();
+    e.stream_destroy(s).unwrap();
+}
+
 #[test]
 fn dtod_across_two_devices() {
     let e = emu(2);

@@ -69,7 +69,9 @@ impl Driver for Emulator {
 
     fn synchronize(&self, device: usize) -> Result<()> {
         record_host_wait("cuCtxSynchronize");
-        self.check_device(device)
+        self.check_device(device)?;
+        self.handles().host_reads.observe_all();
+        Ok(())
     }
 
     fn malloc(&self, device: usize, bytes: usize) -> Result<DevicePtr> {
@@ -129,6 +131,7 @@ impl Driver for Emulator {
         self.mem()
             .slice_mut("cuMemcpyHtoD", dst, src.len())?
             .copy_from_slice(src);
+        self.handles().host_reads.observe_all();
         Ok(())
     }
 
@@ -136,6 +139,7 @@ impl Driver for Emulator {
         record_host_wait("cuMemcpyDtoH");
         self.check_on_stream("cuMemcpyDtoH", stream, src)?;
         dst.copy_from_slice(self.mem().slice("cuMemcpyDtoH", src, dst.len())?);
+        self.handles().host_reads.observe_all();
         Ok(())
     }
 
@@ -160,6 +164,17 @@ impl Driver for Emulator {
         // copy completes, which is before this call returns (Note [Emulated streams]).
         let src = unsafe { std::slice::from_raw_parts(src, bytes) };
         self.check_on_stream("cuMemcpyHtoDAsync", stream, dst)?;
+        {
+            let mut h = self.handles();
+            h.host_reads
+                .check(src)
+                .map_err(|detail| DeviceError::Driver {
+                    call: "cuMemcpyHtoDAsync",
+                    code: "EMULATOR_HOST_SOURCE_OVERWRITTEN".into(),
+                    detail,
+                })?;
+            h.host_reads.push(src);
+        }
         self.mem()
             .slice_mut("cuMemcpyHtoDAsync", dst, bytes)?
             .copy_from_slice(src);
@@ -240,12 +255,15 @@ impl Driver for Emulator {
 
     fn stream_synchronize(&self, stream: StreamHandle) -> Result<()> {
         record_host_wait("cuStreamSynchronize");
-        self.stream_device("cuStreamSynchronize", stream)
-            .map(|_| ())
+        self.stream_device("cuStreamSynchronize", stream)?;
+        self.handles().host_reads.observe_all();
+        Ok(())
     }
 
     fn stream_query(&self, stream: StreamHandle) -> Result<bool> {
-        self.stream_device("cuStreamQuery", stream).map(|_| true)
+        self.stream_device("cuStreamQuery", stream)?;
+        self.handles().host_reads.observe_all();
+        Ok(true)
     }
 
     fn stream_wait_event(&self, stream: StreamHandle, event: EventHandle) -> Result<()> {
@@ -263,6 +281,7 @@ impl Driver for Emulator {
                 device,
                 timing,
                 recorded: None,
+                reads_seq: 0,
             },
         );
         launch_trace::record_event_call("cuEventCreate");
@@ -294,19 +313,26 @@ impl Driver for Emulator {
             });
         }
         let now = Instant::now();
-        if let Some(e) = self.handles().events.get_mut(&event.0) {
+        let mut h = self.handles();
+        let seq = h.host_reads.now();
+        if let Some(e) = h.events.get_mut(&event.0) {
             e.recorded = Some(now);
+            e.reads_seq = seq;
         }
         Ok(())
     }
 
     fn event_synchronize(&self, event: EventHandle) -> Result<()> {
         record_host_wait("cuEventSynchronize");
-        self.event("cuEventSynchronize", event).map(|_| ())
+        let e = self.event("cuEventSynchronize", event)?;
+        self.handles().host_reads.observe_until(e.reads_seq);
+        Ok(())
     }
 
     fn event_query(&self, event: EventHandle) -> Result<bool> {
-        self.event("cuEventQuery", event).map(|_| true)
+        let e = self.event("cuEventQuery", event)?;
+        self.handles().host_reads.observe_until(e.reads_seq);
+        Ok(true)
     }
 
     fn event_elapsed_ms(&self, start: EventHandle, end: EventHandle) -> Result<f32> {

@@ -10,7 +10,9 @@
 //! `event_synchronize` and `stream_wait_event` only validate their handles, `stream_query`
 //! and `event_query` are always `true`, and an event's timestamp is the [`Instant`] at which
 //! it was recorded. Programs that forget to synchronise are not caught by timing (the
-//! caching allocator's `record_stream` rules are tested by their own bookkeeping instead).
+//! caching allocator's `record_stream` rules are tested by their own bookkeeping instead),
+//! except a host buffer an asynchronous copy reads that is rewritten too early, Note [Async
+//! host reads].
 //!
 //! Handles are validated: unknown or destroyed streams and events are
 //! [`DeviceError::InvalidHandle`]. A created stream belongs to one device; work on it must
@@ -27,6 +29,7 @@ mod config;
 mod conv;
 mod cudnn;
 mod gemm;
+mod host_reads;
 mod kernels;
 mod launch_trace;
 mod memory;
@@ -70,6 +73,8 @@ struct EventState {
     device: usize,
     timing: bool,
     recorded: Option<Instant>,
+    /// [`host_reads::HostReads::now`] when recorded.
+    reads_seq: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -88,6 +93,8 @@ struct Handles {
     functions: HashMap<u64, FunctionState>,
     /// Live `malloc_host` blocks: address → bytes.
     host: HashMap<usize, usize>,
+    /// Asynchronous copies' host sources not yet known complete (Note [Async host reads]).
+    host_reads: host_reads::HostReads,
 }
 
 impl Handles {

@@ -1,4 +1,4 @@
-//! `ember-gpu/bin/xtask gpu-session [--out DIR] [--budget SECONDS] [STEP...]`: Ember's GPU
+//! `ember-gpu/bin/xtask gpu-session [--out DIR] [--budget SECONDS] [--filter CASES] [STEP...]`: Ember's GPU
 //! checks, run from an unpacked `cargo xtask gpu-bundle` on a machine with a GPU and no Rust
 //! toolchain. Steps (default all, in this order):
 //!
@@ -11,7 +11,8 @@
 //!   --nproc-per-node 1 -- ember train --device cuda --json`, whose summary must say
 //!   `world_size` 1 and a process group over nccl;
 //! - `bench`: `ember-bench --device cuda`, then `bench/torch_side_by_side.py --device cuda
-//!   --save` against the machine's own PyTorch (`python3`), which writes
+//!   --save` against the machine's own PyTorch (`python3`); with `--filter CASES` only those
+//!   cases, side by side (the script's `--filter`: comma-separated name parts). It writes
 //!   `bench/results/<date>-<host>-cuda.json` in the bundle (copied to `DIR/results/`);
 //! - `sanitize`: compute-sanitizer's memcheck over the op, gradient, layer and scaler suites
 //!   and one epoch of training, synccheck and racecheck over the op suite (skipped, and said
@@ -39,6 +40,8 @@ struct Options {
     out: Option<PathBuf>,
     budget: Duration,
     steps: Vec<String>,
+    /// `--filter`: the side-by-side cases (comma-separated name parts); all when empty.
+    filter: String,
 }
 
 fn parse(args: &[String]) -> Result<Options, String> {
@@ -46,6 +49,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
         out: None,
         budget: Duration::from_secs(540),
         steps: Vec::new(),
+        filter: String::new(),
     };
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -58,10 +62,16 @@ fn parse(args: &[String]) -> Result<Options, String> {
                         .map_err(|_| format!("--budget: expected seconds, found {v:?}"))?,
                 );
             }
+            "--filter" => {
+                o.filter = it
+                    .next()
+                    .ok_or("--filter needs case names (comma-separated parts)")?
+                    .clone();
+            }
             s if STEPS.contains(&s) => o.steps.push(s.to_string()),
             other => {
                 return Err(format!(
-                    "`gpu-session` takes --out DIR, --budget SECONDS and steps {STEPS:?}; found {other:?}"
+                    "`gpu-session` takes --out DIR, --budget SECONDS, --filter CASES and steps {STEPS:?}; found {other:?}"
                 ));
             }
         }
@@ -387,9 +397,13 @@ pub fn run(args: &[String]) -> Result<(), String> {
                 }
             }
             "bench" => {
-                let mut ember = with_libs(s.command(&bin("ember-bench")));
-                ember.args(["--json", "--device", "cuda"]);
-                s.step("bench-ember", 180, &mut ember);
+                // Every case alone first (with their H100 bounds), unless only some are wanted:
+                // the side-by-side run has Ember's side of those.
+                if o.filter.is_empty() {
+                    let mut ember = with_libs(s.command(&bin("ember-bench")));
+                    ember.args(["--json", "--device", "cuda"]);
+                    s.step("bench-ember", 180, &mut ember);
+                }
                 let threads = std::thread::available_parallelism().map_or(1, usize::from);
                 let mut sbs = with_libs(s.command("python3"));
                 sbs.args([
@@ -401,7 +415,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
                     "--ember-bin",
                     "bin/ember-bench",
                     "--filter",
-                    "",
+                    &o.filter,
                     "--rounds",
                     "3",
                     "--save",
@@ -531,6 +545,15 @@ mod tests {
         let o = parse(&["tests".into(), "--budget".into(), "60".into()]).unwrap();
         assert_eq!(o.steps, vec!["tests".to_string()]);
         assert_eq!(o.budget, Duration::from_secs(60));
+        assert_eq!(o.filter, "");
+        let o = parse(&[
+            "bench".into(),
+            "--filter".into(),
+            "softmax_ce,conv2d".into(),
+        ])
+        .unwrap();
+        assert_eq!(o.filter, "softmax_ce,conv2d");
+        assert!(parse(&["--filter".into()]).is_err());
         assert_eq!(parse(&[]).unwrap().steps.len(), STEPS.len());
         assert!(parse(&["bogus".into()]).is_err());
         assert_eq!(

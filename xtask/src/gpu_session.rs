@@ -17,9 +17,10 @@
 //! - `sanitize`: compute-sanitizer's memcheck over the op, gradient, layer and scaler suites
 //!   and one epoch of training, synccheck and racecheck over the op suite (skipped, and said
 //!   so, where `compute-sanitizer` is not on `PATH`);
-//! - `ncu`: Nsight Compute's device time of every kernel of a few ResNet-18 training steps
-//!   (`ember-bench --quick --filter train_resnet18_b32`), as CSV in `ncu-resnet18.log`, to
-//!   find where a step's device time goes (skipped where `ncu` is not on `PATH`).
+//! - `ncu`: Nsight Compute's device time and DRAM bytes of every kernel of a few ResNet-18
+//!   training steps (`ember-bench --quick --filter train_resnet18_b32`), as CSV in
+//!   `ncu-resnet18.log`, to find where a step's device time goes; with `--filter`, of each
+//!   part's cases instead (`ncu-<part>.log`); skipped where `ncu` is not on `PATH`.
 //!
 //! Each step has its own time limit, and no step starts after `--budget` seconds (default
 //! 540, so a session fits a 10-minute call). Logs go to `DIR` (default `session/` in the
@@ -473,26 +474,28 @@ pub fn run(args: &[String]) -> Result<(), String> {
                     s.summary.push("ncu: not run (ncu is not on PATH)".into());
                     continue;
                 }
-                let mut cmd = with_libs(s.command("ncu"));
-                cmd.args([
-                    "--metrics",
-                    "gpu__time_duration.sum",
-                    "--csv",
-                    "--print-units",
-                    "base",
-                    "--clock-control",
-                    "none",
-                ])
-                .arg(bin("ember-bench"))
-                .args([
-                    "--json",
-                    "--quick",
-                    "--device",
-                    "cuda",
-                    "--filter",
-                    "train_resnet18_b32",
-                ]);
-                s.step("ncu-resnet18", 150, &mut cmd);
+                // The ResNet-18 step, or each `--filter` part's cases.
+                let cases: Vec<&str> = if o.filter.is_empty() {
+                    vec!["train_resnet18_b32"]
+                } else {
+                    o.filter.split(',').filter(|c| !c.is_empty()).collect()
+                };
+                for case in cases {
+                    let mut cmd = with_libs(s.command("ncu"));
+                    cmd.args([
+                        "--metrics",
+                        "gpu__time_duration.sum,dram__bytes.sum",
+                        "--csv",
+                        "--print-units",
+                        "base",
+                        "--clock-control",
+                        "none",
+                    ])
+                    .arg(bin("ember-bench"))
+                    .args(["--json", "--quick", "--device", "cuda", "--filter", case]);
+                    let name = case.trim_start_matches("train_").trim_end_matches("_b32");
+                    s.step(&format!("ncu-{name}"), 150, &mut cmd);
+                }
             }
             other => s.summary.push(format!("{other}: unknown step")),
         }

@@ -397,6 +397,13 @@ fn empty_profile() -> &'static Profile {
     })
 }
 
+/// What the hooks record besides ranges: input shapes, call stacks, allocation events.
+fn set_wanted(shapes: bool, stacks: bool, memory: bool) {
+    trace::set_shapes_wanted(shapes);
+    trace::set_stacks_wanted(stacks);
+    trace::set_memory_wanted(memory);
+}
+
 /// What the hooks deliver during one cycle.
 #[derive(Debug, Default)]
 struct Collected {
@@ -500,9 +507,11 @@ impl Recording {
             let sink: Arc<dyn DeviceSink> = collector.clone();
             device_trace::set_sink(Some(sink));
         }
-        trace::set_shapes_wanted(options.record_shapes);
-        trace::set_stacks_wanted(options.with_stack);
-        trace::set_memory_wanted(options.profile_memory);
+        set_wanted(
+            options.record_shapes,
+            options.with_stack,
+            options.profile_memory,
+        );
         let subscription = (cpu || options.profile_memory).then(|| {
             let sub: Arc<dyn Subscriber> = collector.clone();
             trace::subscribe(sub)
@@ -520,9 +529,7 @@ impl Recording {
     fn finish(mut self, options: &ProfileOptions) -> Profile {
         let end = Instant::now();
         self.subscription = None;
-        trace::set_shapes_wanted(false);
-        trace::set_stacks_wanted(false);
-        trace::set_memory_wanted(false);
+        set_wanted(false, false, false);
         if self.cuda {
             device_trace::set_sink(None);
         }
@@ -587,9 +594,7 @@ impl Drop for Recording {
         if self.cuda {
             device_trace::set_sink(None);
         }
-        trace::set_shapes_wanted(false);
-        trace::set_stacks_wanted(false);
-        trace::set_memory_wanted(false);
+        set_wanted(false, false, false);
         // A cycle dropped unfinished (a warm-up): its device events are ours to destroy.
         let driver = cuda::initialized_driver();
         self.collector.lock().device.release_with(driver.as_deref());

@@ -245,12 +245,18 @@ for root in nvidia.__path__:
         elif os.path.basename(d) == 'lib' and any('.so' in f for f in files):
             print(d)";
 
-/// The libraries Ember loads at run time (cuBLAS, cuDNN): the CUDA toolkit's, and those in
-/// the Python environment's `nvidia-*` wheels (where PyTorch's come from).
+/// The libraries Ember loads at run time (cuBLAS, cuDNN, CUPTI): the CUDA toolkit's, and
+/// those in the Python environment's `nvidia-*` wheels (where PyTorch's come from).
 fn cuda_library_path() -> Option<String> {
     let mut dirs: Vec<String> = Vec::new();
-    if Path::new("/usr/local/cuda/lib64").is_dir() {
-        dirs.push("/usr/local/cuda/lib64".into());
+    // The toolkit's libraries, and CUPTI's, which the toolkit keeps apart.
+    for d in [
+        "/usr/local/cuda/lib64",
+        "/usr/local/cuda/extras/CUPTI/lib64",
+    ] {
+        if Path::new(d).is_dir() {
+            dirs.push(d.into());
+        }
     }
     let wheels = Command::new("python3")
         .args(["-c", NVIDIA_WHEEL_LIBS])

@@ -9,7 +9,7 @@ use ember_device::driver::emulator::{
     ADDRESS_TAG, Emulator, EmulatorConfig, KernelLaunch, register_kernel,
 };
 use ember_device::driver::{
-    DevicePtr, Driver, DriverKind, GemmDesc, GemmType, LaunchConfig, StreamHandle,
+    ActivityKind, DevicePtr, Driver, DriverKind, GemmDesc, GemmType, LaunchConfig, StreamHandle,
 };
 
 const S0: StreamHandle = StreamHandle::DEFAULT;
@@ -319,6 +319,85 @@ fn registered_kernel_launches() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("CUDA_ERROR_LAUNCH_FAILED"), "{err}");
+}
+
+/// The emulated activity API (Note [CUPTI through the seam]): while enabled, each kernel,
+/// copy and memset leaves a record with its bytes or geometry, stamped on the activity clock
+/// around the work and tagged with the innermost id pushed on the enqueuing thread; nothing
+/// is recorded while disabled, and a failed launch leaves no record.
+#[test]
+fn activity_records_tag_work_with_the_pushed_id() {
+    register_kernel("ember_test_fill_u32", fill_u32);
+    let e = emu(2);
+    let m = e.module_load(1, b"ignored").unwrap();
+    let f = e.module_function(m, "ember_test_fill_u32").unwrap();
+    let s1 = e.stream_create(1).unwrap();
+    let d = e.malloc(1, 64 * 4).unwrap();
+    let (mut addr, mut n, mut value) = (d.0, 64u32, 7u32);
+    let mut params: Vec<*mut c_void> = vec![
+        (&mut addr as *mut u64).cast(),
+        (&mut n as *mut u32).cast(),
+        (&mut value as *mut u32).cast(),
+    ];
+    let config = LaunchConfig {
+        grid: (2, 1, 1),
+        block: (32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    assert!(e.activity_version().unwrap() > 0);
+    e.memset_d8_async(d, 0, 16, s1).unwrap(); // not recording yet
+    e.activity_enable().unwrap();
+    let t0 = e.activity_timestamp_ns().unwrap();
+    e.activity_push_correlation(11).unwrap();
+    e.memset_d8_async(d, 1, 16, s1).unwrap();
+    e.activity_push_correlation(12).unwrap();
+    // SAFETY: params match fill_u32's parameters; `d` holds 64 u32s of device 1.
+    unsafe { e.launch_kernel(f, config, s1, &mut params).unwrap() };
+    e.activity_pop_correlation().unwrap();
+    let mut back = vec![0u8; 256];
+    e.memcpy_dtoh(&mut back, d, s1).unwrap(); // tagged 11 again
+    e.activity_pop_correlation().unwrap();
+    e.memcpy_htod(d, &back[..8], s1).unwrap(); // untagged
+    // A launch the emulator rejects leaves no record.
+    let big = LaunchConfig {
+        block: (2048, 1, 1),
+        ..config
+    };
+    // SAFETY: as above (rejected before it runs).
+    assert!(unsafe { e.launch_kernel(f, big, s1, &mut params) }.is_err());
+    let t1 = e.activity_timestamp_ns().unwrap();
+    e.activity_disable().unwrap();
+    e.memset_d8_async(d, 2, 16, s1).unwrap(); // not recording any more
+    let err = e.activity_pop_correlation().unwrap_err().to_string();
+    assert!(err.contains("CUPTI_ERROR_QUEUE_EMPTY"), "{err}");
+
+    let r = e.activity_flush().unwrap();
+    let got: Vec<(ActivityKind, &str, usize, Option<u64>, u64)> = r
+        .iter()
+        .map(|r| (r.kind, r.name.as_str(), r.device, r.external, r.bytes))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (ActivityKind::Memset, "", 1, Some(11), 16),
+            (ActivityKind::Kernel, "ember_test_fill_u32", 1, Some(12), 0),
+            (ActivityKind::MemcpyDtoH, "", 1, Some(11), 256),
+            (ActivityKind::MemcpyHtoD, "", 1, None, 8),
+        ]
+    );
+    assert_eq!((r[1].grid, r[1].block), ([2, 1, 1], [32, 1, 1]));
+    for w in r.windows(2) {
+        assert!(
+            w[0].end_ns <= w[1].start_ns,
+            "records in order, not overlapping"
+        );
+    }
+    assert!(t0 <= r[0].start_ns && r[3].end_ns <= t1);
+    assert!(r.iter().all(|r| r.start_ns <= r.end_ns));
+    assert!(
+        e.activity_flush().unwrap().is_empty(),
+        "a flush takes the records"
+    );
 }
 
 /// Reference: C = alpha * op(A) op(B) + beta * C on f64 column-major data.

@@ -168,8 +168,13 @@ pub struct Profile {
     pub devices: Vec<(usize, DeviceProperties)>,
     /// The device times came from the CUDA emulator (durations are the emulator's).
     pub emulated: bool,
-    /// Device calls that could not be timed (an event could not be created or read).
+    /// Device calls that could not be timed (an event could not be created or read, or the
+    /// activity API left no record of them).
     pub untimed: u64,
+    /// How the device work was timed: [`DeviceTiming::Cupti`](crate::DeviceTiming::Cupti)
+    /// or [`DeviceTiming::Events`](crate::DeviceTiming::Events); `None` when no device work
+    /// was recorded.
+    pub device_timing: Option<crate::DeviceTiming>,
 }
 
 /// What the hooks delivered, before resolution.

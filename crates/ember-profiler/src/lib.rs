@@ -34,10 +34,14 @@
 //! `MmBackward0` around each node, optimizers open `Optimizer.step#Adam.step`, the
 //! DataLoader `enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__` (and
 //! `DataLoader.fetch` on its worker threads), the caching allocators emit a point per
-//! allocation and free. With [`ProfilerActivity::Cuda`], every kernel launch, cuBLAS call
-//! and copy is timed on the device with CUDA events (Note [Device activity] in
-//! `ember_device::trace::device`) and linked to the op that issued it. On the CUDA emulator
-//! the same events are produced, with the emulator's durations (the trace says so).
+//! allocation and free. With [`ProfilerActivity::Cuda`], every kernel launch, cuBLAS and
+//! cuDNN call and copy is timed on the device, through CUPTI's activity records where the
+//! driver loads CUPTI (as PyTorch's profiler; a library call shows the kernels it ran) and
+//! with CUDA events otherwise or when [`ProfileOptions::device_timing`] asks for them (Note
+//! [Device activity] in `ember_device::trace::device`), and linked to the op that issued
+//! it; [`Profile::device_timing`] says which. On the CUDA emulator the same events are
+//! produced, from its emulated CUPTI or its events, with the emulator's durations (the
+//! trace says so).
 //!
 //! # The trace schema
 //!
@@ -62,6 +66,7 @@
 //! | `M` | | `process_name`, `thread_name` | | `name` |
 
 mod chrome;
+mod device_records;
 mod device_times;
 mod error;
 mod event;
@@ -75,8 +80,8 @@ pub use chrome::{tensorboard_trace_handler, write_tensorboard_trace};
 pub use error::{ProfilerError, Result};
 pub use event::{Event, EventType, MemoryRecord, Profile, Track};
 pub use profiler::{
-    ProfileOptions, Profiler, ProfilerActivity, TraceHandler, profile, record_function,
-    with_profile,
+    DeviceTiming, ProfileOptions, Profiler, ProfilerActivity, TraceHandler, profile,
+    record_function, with_profile,
 };
 pub use schedule::{ProfilerAction, Schedule, schedule};
 pub use stack::call_sites_resolvable;

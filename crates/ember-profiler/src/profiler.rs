@@ -4,16 +4,17 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use ember_device::cuda;
 use ember_device::driver::{Driver, EventHandle};
-use ember_device::trace::device::{self as device_trace, DeviceActivity, DeviceSink};
+use ember_device::trace::device::{self as device_trace, DeviceActivity, DeviceSink, TaggedLaunch};
 use ember_device::trace::{
     self, BeginEvent, Category, EventKind, RangeGuard, Subscriber, Subscription, TraceEvent,
 };
 
+use crate::device_records::{self, Tagged};
 use crate::device_times::DeviceTimes;
 use crate::error::{ProfilerError, Result};
 use crate::event::{self, Profile, RawMemory, RawRange};
@@ -26,6 +27,32 @@ pub enum ProfilerActivity {
     Cpu,
     /// Device work: kernels and copies, timed on the device.
     Cuda,
+}
+
+/// How device work is timed (Note [Device activity] in `ember-device`): asked for in
+/// [`ProfileOptions::device_timing`], and what a cycle used in
+/// [`Profile::device_timing`](crate::Profile::device_timing).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum DeviceTiming {
+    /// CUPTI's activity API where the driver has it (as PyTorch's profiler), CUDA events
+    /// otherwise. Only asked for, never reported.
+    #[default]
+    Auto,
+    /// The driver's activity records (CUPTI on a GPU, its emulation on the emulator).
+    Cupti,
+    /// Two CUDA events around each launch.
+    Events,
+}
+
+impl DeviceTiming {
+    /// `"auto"`, `"cupti"` or `"cuda events"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            DeviceTiming::Auto => "auto",
+            DeviceTiming::Cupti => "cupti",
+            DeviceTiming::Events => "cuda events",
+        }
+    }
 }
 
 /// Called with each finished cycle's trace (`on_trace_ready`).
@@ -52,6 +79,10 @@ pub struct ProfileOptions {
     pub schedule: Option<Schedule>,
     /// Called with the trace of each finished cycle (and, without a schedule, at stop).
     pub on_trace_ready: Option<TraceHandler>,
+    /// How device work is timed: [`DeviceTiming::Auto`] (the default) or
+    /// [`DeviceTiming::Events`] (events even where CUPTI is available); `Cupti` is taken as
+    /// `Auto`.
+    pub device_timing: DeviceTiming,
 }
 
 impl fmt::Debug for ProfileOptions {
@@ -66,6 +97,7 @@ impl fmt::Debug for ProfileOptions {
                 "on_trace_ready",
                 &self.on_trace_ready.as_ref().map(|_| "<handler>"),
             )
+            .field("device_timing", &self.device_timing)
             .finish()
     }
 }
@@ -79,6 +111,7 @@ impl Default for ProfileOptions {
             with_stack: false,
             schedule: None,
             on_trace_ready: None,
+            device_timing: DeviceTiming::Auto,
         }
     }
 }
@@ -116,6 +149,12 @@ impl ProfileOptions {
     /// Set the schedule.
     pub fn schedule(mut self, s: Schedule) -> Self {
         self.schedule = Some(s);
+        self
+    }
+
+    /// Set how device work is timed.
+    pub fn device_timing(mut self, t: DeviceTiming) -> Self {
+        self.device_timing = t;
         self
     }
 
@@ -394,6 +433,7 @@ fn empty_profile() -> &'static Profile {
         devices: Vec::new(),
         emulated: false,
         untimed: 0,
+        device_timing: None,
     })
 }
 
@@ -411,6 +451,7 @@ struct Collected {
     open: HashMap<u64, BeginEvent>,
     memory: Vec<RawMemory>,
     device: DeviceTimes,
+    tagged: Tagged,
 }
 
 /// The subscriber and device sink of one cycle.
@@ -418,7 +459,18 @@ struct Collected {
 struct Collector {
     cpu: bool,
     memory: bool,
+    /// Whether the driver's activity API may be used ([`DeviceTiming::Events`] forbids it).
+    activity_allowed: bool,
+    /// Set by the first launch: whether this cycle enabled the driver's activity API.
+    activity: OnceLock<bool>,
     state: Mutex<Collected>,
+}
+
+impl Collector {
+    /// Whether this cycle records through the activity API (set once, by the first launch).
+    fn activity_enabled(&self) -> bool {
+        self.activity.get().copied().unwrap_or(false)
+    }
 }
 
 impl Collector {
@@ -481,6 +533,16 @@ impl DeviceSink for Collector {
     fn reuse_event(&self, device: usize) -> Option<EventHandle> {
         self.lock().device.take_free(device)
     }
+
+    fn activity_api(&self, driver: &dyn Driver) -> bool {
+        *self
+            .activity
+            .get_or_init(|| self.activity_allowed && driver.activity_enable().is_ok())
+    }
+
+    fn on_tagged(&self, launch: TaggedLaunch) {
+        self.lock().tagged.push(launch);
+    }
 }
 
 /// One cycle being recorded.
@@ -492,6 +554,8 @@ struct Recording {
     t0: Instant,
     started_at: SystemTime,
     untimed_before: u64,
+    /// Set by [`Recording::finish`], which stops what the cycle started.
+    finished: bool,
 }
 
 impl Recording {
@@ -499,6 +563,8 @@ impl Recording {
         let collector = Arc::new(Collector {
             cpu: cpu || options.profile_memory,
             memory: options.profile_memory,
+            activity_allowed: options.device_timing != DeviceTiming::Events,
+            activity: OnceLock::new(),
             state: Mutex::new(Collected::default()),
         });
         if cuda {
@@ -523,11 +589,13 @@ impl Recording {
             t0: Instant::now(),
             started_at: SystemTime::now(),
             untimed_before: device_trace::untimed_count(),
+            finished: false,
         }
     }
 
     fn finish(mut self, options: &ProfileOptions) -> Profile {
         let end = Instant::now();
+        self.finished = true;
         self.subscription = None;
         set_wanted(false, false, false);
         if self.cuda {
@@ -543,9 +611,16 @@ impl Recording {
             state.device.release_with(process_driver.as_deref());
             taken
         };
+        let cupti = self.collector.activity_enabled();
         let resolved = match &process_driver {
+            Some(d) if cupti => collected.tagged.finish(&**d),
             Some(d) if collected.device.holds_events() => collected.device.finish(&**d),
             _ => Default::default(),
+        };
+        let device_timing = match (cupti, resolved.device.is_empty() && resolved.untimed == 0) {
+            (_, true) => None,
+            (true, false) => Some(DeviceTiming::Cupti),
+            (false, false) => Some(DeviceTiming::Events),
         };
         let mut ranges = collected.ranges;
         ranges.extend(collected.open.into_values().map(|b| RawRange {
@@ -585,6 +660,7 @@ impl Recording {
             emulated,
             untimed: resolved.untimed
                 + device_trace::untimed_count().saturating_sub(self.untimed_before),
+            device_timing,
         }
     }
 }
@@ -595,8 +671,15 @@ impl Drop for Recording {
             device_trace::set_sink(None);
         }
         set_wanted(false, false, false);
-        // A cycle dropped unfinished (a warm-up): its device events are ours to destroy.
+        // A cycle dropped unfinished (a warm-up): its device events are ours to destroy, and
+        // the activity recording it enabled ours to stop (a finished cycle did both).
         let driver = cuda::initialized_driver();
         self.collector.lock().device.release_with(driver.as_deref());
+        if let Some(d) = &driver
+            && self.collector.activity.get() == Some(&true)
+            && !self.finished
+        {
+            device_records::discard(&**d);
+        }
     }
 }

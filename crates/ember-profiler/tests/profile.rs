@@ -12,8 +12,8 @@ use common::{Model, both, serial, temp_dir, train_step};
 use ember_autograd::{Result, Tensor};
 use ember_nn::optim::{Adam, AdamOptions};
 use ember_profiler::{
-    Event, EventType, ProfileOptions, ProfilerAction, ProfilerActivity, ProfilerError, Track,
-    profile, record_function, schedule, tensorboard_trace_handler,
+    DeviceTiming, Event, EventType, ProfileOptions, ProfilerAction, ProfilerActivity,
+    ProfilerError, Track, profile, record_function, schedule, tensorboard_trace_handler,
 };
 use ember_tensor::{DType, Device};
 use ember_testing::test_device;
@@ -33,6 +33,21 @@ fn ancestors(events: &[Event], mut i: Option<usize>) -> Vec<String> {
 }
 
 fn records_a_training_step(dev: &Device) -> Result<()> {
+    records_a_training_step_timed(dev, DeviceTiming::Auto)
+}
+
+/// The timing a profile of CUDA work reports when it asked for `asked`: CUPTI's activity
+/// records wherever the driver has them (always on the emulator), events otherwise.
+fn expected_timing(asked: DeviceTiming) -> DeviceTiming {
+    let driver = ember_device::cuda::initialized_driver().expect("CUDA ran");
+    match asked {
+        DeviceTiming::Events => DeviceTiming::Events,
+        _ if driver.activity_version().is_ok() => DeviceTiming::Cupti,
+        _ => DeviceTiming::Events,
+    }
+}
+
+fn records_a_training_step_timed(dev: &Device, timing: DeviceTiming) -> Result<()> {
     let _serial = serial();
     let model = Model::new(dev)?;
     let mut opt = Adam::new(model.params(), AdamOptions::default())?;
@@ -41,13 +56,16 @@ fn records_a_training_step(dev: &Device) -> Result<()> {
         ProfileOptions::new()
             .activities(both())
             .record_shapes(true)
-            .profile_memory(true),
+            .profile_memory(true)
+            .device_timing(timing),
     )
     .unwrap();
     train_step(&model, &mut opt, dev)?;
     prof.stop().unwrap();
     let p = prof.profile().unwrap();
     let ev = &p.events;
+    let expected = dev.is_cuda().then(|| expected_timing(timing));
+    assert_eq!(p.device_timing, expected);
 
     // User ranges, ops inside them, autograd nodes, the optimizer step.
     for name in ["data_loading", "forward", "backward", "optimizer"] {
@@ -225,6 +243,67 @@ fn records_a_training_step(dev: &Device) -> Result<()> {
 }
 test_device!(profiler_records_a_training_step, records_a_training_step);
 
+/// The same step timed with CUDA events where CUPTI would be used.
+#[test]
+fn profiler_records_a_training_step_cuda_with_events() {
+    let dev = ember_testing::prepare(Device::Cuda(0)).unwrap();
+    records_a_training_step_timed(&dev, DeviceTiming::Events).unwrap();
+}
+
+/// Under the activity API a profiled launch makes no event at all, every launch has its
+/// record, and the recording stops with the profile (Note [CUPTI through the seam]).
+#[test]
+fn profiled_cuda_steps_under_cupti_make_no_events() {
+    let _serial = serial();
+    let dev = ember_testing::prepare(Device::Cuda(0)).unwrap();
+    let model = Model::new(&dev).unwrap();
+    let mut opt = Adam::new(model.params(), AdamOptions::default()).unwrap();
+    train_step(&model, &mut opt, &dev).unwrap();
+    let driver = ember_device::cuda::initialized_driver().unwrap();
+    if driver.activity_version().is_err() {
+        eprintln!("skipped: this driver has no activity API (CUPTI); events time the launches");
+        return;
+    }
+    let before = event_calls();
+    let mut prof = profile(ProfileOptions::new().activities(both())).unwrap();
+    for _ in 0..3 {
+        train_step(&model, &mut opt, &dev).unwrap();
+    }
+    prof.stop().unwrap();
+    let after = event_calls();
+    let p = prof.profile().unwrap();
+    assert_eq!(p.device_timing, Some(DeviceTiming::Cupti));
+    assert_eq!(p.untimed, 0);
+    let launches: HashSet<u64> = p
+        .events
+        .iter()
+        .filter(|e| e.kind == EventType::Runtime)
+        .map(|e| e.correlation)
+        .collect();
+    let linked: HashSet<u64> = p
+        .events
+        .iter()
+        .filter(|e| e.kind.is_device())
+        .map(|e| e.correlation)
+        .collect();
+    assert!(launches.len() >= 30, "{} launches", launches.len());
+    assert_eq!(
+        linked, launches,
+        "every launch has a record, every record a launch"
+    );
+    if ember_device::cuda::is_emulated() {
+        // The emulator's own count; on a GPU the synchronisation at the end may make one.
+        assert_eq!(
+            after, before,
+            "events created and destroyed while profiling"
+        );
+    }
+    // Recording stopped with the profile: later work leaves no record.
+    train_step(&model, &mut opt, &dev).unwrap();
+    driver.synchronize(0).unwrap();
+    assert_eq!(driver.activity_flush().unwrap(), Vec::new());
+}
+
 /// `cuEventCreate`/`cuEventDestroy` calls this thread made on the emulator.
 fn event_calls() -> (u64, u64) {
     let c = ember_device::driver::emulator::thread_event_calls();
@@ -246,7 +325,12 @@ fn profiled_cuda_steps_reuse_their_timing_events() {
     let mut opt = Adam::new(model.params(), AdamOptions::default()).unwrap();
     train_step(&model, &mut opt, &dev).unwrap();
     let before = event_calls();
-    let mut prof = profile(ProfileOptions::new().activities(both())).unwrap();
+    let mut prof = profile(
+        ProfileOptions::new()
+            .activities(both())
+            .device_timing(DeviceTiming::Events),
+    )
+    .unwrap();
     let mut per_step = Vec::new();
     for _ in 0..12 {
         let c0 = event_calls().0;
@@ -256,6 +340,7 @@ fn profiled_cuda_steps_reuse_their_timing_events() {
     prof.stop().unwrap();
     let after = event_calls();
     let p = prof.profile().unwrap();
+    assert_eq!(p.device_timing, Some(DeviceTiming::Events));
     let kernels = p.events.iter().filter(|e| e.kind.is_device()).count();
     let launches = p
         .events

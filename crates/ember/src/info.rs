@@ -38,8 +38,8 @@ pub struct Info {
     /// How conv2d runs on the current CUDA device; `None` without CUDA.
     pub conv: Option<ConvInfo>,
     /// How the profiler times device work (`ProfilerActivity::Cuda`; Note [Device activity]
-    /// in `ember-device`): CUDA events around each launch, library call and copy, not
-    /// CUPTI; `None` without CUDA.
+    /// in `ember-device`): CUPTI's activity records where the driver loads CUPTI, CUDA events
+    /// around each launch, library call and copy otherwise (and why); `None` without CUDA.
     pub profiler_device_timing: Option<String>,
     /// Whether NCCL (collectives among CUDA devices) is usable, and why not.
     pub nccl: NcclInfo,
@@ -154,15 +154,7 @@ pub fn collect() -> Info {
         cpu: cpu_info(),
         memory,
         conv: available.then(conv_info),
-        profiler_device_timing: available.then(|| {
-            if cuda::is_emulated() {
-                "CUDA events on the emulator (durations are the emulator's)".to_string()
-            } else {
-                "CUDA events recorded around each kernel launch, library call and copy on its \
-                 stream (CUPTI is not used)"
-                    .to_string()
-            }
-        }),
+        profiler_device_timing: driver.as_deref().filter(|_| available).map(profiler_timing),
         nccl: nccl_info(driver.as_deref()),
     }
 }
@@ -200,6 +192,22 @@ fn nccl_info(driver: Option<&dyn ember_device::driver::Driver>) -> NcclInfo {
             version: None,
             reason,
         },
+    }
+}
+
+/// The profiler's device timing on `d`, in words (Note [CUPTI through the seam]).
+fn profiler_timing(d: &dyn ember_device::driver::Driver) -> String {
+    let emulated = if cuda::is_emulated() {
+        " (the emulator's, with its durations)"
+    } else {
+        ""
+    };
+    match d.activity_version() {
+        Ok(v) => format!("CUPTI activity records, API version {v}{emulated}"),
+        Err(e) => format!(
+            "CUDA events recorded around each kernel launch, library call and copy on its \
+             stream{emulated}; CUPTI is not used: {e}"
+        ),
     }
 }
 

@@ -8,7 +8,8 @@ fn ember(args: &[&str], emulator: Option<&str>) -> std::process::Output {
     cmd.args(args)
         .env_remove("EMBER_CUDA_EMULATOR")
         .env_remove("EMBER_CUDA_EMULATOR_MEMORY")
-        .env_remove("EMBER_CUDA_EMULATOR_CUDNN");
+        .env_remove("EMBER_CUDA_EMULATOR_CUDNN")
+        .env_remove("EMBER_CUDA_EMULATOR_CUPTI");
     if let Some(n) = emulator {
         cmd.env("EMBER_CUDA_EMULATOR", n);
     }
@@ -82,10 +83,10 @@ fn info_lists_two_emulated_devices() {
     assert_eq!(v["conv"]["cudnn_version"], 90100);
     assert_eq!(v["conv"]["allow_tf32"], true);
     assert_eq!(v["conv"]["benchmark"], false);
-    // The profiler's device times: CUDA events (here the emulator's), not CUPTI.
+    // The profiler's device times: the (emulated) CUPTI activity records.
     let timing = v["profiler_device_timing"].as_str().unwrap();
     assert!(
-        timing.contains("CUDA events") && timing.contains("emulator"),
+        timing.starts_with("CUPTI activity records") && timing.contains("emulator"),
         "{timing}"
     );
     assert!(info_json(None)["profiler_device_timing"].is_null());
@@ -97,9 +98,16 @@ fn info_says_which_conv_path_runs_and_why() {
         .args(["info", "--json"])
         .env("EMBER_CUDA_EMULATOR", "1")
         .env("EMBER_CUDA_EMULATOR_CUDNN", "0")
+        .env("EMBER_CUDA_EMULATOR_CUPTI", "0")
         .output()
         .unwrap();
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    // Without CUPTI the profiler falls back to events, and says why.
+    let timing = v["profiler_device_timing"].as_str().unwrap();
+    assert!(
+        timing.starts_with("CUDA events") && timing.contains("EMBER_CUDA_EMULATOR_CUPTI=0"),
+        "{timing}"
+    );
     assert_eq!(v["conv"]["path"], "im2col", "{}", v["conv"]);
     let why = v["conv"]["reason"].as_str().unwrap();
     assert!(why.contains("EMBER_CUDA_EMULATOR_CUDNN"), "{why}");
@@ -110,7 +118,10 @@ fn info_says_which_conv_path_runs_and_why() {
         text.contains("conv2d on CUDA:   cuDNN (cuDNN 9.1.0)"),
         "{text}"
     );
-    assert!(text.contains("profiler (CUDA):  CUDA events"), "{text}");
+    assert!(
+        text.contains("profiler (CUDA):  CUPTI activity records"),
+        "{text}"
+    );
     assert!(info_json(None)["conv"].is_null());
 }
 

@@ -15,15 +15,20 @@
 //!   dereferenceable on the host (see Note [Tagged device addresses] in that module), streams,
 //!   events with wall-clock timing, several devices with configurable properties.
 //!
+//! Device activity records (CUPTI's activity API) cross the seam too: Note [CUPTI through the
+//! seam] in `activity.rs`.
+//!
 //! Device pointers are plain `u64`s ([`DevicePtr`]); host code must never dereference one.
 //! Streams and events are opaque handles issued by the driver. Stream handle `0`
 //! ([`StreamHandle::DEFAULT`]) is each device's default (legacy) stream.
 
+mod activity;
 mod conv;
 pub mod emulator;
 mod nccl;
 pub mod real;
 
+pub use activity::{ActivityKind, ActivityRecord};
 pub use conv::{ConvAlgoPerf, ConvBuffers, ConvDesc, ConvDirection, ConvProblem, ConvSearch};
 pub use nccl::{Collective, NcclComm, NcclType, NcclUniqueId, ReduceOp, nccl_version_string};
 
@@ -394,4 +399,24 @@ pub trait Driver: Send + Sync + fmt::Debug {
     /// Enqueue this rank's part of a collective on `stream`, a stream of the communicator's
     /// device (or the default stream). Buffers must be memory of that device.
     fn nccl_collective(&self, comm: NcclComm, stream: StreamHandle, op: &Collective) -> Result<()>;
+
+    // --- device activity (Note [CUPTI through the seam]) --------------------------------
+    /// CUPTI's activity API version (`cuptiGetVersion`), loading the library on first use.
+    /// An absent or unusable library is [`crate::DeviceError::Unsupported`] saying why.
+    fn activity_version(&self) -> Result<u32>;
+    /// Start recording the kernels, copies and memsets of every device, with their external
+    /// correlation ids. Records wait for [`Driver::activity_flush`].
+    fn activity_enable(&self) -> Result<()>;
+    /// Stop recording; what was recorded stays for [`Driver::activity_flush`].
+    fn activity_disable(&self) -> Result<()>;
+    /// Tag the work this thread enqueues from now on with `id`
+    /// (`cuptiActivityPushExternalCorrelationId`), until the matching pop.
+    fn activity_push_correlation(&self, id: u64) -> Result<()>;
+    /// Undo this thread's last [`Driver::activity_push_correlation`].
+    fn activity_pop_correlation(&self) -> Result<()>;
+    /// Flush the library's buffers and take every record completed since the last flush
+    /// (work still running on a device may come in a later flush: synchronise first).
+    fn activity_flush(&self) -> Result<Vec<ActivityRecord>>;
+    /// The clock the records are stamped with, now, in nanoseconds (`cuptiGetTimestamp`).
+    fn activity_timestamp_ns(&self) -> Result<u64>;
 }

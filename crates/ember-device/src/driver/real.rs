@@ -265,6 +265,7 @@ impl RealDriver {
 }
 
 mod cudnn;
+mod cupti;
 mod driver_impl;
 mod nccl;
 

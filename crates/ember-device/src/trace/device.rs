@@ -2,29 +2,36 @@
 //!
 //! Note [Device activity]:
 //!
-//! The places that enqueue work on a CUDA stream (`ember-kernels`' launch, the GEMM and the
-//! copies of `ember-tensor`'s CUDA backend) wrap the driver call in [`timed`]. While no
-//! [`DeviceSink`] is installed that costs one relaxed atomic load. While one is installed
-//! (the profiler with its CUDA activity), [`timed`]:
+//! The places that enqueue work on a CUDA stream (`ember-kernels`' launch, the GEMM, the
+//! convolutions and the copies of `ember-tensor`'s CUDA backend) wrap the driver call in
+//! [`timed`]. While no [`DeviceSink`] is installed that costs one relaxed atomic load. While
+//! one is installed (the profiler with its CUDA activity), [`timed`] opens a
+//! [`Category::Runtime`](super::Category::Runtime) range named after the API
+//! (`cudaLaunchKernel`, `cudaMemcpyAsync`, `cublasGemmStridedBatchedEx`) carrying a fresh
+//! correlation id, runs the call inside it, and times the work in one of two ways:
 //!
-//! 1. takes two timing events (ones the sink hands back, Note [Event pool] in
-//!    `ember-profiler`, or new ones) and records the first on the stream;
-//! 2. opens a [`Category::Runtime`](super::Category::Runtime) range named after the API
-//!    (`cudaLaunchKernel`, `cudaMemcpyAsync`, `cublasGemmStridedBatchedEx`) carrying a fresh
-//!    correlation id, runs the call inside it, and records the second event;
-//! 3. hands a [`DeviceActivity`] with both events and the same correlation id to the sink.
+//! - **the activity API** (CUPTI, Note [CUPTI through the seam] in `driver/activity.rs`),
+//!   when the sink says so ([`DeviceSink::activity_api`]: it enabled the driver's recording):
+//!   the correlation id is pushed as the thread's external id around the call, so the
+//!   driver's records of the work (every kernel a library call runs) carry it, and the sink
+//!   gets a [`TaggedLaunch`] to join them with when it flushes. No event is made or
+//!   recorded; the host pays CUPTI's bookkeeping and a push and a pop.
+//! - **CUDA events** otherwise (no CUPTI, or the profile asked for events): two timing events
+//!   (ones the sink hands back, Note [Event pool] in `ember-profiler`, or new ones) are
+//!   recorded on the stream before and after the call, and the sink gets a
+//!   [`DeviceActivity`] owning both. Once the work is done it reads the device time between
+//!   them (`cuEventElapsedTime`, placed on the host clock through a reference event) and
+//!   reuses them for later launches ([`DeviceSink::reuse_event`]) or destroys them. A
+//!   kernel's start is when the stream reached the first event, so back-to-back kernels may
+//!   show the gap of an event record between them, and a library call is one activity
+//!   however many kernels it runs.
 //!
-//! The sink owns the events from then on: once the work is done it reads the device time
-//! between them (`cuEventElapsedTime`, placed on the host clock through a reference event)
-//! and reuses them for later launches ([`DeviceSink::reuse_event`]) or destroys them. This is CUDA events, not CUPTI: the
-//! durations are the device's, measured on its own clock, but a kernel's start is when the
-//! stream reached the first event, so back-to-back kernels may show the gap of an event
-//! record between them. On the emulator the events are stamped on the host when recorded and
-//! kernels run inside the launch call, so the same events come out with the emulator's
-//! durations.
+//! On the emulator both ways produce the same events with the emulator's durations: it
+//! stamps events on the host when recorded and runs kernels inside the launch call, and its
+//! activity records are the host clock around the work.
 //!
-//! A failure to create or record an event never fails the user's call: the call runs
-//! untimed and [`untimed_count`] counts it, so the profiler can say so.
+//! A failure to create or record an event, or to push the id, never fails the user's call:
+//! the call runs untimed and [`untimed_count`] counts it, so the profiler can say so.
 
 use std::borrow::Cow;
 use std::fmt;
@@ -34,31 +41,7 @@ use std::time::Instant;
 
 use crate::driver::{Driver, EventHandle, StreamHandle};
 
-/// What a [`DeviceActivity`] did on the device.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum ActivityKind {
-    /// A kernel, or a library call that runs kernels (a cuBLAS GEMM).
-    Kernel,
-    /// A copy from host to device.
-    MemcpyHtoD,
-    /// A copy from device to host.
-    MemcpyDtoH,
-    /// A copy between device buffers.
-    MemcpyDtoD,
-    /// A memset.
-    Memset,
-}
-
-impl ActivityKind {
-    /// PyTorch's trace category: `kernel`, `gpu_memcpy` or `gpu_memset`.
-    pub fn category(self) -> &'static str {
-        match self {
-            ActivityKind::Kernel => "kernel",
-            ActivityKind::Memset => "gpu_memset",
-            _ => "gpu_memcpy",
-        }
-    }
-}
+pub use crate::driver::ActivityKind;
 
 /// What the call site says about the work it enqueues (built only while a sink listens).
 #[derive(Clone, Debug, PartialEq)]
@@ -98,7 +81,25 @@ pub struct DeviceActivity {
     pub tid: u64,
 }
 
-/// Receives device activity; takes ownership of its two events.
+/// One piece of work enqueued while the driver's activity API records: its records carry
+/// `correlation` as their external id (Note [Device activity]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TaggedLaunch {
+    /// What the call site said.
+    pub launch: Launch,
+    /// The device's ordinal.
+    pub device: usize,
+    /// The stream it was enqueued on.
+    pub stream: StreamHandle,
+    /// Shared with the runtime range that enqueued it and with its activity records.
+    pub correlation: u64,
+    /// When the host enqueued it.
+    pub enqueued: Instant,
+    /// The enqueuing thread's [`super::thread_tid`].
+    pub tid: u64,
+}
+
+/// Receives device activity; takes ownership of the events of a [`DeviceActivity`].
 pub trait DeviceSink: Send + Sync + fmt::Debug {
     /// Called after the work was enqueued (not finished), with the driver that enqueued it
     /// and owns the events.
@@ -110,6 +111,20 @@ pub trait DeviceSink: Send + Sync + fmt::Debug {
     fn reuse_event(&self, device: usize) -> Option<EventHandle> {
         let _ = device;
         None
+    }
+
+    /// Whether `driver`'s activity API records this sink's launches (the sink enables it on
+    /// the first launch it sees and answers the same from then on); `false` (the default)
+    /// times them with events.
+    fn activity_api(&self, driver: &dyn Driver) -> bool {
+        let _ = driver;
+        false
+    }
+
+    /// Called after work was enqueued with its id pushed, when [`DeviceSink::activity_api`]
+    /// said so.
+    fn on_tagged(&self, launch: TaggedLaunch) {
+        let _ = launch;
     }
 }
 
@@ -164,6 +179,9 @@ fn timed_slow<T, E>(
         // The sink went away since `is_active`: nobody listens any more.
         return call();
     };
+    if sink.activity_api(driver) {
+        return tagged(driver, &*sink, device, stream, launch, call);
+    }
     let Some(events) = start_events(driver, &*sink, device, stream) else {
         UNTIMED.fetch_add(1, Ordering::Relaxed);
         return call();
@@ -195,6 +213,43 @@ fn timed_slow<T, E>(
         // Best effort: the events were ours and nobody else saw them.
         let _ = driver.event_destroy(events.0);
         let _ = driver.event_destroy(events.1);
+    }
+    result
+}
+
+/// [`timed`] under the activity API: the call inside a runtime range, with the range's
+/// correlation id pushed as the thread's external id.
+fn tagged<T, E>(
+    driver: &dyn Driver,
+    sink: &dyn DeviceSink,
+    device: usize,
+    stream: StreamHandle,
+    launch: Launch,
+    call: impl FnOnce() -> Result<T, E>,
+) -> Result<T, E> {
+    let correlation = NEXT_CORRELATION.fetch_add(1, Ordering::Relaxed);
+    let enqueued = Instant::now();
+    let range = super::runtime_range(launch.api, correlation);
+    if driver.activity_push_correlation(correlation).is_err() {
+        UNTIMED.fetch_add(1, Ordering::Relaxed);
+        return call();
+    }
+    let result = call();
+    let popped = driver.activity_pop_correlation().is_ok();
+    drop(range);
+    match (&result, popped) {
+        (Ok(_), true) => sink.on_tagged(TaggedLaunch {
+            launch,
+            device,
+            stream,
+            correlation,
+            enqueued,
+            tid: super::thread_tid(),
+        }),
+        (Ok(_), false) => {
+            UNTIMED.fetch_add(1, Ordering::Relaxed);
+        }
+        (Err(_), _) => {}
     }
     result
 }

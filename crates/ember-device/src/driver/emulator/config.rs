@@ -12,6 +12,9 @@
 //!   launch-coverage check uses it).
 //! - `EMBER_CUDA_EMULATOR_CUDNN=0`: the emulated cuDNN is absent (read by `cudnn.rs`, Note
 //!   [Emulated cuDNN algorithms]); convolutions then take the im2col path.
+//! - `EMBER_CUDA_EMULATOR_CUPTI=0`: the emulated activity API is absent (read by
+//!   `activity.rs`, Note [CUPTI through the seam]); the profiler then times launches with
+//!   events.
 
 use crate::error::{DeviceError, Result};
 

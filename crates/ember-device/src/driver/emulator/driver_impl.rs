@@ -4,12 +4,13 @@ use std::alloc::Layout;
 use std::ffi::c_void;
 use std::time::Instant;
 
+use super::activity::{self as act, Work};
 use super::launch_trace::{self, record_host_wait};
 use super::{
     Emulator, EventState, FunctionState, HOST_ALIGN, KernelLaunch, cudnn, device_of_address, gemm,
     invalid_handle, kernel_name_ok, lookup_kernel, translate_for_kernel,
 };
-use crate::driver::{Collective, NcclComm, NcclUniqueId};
+use crate::driver::{ActivityKind, ActivityRecord, Collective, NcclComm, NcclUniqueId};
 use crate::driver::{
     ConvAlgoPerf, ConvBuffers, ConvDesc, ConvProblem, ConvSearch, DeviceProperties, DevicePtr,
     Driver, DriverKind, EventHandle, FunctionHandle, GemmDesc, LaunchConfig, ModuleHandle,
@@ -128,9 +129,13 @@ impl Driver for Emulator {
     fn memcpy_htod(&self, dst: DevicePtr, src: &[u8], stream: StreamHandle) -> Result<()> {
         record_host_wait("cuMemcpyHtoD");
         self.check_on_stream("cuMemcpyHtoD", stream, dst)?;
-        self.mem()
-            .slice_mut("cuMemcpyHtoD", dst, src.len())?
-            .copy_from_slice(src);
+        let describe = || transfer(ActivityKind::MemcpyHtoD, dst, src.len());
+        self.activity.run(describe, || {
+            self.mem()
+                .slice_mut("cuMemcpyHtoD", dst, src.len())?
+                .copy_from_slice(src);
+            Ok(())
+        })?;
         self.handles().host_reads.observe_all();
         Ok(())
     }
@@ -138,7 +143,12 @@ impl Driver for Emulator {
     fn memcpy_dtoh(&self, dst: &mut [u8], src: DevicePtr, stream: StreamHandle) -> Result<()> {
         record_host_wait("cuMemcpyDtoH");
         self.check_on_stream("cuMemcpyDtoH", stream, src)?;
-        dst.copy_from_slice(self.mem().slice("cuMemcpyDtoH", src, dst.len())?);
+        let len = dst.len();
+        let describe = || transfer(ActivityKind::MemcpyDtoH, src, len);
+        self.activity.run(describe, || {
+            dst.copy_from_slice(self.mem().slice("cuMemcpyDtoH", src, dst.len())?);
+            Ok(())
+        })?;
         self.handles().host_reads.observe_all();
         Ok(())
     }
@@ -175,10 +185,15 @@ impl Driver for Emulator {
                 })?;
             h.host_reads.push(src);
         }
-        self.mem()
-            .slice_mut("cuMemcpyHtoDAsync", dst, bytes)?
-            .copy_from_slice(src);
-        Ok(())
+        self.activity.run(
+            || transfer(ActivityKind::MemcpyHtoD, dst, bytes),
+            || {
+                self.mem()
+                    .slice_mut("cuMemcpyHtoDAsync", dst, bytes)?
+                    .copy_from_slice(src);
+                Ok(())
+            },
+        )
     }
 
     unsafe fn memcpy_dtoh_async(
@@ -202,8 +217,13 @@ impl Driver for Emulator {
         // otherwise accessed until the copy completes, before this call returns.
         let dst = unsafe { std::slice::from_raw_parts_mut(dst, bytes) };
         self.check_on_stream("cuMemcpyDtoHAsync", stream, src)?;
-        dst.copy_from_slice(self.mem().slice("cuMemcpyDtoHAsync", src, bytes)?);
-        Ok(())
+        self.activity.run(
+            || transfer(ActivityKind::MemcpyDtoH, src, bytes),
+            || {
+                dst.copy_from_slice(self.mem().slice("cuMemcpyDtoHAsync", src, bytes)?);
+                Ok(())
+            },
+        )
     }
 
     fn memcpy_dtod_async(
@@ -215,13 +235,16 @@ impl Driver for Emulator {
     ) -> Result<()> {
         // Peer copies: the stream may belong to either device, or to neither; only validate it.
         self.stream_device("cuMemcpyDtoDAsync", stream)?;
-        let mem = self.mem();
-        let s = mem.translate("cuMemcpyDtoDAsync", src, bytes)?;
-        let d = mem.translate("cuMemcpyDtoDAsync", dst, bytes)?;
-        // SAFETY: both ranges were checked to lie inside live allocations, which cannot be
-        // freed while `mem` (the lock) is held; `ptr::copy` allows them to overlap.
-        unsafe { std::ptr::copy(s, d, bytes) };
-        Ok(())
+        let describe = || transfer(ActivityKind::MemcpyDtoD, dst, bytes);
+        self.activity.run(describe, || {
+            let mem = self.mem();
+            let s = mem.translate("cuMemcpyDtoDAsync", src, bytes)?;
+            let d = mem.translate("cuMemcpyDtoDAsync", dst, bytes)?;
+            // SAFETY: both ranges were checked to lie inside live allocations, which cannot
+            // be freed while `mem` (the lock) is held; `ptr::copy` allows them to overlap.
+            unsafe { std::ptr::copy(s, d, bytes) };
+            Ok(())
+        })
     }
 
     fn memset_d8_async(
@@ -232,10 +255,13 @@ impl Driver for Emulator {
         stream: StreamHandle,
     ) -> Result<()> {
         self.check_on_stream("cuMemsetD8Async", stream, dst)?;
-        self.mem()
-            .slice_mut("cuMemsetD8Async", dst, bytes)?
-            .fill(value);
-        Ok(())
+        let describe = || transfer(ActivityKind::Memset, dst, bytes);
+        self.activity.run(describe, || {
+            self.mem()
+                .slice_mut("cuMemsetD8Async", dst, bytes)?
+                .fill(value);
+            Ok(())
+        })
     }
 
     fn stream_create(&self, device: usize) -> Result<StreamHandle> {
@@ -462,32 +488,10 @@ impl Driver for Emulator {
                 detail: format!("kernel {:?}: {problem}", f.name),
             });
         }
-        let mem = self.mem();
-        let launch = KernelLaunch {
-            grid: [g.0, g.1, g.2],
-            block: [b.0, b.1, b.2],
-            shared_mem_bytes: config.shared_mem_bytes,
-            params: params.as_mut_ptr(),
-            num_params: params.len(),
-            translate_ctx: &*mem as *const _ as *const c_void,
-            translate: translate_for_kernel,
-        };
-        // Before it runs, so that a kernel that aborts the process still counts (Note [Launch
-        // trace]).
-        super::launch_trace::record_launch(&f.name);
-        // SAFETY: the caller guarantees `params` matches the kernel's parameters; `launch`
-        // and the memory state it points at outlive the call, and the lock is held throughout.
-        let status = unsafe { (f.kernel)(&launch) };
-        drop(mem);
-        if status == 0 {
-            Ok(())
-        } else {
-            Err(DeviceError::Driver {
-                call: CALL,
-                code: "CUDA_ERROR_LAUNCH_FAILED".into(),
-                detail: format!("emulated kernel {:?} returned status {status}", f.name),
-            })
-        }
+        let describe = || Work::kernel(f.name.clone(), f.device, [g.0, g.1, g.2], [b.0, b.1, b.2]);
+        // SAFETY: forwarded from this function's contract.
+        self.activity
+            .run(describe, || unsafe { self.run_kernel(&f, config, params) })
     }
 
     fn gemm(&self, device: usize, stream: StreamHandle, desc: &GemmDesc) -> Result<()> {
@@ -519,7 +523,19 @@ impl Driver for Emulator {
                 });
             }
         }
-        gemm::gemm(&mut self.mem(), desc)
+        let describe = || {
+            let name = format!(
+                "emulated_gemm_{}_{}x{}x{}_batch{}",
+                format!("{:?}", desc.dtype).to_lowercase(),
+                desc.m,
+                desc.n,
+                desc.k,
+                desc.batch
+            );
+            Work::kernel(name, device, [1; 3], [1; 3])
+        };
+        self.activity
+            .run(describe, || gemm::gemm(&mut self.mem(), desc))
     }
 
     fn cudnn_version(&self, device: usize) -> Result<usize> {
@@ -545,7 +561,20 @@ impl Driver for Emulator {
         let call = cudnn::run_name(desc.problem.direction);
         self.check_library_call(call, device, stream)?;
         self.check_conv_buffers(call, device, &desc.problem, &desc.buffers)?;
-        cudnn::run(&mut self.mem(), desc)
+        let describe = || {
+            let p = &desc.problem;
+            let name = format!(
+                "emulated_conv_{:?}_{}_x{:?}_w{:?}_algo{}",
+                p.direction,
+                format!("{:?}", p.dtype).to_lowercase(),
+                p.x_dims,
+                p.w_dims,
+                desc.algo
+            );
+            Work::kernel(name, device, [1; 3], [1; 3])
+        };
+        self.activity
+            .run(describe, || cudnn::run(&mut self.mem(), desc))
     }
 
     fn nccl_version(&self) -> Result<i32> {
@@ -593,6 +622,38 @@ impl Driver for Emulator {
     fn nccl_collective(&self, comm: NcclComm, stream: StreamHandle, op: &Collective) -> Result<()> {
         self.nccl_collective_impl(comm, stream, op)
     }
+
+    fn activity_version(&self) -> Result<u32> {
+        act::version()
+    }
+
+    fn activity_enable(&self) -> Result<()> {
+        act::version()?;
+        self.activity.set_enabled(true);
+        Ok(())
+    }
+
+    fn activity_disable(&self) -> Result<()> {
+        self.activity.set_enabled(false);
+        Ok(())
+    }
+
+    fn activity_push_correlation(&self, id: u64) -> Result<()> {
+        act::push(id);
+        Ok(())
+    }
+
+    fn activity_pop_correlation(&self) -> Result<()> {
+        act::pop()
+    }
+
+    fn activity_flush(&self) -> Result<Vec<ActivityRecord>> {
+        Ok(self.activity.flush())
+    }
+
+    fn activity_timestamp_ns(&self) -> Result<u64> {
+        Ok(self.activity.now_ns())
+    }
 }
 
 impl Emulator {
@@ -637,4 +698,49 @@ impl Emulator {
         }
         Ok(())
     }
+
+    /// Run a checked launch of `f` (the body of `launch_kernel`).
+    ///
+    /// # Safety
+    /// As [`Driver::launch_kernel`]: `params` matches the kernel's parameters.
+    unsafe fn run_kernel(
+        &self,
+        f: &FunctionState,
+        config: LaunchConfig,
+        params: &mut [*mut c_void],
+    ) -> Result<()> {
+        const CALL: &str = "cuLaunchKernel";
+        let (g, b) = (config.grid, config.block);
+        let mem = self.mem();
+        let launch = KernelLaunch {
+            grid: [g.0, g.1, g.2],
+            block: [b.0, b.1, b.2],
+            shared_mem_bytes: config.shared_mem_bytes,
+            params: params.as_mut_ptr(),
+            num_params: params.len(),
+            translate_ctx: &*mem as *const _ as *const c_void,
+            translate: translate_for_kernel,
+        };
+        // Before it runs, so that a kernel that aborts the process still counts (Note [Launch
+        // trace]).
+        super::launch_trace::record_launch(&f.name);
+        // SAFETY: the caller guarantees `params` matches the kernel's parameters; `launch`
+        // and the memory state it points at outlive the call, and the lock is held throughout.
+        let status = unsafe { (f.kernel)(&launch) };
+        drop(mem);
+        if status == 0 {
+            Ok(())
+        } else {
+            Err(DeviceError::Driver {
+                call: CALL,
+                code: "CUDA_ERROR_LAUNCH_FAILED".into(),
+                detail: format!("emulated kernel {:?} returned status {status}", f.name),
+            })
+        }
+    }
+}
+
+/// A copy or memset of `bytes` touching `ptr` (its device; 0 for host memory).
+fn transfer(kind: ActivityKind, ptr: DevicePtr, bytes: usize) -> Work {
+    Work::transfer(kind, device_of_address(ptr).unwrap_or(0), bytes)
 }

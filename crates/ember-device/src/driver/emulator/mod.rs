@@ -25,6 +25,7 @@
 //! Calls that take only a stream (`stream_synchronize`, `stream_query`,
 //! `stream_wait_event`) accept it as is: there is nothing pending on any device.
 
+mod activity;
 mod config;
 mod conv;
 mod cudnn;
@@ -36,6 +37,7 @@ mod memory;
 mod nccl;
 mod nccl_run;
 
+pub use activity::{EMULATED_CUPTI_VERSION, ENV_EMULATOR_CUPTI};
 pub use config::{
     DEFAULT_TOTAL_MEMORY, ENV_EMULATOR, ENV_EMULATOR_MEMORY, EmulatedDeviceConfig, EmulatorConfig,
     MAX_EMULATED_DEVICES, MAX_TOTAL_MEMORY, parse_size,
@@ -140,6 +142,7 @@ pub struct Emulator {
     memory: Mutex<MemoryState>,
     handles: Mutex<Handles>,
     nccl: nccl::NcclShared,
+    activity: activity::ActivityState,
 }
 
 impl fmt::Debug for Emulator {
@@ -164,6 +167,7 @@ impl Emulator {
             memory: Mutex::new(memory),
             handles: Mutex::new(Handles::default()),
             nccl: nccl::NcclShared::default(),
+            activity: activity::ActivityState::default(),
         })
     }
 

@@ -548,6 +548,34 @@ impl Driver for RealDriver {
     fn nccl_collective(&self, comm: NcclComm, stream: StreamHandle, op: &Collective) -> Result<()> {
         self.nccl_collective_impl(comm, stream, op)
     }
+
+    fn activity_version(&self) -> Result<u32> {
+        super::cupti::version()
+    }
+
+    fn activity_enable(&self) -> Result<()> {
+        super::cupti::enable()
+    }
+
+    fn activity_disable(&self) -> Result<()> {
+        super::cupti::disable()
+    }
+
+    fn activity_push_correlation(&self, id: u64) -> Result<()> {
+        super::cupti::push(id)
+    }
+
+    fn activity_pop_correlation(&self) -> Result<()> {
+        super::cupti::pop()
+    }
+
+    fn activity_flush(&self) -> Result<Vec<crate::driver::ActivityRecord>> {
+        super::cupti::take()
+    }
+
+    fn activity_timestamp_ns(&self) -> Result<u64> {
+        super::cupti::timestamp_ns()
+    }
 }
 
 #[cfg(test)]

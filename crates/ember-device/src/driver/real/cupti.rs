@@ -1,0 +1,441 @@
+//! The real driver's device activity: CUPTI's activity API through cudarc's bindings, loaded
+//! at run time (Note [CUPTI through the seam] in `driver/activity.rs`).
+//!
+//! CUPTI is process-global: one set of buffer callbacks, one record stream for every device.
+//! Loading is probed once (presence, every entry point, `cuptiGetVersion`, registering the
+//! callbacks) under `catch_unwind`, as cuDNN's (cudarc panics on a missing symbol); the
+//! outcome is cached. CUPTI asks for buffers and hands them back full, or when flushed, on
+//! its own threads or inside `cuptiActivityFlushAll`; [`buffer_completed`] parses each
+//! buffer into [`Parsed`] records at once and frees it, and [`take`] joins the work records
+//! with their external ids (`EXTERNAL_CORRELATION` records: CUPTI's correlation id of the
+//! enqueuing call → the id Ember pushed).
+//!
+//! Record layouts: the kernel, memcpy and memset records grew new versions over CUPTI
+//! releases by appending fields; the fields read here (kind, times, device, correlation id,
+//! grid, block, name, bytes, copy kind) sit in the prefix every version since CUDA 11 shares,
+//! and are read one by one (`read_unaligned` through `addr_of!`, the structs being packed),
+//! never as a whole struct, so a newer library's longer record reads the same. None of this
+//! can run on the development machines (no GPU); only the absent-library path is exercised
+//! there.
+
+use std::alloc::Layout;
+use std::collections::HashMap;
+use std::ffi::{CStr, c_void};
+use std::sync::{Mutex, OnceLock};
+
+use cudarc::cupti::sys;
+
+use crate::driver::{ActivityKind, ActivityRecord};
+use crate::error::{DeviceError, Result};
+
+/// Entry points used here, resolved at load so that no call can hit a missing symbol.
+const SYMBOLS: &[&str] = &[
+    "cuptiGetVersion",
+    "cuptiGetTimestamp",
+    "cuptiActivityRegisterCallbacks",
+    "cuptiActivityEnable",
+    "cuptiActivityDisable",
+    "cuptiActivityFlushAll",
+    "cuptiActivityGetNextRecord",
+    "cuptiActivityPushExternalCorrelationId",
+    "cuptiActivityPopExternalCorrelationId",
+];
+
+/// Bytes per activity buffer (Kineto's and CUPTI's samples' size) and their alignment.
+const BUFFER_BYTES: usize = 8 << 20;
+const BUFFER_ALIGN: usize = 8;
+
+/// The kinds recorded while enabled.
+const KINDS: [sys::CUpti_ActivityKind; 4] = [
+    sys::CUpti_ActivityKind::CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL,
+    sys::CUpti_ActivityKind::CUPTI_ACTIVITY_KIND_MEMCPY,
+    sys::CUpti_ActivityKind::CUPTI_ACTIVITY_KIND_MEMSET,
+    sys::CUpti_ActivityKind::CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION,
+];
+
+const EXTERNAL_KIND: sys::CUpti_ExternalCorrelationKind =
+    sys::CUpti_ExternalCorrelationKind::CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0;
+
+/// A parsed record: work with CUPTI's correlation id, or a link from one to Ember's id.
+#[derive(Debug)]
+enum Parsed {
+    Work(ActivityRecord, u32),
+    Link(u32, u64),
+}
+
+/// Records parsed from completed buffers, not yet taken.
+static COMPLETED: Mutex<Vec<Parsed>> = Mutex::new(Vec::new());
+
+/// The outcome of loading: CUPTI's API version, or why it cannot be used.
+static LOADED: OnceLock<std::result::Result<u32, String>> = OnceLock::new();
+
+fn check(
+    call: &'static str,
+    r: std::result::Result<(), cudarc::cupti::result::CuptiError>,
+) -> Result<()> {
+    r.map_err(|e| DeviceError::driver(call, format!("{:?}", e.0)))
+}
+
+/// CUPTI's API version, loading it on first use (or why not).
+pub(super) fn version() -> Result<u32> {
+    LOADED
+        .get_or_init(load)
+        .clone()
+        .map_err(|why| DeviceError::Unsupported {
+            what: why,
+            driver: "real",
+        })
+}
+
+fn load() -> std::result::Result<u32, String> {
+    // SAFETY: only tries to dlopen the library and closes it again.
+    if !unsafe { sys::is_culib_present() } {
+        return Err("CUPTI not found (no libcupti.so on the library path)".into());
+    }
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let outcome = std::panic::catch_unwind(|| -> std::result::Result<u32, String> {
+        // SAFETY: the library is present (checked above); `culib` loads it once.
+        let lib = unsafe { sys::culib() };
+        for name in SYMBOLS {
+            // SAFETY: only looks the symbol up; it is not called through this pointer.
+            if unsafe { lib.get::<*const c_void>(name.as_bytes()) }.is_err() {
+                return Err(format!("CUPTI lacks {name} (too old or broken?)"));
+            }
+        }
+        let mut v = 0u32;
+        // SAFETY: the out-pointer is a valid local; the symbol resolved above.
+        unsafe { sys::cuptiGetVersion(&mut v) }
+            .result()
+            .map_err(|e| format!("cuptiGetVersion failed: {:?}", e.0))?;
+        cudarc::cupti::result::activity::register_callbacks(
+            Some(buffer_requested),
+            Some(buffer_completed),
+        )
+        .map_err(|e| format!("cuptiActivityRegisterCallbacks failed: {:?}", e.0))?;
+        Ok(v)
+    });
+    std::panic::set_hook(hook);
+    outcome.unwrap_or_else(|_| Err("CUPTI could not be loaded (a library call panicked)".into()))
+}
+
+pub(super) fn enable() -> Result<()> {
+    version()?;
+    for kind in KINDS {
+        check(
+            "cuptiActivityEnable",
+            cudarc::cupti::result::activity::enable(kind),
+        )?;
+    }
+    Ok(())
+}
+
+pub(super) fn disable() -> Result<()> {
+    version()?;
+    for kind in KINDS {
+        check(
+            "cuptiActivityDisable",
+            cudarc::cupti::result::activity::disable(kind),
+        )?;
+    }
+    Ok(())
+}
+
+pub(super) fn push(id: u64) -> Result<()> {
+    version()?;
+    check(
+        "cuptiActivityPushExternalCorrelationId",
+        cudarc::cupti::result::activity::push_external_correlation_id(EXTERNAL_KIND, id),
+    )
+}
+
+pub(super) fn pop() -> Result<()> {
+    version()?;
+    let mut last = 0u64;
+    // SAFETY: the out-pointer is a valid local.
+    let r = unsafe {
+        cudarc::cupti::result::activity::pop_external_correlation_id(EXTERNAL_KIND, &mut last)
+    };
+    check("cuptiActivityPopExternalCorrelationId", r)
+}
+
+pub(super) fn timestamp_ns() -> Result<u64> {
+    version()?;
+    let mut t = 0u64;
+    // SAFETY: the out-pointer is a valid local.
+    check("cuptiGetTimestamp", unsafe {
+        cudarc::cupti::result::get_timestamp(&mut t)
+    })?;
+    Ok(t)
+}
+
+/// Flush CUPTI's buffers (which parses them) and take the records, joined.
+pub(super) fn take() -> Result<Vec<ActivityRecord>> {
+    version()?;
+    let forced = sys::CUpti_ActivityFlag::CUPTI_ACTIVITY_FLAG_FLUSH_FORCED as u32;
+    check(
+        "cuptiActivityFlushAll",
+        cudarc::cupti::result::activity::flush_all(forced),
+    )?;
+    let parsed = std::mem::take(&mut *COMPLETED.lock().unwrap_or_else(|e| e.into_inner()));
+    Ok(join(parsed))
+}
+
+/// Work records with the external ids their links give.
+fn join(parsed: Vec<Parsed>) -> Vec<ActivityRecord> {
+    let links: HashMap<u32, u64> = parsed
+        .iter()
+        .filter_map(|p| match p {
+            Parsed::Link(c, e) => Some((*c, *e)),
+            Parsed::Work(..) => None,
+        })
+        .collect();
+    parsed
+        .into_iter()
+        .filter_map(|p| match p {
+            Parsed::Work(mut r, c) => {
+                r.external = links.get(&c).copied();
+                Some(r)
+            }
+            Parsed::Link(..) => None,
+        })
+        .collect()
+}
+
+fn buffer_layout() -> Option<Layout> {
+    Layout::from_size_align(BUFFER_BYTES, BUFFER_ALIGN).ok()
+}
+
+/// CUPTI asks for an empty buffer.
+unsafe extern "C" fn buffer_requested(buffer: *mut *mut u8, size: *mut usize, max: *mut usize) {
+    let Some(layout) = buffer_layout() else {
+        return;
+    };
+    // SAFETY: a non-zero-sized layout; freed in `buffer_completed` with the same layout.
+    let ptr = unsafe { std::alloc::alloc(layout) };
+    // SAFETY: CUPTI passes valid out-pointers; a null buffer (allocation failure) makes it
+    // drop records rather than write anywhere.
+    unsafe {
+        *buffer = ptr;
+        *size = if ptr.is_null() { 0 } else { BUFFER_BYTES };
+        *max = 0;
+    }
+}
+
+/// CUPTI hands a buffer back with `valid` bytes of records: parse them and free it.
+unsafe extern "C" fn buffer_completed(
+    _context: cudarc::driver::sys::CUcontext,
+    _stream: u32,
+    buffer: *mut u8,
+    _size: usize,
+    valid: usize,
+) {
+    if buffer.is_null() {
+        return;
+    }
+    let mut out = Vec::new();
+    let mut record: *mut sys::CUpti_Activity = std::ptr::null_mut();
+    // SAFETY: `buffer` holds `valid` bytes of records written by CUPTI; `get_next_record`
+    // walks them and stops with an error at the end.
+    while unsafe { cudarc::cupti::result::activity::get_next_record(buffer, valid, &mut record) }
+        .is_ok()
+    {
+        // SAFETY: CUPTI returned a record inside the buffer, of the layout its kind names.
+        if let Some(p) = unsafe { parse(record) } {
+            out.push(p);
+        }
+    }
+    if let Some(layout) = buffer_layout() {
+        // SAFETY: allocated by `buffer_requested` with this layout; CUPTI is done with it.
+        unsafe { std::alloc::dealloc(buffer, layout) };
+    }
+    COMPLETED
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .extend(out);
+}
+
+/// Read field `$f` of the packed record `$p` (a raw pointer) without referencing it.
+macro_rules! field {
+    ($p:expr, $f:ident) => {
+        std::ptr::addr_of!((*$p).$f).read_unaligned()
+    };
+}
+
+/// One record, if it is a kind recorded here.
+///
+/// # Safety
+/// `r` points at a complete record written by CUPTI.
+unsafe fn parse(r: *const sys::CUpti_Activity) -> Option<Parsed> {
+    use sys::CUpti_ActivityKind as K;
+    // SAFETY: every record starts with its kind.
+    let kind = unsafe { field!(r, kind) };
+    match kind {
+        K::CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL | K::CUPTI_ACTIVITY_KIND_KERNEL => {
+            // SAFETY: a kernel record; the fields read sit in the prefix every version
+            // shares (module docs).
+            Some(unsafe { kernel(r.cast()) })
+        }
+        K::CUPTI_ACTIVITY_KIND_MEMCPY => {
+            let m = r.cast::<sys::CUpti_ActivityMemcpy6>();
+            // SAFETY: a memcpy record; the fields read sit in the shared prefix.
+            let (copy_kind, bytes, start, end, device, c) = unsafe {
+                (
+                    field!(m, copyKind),
+                    field!(m, bytes),
+                    field!(m, start),
+                    field!(m, end),
+                    field!(m, deviceId),
+                    field!(m, correlationId),
+                )
+            };
+            // CUpti_ActivityMemcpyKind: 1 HtoD, 2 DtoH, anything else between devices.
+            let kind = match copy_kind {
+                1 => ActivityKind::MemcpyHtoD,
+                2 => ActivityKind::MemcpyDtoH,
+                _ => ActivityKind::MemcpyDtoD,
+            };
+            Some(Parsed::Work(transfer(kind, device, start, end, bytes), c))
+        }
+        K::CUPTI_ACTIVITY_KIND_MEMSET => {
+            let m = r.cast::<sys::CUpti_ActivityMemset4>();
+            // SAFETY: a memset record; the fields read sit in the shared prefix.
+            let (bytes, start, end, device, c) = unsafe {
+                (
+                    field!(m, bytes),
+                    field!(m, start),
+                    field!(m, end),
+                    field!(m, deviceId),
+                    field!(m, correlationId),
+                )
+            };
+            let record = transfer(ActivityKind::Memset, device, start, end, bytes);
+            Some(Parsed::Work(record, c))
+        }
+        K::CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION => {
+            let e = r.cast::<sys::CUpti_ActivityExternalCorrelation>();
+            // SAFETY: an external-correlation record (one layout in every version).
+            let (c, id) = unsafe { (field!(e, correlationId), field!(e, externalId)) };
+            Some(Parsed::Link(c, id))
+        }
+        _ => None,
+    }
+}
+
+/// A copy or memset record.
+fn transfer(kind: ActivityKind, device: u32, start: u64, end: u64, bytes: u64) -> ActivityRecord {
+    ActivityRecord {
+        kind,
+        name: String::new(),
+        device: device as usize,
+        start_ns: start,
+        end_ns: end,
+        external: None,
+        bytes,
+        grid: [0; 3],
+        block: [0; 3],
+    }
+}
+
+/// A kernel record.
+///
+/// # Safety
+/// `k` points at a complete kernel record (any version since CUDA 11: the fields read here
+/// are in the prefix they share).
+unsafe fn kernel(k: *const sys::CUpti_ActivityKernel10) -> Parsed {
+    // SAFETY: the caller's contract; each field is read unaligned, never referenced.
+    let (name_ptr, device, start, end, grid, block, c) = unsafe {
+        (
+            field!(k, name),
+            field!(k, deviceId),
+            field!(k, start),
+            field!(k, end),
+            [field!(k, gridX), field!(k, gridY), field!(k, gridZ)],
+            [field!(k, blockX), field!(k, blockY), field!(k, blockZ)],
+            field!(k, correlationId),
+        )
+    };
+    let name = if name_ptr.is_null() {
+        String::new()
+    } else {
+        // SAFETY: CUPTI's kernel names are NUL-terminated and live for the process.
+        unsafe { CStr::from_ptr(name_ptr) }
+            .to_string_lossy()
+            .into_owned()
+    };
+    let dim = |v: i32| u32::try_from(v).unwrap_or(0);
+    let record = ActivityRecord {
+        kind: ActivityKind::Kernel,
+        name,
+        device: device as usize,
+        start_ns: start,
+        end_ns: end,
+        external: None,
+        bytes: 0,
+        grid: grid.map(dim),
+        block: block.map(dim),
+    };
+    Parsed::Work(record, c)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn work(name: &str, correlation: u32) -> Parsed {
+        Parsed::Work(
+            ActivityRecord {
+                kind: ActivityKind::Kernel,
+                name: name.into(),
+                device: 0,
+                start_ns: 1,
+                end_ns: 2,
+                external: None,
+                bytes: 0,
+                grid: [1; 3],
+                block: [1; 3],
+            },
+            correlation,
+        )
+    }
+
+    #[test]
+    fn records_take_the_external_id_of_their_call() {
+        // Two kernels of one cuBLAS call (correlation 7), one of another (8), one unlinked.
+        let parsed = vec![
+            work("a", 7),
+            Parsed::Link(7, 100),
+            work("b", 7),
+            work("c", 8),
+            Parsed::Link(8, 101),
+            work("d", 9),
+        ];
+        let joined: Vec<(String, Option<u64>)> = join(parsed)
+            .into_iter()
+            .map(|r| (r.name, r.external))
+            .collect();
+        assert_eq!(
+            joined,
+            [
+                ("a".to_string(), Some(100)),
+                ("b".to_string(), Some(100)),
+                ("c".to_string(), Some(101)),
+                ("d".to_string(), None)
+            ]
+        );
+    }
+
+    #[test]
+    fn without_cupti_the_reason_is_given_not_a_panic() {
+        // SAFETY: only probes for the library.
+        if unsafe { sys::is_culib_present() } {
+            return;
+        }
+        match version() {
+            Err(DeviceError::Unsupported { what, .. }) => {
+                assert!(what.contains("CUPTI"), "{what}")
+            }
+            other => panic!("expected Unsupported, got {other:?}"),
+        }
+    }
+}

@@ -34,7 +34,7 @@ use ember_nn::layers::{Linear, ReLU, Sequential};
 use ember_nn::loss::CrossEntropyLoss;
 use ember_nn::optim::{Adam, AdamOptions, Optimizer};
 use ember_nn::{Loss, Module, Tensor};
-use ember_profiler::{ProfileOptions, ProfilerActivity};
+use ember_profiler::{DeviceTiming, ProfileOptions, ProfilerActivity};
 use ember_tensor::DType;
 
 use crate::harness::{Options, Record, ns_per_iter};
@@ -123,6 +123,8 @@ enum Profiling {
     On,
     CpuOnly,
     CudaOnly,
+    /// CUDA activity only, timed with events even where CUPTI is available.
+    CudaEventsOnly,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -152,19 +154,26 @@ fn train_case(
     .map_err(err)?;
     let profiler = match profiling {
         Profiling::Off => None,
-        Profiling::On | Profiling::CpuOnly | Profiling::CudaOnly => {
+        Profiling::On | Profiling::CpuOnly | Profiling::CudaOnly | Profiling::CudaEventsOnly => {
+            let cuda_only = matches!(profiling, Profiling::CudaOnly | Profiling::CudaEventsOnly);
             let mut activities = Vec::new();
-            if profiling != Profiling::CudaOnly {
+            if !cuda_only {
                 activities.push(ProfilerActivity::Cpu);
             }
             if device.is_cuda() && profiling != Profiling::CpuOnly {
                 activities.push(ProfilerActivity::Cuda);
             }
+            let timing = if profiling == Profiling::CudaEventsOnly {
+                DeviceTiming::Events
+            } else {
+                DeviceTiming::Auto
+            };
             Some(
                 ember_profiler::profile(
                     ProfileOptions::new()
                         .activities(activities)
-                        .record_shapes(true),
+                        .record_shapes(true)
+                        .device_timing(timing),
                 )
                 .map_err(err)?,
             )
@@ -187,14 +196,27 @@ fn train_case(
     };
     let ns = time(device, quick, &mut step)?;
     let counts = emulated_counts(device, &mut step)?;
+    let mut timing = None;
     if let Some(mut p) = profiler {
         p.stop().map_err(err)?;
+        timing = p.profile().map_err(err)?.device_timing;
     }
     let steps = 1e9 / ns;
     let mut r = record(name, device, steps * batch as f64, "samples/s");
     r.extra.insert("steps_per_s".into(), steps.into());
+    if let Some(t) = timing {
+        r.extra.insert("device_timing".into(), t.name().into());
+    }
     insert_counts(&mut r.extra, counts);
     Ok(r)
+}
+
+/// Nanoseconds per `Instant::now()` on this machine (the median of a few rounds).
+fn clock_now_ns(quick: bool) -> f64 {
+    let iters = if quick { 10_000 } else { 1_000_000 };
+    ns_per_iter(5, iters, || {
+        std::hint::black_box(std::time::Instant::now());
+    })
 }
 
 fn forward_case(
@@ -380,16 +402,32 @@ pub fn run(opts: &Options, out: &mut Vec<Record>) -> Result<(), String> {
                 .map_err(|e| format!("{name} on {device}: {e}"))?;
             if profiling == Profiling::On && device.is_cuda() {
                 // Where the overhead goes: each activity alone, as extras of the record.
+                // CUDA activity alone both ways: CUPTI where it loads, and events.
                 for (key, alone) in [
                     ("steps_per_s_cpu_activity_only", Profiling::CpuOnly),
                     ("steps_per_s_cuda_activity_only", Profiling::CudaOnly),
+                    (
+                        "steps_per_s_cuda_activity_only_events",
+                        Profiling::CudaEventsOnly,
+                    ),
                 ] {
                     let a = train_case(&name, widths, batch, device, None, opts.quick, alone)
                         .map_err(|e| format!("{name} ({key}) on {device}: {e}"))?;
                     if let Some(v) = a.extra.get("steps_per_s") {
                         r.extra.insert(key.into(), v.clone());
                     }
+                    if alone == Profiling::CudaOnly
+                        && let Some(t) = a.extra.get("device_timing")
+                    {
+                        r.extra.insert("device_timing_cuda_only".into(), t.clone());
+                    }
                 }
+            }
+            if profiling == Profiling::On {
+                // What one host clock read costs here: each recorded range reads it twice,
+                // and on some hosts (a slow clock source) that is most of a range's cost.
+                r.extra
+                    .insert("clock_now_ns".into(), clock_now_ns(opts.quick).into());
             }
             mark_run(&mut r, opts.quick, emulated, batch);
             out.push(r);

@@ -71,3 +71,16 @@ pub fn temp_dir(name: &str) -> std::path::PathBuf {
     std::fs::create_dir_all(&d).unwrap();
     d
 }
+
+/// Whether the process's driver can record activity now: CUPTI loads and can be enabled
+/// (always on the emulator; on a GPU not, for example, under compute-sanitizer, which holds
+/// CUPTI itself). Leaves nothing enabled or recorded.
+pub fn activity_api_usable() -> bool {
+    let driver = ember_device::cuda::initialized_driver().expect("CUDA ran");
+    let usable = driver.activity_version().is_ok() && driver.activity_enable().is_ok();
+    if usable {
+        driver.activity_disable().unwrap();
+        driver.activity_flush().unwrap();
+    }
+    usable
+}

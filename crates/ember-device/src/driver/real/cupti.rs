@@ -207,6 +207,9 @@ fn buffer_layout() -> Option<Layout> {
 }
 
 /// CUPTI asks for an empty buffer.
+///
+/// # Safety
+/// Called by CUPTI only, with valid out-pointers.
 unsafe extern "C" fn buffer_requested(buffer: *mut *mut u8, size: *mut usize, max: *mut usize) {
     let Some(layout) = buffer_layout() else {
         return;
@@ -223,6 +226,9 @@ unsafe extern "C" fn buffer_requested(buffer: *mut *mut u8, size: *mut usize, ma
 }
 
 /// CUPTI hands a buffer back with `valid` bytes of records: parse them and free it.
+///
+/// # Safety
+/// Called by CUPTI only, with a buffer from [`buffer_requested`] that it no longer uses.
 unsafe extern "C" fn buffer_completed(
     _context: cudarc::driver::sys::CUcontext,
     _stream: u32,

@@ -11,6 +11,8 @@
 //                             i64 g_s, const C* total, T* dx)
 //       T = f32, f64, f16, bf16 (the logits, read and written as such); C = the compute type
 //       (f32 for f32/f16/bf16, f64 for f64); I = i64 or i32. 8 + 8 kernels.
+//   cross_entropy_mean_{C}(i64 rows, const C* loss, const C* wout, C* out, C* total)
+//       C = f32, f64. 2 kernels.
 //
 // x is the contiguous [N, C, L] logits (classes = C, len = L, rows = N·L: a "row" is the C
 // scores of one (n, l), C elements apart by L). target is [N, L], element (n, l) at
@@ -30,6 +32,10 @@
 //     divided by *total (Σ wout, the mean's divisor) unless total is null:
 //     dx[n, c, l] = scale·(exp(x - lse)·A - a_c).
 //
+//   mean (the `mean` reduction of up to 2^16 rows, crates/ember-tensor/src/cuda/fused.rs):
+//     out[0] = Σ_i loss[i] / Σ_i wout[i] and total[0] = Σ_i wout[i] (the backward's divisor),
+//     one launch where the reduction of two tensors and a division took three.
+//
 // Work shapes: L == 1 (contiguous rows): one block per row (grid-stride over rows), blockDim.x
 // a multiple of 32, the row walked by `for_row` (16-byte loads, 32-bit indices below 2^31
 // classes; the same block size as log_softmax's, so the same (m, s)); L > 1: one thread per
@@ -39,7 +45,10 @@
 // (weight, cached) and writes 12 (loss, wout, lse): for [4096, 1000] f32 16.4 MB + 82 KB,
 // 4.9 µs at 3.35 TB/s; ~6 flops per score (max, exp, add, rescale), ~4 more with smoothing.
 // Backward reads C·sizeof(T) + 16 and writes C·sizeof(T): 32.8 MB, 9.8 µs for [4096, 1000]
-// f32; ~5 flops per score (exp, multiply, subtract, scale).
+// f32; ~5 flops per score (exp, multiply, subtract, scale). Mean: one block (any multiple of
+// 32 threads), each thread summing a strided share of both arrays, combined over the block
+// in a fixed order (deterministic); reads 2·rows·sizeof(C), 32 KB for 4096 f32 rows, bound
+// by its launch.
 #include "softmax.cuh"
 
 namespace ember {
@@ -248,7 +257,35 @@ __device__ void cross_entropy_bwd(i64 rows, i64 classes, i64 len, const T* __res
     }
 }
 
+template <typename C>
+__device__ void cross_entropy_mean(i64 rows, const C* __restrict__ loss, const C* __restrict__ wout, C* out,
+                                   C* total) {
+    __shared__ C scratch_l[32];
+    __shared__ C scratch_w[32];
+    C l = 0, w = 0;
+    for (i64 i = threadIdx.x; i < rows; i += blockDim.x) {
+        l += loss[i];
+        w += wout[i];
+    }
+    l = block_combine<RowSumOp<C>>(l, scratch_l);
+    w = block_combine<RowSumOp<C>>(w, scratch_w);
+    if (threadIdx.x == 0) {
+        out[0] = l / w;
+        total[0] = w;
+    }
+}
+
 }  // namespace ember
+
+#define EMBER_CE_MEAN(SUFFIX, C)                                                                   \
+    extern "C" __global__ void cross_entropy_mean_##SUFFIX(ember::i64 rows, const C* loss, const C* wout, C* out, \
+                                                          C* total) {                             \
+        ember::cross_entropy_mean<C>(rows, loss, wout, out, total);                                \
+    }                                                                                              \
+    EMBER_REGISTER_KERNEL(cross_entropy_mean_##SUFFIX)
+
+EMBER_CE_MEAN(f32, float)
+EMBER_CE_MEAN(f64, double)
 
 #define EMBER_CE(SUFFIX, T, ISUFFIX, I)                                                            \
     extern "C" __global__ void cross_entropy_fwd_##SUFFIX##_##ISUFFIX(                             \

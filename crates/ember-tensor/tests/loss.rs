@@ -407,3 +407,76 @@ test_device!(
     cross_entropy_backward_rejects_a_mismatched_gradient,
     cross_entropy_backward_rejects_a_mismatched_gradient
 );
+
+/// The `mean` reduction of many rows: on CUDA one launch after the forward up to 2^16 rows
+/// (`cross_entropy_mean`), the whole-tensor reductions past it; both against the f64
+/// reference, with ignored targets and class weights, in f32 and f64. The rows are `[N, L]`
+/// positions of `[N, C, L]` scores (one thread per row in the forward, which the emulator
+/// runs quickly; the mean does not depend on the layout).
+fn cross_entropy_mean_of_many_rows(device: &Device) {
+    let emulated = device.is_cuda() && !ember_testing::real_gpu_requested();
+    let c = 3;
+    for (nb, l, fused) in [
+        (64usize, 64usize, true),
+        (1024, 64, true),
+        (1, (1 << 16) + 1, false),
+    ] {
+        let n = nb * l;
+        let logits: Vec<f64> = rand_vec(n * c, n as u64).iter().map(|v| v * 4.0).collect();
+        let tv: Vec<i64> = (0..n)
+            .map(|i| if i % 5 == 4 { -100 } else { (i % c) as i64 })
+            .collect();
+        let t = Tensor::from_vec(tv.clone(), [nb, l], device).unwrap();
+        let wv = [0.5, 1.0, 2.0];
+        for dtype in [DType::F32, DType::F64] {
+            let x = Tensor::from_vec(logits.clone(), [nb, c, l], device)
+                .unwrap()
+                .to_dtype(dtype)
+                .unwrap();
+            let w = Tensor::from_vec(wv.to_vec(), [c], device)
+                .unwrap()
+                .to_dtype(dtype)
+                .unwrap();
+            let o = CrossEntropyOptions::new().weight(&w);
+            let before = ember_device::driver::emulator::thread_launch_counts();
+            let got = x.cross_entropy(&t, &o).unwrap();
+            let after = ember_device::driver::emulator::thread_launch_counts();
+            let want = reference(
+                &values(&x),
+                (nb, c, l),
+                &tv,
+                Some(&wv),
+                -100,
+                0.0,
+                Reduction::Mean,
+                false,
+            );
+            within(tol(dtype) * 4.0, 1.0, "mean of many rows").assert(&got, &want);
+            if emulated {
+                let launched: Vec<(&String, u64)> = after
+                    .iter()
+                    .map(|(k, v)| (k, v - before.get(k).unwrap_or(&0)))
+                    .filter(|&(_, v)| v > 0)
+                    .collect();
+                let mean = format!("cross_entropy_mean_{}", dtype.short_name());
+                let has = |k: &str| launched.iter().any(|(name, _)| name.as_str() == k);
+                assert_eq!(has(&mean), fused, "{n} rows {dtype}: {launched:?}");
+                if fused {
+                    // The forward and the mean; the targets hold -100, so their range does
+                    // not prove them valid and an error slot is filled first.
+                    let kernels: Vec<&str> = launched.iter().map(|(k, _)| k.as_str()).collect();
+                    let fwd = format!("cross_entropy_fwd_{}_i64", dtype.short_name());
+                    assert_eq!(
+                        kernels,
+                        [fwd.as_str(), mean.as_str(), "ember_fill_i64"],
+                        "{n} rows {dtype}"
+                    );
+                }
+            }
+        }
+    }
+}
+test_device!(
+    cross_entropy_mean_of_many_rows,
+    cross_entropy_mean_of_many_rows
+);

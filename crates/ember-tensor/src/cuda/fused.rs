@@ -6,12 +6,12 @@
 use ember_device::driver::DevicePtr;
 use ember_kernels::{KernelArgs, launch_config_1d};
 
-use super::CudaStorage;
 use super::nn::{
     ErrorSlot, bad_target, check_index_dtype, first_bad_on_host, index_at, indexed_name,
     targets_proven,
 };
 use super::ops::{full, row_config};
+use super::{CudaStorage, kernel_name};
 use crate::backend_fused::{BnStats, CrossEntropyParams};
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
@@ -115,6 +115,63 @@ pub(crate) fn cross_entropy_fwd(
         return Err(bad_target(index_at(t, lt, pos)?, c, p.ignore_index));
     }
     Ok((loss, wout, lse))
+}
+
+/// Rows up to which [`cross_entropy_mean`] reduces a loss (one block, a strided share of
+/// at most 128 rows per thread); longer ones take the whole-tensor reductions.
+pub(crate) const CE_MEAN_MAX_ROWS: usize = 1 << 16;
+
+/// Threads of [`cross_entropy_mean`]'s one block.
+const CE_MEAN_BLOCK: u32 = 512;
+
+/// The `mean` reduction of a cross-entropy: `(Σ loss / Σ w, Σ w)` over the `rows` per-row
+/// losses and target weights of [`cross_entropy_fwd`], as two one-element storages of their
+/// (compute) dtype, in one launch (`kernels/cross_entropy.cu`).
+pub(crate) fn cross_entropy_mean(
+    loss: &CudaStorage,
+    w: &CudaStorage,
+    rows: usize,
+) -> Result<(CudaStorage, CudaStorage)> {
+    let cd = loss.dtype();
+    if !matches!(cd, DType::F32 | DType::F64) || w.dtype() != cd {
+        return Err(TensorError::invalid(
+            CE,
+            format!(
+                "expected f32 or f64 losses and weights of one dtype, found {} and {}",
+                cd,
+                w.dtype()
+            ),
+        ));
+    }
+    if rows == 0 || rows > CE_MEAN_MAX_ROWS || loss.len() < rows || w.len() < rows {
+        return Err(TensorError::invalid(
+            CE,
+            format!(
+                "expected 1 to {CE_MEAN_MAX_ROWS} rows within {} losses and {} weights, found {rows}",
+                loss.len(),
+                w.len()
+            ),
+        ));
+    }
+    let ctx = loss.ctx();
+    let out = CudaStorage::alloc(ctx, cd, 1)?;
+    let total = CudaStorage::alloc(ctx, cd, 1)?;
+    let mut args = KernelArgs::new();
+    args.push(rows as i64)
+        .ptr(loss.ptr_at(0))
+        .ptr(w.ptr_at(0))
+        .ptr(out.ptr_at(0))
+        .ptr(total.ptr_at(0));
+    let config = ember_device::driver::LaunchConfig {
+        grid: (1, 1, 1),
+        block: (CE_MEAN_BLOCK, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: the argument list of `cross_entropy_mean_{C}` (kernels/cross_entropy.cu):
+    // `loss` and `w` hold at least `rows` elements of C (checked above), `out` and `total`
+    // one each; one block, a multiple of 32 threads.
+    unsafe { ctx.launch(&kernel_name("cross_entropy_mean", cd), config, &mut args)? };
+    Ok((out, total))
 }
 
 /// The gradient of the scores (`[N, C, L]`, their dtype).

@@ -437,12 +437,30 @@ impl Tensor {
         };
         let (loss, w, lse) = p.with_operands(&[], |ops, _| ops.cross_entropy_fwd(&params))?;
         let shape = p.target.shape().clone();
+        let rows = shape.numel();
+        // On CUDA the mean of up to 2^16 rows is one launch (`cross_entropy_mean`) where
+        // the reductions and the division below take three.
+        let fused_mean = match (&loss, &w) {
+            (Storage::Cuda(l), Storage::Cuda(ws))
+                if nll.reduction == Reduction::Mean
+                    && (1..=crate::cuda::CE_MEAN_MAX_ROWS).contains(&rows) =>
+            {
+                let (m, t) = crate::cuda::cross_entropy_mean(l, ws, rows)?;
+                let scalar = || crate::shape::Shape::scalar();
+                Some((
+                    Tensor::from_storage(Storage::Cuda(m), scalar()),
+                    Tensor::from_storage(Storage::Cuda(t), scalar()),
+                ))
+            }
+            _ => None,
+        };
         let loss = Tensor::from_storage(loss, shape.clone());
         let lse = Tensor::from_storage(lse, shape.clone());
-        let (r, total) = match nll.reduction {
-            Reduction::None => (loss.reshape(target.shape())?, None),
-            Reduction::Sum => (loss.sum_all()?, None),
-            Reduction::Mean => {
+        let (r, total) = match (nll.reduction, fused_mean) {
+            (Reduction::None, _) => (loss.reshape(target.shape())?, None),
+            (Reduction::Sum, _) => (loss.sum_all()?, None),
+            (Reduction::Mean, Some((mean, tw))) => (mean, Some(tw)),
+            (Reduction::Mean, None) => {
                 let tw = Tensor::from_storage(w, shape).sum_all()?;
                 (loss.sum_all()?.div(&tw)?, Some(tw))
             }

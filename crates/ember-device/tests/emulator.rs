@@ -279,6 +279,38 @@ unsafe extern "C" fn fill_u32(launch: *const KernelLaunch) -> c_int {
     }
 }
 
+/// The parameters of `fill_u32` over 64 u32s at `d`: `value` into each, by two blocks of 32.
+struct FillArgs {
+    addr: u64,
+    n: u32,
+    value: u32,
+}
+
+impl FillArgs {
+    const CONFIG: LaunchConfig = LaunchConfig {
+        grid: (2, 1, 1),
+        block: (32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+
+    fn new(d: DevicePtr, value: u32) -> FillArgs {
+        FillArgs {
+            addr: d.0,
+            n: 64,
+            value,
+        }
+    }
+
+    /// The `void**` array of a launch, pointing into `self`.
+    fn params(&mut self) -> Vec<*mut c_void> {
+        vec![
+            (&mut self.addr as *mut u64).cast(),
+            (&mut self.n as *mut u32).cast(),
+            (&mut self.value as *mut u32).cast(),
+        ]
+    }
+}
+
 #[test]
 fn registered_kernel_launches() {
     register_kernel("ember_test_fill_u32", fill_u32);
@@ -286,17 +318,9 @@ fn registered_kernel_launches() {
     let m = e.module_load(0, b"ignored").unwrap();
     let f = e.module_function(m, "ember_test_fill_u32").unwrap();
     let d = e.malloc(0, 64 * 4).unwrap();
-    let (mut addr, mut n, mut value) = (d.0, 64u32, 0xDEAD_BEEFu32);
-    let mut params: Vec<*mut c_void> = vec![
-        (&mut addr as *mut u64).cast(),
-        (&mut n as *mut u32).cast(),
-        (&mut value as *mut u32).cast(),
-    ];
-    let config = LaunchConfig {
-        grid: (2, 1, 1),
-        block: (32, 1, 1),
-        shared_mem_bytes: 0,
-    };
+    let mut fill = FillArgs::new(d, 0xDEAD_BEEF);
+    let mut params = fill.params();
+    let config = FillArgs::CONFIG;
     // SAFETY: params match fill_u32's parameters; `d` holds 64 u32s.
     unsafe { e.launch_kernel(f, config, S0, &mut params).unwrap() };
     let mut out = vec![0u8; 256];
@@ -312,7 +336,7 @@ fn registered_kernel_launches() {
     };
     // SAFETY: as above (not launched: rejected).
     assert!(unsafe { e.launch_kernel(f, big, S0, &mut params) }.is_err());
-    // SAFETY: params[0] points at `addr`, a live u64.
+    // SAFETY: params[0] points at `fill.addr`, a live u64.
     unsafe { params[0].cast::<u64>().write(0x1000) };
     // SAFETY: the kernel translates the bogus address to null and returns an error code.
     let err = unsafe { e.launch_kernel(f, config, S0, &mut params) }
@@ -333,17 +357,9 @@ fn activity_records_tag_work_with_the_pushed_id() {
     let f = e.module_function(m, "ember_test_fill_u32").unwrap();
     let s1 = e.stream_create(1).unwrap();
     let d = e.malloc(1, 64 * 4).unwrap();
-    let (mut addr, mut n, mut value) = (d.0, 64u32, 7u32);
-    let mut params: Vec<*mut c_void> = vec![
-        (&mut addr as *mut u64).cast(),
-        (&mut n as *mut u32).cast(),
-        (&mut value as *mut u32).cast(),
-    ];
-    let config = LaunchConfig {
-        grid: (2, 1, 1),
-        block: (32, 1, 1),
-        shared_mem_bytes: 0,
-    };
+    let mut fill = FillArgs::new(d, 7);
+    let mut params = fill.params();
+    let config = FillArgs::CONFIG;
     assert!(e.activity_version().unwrap() > 0);
     e.memset_d8_async(d, 0, 16, s1).unwrap(); // not recording yet
     e.activity_enable().unwrap();

@@ -82,13 +82,9 @@ impl RealDriver {
         if !unsafe { sys::is_culib_present() } {
             return Err("no CUDA driver library (libcuda.so) found".to_string());
         }
-        let hook = std::panic::take_hook();
-        std::panic::set_hook(Box::new(|_| {}));
-        let outcome = std::panic::catch_unwind(Self::init);
-        std::panic::set_hook(hook);
-        match outcome {
-            Ok(result) => result,
-            Err(_) => Err("the CUDA driver library could not be used (a driver entry point is missing: driver too old? needs CUDA 13.0 (R580) or newer)".to_string()),
+        match quietly(Self::init) {
+            Some(result) => result,
+            None => Err("the CUDA driver library could not be used (a driver entry point is missing: driver too old? needs CUDA 13.0 (R580) or newer)".to_string()),
         }
     }
 
@@ -262,6 +258,17 @@ impl RealDriver {
         self.tables().cublas.insert(device, handle as u64);
         Ok(handle)
     }
+}
+
+/// `f`'s result, or `None` if it panicked, with the panic hook silenced meanwhile: cudarc's
+/// dynamically loaded bindings panic on a missing symbol, which the probes of the driver and
+/// the libraries turn into a reason instead.
+fn quietly<T>(f: impl FnOnce() -> T + std::panic::UnwindSafe) -> Option<T> {
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let outcome = std::panic::catch_unwind(f);
+    std::panic::set_hook(hook);
+    outcome.ok()
 }
 
 mod cudnn;

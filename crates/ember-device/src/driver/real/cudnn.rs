@@ -75,9 +75,7 @@ pub(super) fn load() -> std::result::Result<u64, String> {
     if !unsafe { dnn::is_culib_present() } {
         return Err("cuDNN not found (no libcudnn.so.9 on the library path)".into());
     }
-    let hook = std::panic::take_hook();
-    std::panic::set_hook(Box::new(|_| {}));
-    let outcome = std::panic::catch_unwind(|| -> std::result::Result<u64, String> {
+    let outcome = super::quietly(|| -> std::result::Result<u64, String> {
         // SAFETY: the library is present (checked above); `culib` loads it once.
         let lib = unsafe { dnn::culib() };
         for name in SYMBOLS {
@@ -99,8 +97,7 @@ pub(super) fn load() -> std::result::Result<u64, String> {
             .map_err(|e| e.to_string())?;
         Ok(handle as u64)
     });
-    std::panic::set_hook(hook);
-    outcome.unwrap_or_else(|_| Err("cuDNN could not be loaded (a library call panicked)".into()))
+    outcome.unwrap_or_else(|| Err("cuDNN could not be loaded (a library call panicked)".into()))
 }
 
 /// The descriptors of one problem, destroyed on drop.

@@ -92,9 +92,7 @@ fn load() -> std::result::Result<u32, String> {
     if !unsafe { sys::is_culib_present() } {
         return Err("CUPTI not found (no libcupti.so on the library path)".into());
     }
-    let hook = std::panic::take_hook();
-    std::panic::set_hook(Box::new(|_| {}));
-    let outcome = std::panic::catch_unwind(|| -> std::result::Result<u32, String> {
+    let outcome = super::quietly(|| -> std::result::Result<u32, String> {
         // SAFETY: the library is present (checked above); `culib` loads it once.
         let lib = unsafe { sys::culib() };
         for name in SYMBOLS {
@@ -115,8 +113,7 @@ fn load() -> std::result::Result<u32, String> {
         .map_err(|e| format!("cuptiActivityRegisterCallbacks failed: {:?}", e.0))?;
         Ok(v)
     });
-    std::panic::set_hook(hook);
-    outcome.unwrap_or_else(|_| Err("CUPTI could not be loaded (a library call panicked)".into()))
+    outcome.unwrap_or_else(|| Err("CUPTI could not be loaded (a library call panicked)".into()))
 }
 
 pub(super) fn enable() -> Result<()> {

@@ -38,24 +38,21 @@ pub fn probe() -> std::result::Result<i32, String> {
             if !unsafe { nccl_sys::is_culib_present() } {
                 return Err("no NCCL library (libnccl.so.2) found".to_string());
             }
-            let hook = std::panic::take_hook();
-            std::panic::set_hook(Box::new(|_| {}));
-            let outcome = std::panic::catch_unwind(|| {
+            let outcome = super::quietly(|| {
                 let mut version: c_int = 0;
                 // SAFETY: the out-pointer is a valid local.
                 let status = unsafe { nccl_sys::ncclGetVersion(&mut version) };
                 (status, version)
             });
-            std::panic::set_hook(hook);
             match outcome {
-                Ok((nccl_sys::ncclResult_t::ncclSuccess, v)) if v >= MIN_NCCL_VERSION => Ok(v),
-                Ok((nccl_sys::ncclResult_t::ncclSuccess, v)) => Err(format!(
+                Some((nccl_sys::ncclResult_t::ncclSuccess, v)) if v >= MIN_NCCL_VERSION => Ok(v),
+                Some((nccl_sys::ncclResult_t::ncclSuccess, v)) => Err(format!(
                     "NCCL {} is too old: Ember needs NCCL {} or newer",
                     crate::driver::nccl_version_string(v),
                     crate::driver::nccl_version_string(MIN_NCCL_VERSION)
                 )),
-                Ok((status, _)) => Err(format!("ncclGetVersion failed: {status:?}")),
-                Err(_) => Err(
+                Some((status, _)) => Err(format!("ncclGetVersion failed: {status:?}")),
+                None => Err(
                     "the NCCL library could not be used (an entry point is missing: NCCL too old?)"
                         .to_string(),
                 ),

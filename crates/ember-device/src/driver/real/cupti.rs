@@ -271,58 +271,58 @@ macro_rules! field {
 /// `r` points at a complete record written by CUPTI.
 unsafe fn parse(r: *const sys::CUpti_Activity) -> Option<Parsed> {
     use sys::CUpti_ActivityKind as K;
-    // SAFETY: every record starts with its kind.
-    let kind = unsafe { field!(r, kind) };
-    match kind {
-        K::CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL | K::CUPTI_ACTIVITY_KIND_KERNEL => {
-            // SAFETY: a kernel record; the fields read sit in the prefix every version
-            // shares (module docs).
-            Some(unsafe { kernel(r.cast()) })
-        }
-        K::CUPTI_ACTIVITY_KIND_MEMCPY => {
-            let m = r.cast::<sys::CUpti_ActivityMemcpy6>();
-            // SAFETY: a memcpy record; the fields read sit in the shared prefix.
-            let (copy_kind, bytes, start, end, device, c) = unsafe {
-                (
-                    field!(m, copyKind),
-                    field!(m, bytes),
-                    field!(m, start),
-                    field!(m, end),
-                    field!(m, deviceId),
-                    field!(m, correlationId),
-                )
-            };
-            // CUpti_ActivityMemcpyKind: 1 HtoD, 2 DtoH, anything else between devices.
-            let kind = match copy_kind {
-                1 => ActivityKind::MemcpyHtoD,
-                2 => ActivityKind::MemcpyDtoH,
-                _ => ActivityKind::MemcpyDtoD,
-            };
-            Some(Parsed::Work(transfer(kind, device, start, end, bytes), c))
-        }
-        K::CUPTI_ACTIVITY_KIND_MEMSET => {
-            let m = r.cast::<sys::CUpti_ActivityMemset4>();
-            // SAFETY: a memset record; the fields read sit in the shared prefix.
-            let (bytes, start, end, device, c) = unsafe {
-                (
-                    field!(m, bytes),
-                    field!(m, start),
-                    field!(m, end),
-                    field!(m, deviceId),
-                    field!(m, correlationId),
-                )
-            };
-            let record = transfer(ActivityKind::Memset, device, start, end, bytes);
-            Some(Parsed::Work(record, c))
-        }
-        K::CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION => {
-            let e = r.cast::<sys::CUpti_ActivityExternalCorrelation>();
-            // SAFETY: an external-correlation record (one layout in every version).
-            let (c, id) = unsafe { (field!(e, correlationId), field!(e, externalId)) };
-            Some(Parsed::Link(c, id))
-        }
-        _ => None,
+    // SAFETY: every record starts with its kind, a 32-bit value; read as an integer, since a
+    // kind this binding does not know would not be a valid value of the Rust enum.
+    let kind = unsafe { std::ptr::read_unaligned(r.cast::<u32>()) };
+    let is = |k: K| kind == k as u32;
+    if is(K::CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) || is(K::CUPTI_ACTIVITY_KIND_KERNEL) {
+        // SAFETY: a kernel record; the fields read sit in the prefix every version shares
+        // (module docs).
+        return Some(unsafe { kernel(r.cast()) });
     }
+    if is(K::CUPTI_ACTIVITY_KIND_MEMCPY) {
+        let m = r.cast::<sys::CUpti_ActivityMemcpy6>();
+        // SAFETY: a memcpy record; the fields read sit in the shared prefix.
+        let (copy_kind, bytes, start, end, device, c) = unsafe {
+            (
+                field!(m, copyKind),
+                field!(m, bytes),
+                field!(m, start),
+                field!(m, end),
+                field!(m, deviceId),
+                field!(m, correlationId),
+            )
+        };
+        // CUpti_ActivityMemcpyKind: 1 HtoD, 2 DtoH, anything else between devices.
+        let kind = match copy_kind {
+            1 => ActivityKind::MemcpyHtoD,
+            2 => ActivityKind::MemcpyDtoH,
+            _ => ActivityKind::MemcpyDtoD,
+        };
+        return Some(Parsed::Work(transfer(kind, device, start, end, bytes), c));
+    }
+    if is(K::CUPTI_ACTIVITY_KIND_MEMSET) {
+        let m = r.cast::<sys::CUpti_ActivityMemset4>();
+        // SAFETY: a memset record; the fields read sit in the shared prefix.
+        let (bytes, start, end, device, c) = unsafe {
+            (
+                field!(m, bytes),
+                field!(m, start),
+                field!(m, end),
+                field!(m, deviceId),
+                field!(m, correlationId),
+            )
+        };
+        let record = transfer(ActivityKind::Memset, device, start, end, bytes);
+        return Some(Parsed::Work(record, c));
+    }
+    if is(K::CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION) {
+        let e = r.cast::<sys::CUpti_ActivityExternalCorrelation>();
+        // SAFETY: an external-correlation record (one layout in every version).
+        let (c, id) = unsafe { (field!(e, correlationId), field!(e, externalId)) };
+        return Some(Parsed::Link(c, id));
+    }
+    None
 }
 
 /// A copy or memset record.
@@ -426,6 +426,108 @@ mod tests {
                 ("d".to_string(), None)
             ]
         );
+    }
+
+    /// A zeroed, 8-byte aligned buffer the size of a `T` record.
+    fn zeroed_record<T>() -> Vec<u64> {
+        vec![0u64; std::mem::size_of::<T>().div_ceil(8)]
+    }
+
+    /// Write field `$f` of the packed record at `$p` (a raw pointer into a buffer).
+    macro_rules! set {
+        ($p:expr, $f:ident, $v:expr) => {
+            // SAFETY: `$p` points into a zeroed buffer the size of its record type.
+            unsafe { std::ptr::addr_of_mut!((*$p).$f).write_unaligned($v) }
+        };
+    }
+
+    fn set_kind(buf: &mut [u64], kind: u32) {
+        // SAFETY: the buffer holds at least 8 bytes; a record starts with its 32-bit kind.
+        unsafe { buf.as_mut_ptr().cast::<u32>().write(kind) };
+    }
+
+    fn parse_buf(buf: &[u64]) -> Option<Parsed> {
+        // SAFETY: `buf` holds a whole record of the kind written at its start.
+        unsafe { parse(buf.as_ptr().cast()) }
+    }
+
+    /// Records laid out as CUPTI writes them (zeroed, then the fields Ember reads set): each
+    /// kind parses into its record, and a kind Ember does not record (or that this binding
+    /// does not know) is skipped.
+    #[test]
+    fn records_parse_from_their_layouts() {
+        use sys::CUpti_ActivityKind as K;
+        let name = c"sm90_xmma_gemm";
+        let mut k = zeroed_record::<sys::CUpti_ActivityKernel10>();
+        set_kind(&mut k, K::CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL as u32);
+        let kp = k.as_mut_ptr().cast::<sys::CUpti_ActivityKernel10>();
+        set!(kp, start, 1_000);
+        set!(kp, end, 3_500);
+        set!(kp, deviceId, 1);
+        set!(kp, gridX, 80);
+        set!(kp, gridY, 2);
+        set!(kp, gridZ, 1);
+        set!(kp, blockX, 256);
+        set!(kp, blockY, 1);
+        set!(kp, blockZ, 1);
+        set!(kp, correlationId, 41);
+        set!(kp, name, name.as_ptr());
+        match parse_buf(&k) {
+            Some(Parsed::Work(r, 41)) => {
+                assert_eq!(r.kind, ActivityKind::Kernel);
+                assert_eq!(r.name, "sm90_xmma_gemm");
+                assert_eq!((r.device, r.start_ns, r.end_ns), (1, 1_000, 3_500));
+                assert_eq!((r.grid, r.block), ([80, 2, 1], [256, 1, 1]));
+            }
+            other => panic!("kernel parsed as {other:?}"),
+        }
+
+        let mut m = zeroed_record::<sys::CUpti_ActivityMemcpy6>();
+        set_kind(&mut m, K::CUPTI_ACTIVITY_KIND_MEMCPY as u32);
+        let mp = m.as_mut_ptr().cast::<sys::CUpti_ActivityMemcpy6>();
+        set!(mp, copyKind, 2);
+        set!(mp, bytes, 4096);
+        set!(mp, start, 10);
+        set!(mp, end, 20);
+        set!(mp, correlationId, 42);
+        match parse_buf(&m) {
+            Some(Parsed::Work(r, 42)) => {
+                assert_eq!(
+                    (r.kind, r.bytes, r.start_ns, r.end_ns),
+                    (ActivityKind::MemcpyDtoH, 4096, 10, 20)
+                );
+                assert!(r.name.is_empty());
+            }
+            other => panic!("memcpy parsed as {other:?}"),
+        }
+
+        let mut z = zeroed_record::<sys::CUpti_ActivityMemset4>();
+        set_kind(&mut z, K::CUPTI_ACTIVITY_KIND_MEMSET as u32);
+        let zp = z.as_mut_ptr().cast::<sys::CUpti_ActivityMemset4>();
+        set!(zp, bytes, 64);
+        set!(zp, correlationId, 43);
+        match parse_buf(&z) {
+            Some(Parsed::Work(r, 43)) => assert_eq!((r.kind, r.bytes), (ActivityKind::Memset, 64)),
+            other => panic!("memset parsed as {other:?}"),
+        }
+
+        let mut e = zeroed_record::<sys::CUpti_ActivityExternalCorrelation>();
+        set_kind(&mut e, K::CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION as u32);
+        let ep = e
+            .as_mut_ptr()
+            .cast::<sys::CUpti_ActivityExternalCorrelation>();
+        set!(ep, correlationId, 41);
+        set!(ep, externalId, 9_000_000_001);
+        assert!(matches!(
+            parse_buf(&e),
+            Some(Parsed::Link(41, 9_000_000_001))
+        ));
+
+        let mut other = zeroed_record::<sys::CUpti_ActivityKernel10>();
+        set_kind(&mut other, K::CUPTI_ACTIVITY_KIND_DRIVER as u32);
+        assert!(parse_buf(&other).is_none());
+        set_kind(&mut other, u32::MAX);
+        assert!(parse_buf(&other).is_none());
     }
 
     #[test]

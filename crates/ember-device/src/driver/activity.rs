@@ -15,8 +15,9 @@
 //!   loading `libcupti` on first use; absent or unusable is
 //!   [`crate::DeviceError::Unsupported`] saying why (the profiler then uses events);
 //! - `activity_enable` / `activity_disable`: start and stop recording kernels, copies and
-//!   memsets of every device (`cuptiActivityEnable` of `CONCURRENT_KERNEL`, `MEMCPY`,
-//!   `MEMSET` and `EXTERNAL_CORRELATION`);
+//!   memsets of every device (`cuptiActivityEnable` of `EXTERNAL_CORRELATION`, `DRIVER`,
+//!   whose API records the external ids are linked to, `CONCURRENT_KERNEL`, `MEMCPY` and
+//!   `MEMSET`);
 //! - `activity_push_correlation` / `activity_pop_correlation`: around one launch, tag the
 //!   work the calling thread enqueues with Ember's correlation id
 //!   (`cuptiActivityPushExternalCorrelationId`, Kineto's way of linking an op to its

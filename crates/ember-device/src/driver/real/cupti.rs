@@ -45,12 +45,16 @@ const SYMBOLS: &[&str] = &[
 const BUFFER_BYTES: usize = 8 << 20;
 const BUFFER_ALIGN: usize = 8;
 
-/// The kinds recorded while enabled.
-const KINDS: [sys::CUpti_ActivityKind; 4] = [
+/// The kinds recorded while enabled, in the order they are enabled. The external
+/// correlation records link an id to the CUPTI correlation id of a driver or runtime API
+/// record, so driver API records are enabled too, after the external correlation (Triton's
+/// Proton profiler does the same, so that the linked ids are not 0); they are not read.
+const KINDS: [sys::CUpti_ActivityKind; 5] = [
+    sys::CUpti_ActivityKind::CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION,
+    sys::CUpti_ActivityKind::CUPTI_ACTIVITY_KIND_DRIVER,
     sys::CUpti_ActivityKind::CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL,
     sys::CUpti_ActivityKind::CUPTI_ACTIVITY_KIND_MEMCPY,
     sys::CUpti_ActivityKind::CUPTI_ACTIVITY_KIND_MEMSET,
-    sys::CUpti_ActivityKind::CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION,
 ];
 
 const EXTERNAL_KIND: sys::CUpti_ExternalCorrelationKind =
@@ -452,8 +456,8 @@ mod tests {
     }
 
     /// Records laid out as CUPTI writes them (zeroed, then the fields Ember reads set): each
-    /// kind parses into its record, and a kind Ember does not record (or that this binding
-    /// does not know) is skipped.
+    /// kind parses into its record, and a kind Ember does not read (the driver API records
+    /// enabled for the links, or a kind this binding does not know) is skipped.
     #[test]
     fn records_parse_from_their_layouts() {
         use sys::CUpti_ActivityKind as K;

@@ -2,7 +2,7 @@
 //! `ember-device`), the other way [`DeviceTimes`](crate::device_times::DeviceTimes) is.
 //!
 //! While a cycle records CUDA activity with the activity API, each launch leaves a
-//! [`TaggedLaunch`] here (what the call site said, keyed by its correlation id) and nothing
+//! [`EnqueuedWork`] here (what the call site said, keyed by its correlation id) and nothing
 //! else: the driver stamps the work. When the cycle ends, [`Tagged::finish`] waits for the
 //! devices, stops the recording, flushes the driver's records and reads its clock beside the
 //! host clock, and [`place`] joins each record to its launch by the external id it carries:
@@ -18,7 +18,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use ember_device::driver::{ActivityRecord, Driver};
-use ember_device::trace::device::TaggedLaunch;
+use ember_device::trace::device::EnqueuedWork;
 
 use crate::device_times::Resolved;
 use crate::event::RawDevice;
@@ -26,11 +26,11 @@ use crate::event::RawDevice;
 /// The launches of one cycle recorded through the activity API.
 #[derive(Debug, Default)]
 pub(crate) struct Tagged {
-    launches: HashMap<u64, TaggedLaunch>,
+    launches: HashMap<u64, EnqueuedWork>,
 }
 
 impl Tagged {
-    pub(crate) fn push(&mut self, launch: TaggedLaunch) {
+    pub(crate) fn push(&mut self, launch: EnqueuedWork) {
         self.launches.insert(launch.correlation, launch);
     }
 
@@ -66,7 +66,7 @@ pub(crate) fn discard(d: &dyn Driver) {
 /// reading `clock.0` taken at host time `clock.1`.
 pub(crate) fn place(
     records: Vec<ActivityRecord>,
-    launches: HashMap<u64, TaggedLaunch>,
+    launches: HashMap<u64, EnqueuedWork>,
     clock: (u64, Instant),
 ) -> Resolved {
     let (now_ns, now) = clock;
@@ -88,23 +88,17 @@ pub(crate) fn place(
             continue;
         };
         seen.insert(l.correlation);
-        let named = !r.name.is_empty();
-        out.device.push(RawDevice {
-            kind: r.kind,
-            name: if named {
-                r.name
-            } else {
-                l.launch.name.to_string()
-            },
-            device: l.device,
-            stream: l.stream.0,
-            correlation: l.correlation,
-            start,
-            end,
-            bytes: if r.bytes > 0 { r.bytes } else { l.launch.bytes },
-            grid: if named { r.grid } else { l.launch.grid },
-            block: if named { r.block } else { l.launch.block },
-        });
+        let mut d = RawDevice::of(l, start, end);
+        d.kind = r.kind;
+        if !r.name.is_empty() {
+            d.name = r.name;
+            d.grid = r.grid;
+            d.block = r.block;
+        }
+        if r.bytes > 0 {
+            d.bytes = r.bytes;
+        }
+        out.device.push(d);
     }
     out.untimed += launches.keys().filter(|c| !seen.contains(c)).count() as u64;
     out
@@ -121,8 +115,8 @@ mod tests {
 
     use super::*;
 
-    fn launch(correlation: u64, kind: ActivityKind, name: &'static str) -> TaggedLaunch {
-        TaggedLaunch {
+    fn launch(correlation: u64, kind: ActivityKind, name: &'static str) -> EnqueuedWork {
+        EnqueuedWork {
             launch: Launch {
                 api: "cudaLaunchKernel",
                 kind,
@@ -159,7 +153,7 @@ mod tests {
 
     #[test]
     fn records_join_their_launches_on_the_host_clock() {
-        let launches: HashMap<u64, TaggedLaunch> = [
+        let launches: HashMap<u64, EnqueuedWork> = [
             launch(1, ActivityKind::Kernel, "gemm call"),
             launch(2, ActivityKind::MemcpyHtoD, "Memcpy HtoD (Host -> Device)"),
             launch(3, ActivityKind::Kernel, "never ran"),

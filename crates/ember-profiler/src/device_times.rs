@@ -135,7 +135,7 @@ impl DeviceTimes {
     /// The devices with device activity in this cycle.
     pub(crate) fn devices(&self) -> Vec<usize> {
         let mut out: Vec<usize> = self.anchors.iter().map(|a| a.device).collect();
-        out.extend(self.pending.iter().map(|a| a.device));
+        out.extend(self.pending.iter().map(|a| a.work.device));
         out.sort_unstable();
         out.dedup();
         out
@@ -157,7 +157,8 @@ impl DeviceTimes {
 
     /// Read one finished activity's times and free (or keep as the anchor) its events.
     fn read_one(&mut self, d: &dyn Driver, a: DeviceActivity) {
-        let anchor = self.anchors.iter().position(|x| x.device == a.device);
+        let device = a.work.device;
+        let anchor = self.anchors.iter().position(|x| x.device == device);
         let since = anchor
             .map(|i| d.event_elapsed_ms(self.anchors[i].event, a.start))
             .transpose();
@@ -179,19 +180,19 @@ impl DeviceTimes {
                 } else {
                     a.start
                 };
-                self.free.push((a.device, freed));
+                self.free.push((device, freed));
                 start_ms
             }
             _ => {
                 self.anchors.push(Anchor {
-                    device: a.device,
+                    device,
                     event: a.start,
                     offset_ms: 0.0,
                 });
                 0.0
             }
         };
-        self.free.push((a.device, a.end));
+        self.free.push((device, a.end));
         self.read.push(Read {
             activity: a,
             start_ms,
@@ -234,26 +235,14 @@ impl DeviceTimes {
         for r in self.read.drain(..) {
             let origin = origins
                 .iter()
-                .find(|(dev, _)| *dev == r.activity.device)
+                .find(|(dev, _)| *dev == r.activity.work.device)
                 .and_then(|(_, o)| *o);
             let times = origin.and_then(|o| Some((shift(o, r.start_ms)?, shift(o, r.end_ms)?)));
             let Some((start, end)) = times else {
                 out.untimed += 1;
                 continue;
             };
-            let a = r.activity;
-            out.device.push(RawDevice {
-                kind: a.launch.kind,
-                name: a.launch.name.into_owned(),
-                device: a.device,
-                stream: a.stream.0,
-                correlation: a.correlation,
-                start,
-                end,
-                bytes: a.launch.bytes,
-                grid: a.launch.grid,
-                block: a.launch.block,
-            });
+            out.device.push(RawDevice::of(&r.activity.work, start, end));
         }
         for c in clocks {
             let _ = d.event_destroy(c.event);
@@ -313,7 +302,7 @@ fn finished_prefix(
     pending: &VecDeque<DeviceActivity>,
     mut query: impl FnMut(&DeviceActivity) -> Option<bool>,
 ) -> usize {
-    let key = |a: &DeviceActivity| (a.device, a.stream);
+    let key = |a: &DeviceActivity| (a.work.device, a.work.stream);
     let mut done: Vec<(usize, StreamHandle)> = Vec::new();
     let mut asked: Vec<(usize, StreamHandle)> = Vec::new();
     for a in pending.iter().rev() {
@@ -374,7 +363,7 @@ mod tests {
     use std::borrow::Cow;
 
     use ember_device::driver::emulator::{Emulator, EmulatorConfig, thread_event_calls};
-    use ember_device::trace::device::{ActivityKind, Launch};
+    use ember_device::trace::device::{ActivityKind, EnqueuedWork, Launch};
 
     use super::*;
 
@@ -395,21 +384,23 @@ mod tests {
         events: (EventHandle, EventHandle),
     ) -> DeviceActivity {
         DeviceActivity {
-            launch: Launch {
-                api: "cudaLaunchKernel",
-                kind: ActivityKind::Kernel,
-                name: name.into(),
-                bytes: 0,
-                grid: [1; 3],
-                block: [1; 3],
+            work: EnqueuedWork {
+                launch: Launch {
+                    api: "cudaLaunchKernel",
+                    kind: ActivityKind::Kernel,
+                    name: name.into(),
+                    bytes: 0,
+                    grid: [1; 3],
+                    block: [1; 3],
+                },
+                device,
+                stream,
+                correlation,
+                enqueued: Instant::now(),
+                tid: 0,
             },
-            device,
-            stream,
-            correlation,
             start: events.0,
             end: events.1,
-            enqueued: Instant::now(),
-            tid: 0,
         }
     }
 
@@ -513,10 +504,10 @@ mod tests {
         // are done: the prefix stops at its third (end 8), which is still running. Had the
         // two default streams been taken for one, device 0's finished newest (end 6) would
         // have cleared device 1's too.
-        let n = finished_prefix(&pending, |a| Some(a.device == 0 || a.end.0 <= 5));
+        let n = finished_prefix(&pending, |a| Some(a.work.device == 0 || a.end.0 <= 5));
         assert_eq!(n, 8);
         // Device 0's stream s still runs its first activity (end 1): nothing past it.
-        let n = finished_prefix(&pending, |a| Some(a.stream != s || a.end.0 < 1));
+        let n = finished_prefix(&pending, |a| Some(a.work.stream != s || a.end.0 < 1));
         assert_eq!(n, 1);
         // A failed query counts as finished (reading then gives up on it).
         assert_eq!(finished_prefix(&pending, |_| None), 9);

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use ember_device::driver::DeviceProperties;
 use ember_device::trace::Category;
-use ember_device::trace::device::ActivityKind;
+use ember_device::trace::device::{ActivityKind, EnqueuedWork};
 use serde_json::{Map, Value};
 
 use crate::ProfilerActivity;
@@ -215,6 +215,25 @@ pub(crate) struct RawDevice {
     pub bytes: u64,
     pub grid: [u32; 3],
     pub block: [u32; 3],
+}
+
+impl RawDevice {
+    /// `work` as its call site described it, run on the device from `start` to `end`.
+    pub(crate) fn of(work: &EnqueuedWork, start: Instant, end: Instant) -> RawDevice {
+        let l = &work.launch;
+        RawDevice {
+            kind: l.kind,
+            name: l.name.to_string(),
+            device: work.device,
+            stream: work.stream.0,
+            correlation: work.correlation,
+            start,
+            end,
+            bytes: l.bytes,
+            grid: l.grid,
+            block: l.block,
+        }
+    }
 }
 
 fn since(t0: Instant, t: Instant) -> u64 {

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use ember_device::cuda;
 use ember_device::driver::{Driver, EventHandle};
-use ember_device::trace::device::{self as device_trace, DeviceActivity, DeviceSink, TaggedLaunch};
+use ember_device::trace::device::{self as device_trace, DeviceActivity, DeviceSink, EnqueuedWork};
 use ember_device::trace::{
     self, BeginEvent, Category, EventKind, RangeGuard, Subscriber, Subscription, TraceEvent,
 };
@@ -471,9 +471,7 @@ impl Collector {
     fn activity_enabled(&self) -> bool {
         self.activity.get().copied().unwrap_or(false)
     }
-}
 
-impl Collector {
     fn lock(&self) -> MutexGuard<'_, Collected> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -540,8 +538,8 @@ impl DeviceSink for Collector {
             .get_or_init(|| self.activity_allowed && driver.activity_enable().is_ok())
     }
 
-    fn on_tagged(&self, launch: TaggedLaunch) {
-        self.lock().tagged.push(launch);
+    fn on_tagged(&self, work: EnqueuedWork) {
+        self.lock().tagged.push(work);
     }
 }
 
@@ -676,7 +674,7 @@ impl Drop for Recording {
         let driver = cuda::initialized_driver();
         self.collector.lock().device.release_with(driver.as_deref());
         if let Some(d) = &driver
-            && self.collector.activity.get() == Some(&true)
+            && self.collector.activity_enabled()
             && !self.finished
         {
             device_records::discard(&**d);

@@ -86,3 +86,32 @@ pub struct ActivityRecord {
     /// A kernel's block (zeros otherwise).
     pub block: [u32; 3],
 }
+
+impl ActivityRecord {
+    /// A kernel named `name` on `device`, its times and external id still to be set.
+    pub fn kernel(name: String, device: usize, grid: [u32; 3], block: [u32; 3]) -> Self {
+        ActivityRecord {
+            kind: ActivityKind::Kernel,
+            name,
+            device,
+            start_ns: 0,
+            end_ns: 0,
+            external: None,
+            bytes: 0,
+            grid,
+            block,
+        }
+    }
+
+    /// A copy or memset (`kind`) of `bytes` on `device`, its times and external id still to
+    /// be set.
+    pub fn transfer(kind: ActivityKind, device: usize, bytes: u64) -> Self {
+        ActivityRecord {
+            kind,
+            bytes,
+            grid: [0; 3],
+            block: [0; 3],
+            ..ActivityRecord::kernel(String::new(), device, [0; 3], [0; 3])
+        }
+    }
+}

@@ -14,7 +14,7 @@
 //!   when the sink says so ([`DeviceSink::activity_api`]: it enabled the driver's recording):
 //!   the correlation id is pushed as the thread's external id around the call, so the
 //!   driver's records of the work (every kernel a library call runs) carry it, and the sink
-//!   gets a [`TaggedLaunch`] to join them with when it flushes. No event is made or
+//!   gets a [`EnqueuedWork`] to join them with when it flushes. No event is made or
 //!   recorded; the host pays CUPTI's bookkeeping and a push and a pop.
 //! - **CUDA events** otherwise (no CUPTI, or the profile asked for events): two timing events
 //!   (ones the sink hands back, Note [Event pool] in `ember-profiler`, or new ones) are
@@ -60,43 +60,48 @@ pub struct Launch {
     pub block: [u32; 3],
 }
 
-/// One piece of work enqueued on a stream, with the two events around it.
+/// One piece of work enqueued on a stream while a sink listens (Note [Device activity]).
 #[derive(Clone, Debug, PartialEq)]
-pub struct DeviceActivity {
-    /// What the call site said.
-    pub launch: Launch,
-    /// The device's ordinal.
-    pub device: usize,
-    /// The stream it ran on.
-    pub stream: StreamHandle,
-    /// Shared with the runtime range that enqueued it.
-    pub correlation: u64,
-    /// Recorded just before the work (owned by the sink).
-    pub start: EventHandle,
-    /// Recorded just after the work (owned by the sink).
-    pub end: EventHandle,
-    /// When the host enqueued it.
-    pub enqueued: Instant,
-    /// The enqueuing thread's [`super::thread_tid`].
-    pub tid: u64,
-}
-
-/// One piece of work enqueued while the driver's activity API records: its records carry
-/// `correlation` as their external id (Note [Device activity]).
-#[derive(Clone, Debug, PartialEq)]
-pub struct TaggedLaunch {
+pub struct EnqueuedWork {
     /// What the call site said.
     pub launch: Launch,
     /// The device's ordinal.
     pub device: usize,
     /// The stream it was enqueued on.
     pub stream: StreamHandle,
-    /// Shared with the runtime range that enqueued it and with its activity records.
+    /// Shared with the runtime range that enqueued it and, under the activity API, with its
+    /// activity records (their external id).
     pub correlation: u64,
     /// When the host enqueued it.
     pub enqueued: Instant,
     /// The enqueuing thread's [`super::thread_tid`].
     pub tid: u64,
+}
+
+impl EnqueuedWork {
+    /// `launch` on `stream` of `device`, being enqueued now by this thread, with a fresh
+    /// correlation id.
+    fn begin(launch: Launch, device: usize, stream: StreamHandle) -> EnqueuedWork {
+        EnqueuedWork {
+            launch,
+            device,
+            stream,
+            correlation: NEXT_CORRELATION.fetch_add(1, Ordering::Relaxed),
+            enqueued: Instant::now(),
+            tid: super::thread_tid(),
+        }
+    }
+}
+
+/// Work timed with CUDA events: the two recorded around it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DeviceActivity {
+    /// What was enqueued.
+    pub work: EnqueuedWork,
+    /// Recorded just before the work (owned by the sink).
+    pub start: EventHandle,
+    /// Recorded just after the work (owned by the sink).
+    pub end: EventHandle,
 }
 
 /// Receives device activity; takes ownership of the events of a [`DeviceActivity`].
@@ -123,8 +128,8 @@ pub trait DeviceSink: Send + Sync + fmt::Debug {
 
     /// Called after work was enqueued with its id pushed, when [`DeviceSink::activity_api`]
     /// said so.
-    fn on_tagged(&self, launch: TaggedLaunch) {
-        let _ = launch;
+    fn on_tagged(&self, work: EnqueuedWork) {
+        let _ = work;
     }
 }
 
@@ -186,9 +191,8 @@ fn timed_slow<T, E>(
         UNTIMED.fetch_add(1, Ordering::Relaxed);
         return call();
     };
-    let correlation = NEXT_CORRELATION.fetch_add(1, Ordering::Relaxed);
-    let enqueued = Instant::now();
-    let range = super::runtime_range(launch.api, correlation);
+    let work = EnqueuedWork::begin(launch, device, stream);
+    let range = super::runtime_range(work.launch.api, work.correlation);
     let result = call();
     let recorded = driver.event_record(events.1, stream).is_ok();
     drop(range);
@@ -196,14 +200,9 @@ fn timed_slow<T, E>(
         sink.on_activity(
             driver,
             DeviceActivity {
-                launch,
-                device,
-                stream,
-                correlation,
+                work,
                 start: events.0,
                 end: events.1,
-                enqueued,
-                tid: super::thread_tid(),
             },
         );
     } else {
@@ -227,10 +226,9 @@ fn tagged<T, E>(
     launch: Launch,
     call: impl FnOnce() -> Result<T, E>,
 ) -> Result<T, E> {
-    let correlation = NEXT_CORRELATION.fetch_add(1, Ordering::Relaxed);
-    let enqueued = Instant::now();
-    let range = super::runtime_range(launch.api, correlation);
-    if driver.activity_push_correlation(correlation).is_err() {
+    let work = EnqueuedWork::begin(launch, device, stream);
+    let range = super::runtime_range(work.launch.api, work.correlation);
+    if driver.activity_push_correlation(work.correlation).is_err() {
         UNTIMED.fetch_add(1, Ordering::Relaxed);
         return call();
     }
@@ -238,14 +236,7 @@ fn tagged<T, E>(
     let popped = driver.activity_pop_correlation().is_ok();
     drop(range);
     match (&result, popped) {
-        (Ok(_), true) => sink.on_tagged(TaggedLaunch {
-            launch,
-            device,
-            stream,
-            correlation,
-            enqueued,
-            tid: super::thread_tid(),
-        }),
+        (Ok(_), true) => sink.on_tagged(work),
         (Ok(_), false) => {
             UNTIMED.fetch_add(1, Ordering::Relaxed);
         }

@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
 
-use crate::driver::{ActivityKind, ActivityRecord};
+use crate::driver::ActivityRecord;
 use crate::error::{DeviceError, Result};
 
 /// The activity API version the emulator reports (CUPTI 13.0's `CUPTI_API_VERSION`).
@@ -30,9 +30,7 @@ pub const ENV_EMULATOR_CUPTI: &str = "EMBER_CUDA_EMULATOR_CUPTI";
 /// The emulated API's version, or why it is absent (`EMBER_CUDA_EMULATOR_CUPTI=0`).
 pub(super) fn version() -> Result<u32> {
     static PRESENT: OnceLock<bool> = OnceLock::new();
-    let present = *PRESENT.get_or_init(|| {
-        std::env::var_os(ENV_EMULATOR_CUPTI).is_none_or(|v| v.to_string_lossy().trim() != "0")
-    });
+    let present = *PRESENT.get_or_init(|| !super::config::switched_off(ENV_EMULATOR_CUPTI));
     if present {
         Ok(EMULATED_CUPTI_VERSION)
     } else {
@@ -46,42 +44,6 @@ pub(super) fn version() -> Result<u32> {
 thread_local! {
     /// The external ids this thread pushed, innermost last.
     static EXTERNAL: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
-}
-
-/// What one piece of work will be recorded as (built only while recording).
-pub(super) struct Work {
-    pub(super) kind: ActivityKind,
-    pub(super) name: String,
-    pub(super) device: usize,
-    pub(super) bytes: u64,
-    pub(super) grid: [u32; 3],
-    pub(super) block: [u32; 3],
-}
-
-impl Work {
-    /// A copy or memset of `bytes` on `device`.
-    pub(super) fn transfer(kind: ActivityKind, device: usize, bytes: usize) -> Work {
-        Work {
-            kind,
-            name: String::new(),
-            device,
-            bytes: bytes as u64,
-            grid: [0; 3],
-            block: [0; 3],
-        }
-    }
-
-    /// A kernel (or a library call's kernel) named `name` on `device`.
-    pub(super) fn kernel(name: String, device: usize, grid: [u32; 3], block: [u32; 3]) -> Work {
-        Work {
-            kind: ActivityKind::Kernel,
-            name,
-            device,
-            bytes: 0,
-            grid,
-            block,
-        }
-    }
 }
 
 /// Recording state of one emulator.
@@ -112,11 +74,11 @@ impl ActivityState {
         u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
     }
 
-    /// Run `work`; when recording and it succeeds, record what `describe` says with the
-    /// host times around it.
+    /// Run `work`; when recording and it succeeds, record what `describe` says (built only
+    /// then) with the host times around it and this thread's innermost pushed id.
     pub(super) fn run<T>(
         &self,
-        describe: impl FnOnce() -> Work,
+        describe: impl FnOnce() -> ActivityRecord,
         work: impl FnOnce() -> Result<T>,
     ) -> Result<T> {
         if !self.enabled.load(Ordering::Relaxed) {
@@ -125,17 +87,11 @@ impl ActivityState {
         let start_ns = self.now_ns();
         let out = work()?;
         let end_ns = self.now_ns();
-        let w = describe();
         let record = ActivityRecord {
-            kind: w.kind,
-            name: w.name,
-            device: w.device,
             start_ns,
             end_ns,
             external: EXTERNAL.with(|s| s.borrow().last().copied()),
-            bytes: w.bytes,
-            grid: w.grid,
-            block: w.block,
+            ..describe()
         };
         self.records
             .lock()

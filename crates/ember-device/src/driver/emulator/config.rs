@@ -203,6 +203,13 @@ impl EmulatorConfig {
     }
 }
 
+/// Whether `var` is set to `0`, which switches an emulated library off for the process
+/// (`EMBER_CUDA_EMULATOR_CUDNN`, `EMBER_CUDA_EMULATOR_CUPTI`); unset or anything else
+/// leaves it on.
+pub(super) fn switched_off(var: &str) -> bool {
+    std::env::var_os(var).is_some_and(|v| v.to_string_lossy().trim() == "0")
+}
+
 /// Parse a byte size: a non-negative integer with an optional unit, `B`, `KB`/`MB`/`GB`/`TB`
 /// (powers of 1000), `KiB`/`MiB`/`GiB`/`TiB` or `K`/`M`/`G`/`T` (powers of 1024); units are
 /// case-insensitive and may follow a space.

@@ -76,9 +76,7 @@ impl EmulatedCudnn {
     /// The process default: present unless `EMBER_CUDA_EMULATOR_CUDNN=0`.
     pub fn from_env() -> EmulatedCudnn {
         static PRESENT: OnceLock<bool> = OnceLock::new();
-        let present = *PRESENT.get_or_init(|| {
-            std::env::var_os(ENV_EMULATOR_CUDNN).is_none_or(|v| v.to_string_lossy().trim() != "0")
-        });
+        let present = *PRESENT.get_or_init(|| !super::config::switched_off(ENV_EMULATOR_CUDNN));
         EmulatedCudnn {
             present,
             ..EmulatedCudnn::default()

@@ -4,7 +4,7 @@ use std::alloc::Layout;
 use std::ffi::c_void;
 use std::time::Instant;
 
-use super::activity::{self as act, Work};
+use super::activity as act;
 use super::launch_trace::{self, record_host_wait};
 use super::{
     Emulator, EventState, FunctionState, HOST_ALIGN, KernelLaunch, cudnn, device_of_address, gemm,
@@ -488,7 +488,8 @@ impl Driver for Emulator {
                 detail: format!("kernel {:?}: {problem}", f.name),
             });
         }
-        let describe = || Work::kernel(f.name.clone(), f.device, [g.0, g.1, g.2], [b.0, b.1, b.2]);
+        let describe =
+            || ActivityRecord::kernel(f.name.clone(), f.device, [g.0, g.1, g.2], [b.0, b.1, b.2]);
         // SAFETY: forwarded from this function's contract.
         self.activity
             .run(describe, || unsafe { self.run_kernel(&f, config, params) })
@@ -532,7 +533,7 @@ impl Driver for Emulator {
                 desc.k,
                 desc.batch
             );
-            Work::kernel(name, device, [1; 3], [1; 3])
+            ActivityRecord::kernel(name, device, [1; 3], [1; 3])
         };
         self.activity
             .run(describe, || gemm::gemm(&mut self.mem(), desc))
@@ -571,7 +572,7 @@ impl Driver for Emulator {
                 p.w_dims,
                 desc.algo
             );
-            Work::kernel(name, device, [1; 3], [1; 3])
+            ActivityRecord::kernel(name, device, [1; 3], [1; 3])
         };
         self.activity
             .run(describe, || cudnn::run(&mut self.mem(), desc))
@@ -741,6 +742,6 @@ impl Emulator {
 }
 
 /// A copy or memset of `bytes` touching `ptr` (its device; 0 for host memory).
-fn transfer(kind: ActivityKind, ptr: DevicePtr, bytes: usize) -> Work {
-    Work::transfer(kind, device_of_address(ptr).unwrap_or(0), bytes)
+fn transfer(kind: ActivityKind, ptr: DevicePtr, bytes: usize) -> ActivityRecord {
+    ActivityRecord::transfer(kind, device_of_address(ptr).unwrap_or(0), bytes as u64)
 }

@@ -303,7 +303,8 @@ unsafe fn parse(r: *const sys::CUpti_Activity) -> Option<Parsed> {
             2 => ActivityKind::MemcpyDtoH,
             _ => ActivityKind::MemcpyDtoD,
         };
-        return Some(Parsed::Work(transfer(kind, device, start, end, bytes), c));
+        let record = ActivityRecord::transfer(kind, device as usize, bytes);
+        return Some(Parsed::Work(timed(record, start, end), c));
     }
     if is(K::CUPTI_ACTIVITY_KIND_MEMSET) {
         let m = r.cast::<sys::CUpti_ActivityMemset4>();
@@ -317,8 +318,8 @@ unsafe fn parse(r: *const sys::CUpti_Activity) -> Option<Parsed> {
                 field!(m, correlationId),
             )
         };
-        let record = transfer(ActivityKind::Memset, device, start, end, bytes);
-        return Some(Parsed::Work(record, c));
+        let record = ActivityRecord::transfer(ActivityKind::Memset, device as usize, bytes);
+        return Some(Parsed::Work(timed(record, start, end), c));
     }
     if is(K::CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION) {
         let e = r.cast::<sys::CUpti_ActivityExternalCorrelation>();
@@ -329,18 +330,12 @@ unsafe fn parse(r: *const sys::CUpti_Activity) -> Option<Parsed> {
     None
 }
 
-/// A copy or memset record.
-fn transfer(kind: ActivityKind, device: u32, start: u64, end: u64, bytes: u64) -> ActivityRecord {
+/// `r` with its device times.
+fn timed(r: ActivityRecord, start_ns: u64, end_ns: u64) -> ActivityRecord {
     ActivityRecord {
-        kind,
-        name: String::new(),
-        device: device as usize,
-        start_ns: start,
-        end_ns: end,
-        external: None,
-        bytes,
-        grid: [0; 3],
-        block: [0; 3],
+        start_ns,
+        end_ns,
+        ..r
     }
 }
 
@@ -371,18 +366,8 @@ unsafe fn kernel(k: *const sys::CUpti_ActivityKernel10) -> Parsed {
             .into_owned()
     };
     let dim = |v: i32| u32::try_from(v).unwrap_or(0);
-    let record = ActivityRecord {
-        kind: ActivityKind::Kernel,
-        name,
-        device: device as usize,
-        start_ns: start,
-        end_ns: end,
-        external: None,
-        bytes: 0,
-        grid: grid.map(dim),
-        block: block.map(dim),
-    };
-    Parsed::Work(record, c)
+    let record = ActivityRecord::kernel(name, device as usize, grid.map(dim), block.map(dim));
+    Parsed::Work(timed(record, start, end), c)
 }
 
 #[cfg(test)]
@@ -390,20 +375,8 @@ mod tests {
     use super::*;
 
     fn work(name: &str, correlation: u32) -> Parsed {
-        Parsed::Work(
-            ActivityRecord {
-                kind: ActivityKind::Kernel,
-                name: name.into(),
-                device: 0,
-                start_ns: 1,
-                end_ns: 2,
-                external: None,
-                bytes: 0,
-                grid: [1; 3],
-                block: [1; 3],
-            },
-            correlation,
-        )
+        let record = ActivityRecord::kernel(name.into(), 0, [1; 3], [1; 3]);
+        Parsed::Work(timed(record, 1, 2), correlation)
     }
 
     #[test]

@@ -163,6 +163,22 @@ def _conv2d():
     return (lambda: torch.nn.functional.conv2d(x, w, padding=1)), flops
 
 
+def _tiny_profiled():
+    """`tiny_op_overhead` while `torch.profiler.profile(activities=[CPU(, CUDA)],
+    record_shapes=True)` records (Ember's `profiler_on_tiny_op_overhead`); the teardown stops
+    it."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    a, b = torch.randn(4, device=DEVICE), torch.randn(4, device=DEVICE)
+    activities = [ProfilerActivity.CPU]
+    if DEVICE == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    prof = profile(activities=activities, record_shapes=True)
+    prof.__enter__()
+    return (lambda: torch.add(a, b)), 1.0, lambda: prof.__exit__(None, None, None)
+
+
 CHAIN = 1000
 
 
@@ -351,6 +367,7 @@ CASES: list[Case] = (
     + [Case(f"{op}_f32_16m", "GB/s", True, _elementwise(op), 1e-9) for op in ("add", "relu", "exp", "sum")]
     + [Case("softmax_ce_4096x1000", "ms", False, _softmax_ce, 1e3)]
     + [Case("tiny_op_overhead", "us", False, _tiny, 1e6)]
+    + [Case("profiler_on_tiny_op_overhead", "us", False, _tiny_profiled, 1e6)]
     + [Case("autograd_chain_1000", "us", False, _autograd_chain, 1e6 / CHAIN)]
     + [Case("conv2d_f32_32x64x56x56", "GFLOP/s", True, _conv2d, 1e-9)]
     + [

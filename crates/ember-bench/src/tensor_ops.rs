@@ -1,7 +1,9 @@
 //! Tensor ops through `ember-tensor`'s public API, as a user calls them: allocating
 //! elementwise ops over 16M f32 (GB/s of bytes read + written), a full sum (GB/s read),
 //! softmax + cross-entropy over (4096, 1000) (ms), the cost of one op on tiny tensors (µs),
-//! and on CUDA an f32/bf16 matrix product (GFLOP/s). The PyTorch side of the CPU cases is in
+//! alone and while the profiler records it (`profiler_on_tiny_op_overhead`: CPU activity,
+//! and CUDA's on a GPU, with `record_shapes`; the difference is the profiler's cost per op
+//! and launch), and on CUDA an f32/bf16 matrix product (GFLOP/s). The PyTorch side of the CPU cases is in
 //! `bench/torch_side_by_side.py`.
 //!
 //! On `cuda:0` each call is followed by a device synchronisation (as `torch.cuda.synchronize`
@@ -15,6 +17,7 @@
 use std::time::Instant;
 
 use ember_device::{Device, cuda};
+use ember_profiler::{ProfileOptions, ProfilerActivity};
 use ember_tensor::{CrossEntropyOptions, DType, Tensor};
 
 use crate::harness::{Options, Record, ns_per_iter};
@@ -82,7 +85,7 @@ impl Bound {
     }
 }
 
-const CASES: [(&str, Case); 9] = [
+const CASES: [(&str, Case); 10] = [
     ("add_f32_16m", |e| {
         let (a, b) = (randn(e, &[e.n])?, randn(e, &[e.n])?);
         let bytes = 12.0 * e.n as f64;
@@ -134,6 +137,28 @@ const CASES: [(&str, Case); 9] = [
     ("tiny_op_overhead", |e| {
         let (a, b) = (randn(e, &[4])?, randn(e, &[4])?);
         Ok((Box::new(move || a.add(&b)), Work::Micros, Bound::None))
+    }),
+    ("profiler_on_tiny_op_overhead", |e| {
+        let (a, b) = (randn(e, &[4])?, randn(e, &[4])?);
+        let mut activities = vec![ProfilerActivity::Cpu];
+        if e.device.is_cuda() {
+            activities.push(ProfilerActivity::Cuda);
+        }
+        // Recording for as long as the case runs: dropped with the closure, which stops it.
+        let prof = ember_profiler::profile(
+            ProfileOptions::new()
+                .activities(activities)
+                .record_shapes(true),
+        )
+        .map_err(err)?;
+        Ok((
+            Box::new(move || {
+                let _recording = &prof;
+                a.add(&b)
+            }),
+            Work::Micros,
+            Bound::None,
+        ))
     }),
     ("matmul_f32_n2048", |e| {
         let (a, b) = (randn(e, &[e.side, e.side])?, randn(e, &[e.side, e.side])?);
@@ -219,7 +244,14 @@ fn run_on(opts: &Options, out: &mut Vec<Record>, env: &Env, emulated: bool) -> R
         f().map_err(|e| format!("{name}: {e}"))?;
         sync()?;
         let once = t.elapsed().as_secs_f64().max(1e-7);
-        let iters = ((ROUND_S / once) as usize).clamp(1, 100_000);
+        // A recording profiler keeps every call's events until the case ends: as many calls
+        // as the PyTorch side makes at most.
+        let most = if name.starts_with("profiler_on") {
+            10_000
+        } else {
+            100_000
+        };
+        let iters = ((ROUND_S / once) as usize).clamp(1, most);
         let ns = ns_per_iter(ROUNDS, iters, || {
             let _ = f();
             let _ = sync();

@@ -66,6 +66,7 @@
 //! | `M` | | `process_name`, `thread_name` | | `name` |
 
 mod chrome;
+mod collector;
 mod device_records;
 mod device_times;
 mod error;

@@ -1,23 +1,19 @@
 //! [`profile`] and [`Profiler`]: recording with the trace hooks, cycles of a [`Schedule`].
 
 use std::borrow::Cow;
-use std::collections::HashMap;
 use std::fmt;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use ember_device::cuda;
-use ember_device::driver::{Driver, EventHandle};
-use ember_device::trace::device::{self as device_trace, DeviceActivity, DeviceSink, EnqueuedWork};
-use ember_device::trace::{
-    self, BeginEvent, Category, EventKind, RangeGuard, Subscriber, Subscription, TraceEvent,
-};
+use ember_device::trace::device::{self as device_trace, DeviceSink};
+use ember_device::trace::{self, Category, RangeGuard, Subscriber, Subscription};
 
+use crate::collector::Collector;
 use crate::device_records::{self, Tagged};
-use crate::device_times::DeviceTimes;
 use crate::error::{ProfilerError, Result};
-use crate::event::{self, Profile, RawMemory, RawRange};
+use crate::event::{self, Profile, RawRange};
 use crate::schedule::{ProfilerAction, Schedule};
 
 /// What to record, as `torch.profiler.ProfilerActivity`.
@@ -444,105 +440,6 @@ fn set_wanted(shapes: bool, stacks: bool, memory: bool) {
     trace::set_memory_wanted(memory);
 }
 
-/// What the hooks deliver during one cycle.
-#[derive(Debug, Default)]
-struct Collected {
-    ranges: Vec<RawRange>,
-    open: HashMap<u64, BeginEvent>,
-    memory: Vec<RawMemory>,
-    device: DeviceTimes,
-    tagged: Tagged,
-}
-
-/// The subscriber and device sink of one cycle.
-#[derive(Debug)]
-struct Collector {
-    cpu: bool,
-    memory: bool,
-    /// Whether the driver's activity API may be used ([`DeviceTiming::Events`] forbids it).
-    activity_allowed: bool,
-    /// Set by the first launch: whether this cycle enabled the driver's activity API.
-    activity: OnceLock<bool>,
-    state: Mutex<Collected>,
-}
-
-impl Collector {
-    /// Whether this cycle records through the activity API (set once, by the first launch).
-    fn activity_enabled(&self) -> bool {
-        self.activity.get().copied().unwrap_or(false)
-    }
-
-    fn lock(&self) -> MutexGuard<'_, Collected> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-}
-
-impl Subscriber for Collector {
-    fn on_begin(&self, e: &BeginEvent) {
-        if self.cpu {
-            self.lock().open.insert(e.id, e.clone());
-        }
-    }
-
-    fn on_event(&self, e: &TraceEvent) {
-        self.on_event_owned(e.clone());
-    }
-
-    fn on_event_owned(&self, e: TraceEvent) {
-        match e.kind {
-            EventKind::Range if self.cpu => {
-                let mut s = self.lock();
-                s.open.remove(&e.id);
-                s.ranges.push(RawRange {
-                    name: e.name,
-                    category: e.category,
-                    metadata: e.metadata,
-                    tid: e.tid,
-                    start: e.start,
-                    end: e.end,
-                    depth: e.depth,
-                    correlation: e.correlation,
-                    truncated: false,
-                    stack: e.stack,
-                });
-            }
-            EventKind::Instant
-                if self.memory && (e.name == "memory.alloc" || e.name == "memory.free") =>
-            {
-                if let Some(record) = event::parse_memory(&e.name, &e.metadata) {
-                    self.lock().memory.push(RawMemory {
-                        tid: e.tid,
-                        at: e.start,
-                        depth: e.depth,
-                        record,
-                    });
-                }
-            }
-            _ => {}
-        }
-    }
-}
-
-impl DeviceSink for Collector {
-    fn on_activity(&self, driver: &dyn Driver, activity: DeviceActivity) {
-        self.lock().device.push(driver, activity);
-    }
-
-    fn reuse_event(&self, device: usize) -> Option<EventHandle> {
-        self.lock().device.take_free(device)
-    }
-
-    fn activity_api(&self, driver: &dyn Driver) -> bool {
-        *self
-            .activity
-            .get_or_init(|| self.activity_allowed && driver.activity_enable().is_ok())
-    }
-
-    fn on_tagged(&self, work: EnqueuedWork) {
-        self.lock().tagged.push(work);
-    }
-}
-
 /// One cycle being recorded.
 #[derive(Debug)]
 struct Recording {
@@ -558,13 +455,11 @@ struct Recording {
 
 impl Recording {
     fn start(options: &ProfileOptions, cpu: bool, cuda: bool) -> Recording {
-        let collector = Arc::new(Collector {
-            cpu: cpu || options.profile_memory,
-            memory: options.profile_memory,
-            activity_allowed: options.device_timing != DeviceTiming::Events,
-            activity: OnceLock::new(),
-            state: Mutex::new(Collected::default()),
-        });
+        let collector = Arc::new(Collector::new(
+            cpu || options.profile_memory,
+            options.profile_memory,
+            options.device_timing != DeviceTiming::Events,
+        ));
         if cuda {
             // Installing the sink touches no CUDA state: the process's driver is chosen by
             // the user's first CUDA call, during the profile or before it.
@@ -601,18 +496,23 @@ impl Recording {
         }
         // Device work was enqueued only if the process has a driver already.
         let process_driver = cuda::initialized_driver();
-        let mut collected = {
+        let mut device = {
             let mut state = self.collector.lock();
-            let taken = std::mem::take(&mut *state);
+            let taken = std::mem::take(&mut state.device);
             // Close the collector's device side in place too: an activity racing with the
             // end (a launch on another thread that saw the sink) destroys its events.
             state.device.release_with(process_driver.as_deref());
             taken
         };
+        let logs = self.collector.take_logs();
+        let mut tagged = Tagged::default();
+        for work in logs.tagged {
+            tagged.push(work);
+        }
         let cupti = self.collector.activity_enabled();
         let resolved = match &process_driver {
-            Some(d) if cupti => collected.tagged.finish(&**d),
-            Some(d) if collected.device.holds_events() => collected.device.finish(&**d),
+            Some(d) if cupti => tagged.finish(&**d),
+            Some(d) if device.holds_events() => device.finish(&**d),
             _ => Default::default(),
         };
         let device_timing = match (cupti, resolved.device.is_empty() && resolved.untimed == 0) {
@@ -620,18 +520,18 @@ impl Recording {
             (true, false) => Some(DeviceTiming::Cupti),
             (false, false) => Some(DeviceTiming::Events),
         };
-        let mut ranges = collected.ranges;
-        ranges.extend(collected.open.into_values().map(|b| RawRange {
+        let mut ranges = logs.ranges.into_vec();
+        ranges.extend(logs.open.into_iter().map(|b| RawRange {
             name: b.name,
             category: b.category,
-            metadata: b.metadata,
+            metadata: String::new(),
             tid: b.tid,
             start: b.start,
             end,
             depth: b.depth,
             correlation: 0,
             truncated: true,
-            stack: b.stack,
+            stack: Vec::new(),
         }));
         let mut used: Vec<usize> = resolved.device.iter().map(|d| d.device).collect();
         used.sort_unstable();
@@ -645,7 +545,13 @@ impl Recording {
             None => Vec::new(),
         };
         let emulated = driver.is_some() && cuda::is_emulated();
-        let events = event::resolve(self.t0, ranges, collected.memory, resolved.device, emulated);
+        let events = event::resolve(
+            self.t0,
+            ranges,
+            logs.memory.into_vec(),
+            resolved.device,
+            emulated,
+        );
         Profile {
             events,
             started_at: self.started_at,
@@ -673,6 +579,9 @@ impl Drop for Recording {
         // the activity recording it enabled ours to stop (a finished cycle did both).
         let driver = cuda::initialized_driver();
         self.collector.lock().device.release_with(driver.as_deref());
+        // What an unfinished cycle recorded goes now, not when the last thread that cached
+        // the collector (Note [Per-thread trace state]) lets it go.
+        drop(self.collector.take_logs());
         if let Some(d) = &driver
             && self.collector.activity_enabled()
             && !self.finished

@@ -696,3 +696,75 @@ fn bad_input_gives_errors_not_panics() {
     // Nothing listens once every profiler has stopped.
     assert!(!ember_device::trace::is_active());
 }
+
+/// Every thread's ranges land in the cycle they happened in (Note [Per-thread logs]): four
+/// threads that trace through two consecutive profiles, with a range open across the first
+/// profile's end, and the main thread between them.
+#[test]
+fn every_threads_ranges_land_in_their_own_cycle() {
+    let _serial = serial();
+    let barrier = Arc::new(std::sync::Barrier::new(5));
+    let round = |tag: &'static str| {
+        let workers: Vec<_> = (0..4)
+            .map(|w| {
+                let barrier = barrier.clone();
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    for i in 0..300 {
+                        let _r = record_function(format!("{tag}{w}.{}", i % 3));
+                    }
+                    barrier.wait();
+                })
+            })
+            .collect();
+        barrier.wait();
+        let _main = record_function(format!("{tag}main"));
+        barrier.wait();
+        for w in workers {
+            w.join().unwrap();
+        }
+    };
+    let cpu = || ProfileOptions::new().activities([ProfilerActivity::Cpu]);
+
+    let mut first = profile(cpu()).unwrap();
+    round("a");
+    // A thread whose range spans the end of the first profile and the whole second one.
+    let (opened_tx, opened_rx) = std::sync::mpsc::channel();
+    let (close_tx, close_rx) = std::sync::mpsc::channel::<()>();
+    let spanning = std::thread::spawn(move || {
+        let _r = record_function("spanning");
+        opened_tx.send(()).unwrap();
+        close_rx.recv().unwrap();
+    });
+    opened_rx.recv().unwrap();
+    first.stop().unwrap();
+    let mut second = profile(cpu()).unwrap();
+    round("b");
+    close_tx.send(()).unwrap();
+    spanning.join().unwrap();
+    second.stop().unwrap();
+
+    for (prof, tag, other) in [(&first, "a", "b"), (&second, "b", "a")] {
+        let p = prof.profile().unwrap();
+        let avg = prof.key_averages().unwrap();
+        for w in 0..4 {
+            for k in 0..3 {
+                let name = format!("{tag}{w}.{k}");
+                assert_eq!(avg.get(&name).map(|r| r.count), Some(100), "{name}");
+                assert!(avg.get(&format!("{other}{w}.{k}")).is_none());
+            }
+        }
+        assert_eq!(avg.get(&format!("{tag}main")).map(|r| r.count), Some(1));
+        let threads: HashSet<_> = p
+            .events
+            .iter()
+            .filter(|e| e.name.starts_with(tag) && e.name.contains('.'))
+            .map(|e| e.track)
+            .collect();
+        assert_eq!(threads.len(), 4, "{threads:?}");
+    }
+    // Open at the first profile's end: closed there, once.
+    let spans = named(&first.profile().unwrap().events, "spanning");
+    assert_eq!(spans.len(), 1);
+    assert!(spans[0].truncated);
+}

@@ -3,8 +3,6 @@
 //! shapes are recorded. See Note [Zero-cost tracing] in `ember_device::trace`: while no
 //! profiler listens this is one relaxed atomic load and nothing else.
 
-use std::fmt::Write as _;
-
 use ember_device::trace::{self, RangeGuard};
 
 use crate::dtype::DType;
@@ -71,34 +69,58 @@ pub fn torch_type_name(dtype: DType) -> &'static str {
 }
 
 /// `{"Input Dims":[[2,3],[]],"Input type":["float","Scalar"]}`, the args PyTorch writes.
+/// Built in one buffer sized up front, digits written by hand: it runs once per op while
+/// shapes are recorded, where `format!` and a second buffer cost more than the op.
 fn describe(inputs: &[Input<'_>]) -> String {
-    let mut dims = String::from("{\"Input Dims\":[");
-    let mut types = String::from(",\"Input type\":[");
+    let mut s = String::with_capacity(40 + 24 * inputs.len());
+    s.push_str("{\"Input Dims\":[");
     for (i, input) in inputs.iter().enumerate() {
         if i > 0 {
-            dims.push(',');
-            types.push(',');
+            s.push(',');
         }
-        dims.push('[');
-        let ty = match input {
-            Input::Tensor(t) => {
-                for (j, d) in t.dims().iter().enumerate() {
-                    if j > 0 {
-                        dims.push(',');
-                    }
-                    let _ = write!(dims, "{d}");
+        s.push('[');
+        if let Input::Tensor(t) = input {
+            for (j, &d) in t.dims().iter().enumerate() {
+                if j > 0 {
+                    s.push(',');
                 }
-                torch_type_name(t.dtype())
+                push_decimal(&mut s, d);
             }
+        }
+        s.push(']');
+    }
+    s.push_str("],\"Input type\":[");
+    for (i, input) in inputs.iter().enumerate() {
+        if i > 0 {
+            s.push(',');
+        }
+        s.push('"');
+        s.push_str(match input {
+            Input::Tensor(t) => torch_type_name(t.dtype()),
             Input::Scalar => "Scalar",
             Input::Other => "",
-        };
-        dims.push(']');
-        let _ = write!(types, "\"{ty}\"");
+        });
+        s.push('"');
     }
-    dims.push(']');
-    types.push_str("]}");
-    dims + &types
+    s.push_str("]}");
+    s
+}
+
+/// Appends `n` in decimal.
+fn push_decimal(s: &mut String, mut n: usize) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    for &d in &digits[at..] {
+        s.push(char::from(d));
+    }
 }
 
 impl Tensor {
@@ -123,6 +145,20 @@ mod tests {
             r#"{"Input Dims":[[2,3],[],[],[]],"Input type":["float","c10::BFloat16","Scalar",""]}"#
         );
         assert_eq!(describe(&[]), r#"{"Input Dims":[],"Input type":[]}"#);
+        let empty = Tensor::zeros([0, 10, 1_000_007], DType::I64)?;
+        assert_eq!(
+            describe(&[empty.as_input()]),
+            r#"{"Input Dims":[[0,10,1000007]],"Input type":["long int"]}"#
+        );
         Ok(())
+    }
+
+    #[test]
+    fn decimals_match_display() {
+        for n in [0, 7, 10, 99, 100, 65_535, 1 << 40, usize::MAX] {
+            let mut s = String::from("x");
+            push_decimal(&mut s, n);
+            assert_eq!(s, format!("x{n}"));
+        }
     }
 }

@@ -41,7 +41,7 @@
 //! ```
 
 use std::borrow::Cow;
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
@@ -108,17 +108,18 @@ pub struct TraceEvent {
     pub stack: Vec<usize>,
 }
 
-/// A range that has just opened (delivered to [`Subscriber::on_begin`]).
-#[derive(Clone, Debug, PartialEq)]
-pub struct BeginEvent {
+/// A range that has just opened (delivered to [`Subscriber::on_begin`]). It lends the
+/// range's parts, which the range keeps until it ends: a subscriber copies what it needs.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BeginEvent<'a> {
     /// The range's id, repeated in its [`TraceEvent`].
     pub id: u64,
-    /// The name given at the call site.
-    pub name: Cow<'static, str>,
+    /// The name given at the call site (cloning a borrowed name copies no text).
+    pub name: &'a Cow<'static, str>,
     /// What made it.
     pub category: Category,
     /// Metadata from the call site's closure.
-    pub metadata: String,
+    pub metadata: &'a str,
     /// A small process-unique number for the thread.
     pub tid: u64,
     /// When it began.
@@ -126,7 +127,7 @@ pub struct BeginEvent {
     /// Traced ranges open around it on its thread.
     pub depth: u32,
     /// As [`TraceEvent::stack`].
-    pub stack: Vec<usize>,
+    pub stack: &'a [usize],
 }
 
 /// Receives trace events. See Note [Zero-cost tracing].
@@ -142,7 +143,7 @@ pub trait Subscriber: Send + Sync + fmt::Debug {
 
     /// Called when a range opens while someone listens (so that a profiler can close ranges
     /// still open when it stops). The default ignores it.
-    fn on_begin(&self, _event: &BeginEvent) {}
+    fn on_begin(&self, _event: &BeginEvent<'_>) {}
 }
 
 static ACTIVE: AtomicUsize = AtomicUsize::new(0);
@@ -150,16 +151,118 @@ static SHAPES: AtomicBool = AtomicBool::new(false);
 static STACKS: AtomicBool = AtomicBool::new(false);
 static MEMORY: AtomicBool = AtomicBool::new(false);
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
-static NEXT_RANGE: AtomicU64 = AtomicU64::new(1);
 static NEXT_TID: AtomicU64 = AtomicU64::new(1);
 type Subscribers = Vec<(u64, Arc<dyn Subscriber>)>;
-/// Replaced whole on (un)subscribe, so that an event takes the list with one reference
-/// count instead of copying it.
-static SUBSCRIBERS: RwLock<Option<Arc<Subscribers>>> = RwLock::new(None);
+
+/// The subscriber list and its generation, replaced whole on (un)subscribe.
+struct Listeners {
+    generation: u64,
+    list: Option<Arc<Subscribers>>,
+}
+
+static SUBSCRIBERS: RwLock<Listeners> = RwLock::new(Listeners {
+    generation: 0,
+    list: None,
+});
+/// Bumped (under the write lock) whenever the list is replaced; threads compare it with
+/// their cached copy's (Note [Per-thread trace state]).
+static GENERATION: AtomicU64 = AtomicU64::new(0);
+
+// Note [Per-thread trace state]:
+// A traced range costs what its bookkeeping touches, so everything a range needs besides
+// the clock lives in one thread-local, reached once when the range opens and once when it
+// ends: its nesting depth, the thread's small id and `ThreadId`, the next range id, and the
+// thread's copy of the subscriber list. Range ids are the thread's id in the high bits and a
+// per-thread count below (no shared counter), and the list is fetched from the global lock
+// only when `GENERATION` says it changed, so a range makes no atomic read-modify-write and
+// takes no lock on its own behalf; the subscribers are called with the thread's copy lent.
+// A subscriber that traces from its callback finds the copy lent and reads it shared; one
+// that subscribes there makes the nested call fetch the new list itself. A thread keeps its
+// copy (and so the subscribers it names) until it next traces after a change, or exits.
+
+/// Bits of a range id below the thread's id.
+const RANGE_BITS: u32 = 40;
+
+struct ThreadState {
+    depth: Cell<u32>,
+    tid: Cell<u64>,
+    thread: Cell<Option<ThreadId>>,
+    next_range: Cell<u64>,
+    listeners: RefCell<Listeners>,
+}
+
+impl ThreadState {
+    fn tid(&self) -> u64 {
+        let v = self.tid.get();
+        if v != 0 {
+            return v;
+        }
+        let v = NEXT_TID.fetch_add(1, Ordering::Relaxed);
+        self.tid.set(v);
+        v
+    }
+
+    fn thread(&self) -> ThreadId {
+        if let Some(t) = self.thread.get() {
+            return t;
+        }
+        let t = std::thread::current().id();
+        self.thread.set(Some(t));
+        t
+    }
+
+    fn next_range(&self) -> u64 {
+        let n = self.next_range.get().wrapping_add(1) & ((1 << RANGE_BITS) - 1);
+        self.next_range.set(n);
+        (self.tid() << RANGE_BITS) | n.max(1)
+    }
+
+    /// Calls `f` with the current subscribers (none: `f` is not called).
+    fn with_subscribers(&self, f: impl FnOnce(&Subscribers)) {
+        let current = GENERATION.load(Ordering::Acquire);
+        if let Ok(mut cached) = self.listeners.try_borrow_mut()
+            && cached.generation != current
+        {
+            *cached = fetch_listeners();
+        }
+        match self.listeners.try_borrow() {
+            Ok(cached) if cached.generation == current => {
+                if let Some(list) = cached.list.as_deref() {
+                    f(list);
+                }
+            }
+            // Lent mutably cannot happen here; a nested call that saw the list change
+            // reads the global one.
+            _ => {
+                if let Some(list) = fetch_listeners().list.as_deref() {
+                    f(list);
+                }
+            }
+        }
+    }
+}
+
+fn fetch_listeners() -> Listeners {
+    let l = SUBSCRIBERS.read().unwrap_or_else(|e| e.into_inner());
+    Listeners {
+        generation: l.generation,
+        list: l.list.clone(),
+    }
+}
 
 thread_local! {
-    static DEPTH: Cell<u32> = const { Cell::new(0) };
-    static TID: Cell<u64> = const { Cell::new(0) };
+    static STATE: ThreadState = const {
+        ThreadState {
+            depth: Cell::new(0),
+            tid: Cell::new(0),
+            thread: Cell::new(None),
+            next_range: Cell::new(0),
+            listeners: RefCell::new(Listeners {
+                generation: 0,
+                list: None,
+            }),
+        }
+    };
 }
 
 /// `true` while at least one subscriber listens.
@@ -229,26 +332,26 @@ fn capture_stack() -> Vec<usize> {
     ips
 }
 
-/// This thread's small process-unique number (assigned on first use, from 1).
+/// This thread's small process-unique number (assigned on first use, from 1; 0 while the
+/// thread is exiting and its state is gone).
 pub fn thread_tid() -> u64 {
-    TID.with(|t| {
-        let v = t.get();
-        if v != 0 {
-            return v;
-        }
-        let v = NEXT_TID.fetch_add(1, Ordering::Relaxed);
-        t.set(v);
-        v
-    })
+    STATE.try_with(ThreadState::tid).unwrap_or(0)
+}
+
+/// Replaces the subscriber list with `edit`'s result and moves the generation on.
+fn replace_subscribers(edit: impl FnOnce(&mut Subscribers)) {
+    let mut slot = SUBSCRIBERS.write().unwrap_or_else(|e| e.into_inner());
+    let mut subs: Subscribers = slot.list.as_deref().cloned().unwrap_or_default();
+    edit(&mut subs);
+    slot.list = (!subs.is_empty()).then(|| Arc::new(subs));
+    slot.generation += 1;
+    GENERATION.store(slot.generation, Ordering::Release);
 }
 
 /// Start delivering events to `subscriber` until the returned [`Subscription`] is dropped.
 pub fn subscribe(subscriber: Arc<dyn Subscriber>) -> Subscription {
     let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-    let mut slot = SUBSCRIBERS.write().unwrap_or_else(|e| e.into_inner());
-    let mut subs: Subscribers = slot.as_deref().cloned().unwrap_or_default();
-    subs.push((id, subscriber));
-    *slot = Some(Arc::new(subs));
+    replace_subscribers(|subs| subs.push((id, subscriber)));
     ACTIVE.fetch_add(1, Ordering::Relaxed);
     Subscription { id }
 }
@@ -262,35 +365,28 @@ pub struct Subscription {
 
 impl Drop for Subscription {
     fn drop(&mut self) {
-        let mut slot = SUBSCRIBERS.write().unwrap_or_else(|e| e.into_inner());
-        let mut subs: Subscribers = slot.as_deref().cloned().unwrap_or_default();
-        let before = subs.len();
-        subs.retain(|(id, _)| *id != self.id);
-        if subs.len() < before {
+        let mut removed = false;
+        replace_subscribers(|subs| {
+            let before = subs.len();
+            subs.retain(|(id, _)| *id != self.id);
+            removed = subs.len() < before;
+        });
+        if removed {
             ACTIVE.fetch_sub(1, Ordering::Relaxed);
         }
-        *slot = (!subs.is_empty()).then(|| Arc::new(subs));
     }
-}
-
-fn subscribers() -> Option<Arc<Subscribers>> {
-    SUBSCRIBERS
-        .read()
-        .unwrap_or_else(|e| e.into_inner())
-        .clone()
 }
 
 /// Hands `event` to every subscriber, the last one by value.
-fn deliver(event: TraceEvent) {
-    let Some(subs) = subscribers() else {
-        return;
-    };
-    if let Some(((_, last), rest)) = subs.split_last() {
-        for (_, s) in rest {
-            s.on_event(&event);
+fn deliver(state: &ThreadState, event: TraceEvent) {
+    state.with_subscribers(|subs| {
+        if let Some(((_, last), rest)) = subs.split_last() {
+            for (_, s) in rest {
+                s.on_event(&event);
+            }
+            last.on_event_owned(event);
         }
-        last.on_event_owned(event);
-    }
+    });
 }
 
 #[derive(Debug)]
@@ -329,20 +425,24 @@ impl Drop for RangeGuard {
     fn drop(&mut self) {
         if let Some(open) = self.open.take() {
             let end = Instant::now();
-            DEPTH.with(|d| d.set(open.depth));
-            deliver(TraceEvent {
-                id: open.id,
-                name: open.name,
-                category: open.category,
-                metadata: open.metadata,
-                kind: EventKind::Range,
-                thread: std::thread::current().id(),
-                tid: thread_tid(),
-                start: open.start,
-                end,
-                depth: open.depth,
-                correlation: open.correlation,
-                stack: open.stack,
+            // A range ending while its thread exits (its state gone) is not delivered.
+            let _ = STATE.try_with(|state| {
+                state.depth.set(open.depth);
+                let event = TraceEvent {
+                    id: open.id,
+                    name: open.name,
+                    category: open.category,
+                    metadata: open.metadata,
+                    kind: EventKind::Range,
+                    thread: state.thread(),
+                    tid: state.tid(),
+                    start: open.start,
+                    end,
+                    depth: open.depth,
+                    correlation: open.correlation,
+                    stack: open.stack,
+                };
+                deliver(state, event);
             });
         }
     }
@@ -421,45 +521,48 @@ fn open_range(
     metadata: String,
     correlation: u64,
 ) -> RangeGuard {
-    let depth = DEPTH.with(|d| {
-        let depth = d.get();
-        d.set(depth + 1);
-        depth
-    });
-    let id = NEXT_RANGE.fetch_add(1, Ordering::Relaxed);
     let stack = if stacks_wanted() && matches!(category, Category::Op | Category::UserAnnotation) {
         capture_stack()
     } else {
         Vec::new()
     };
-    let start = Instant::now();
-    if let Some(subs) = subscribers() {
-        let begin = BeginEvent {
-            id,
-            name: name.clone(),
-            category,
-            metadata: metadata.clone(),
-            tid: thread_tid(),
-            start,
-            depth,
-            stack: stack.clone(),
-        };
-        for (_, s) in subs.iter() {
-            s.on_begin(&begin);
-        }
-    }
-    RangeGuard {
-        open: Some(OpenRange {
-            id,
-            name,
-            category,
-            metadata,
-            start,
-            depth,
-            correlation,
-            stack,
-        }),
-    }
+    STATE
+        .try_with(|state| {
+            let depth = state.depth.get();
+            state.depth.set(depth + 1);
+            let id = state.next_range();
+            let start = Instant::now();
+            let tid = state.tid();
+            state.with_subscribers(|subs| {
+                let begin = BeginEvent {
+                    id,
+                    name: &name,
+                    category,
+                    metadata: &metadata,
+                    tid,
+                    start,
+                    depth,
+                    stack: &stack,
+                };
+                for (_, s) in subs {
+                    s.on_begin(&begin);
+                }
+            });
+            RangeGuard {
+                open: Some(OpenRange {
+                    id,
+                    name,
+                    category,
+                    metadata,
+                    start,
+                    depth,
+                    correlation,
+                    stack,
+                }),
+            }
+        })
+        // The thread is exiting: nothing is traced.
+        .unwrap_or(RangeGuard::inert())
 }
 
 /// Emit a point event; `metadata` runs only if someone listens.
@@ -473,19 +576,22 @@ pub fn instant(name: &'static str, metadata: impl FnOnce() -> String) {
 #[cold]
 fn emit_instant(name: &'static str, metadata: String) {
     let now = Instant::now();
-    deliver(TraceEvent {
-        id: 0,
-        name: Cow::Borrowed(name),
-        category: Category::Other,
-        metadata,
-        kind: EventKind::Instant,
-        thread: std::thread::current().id(),
-        tid: thread_tid(),
-        start: now,
-        end: now,
-        depth: DEPTH.with(Cell::get),
-        correlation: 0,
-        stack: Vec::new(),
+    let _ = STATE.try_with(|state| {
+        let event = TraceEvent {
+            id: 0,
+            name: Cow::Borrowed(name),
+            category: Category::Other,
+            metadata,
+            kind: EventKind::Instant,
+            thread: state.thread(),
+            tid: state.tid(),
+            start: now,
+            end: now,
+            depth: state.depth.get(),
+            correlation: 0,
+            stack: Vec::new(),
+        };
+        deliver(state, event);
     });
 }
 
@@ -570,6 +676,94 @@ mod tests {
         if !is_active() {
             assert!(!ran);
         }
+    }
+
+    /// Traces from its own callbacks, and subscribes a second recorder from its first one
+    /// (Note [Per-thread trace state]: the lent list is read shared, a changed one fetched).
+    #[derive(Debug)]
+    struct Reentrant {
+        inner: Arc<Recorder>,
+        nested: Mutex<Option<Subscription>>,
+    }
+
+    impl Subscriber for Reentrant {
+        fn on_event(&self, event: &TraceEvent) {
+            if event.thread != self.inner.thread || event.name != "outer" {
+                return;
+            }
+            let _inside = range("from_callback");
+            let mut nested = self.nested.lock().unwrap();
+            if nested.is_none() {
+                *nested = Some(subscribe(self.inner.clone()));
+            }
+        }
+
+        fn on_begin(&self, event: &BeginEvent<'_>) {
+            if event.name == "outer" {
+                instant("begin_callback", String::new);
+            }
+        }
+    }
+
+    #[test]
+    fn subscribers_may_trace_and_subscribe_from_their_callbacks() {
+        let rec = Recorder::new();
+        let reentrant = Arc::new(Reentrant {
+            inner: rec.clone(),
+            nested: Mutex::new(None),
+        });
+        let sub = subscribe(reentrant.clone());
+        {
+            let _outer = range("outer");
+        }
+        // The recorder subscribed inside the first `outer`'s delivery sees the second.
+        {
+            let _outer = range("outer");
+        }
+        let names: Vec<_> = rec.take().into_iter().map(|e| e.name.to_string()).collect();
+        assert!(names.contains(&"from_callback".to_string()), "{names:?}");
+        assert!(names.contains(&"outer".to_string()), "{names:?}");
+        assert!(names.contains(&"begin_callback".to_string()), "{names:?}");
+        drop(sub);
+        drop(reentrant.nested.lock().unwrap().take());
+        {
+            let _after = range("after");
+        }
+        assert!(rec.take().is_empty());
+    }
+
+    #[test]
+    fn range_ids_are_unique_across_threads() {
+        #[derive(Debug, Default)]
+        struct Ids(Mutex<Vec<u64>>);
+        impl Subscriber for Ids {
+            fn on_event(&self, event: &TraceEvent) {
+                if event.name == "id_probe" {
+                    self.0.lock().unwrap().push(event.id);
+                }
+            }
+        }
+        let ids = Arc::new(Ids::default());
+        let sub = subscribe(ids.clone());
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                std::thread::spawn(|| {
+                    for _ in 0..500 {
+                        let _r = range("id_probe");
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        drop(sub);
+        let mut all = ids.0.lock().unwrap().clone();
+        assert_eq!(all.len(), 2000);
+        assert!(all.iter().all(|&id| id != 0));
+        all.sort_unstable();
+        all.dedup();
+        assert_eq!(all.len(), 2000);
     }
 
     #[test]

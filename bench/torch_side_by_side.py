@@ -797,6 +797,16 @@ def main() -> None:
                 med("steps_per_s"),
                 ", ".join(f"{k.removeprefix('steps_per_s_').replace('_', ' ')} {med(k):.0f}"
                           for k in split))
+        if "trace_clock" in rec:
+            # Which clock Ember's profiler stamps ranges with, and what one read costs here.
+            stamps = [r["trace_stamp_ns"] for rnd in ember_rounds for r in rnd
+                      if r["name"] == name and "trace_stamp_ns" in r]
+            clocks = [r["clock_now_ns"] for rnd in ember_rounds for r in rnd
+                      if r["name"] == name and "clock_now_ns" in r]
+            clock = "trace clock {} ({:.0f} ns per stamp; Instant::now {:.0f} ns)".format(
+                rec["trace_clock"], statistics.median(stamps) if stamps else float("nan"),
+                statistics.median(clocks) if clocks else float("nan"))
+            rows[-1]["note"] = f"{rows[-1]['note']}; {clock}" if rows[-1].get("note") else clock
         if case is not None and case.external:
             e_recs = [r for rnd in ember_rounds for r in rnd if r["name"] == name]
             t_recs = [r for rnd in torch_rounds for r in rnd if r["name"] == base]

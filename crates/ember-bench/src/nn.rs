@@ -219,6 +219,15 @@ fn clock_now_ns(quick: bool) -> f64 {
     })
 }
 
+/// Nanoseconds per read of the trace clock the profiler stamps ranges with (Note [Trace
+/// clock] in `ember-device`).
+fn stamp_now_ns(quick: bool) -> f64 {
+    let iters = if quick { 10_000 } else { 1_000_000 };
+    ns_per_iter(5, iters, || {
+        std::hint::black_box(ember_device::trace::Stamp::now());
+    })
+}
+
 fn forward_case(
     name: &str,
     widths: &[usize],
@@ -424,10 +433,18 @@ pub fn run(opts: &Options, out: &mut Vec<Record>) -> Result<(), String> {
                 }
             }
             if profiling == Profiling::On {
-                // What one host clock read costs here: each recorded range reads it twice,
-                // and on some hosts (a slow clock source) that is most of a range's cost.
+                // What one host clock read costs here, and one read of the trace clock a
+                // recorded range reads twice (on a host with a slow clock source the first
+                // is most of a range's cost; the second is the time-stamp counter where the
+                // CPU has an invariant one).
                 r.extra
                     .insert("clock_now_ns".into(), clock_now_ns(opts.quick).into());
+                r.extra
+                    .insert("trace_stamp_ns".into(), stamp_now_ns(opts.quick).into());
+                r.extra.insert(
+                    "trace_clock".into(),
+                    ember_device::trace::clock::source().into(),
+                );
             }
             mark_run(&mut r, opts.quick, emulated, batch);
             out.push(r);

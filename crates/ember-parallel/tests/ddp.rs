@@ -6,10 +6,9 @@
 #![allow(clippy::unwrap_used)]
 
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 use ember_autograd::Tensor;
-use ember_device::trace::{self, Category, Subscriber, TraceEvent};
+use ember_device::trace::{self, Category, Stamp, Subscriber, TraceEvent};
 use ember_nn::layers::{Linear, Sequential, Tanh};
 use ember_nn::optim::{Adam, AdamOptions, Optimizer, SGD, SgdOptions};
 use ember_nn::{Module, Result};
@@ -188,7 +187,7 @@ fn ddp_on_emulated_cuda_devices_through_mpi() {
 
 /// Records collective and backward ranges with their times.
 #[derive(Debug, Default)]
-struct Ranges(Mutex<Vec<(String, Category, Instant, Instant)>>);
+struct Ranges(Mutex<Vec<(String, Category, Stamp, Stamp)>>);
 
 impl Subscriber for Ranges {
     fn on_event(&self, e: &TraceEvent) {
@@ -247,7 +246,7 @@ fn buckets_follow_reverse_order_and_overlap_backward() {
             ddp.call(&x)?.square()?.sum_all()?.backward()?;
             drop(sub);
             let v = ranges.0.lock().unwrap().clone();
-            let reduces: Vec<Instant> = v
+            let reduces: Vec<Stamp> = v
                 .iter()
                 .filter(|(n, ..)| n == "mpi:all_reduce")
                 .map(|(_, _, s, _)| *s)

@@ -5,11 +5,10 @@ use std::borrow::Cow;
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
-use std::time::Instant;
 
 use ember_device::driver::{Driver, EventHandle};
 use ember_device::trace::device::{DeviceActivity, DeviceSink, EnqueuedWork};
-use ember_device::trace::{BeginEvent, Category, EventKind, Subscriber, TraceEvent};
+use ember_device::trace::{BeginEvent, Category, EventKind, Stamp, Subscriber, TraceEvent};
 
 use crate::device_times::DeviceTimes;
 use crate::event::{self, RawMemory, RawRange};
@@ -33,7 +32,7 @@ pub(crate) struct Opened {
     pub(crate) name: Cow<'static, str>,
     pub(crate) category: Category,
     pub(crate) tid: u64,
-    pub(crate) start: Instant,
+    pub(crate) start: Stamp,
     pub(crate) depth: u32,
 }
 

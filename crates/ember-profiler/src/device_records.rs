@@ -128,7 +128,7 @@ mod tests {
             device: 1,
             stream: StreamHandle(9),
             correlation,
-            enqueued: Instant::now(),
+            enqueued: ember_device::trace::Stamp::now(),
             tid: 0,
         }
     }

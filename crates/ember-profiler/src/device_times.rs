@@ -396,7 +396,7 @@ mod tests {
                 device,
                 stream,
                 correlation,
-                enqueued: Instant::now(),
+                enqueued: ember_device::trace::Stamp::now(),
                 tid: 0,
             },
             start: events.0,

@@ -4,8 +4,8 @@ use std::borrow::Cow;
 use std::time::{Duration, Instant, SystemTime};
 
 use ember_device::driver::DeviceProperties;
-use ember_device::trace::Category;
 use ember_device::trace::device::{ActivityKind, EnqueuedWork};
+use ember_device::trace::{Calibration, Category, Stamp};
 use serde_json::{Map, Value};
 
 use crate::ProfilerActivity;
@@ -184,8 +184,9 @@ pub(crate) struct RawRange {
     pub category: Category,
     pub metadata: String,
     pub tid: u64,
-    pub start: Instant,
-    pub end: Instant,
+    /// On the trace clock (Note [Trace clock] in `ember-device`).
+    pub start: Stamp,
+    pub end: Stamp,
     pub depth: u32,
     pub correlation: u64,
     pub truncated: bool,
@@ -197,7 +198,7 @@ pub(crate) struct RawRange {
 #[derive(Clone, Debug)]
 pub(crate) struct RawMemory {
     pub tid: u64,
-    pub at: Instant,
+    pub at: Stamp,
     pub depth: u32,
     pub record: MemoryRecord,
 }
@@ -277,6 +278,7 @@ pub(crate) fn parse_memory(name: &str, metadata: &str) -> Option<MemoryRecord> {
 /// Turn the raw records into ordered events with parents (see [`Event::parent`]).
 pub(crate) fn resolve(
     t0: Instant,
+    cal: &Calibration,
     ranges: Vec<RawRange>,
     memory: Vec<RawMemory>,
     device: Vec<RawDevice>,
@@ -317,8 +319,9 @@ pub(crate) fn resolve(
             name,
             kind,
             track: Track::Thread(r.tid),
-            start_ns: since(t0, r.start),
-            dur_ns: since(r.start, r.end),
+            // Both ends through the one monotone map, so nested ranges stay nested.
+            start_ns: since(t0, cal.instant(r.start)),
+            dur_ns: since(cal.instant(r.start), cal.instant(r.end)),
             depth: r.depth,
             parent: None,
             correlation: r.correlation,
@@ -334,7 +337,7 @@ pub(crate) fn resolve(
             name: "[memory]".into(),
             kind: EventType::Memory,
             track: Track::Thread(m.tid),
-            start_ns: since(t0, m.at),
+            start_ns: since(t0, cal.instant(m.at)),
             dur_ns: 0,
             depth: m.depth,
             parent: None,

@@ -8,7 +8,9 @@ use std::time::{Duration, Instant, SystemTime};
 
 use ember_device::cuda;
 use ember_device::trace::device::{self as device_trace, DeviceSink};
-use ember_device::trace::{self, Category, RangeGuard, Subscriber, Subscription};
+use ember_device::trace::{
+    self, Calibration, Category, RangeGuard, Stamp, Subscriber, Subscription,
+};
 
 use crate::collector::Collector;
 use crate::device_records::{self, Tagged};
@@ -487,7 +489,11 @@ impl Recording {
     }
 
     fn finish(mut self, options: &ProfileOptions) -> Profile {
-        let end = Instant::now();
+        // The end on the trace clock, and as the calibration maps it: ranges closed here end
+        // exactly at the profile's end.
+        let end_stamp = Stamp::now();
+        let cal = Calibration::now();
+        let end = cal.instant(end_stamp);
         self.finished = true;
         self.subscription = None;
         set_wanted(false, false, false);
@@ -527,7 +533,7 @@ impl Recording {
             metadata: String::new(),
             tid: b.tid,
             start: b.start,
-            end,
+            end: end_stamp,
             depth: b.depth,
             correlation: 0,
             truncated: true,
@@ -547,6 +553,7 @@ impl Recording {
         let emulated = driver.is_some() && cuda::is_emulated();
         let events = event::resolve(
             self.t0,
+            &cal,
             ranges,
             logs.memory.into_vec(),
             resolved.device,

@@ -41,6 +41,11 @@ pub struct Info {
     /// in `ember-device`): CUPTI's activity records where the driver loads CUPTI, CUDA events
     /// around each launch, library call and copy otherwise (and why); `None` without CUDA.
     pub profiler_device_timing: Option<String>,
+    /// The clock the profiler stamps host events with (Note [Trace clock] in
+    /// `ember-device`): `"tsc"` (the CPU's invariant time-stamp counter, calibrated against
+    /// the OS clock) or `"monotonic"` (the OS clock: no invariant counter, or
+    /// `EMBER_TRACE_CLOCK=monotonic`).
+    pub profiler_clock: &'static str,
     /// Whether NCCL (collectives among CUDA devices) is usable, and why not.
     pub nccl: NcclInfo,
 }
@@ -155,6 +160,7 @@ pub fn collect() -> Info {
         memory,
         conv: available.then(conv_info),
         profiler_device_timing: driver.as_deref().filter(|_| available).map(profiler_timing),
+        profiler_clock: ember_device::trace::clock::source(),
         nccl: nccl_info(driver.as_deref()),
     }
 }
@@ -358,6 +364,11 @@ impl Info {
         if let Some(t) = &self.profiler_device_timing {
             let _ = writeln!(s, "profiler (CUDA):  {t}");
         }
+        let clock = match self.profiler_clock {
+            "tsc" => "the CPU's time-stamp counter (invariant)",
+            _ => "the OS's monotonic clock",
+        };
+        let _ = writeln!(s, "profiler clock:   {clock}");
         if self.nccl.available {
             let _ = writeln!(s, "NCCL:             {}", self.nccl.reason);
         } else {

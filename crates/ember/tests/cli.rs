@@ -90,6 +90,18 @@ fn info_lists_two_emulated_devices() {
         "{timing}"
     );
     assert!(info_json(None)["profiler_device_timing"].is_null());
+    // The host clock of the profiler: the time-stamp counter where the CPU has an invariant
+    // one, the OS clock when asked for.
+    let clock = v["profiler_clock"].as_str().unwrap();
+    assert!(["tsc", "monotonic"].contains(&clock), "{clock}");
+    assert_eq!(clock, ember_device::trace::clock::source());
+    let forced = Command::new(env!("CARGO_BIN_EXE_ember"))
+        .args(["info", "--json"])
+        .env("EMBER_TRACE_CLOCK", "monotonic")
+        .output()
+        .unwrap();
+    let forced: serde_json::Value = serde_json::from_slice(&forced.stdout).unwrap();
+    assert_eq!(forced["profiler_clock"], "monotonic");
 }
 
 #[test]

@@ -37,7 +37,6 @@ use std::borrow::Cow;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
-use std::time::Instant;
 
 use crate::driver::{Driver, EventHandle, StreamHandle};
 
@@ -72,8 +71,8 @@ pub struct EnqueuedWork {
     /// Shared with the runtime range that enqueued it and, under the activity API, with its
     /// activity records (their external id).
     pub correlation: u64,
-    /// When the host enqueued it.
-    pub enqueued: Instant,
+    /// When the host enqueued it, on the trace clock (Note [Trace clock]).
+    pub enqueued: super::Stamp,
     /// The enqueuing thread's [`super::thread_tid`].
     pub tid: u64,
 }
@@ -87,7 +86,7 @@ impl EnqueuedWork {
             device,
             stream,
             correlation: NEXT_CORRELATION.fetch_add(1, Ordering::Relaxed),
-            enqueued: Instant::now(),
+            enqueued: super::Stamp::now(),
             tid: super::thread_tid(),
         }
     }

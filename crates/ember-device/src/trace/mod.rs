@@ -13,7 +13,7 @@
 //! at its end to whoever is subscribed then.
 //!
 //! Events are delivered when a range *ends* (Chrome's "complete" events), so nested ranges
-//! arrive inner first; each carries its start and end [`Instant`], the thread, and its nesting
+//! arrive inner first; each carries its start and end [`Stamp`] (Note [Trace clock]), the thread, and its nesting
 //! depth on that thread (0 for the outermost traced range). Subscribers are called on the
 //! thread that ends the range, outside any lock, so they may subscribe or trace themselves.
 //!
@@ -46,9 +46,11 @@ use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::thread::ThreadId;
-use std::time::Instant;
 
+pub mod clock;
 pub mod device;
+
+pub use clock::{Calibration, Stamp};
 
 /// What kind of event a [`TraceEvent`] is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -94,10 +96,11 @@ pub struct TraceEvent {
     pub thread: ThreadId,
     /// A small process-unique number for the thread (1 for the first thread that traced).
     pub tid: u64,
-    /// When the range began (or the point happened).
-    pub start: Instant,
+    /// When the range began (or the point happened), on the trace clock (Note [Trace
+    /// clock]: a [`Calibration`] says when that was).
+    pub start: Stamp,
     /// When the range ended (equal to `start` for a point).
-    pub end: Instant,
+    pub end: Stamp,
     /// Traced ranges open around this one on its thread.
     pub depth: u32,
     /// Links a [`Category::Runtime`] range to the device activity it enqueued (0 if none).
@@ -122,8 +125,8 @@ pub struct BeginEvent<'a> {
     pub metadata: &'a str,
     /// A small process-unique number for the thread.
     pub tid: u64,
-    /// When it began.
-    pub start: Instant,
+    /// When it began, on the trace clock.
+    pub start: Stamp,
     /// Traced ranges open around it on its thread.
     pub depth: u32,
     /// As [`TraceEvent::stack`].
@@ -395,7 +398,7 @@ struct OpenRange {
     name: Cow<'static, str>,
     category: Category,
     metadata: String,
-    start: Instant,
+    start: Stamp,
     depth: u32,
     correlation: u64,
     stack: Vec<usize>,
@@ -424,7 +427,7 @@ impl RangeGuard {
 impl Drop for RangeGuard {
     fn drop(&mut self) {
         if let Some(open) = self.open.take() {
-            let end = Instant::now();
+            let end = Stamp::now();
             // A range ending while its thread exits (its state gone) is not delivered.
             let _ = STATE.try_with(|state| {
                 state.depth.set(open.depth);
@@ -531,7 +534,7 @@ fn open_range(
             let depth = state.depth.get();
             state.depth.set(depth + 1);
             let id = state.next_range();
-            let start = Instant::now();
+            let start = Stamp::now();
             let tid = state.tid();
             state.with_subscribers(|subs| {
                 let begin = BeginEvent {
@@ -575,7 +578,7 @@ pub fn instant(name: &'static str, metadata: impl FnOnce() -> String) {
 
 #[cold]
 fn emit_instant(name: &'static str, metadata: String) {
-    let now = Instant::now();
+    let now = Stamp::now();
     let _ = STATE.try_with(|state| {
         let event = TraceEvent {
             id: 0,

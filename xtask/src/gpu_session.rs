@@ -4,7 +4,8 @@
 //!
 //! - `info`: `ember info --json`; without a real CUDA GPU the session says so and stops;
 //! - `tests`: every suite of the bundle under `EMBER_GPU_TEST=1` (the real driver instead of
-//!   the emulator), with `EMBER_DATA_DIR` pointing at the bundle's `data/`;
+//!   the emulator) and `EMBER_CUDNN_API=graph` (convolutions on cuDNN's graph API, no
+//!   fallback), with `EMBER_DATA_DIR` pointing at the bundle's `data/`;
 //! - `train`: `ember train --device cuda` for the MLP and the CNN;
 //! - `nccl`: a process group of world size 1 on the `nccl` backend running every collective
 //!   (the `nccl_group` suite's `world_size_one_runs_every_collective`), then `ember launch
@@ -372,7 +373,10 @@ pub fn run(args: &[String]) -> Result<(), String> {
             "tests" => {
                 for t in &suites {
                     let mut cmd = with_libs(s.command(&test(t)));
-                    cmd.env("EMBER_GPU_TEST", "1");
+                    // Convolutions on cuDNN's graph API only: a shape it cannot plan fails
+                    // the suite instead of running on the legacy API unseen.
+                    cmd.env("EMBER_GPU_TEST", "1")
+                        .env("EMBER_CUDNN_API", "graph");
                     s.step(&format!("test-{t}"), 240, &mut cmd);
                 }
             }

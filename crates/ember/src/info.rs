@@ -79,6 +79,10 @@ pub struct ConvInfo {
     pub deterministic: bool,
     /// Convolutions of this process that cuDNN could not run (they took im2col).
     pub fallbacks: Vec<String>,
+    /// `EMBER_CUDNN_API` on a real GPU: `"auto"` (cuDNN's graph API, the legacy one for a
+    /// shape it cannot plan), `"graph"` or `"legacy"`; `"emulated"` on the emulator, whose
+    /// cuDNN has neither.
+    pub cudnn_api: &'static str,
 }
 
 /// One CUDA device, as `get_device_properties` reports it.
@@ -228,6 +232,15 @@ fn conv_info() -> ConvInfo {
         benchmark: cudnn::benchmark(),
         deterministic: cudnn::deterministic(),
         fallbacks: cudnn::fallbacks(),
+        cudnn_api: if cuda::is_emulated() {
+            "emulated"
+        } else {
+            match ember_device::driver::real::CudnnApi::from_env() {
+                ember_device::driver::real::CudnnApi::Auto => "auto",
+                ember_device::driver::real::CudnnApi::Graph => "graph",
+                ember_device::driver::real::CudnnApi::Legacy => "legacy",
+            }
+        },
     }
 }
 
@@ -354,8 +367,8 @@ impl Info {
             let _ = writeln!(s, "conv2d on CUDA:   {path} ({})", c.reason);
             let _ = writeln!(
                 s,
-                "  cudnn settings: allow_tf32 {}, benchmark {}, deterministic {}",
-                c.allow_tf32, c.benchmark, c.deterministic
+                "  cudnn settings: allow_tf32 {}, benchmark {}, deterministic {}, api {}",
+                c.allow_tf32, c.benchmark, c.deterministic, c.cudnn_api
             );
             for f in &c.fallbacks {
                 let _ = writeln!(s, "  fell back:      {f}");

@@ -83,6 +83,7 @@ fn info_lists_two_emulated_devices() {
     assert_eq!(v["conv"]["cudnn_version"], 90100);
     assert_eq!(v["conv"]["allow_tf32"], true);
     assert_eq!(v["conv"]["benchmark"], false);
+    assert_eq!(v["conv"]["cudnn_api"], "emulated");
     // The profiler's device times: the (emulated) CUPTI activity records.
     let timing = v["profiler_device_timing"].as_str().unwrap();
     assert!(

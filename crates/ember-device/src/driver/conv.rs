@@ -25,6 +25,11 @@
 //! cross-correlation mode requires. Algorithms are numbered as cuDNN numbers them per
 //! direction (`cudnnConvolutionFwdAlgo_t`, `...BwdDataAlgo_t`, `...BwdFilterAlgo_t`).
 //!
+//! `align` is the buffers' byte alignment (up to 16), which the caller computes from the
+//! addresses it passes: the real driver plans cuDNN's graph API for it (Note [cuDNN's graph
+//! API] in `real/cudnn_graph.rs`; its algorithms are numbered from `GRAPH_ALGO_BASE`), and
+//! the emulator checks that every buffer of a run has it.
+//!
 //! The emulator serves these calls with a direct f64-accumulating convolution and a small,
 //! documented table of pretend algorithms (with workspace sizes, determinism and modelled
 //! times), so the whole selection logic runs in CI; it can also pretend that cuDNN is absent
@@ -83,6 +88,23 @@ pub struct ConvProblem {
     pub groups: usize,
     /// Allow TF32 tensor cores for f32 (`torch.backends.cudnn.allow_tf32`).
     pub allow_tf32: bool,
+    /// The byte alignment every buffer of the call has: the largest power of two up to 16
+    /// dividing each address ([`byte_alignment`]). A plan of cuDNN's graph API is made for
+    /// it (PyTorch keys its plans by it too); the emulator checks the buffers have it.
+    pub align: usize,
+}
+
+/// Most alignment a [`ConvProblem`] states (bytes).
+pub const MAX_ALIGN: usize = 16;
+
+/// The largest power of two up to [`MAX_ALIGN`] dividing every address in `ptrs` (null
+/// ones, for buffers not made yet, are taken as aligned: fresh allocations are).
+pub fn byte_alignment(ptrs: &[DevicePtr]) -> usize {
+    ptrs.iter()
+        .filter(|p| p.0 != 0)
+        .map(|p| 1usize << p.0.trailing_zeros().min(MAX_ALIGN.trailing_zeros()))
+        .min()
+        .unwrap_or(MAX_ALIGN)
 }
 
 impl ConvProblem {
@@ -146,4 +168,20 @@ pub struct ConvDesc {
     pub beta: f64,
     /// The tensors and the workspace.
     pub buffers: ConvBuffers,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn alignment_is_the_largest_power_of_two_up_to_16_dividing_every_address() {
+        assert_eq!(byte_alignment(&[]), 16);
+        assert_eq!(byte_alignment(&[DevicePtr(0x1000), DevicePtr::NULL]), 16);
+        assert_eq!(byte_alignment(&[DevicePtr(0x1000), DevicePtr(0x1008)]), 8);
+        assert_eq!(byte_alignment(&[DevicePtr(0x1002)]), 2);
+        assert_eq!(byte_alignment(&[DevicePtr(0x1001), DevicePtr(0x2000)]), 1);
+        // Emulated addresses carry their tag in the high bits only.
+        assert_eq!(byte_alignment(&[DevicePtr(0xE0A0_0000_0000_0200)]), 16);
+    }
 }

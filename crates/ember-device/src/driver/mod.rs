@@ -29,7 +29,10 @@ mod nccl;
 pub mod real;
 
 pub use activity::{ActivityKind, ActivityRecord};
-pub use conv::{ConvAlgoPerf, ConvBuffers, ConvDesc, ConvDirection, ConvProblem, ConvSearch};
+pub use conv::{
+    ConvAlgoPerf, ConvBuffers, ConvDesc, ConvDirection, ConvProblem, ConvSearch, MAX_ALIGN,
+    byte_alignment,
+};
 pub use nccl::{Collective, NcclComm, NcclType, NcclUniqueId, ReduceOp, nccl_version_string};
 
 use std::ffi::c_void;

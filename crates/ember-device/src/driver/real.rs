@@ -69,8 +69,8 @@ pub struct RealDriver {
     devices: Vec<(sys::CUdevice, usize)>,
     tables: Mutex<Tables>,
     /// Held across a cuDNN call and the `cudnnSetStream` before it: a handle serves one
-    /// call at a time.
-    cudnn_calls: Mutex<()>,
+    /// call at a time. It keeps the graph API's plans (Note [cuDNN's graph API]).
+    cudnn_calls: Mutex<cudnn_graph::PlanCache>,
 }
 
 impl RealDriver {
@@ -138,7 +138,7 @@ impl RealDriver {
             version,
             devices,
             tables: Mutex::new(Tables::default()),
-            cudnn_calls: Mutex::new(()),
+            cudnn_calls: Mutex::new(cudnn_graph::PlanCache::default()),
         })
     }
 
@@ -272,9 +272,11 @@ fn quietly<T>(f: impl FnOnce() -> T + std::panic::UnwindSafe) -> Option<T> {
 }
 
 mod cudnn;
+mod cudnn_graph;
 mod cupti;
 mod driver_impl;
 mod nccl;
 
 pub use cudnn::MIN_CUDNN_VERSION;
+pub use cudnn_graph::{CudnnApi, ENV_CUDNN_API, GRAPH_ALGO_BASE};
 pub use nccl::{MIN_NCCL_VERSION, probe as probe_nccl};

@@ -44,7 +44,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use ember_device::driver::{
     ConvAlgoPerf, ConvBuffers, ConvDesc, ConvDirection, ConvProblem, ConvSearch, DevicePtr,
-    GemmType,
+    GemmType, byte_alignment,
 };
 use ember_memory::Allocation;
 
@@ -151,7 +151,8 @@ fn operand(s: &CudaStorage, l: &Layout, need_packed: bool) -> Result<Operand> {
     })
 }
 
-/// The problem, or why cuDNN cannot express it.
+/// The problem over buffers at `ptrs` (null for the one written, made fresh: aligned), or
+/// why cuDNN cannot express it.
 fn problem(
     direction: ConvDirection,
     dtype: GemmType,
@@ -159,6 +160,7 @@ fn problem(
     w: [usize; 4],
     y: ([usize; 4], [usize; 4]),
     p: &Conv2dParams,
+    ptrs: (DevicePtr, DevicePtr, DevicePtr),
 ) -> std::result::Result<ConvProblem, String> {
     let symmetric = |len: usize, pad: usize, k: usize, d: usize, st: usize, out: usize| {
         (len + 2 * pad)
@@ -187,6 +189,7 @@ fn problem(
         dilation: p.dilation,
         groups: p.groups,
         allow_tf32: settings::allow_tf32(),
+        align: byte_alignment(&[ptrs.0, ptrs.1, ptrs.2]),
     })
 }
 
@@ -409,6 +412,7 @@ pub(crate) fn conv2d_forward(
         wd,
         (yd, packed(yd)),
         p,
+        (xo.ptr, wo.ptr, DevicePtr::NULL),
     );
     let Some((prob, list)) = plan(ctx, built, (xo.ptr, wo.ptr, DevicePtr::NULL))? else {
         return Ok(None);
@@ -456,6 +460,7 @@ pub(crate) fn conv2d_backward_data(
         wd,
         (yd, yo.strides),
         p,
+        (DevicePtr::NULL, wo.ptr, yo.ptr),
     );
     let Some((prob, list)) = plan(ctx, built, (DevicePtr::NULL, wo.ptr, yo.ptr))? else {
         return Ok(None);
@@ -492,6 +497,7 @@ pub(crate) fn conv2d_backward_filter(
         w_dims,
         (yd, yo.strides),
         p,
+        (xo.ptr, DevicePtr::NULL, yo.ptr),
     );
     let Some((prob, list)) = plan(ctx, built, (xo.ptr, DevicePtr::NULL, yo.ptr))? else {
         return Ok(None);

@@ -373,6 +373,7 @@ mod tests {
             dilation: (1, 1),
             groups: 1,
             allow_tf32: true,
+            align: 16,
         }
     }
 
@@ -430,6 +431,22 @@ mod tests {
         assert!(e.contains("needs 64 bytes of workspace, got 4"), "{e}");
         small.problem.y_dims = [1, 1, 3, 3];
         assert!(emu.conv(0, s, &small).is_err());
+        // A buffer without the alignment the problem states (a view 4 bytes in).
+        let mut shifted = ConvDesc {
+            problem: problem(ConvDirection::Forward),
+            algo: 0,
+            alpha: 1.0,
+            beta: 0.0,
+            buffers,
+        };
+        shifted.buffers.x = DevicePtr(x.0 + 4);
+        shifted.problem.x_dims = [1, 1, 2, 3];
+        shifted.problem.y_dims = [1, 1, 1, 2];
+        let e = emu.conv(0, s, &shifted).unwrap_err().to_string();
+        assert!(e.contains("alignment of 16 bytes"), "{e}");
+        shifted.problem.align = crate::driver::byte_alignment(&[shifted.buffers.x, w, y]);
+        assert_eq!(shifted.problem.align, 4);
+        emu.conv(0, s, &shifted).unwrap();
         // Refusals as the thread's claims say.
         set_thread_cudnn(Some(EmulatedCudnn {
             max_tensor_elements: 4,

@@ -688,12 +688,24 @@ impl Emulator {
         let [nx, nw, ny] = problem.numels();
         let mut operands = vec![("x", b.x, nx), ("w", b.w, nw), ("y", b.y, ny)];
         operands.push(("workspace", b.workspace, b.workspace_bytes));
-        for (name, ptr, len) in operands {
+        for (i, (name, ptr, len)) in operands.into_iter().enumerate() {
             if len > 0 && device_of_address(ptr) != Some(device) {
                 return Err(DeviceError::Driver {
                     call,
                     code: "CUDNN_STATUS_BAD_PARAM".into(),
                     detail: format!("{name} at {ptr:?} is not memory of cuda:{device}"),
+                });
+            }
+            // The three tensors have the alignment the problem (and so a plan) was made for.
+            let align = problem.align.max(1);
+            if i < 3 && len > 0 && (!align.is_power_of_two() || ptr.0 % align as u64 != 0) {
+                return Err(DeviceError::Driver {
+                    call,
+                    code: "CUDNN_STATUS_BAD_PARAM".into(),
+                    detail: format!(
+                        "{name} at {ptr:?} does not have the problem's alignment of {} bytes",
+                        problem.align
+                    ),
                 });
             }
         }

@@ -1,5 +1,8 @@
-//! The real driver's convolutions: cuDNN's legacy convolution API through cudarc's raw
-//! bindings, loaded at run time (Note [cuDNN convolutions through the seam]).
+//! The real driver's convolutions: cuDNN through cudarc's raw bindings, loaded at run time
+//! (Note [cuDNN convolutions through the seam]). Heuristic choices and runs go through the
+//! graph API (`cudnn_graph.rs`, Note [cuDNN's graph API]) unless `EMBER_CUDNN_API=legacy` or
+//! the graph API cannot plan a problem; this file is the legacy API (`cudnnConvolution*`
+//! with per-call descriptors, and the timed `cudnnFind*AlgorithmEx` of benchmark mode).
 //!
 //! One cuDNN handle per device, made on first use and kept (like the cuBLAS handle); the
 //! outcome of loading (a handle, or why not) is cached, so an absent or broken library is
@@ -19,6 +22,10 @@ use std::ffi::{c_int, c_void};
 use cudarc::cudnn::sys as dnn;
 
 use super::RealDriver;
+use super::cudnn_graph::{
+    CudnnApi, ENV_CUDNN_API, GRAPH_ALGO_BASE, GraphPlans, Plan, PlanCache, build_plans, execute,
+    graph_spec,
+};
 use crate::driver::{
     ConvAlgoPerf, ConvBuffers, ConvDesc, ConvDirection, ConvProblem, ConvSearch, GemmType,
     StreamHandle,
@@ -57,6 +64,35 @@ const SYMBOLS: &[&str] = &[
     "cudnnConvolutionBackwardData",
     "cudnnConvolutionBackwardFilter",
 ];
+
+/// The graph API's entry points (`cudnn_graph.rs`); without them only the legacy API runs.
+const GRAPH_SYMBOLS: &[&str] = &[
+    "cudnnBackendCreateDescriptor",
+    "cudnnBackendDestroyDescriptor",
+    "cudnnBackendSetAttribute",
+    "cudnnBackendGetAttribute",
+    "cudnnBackendFinalize",
+    "cudnnBackendExecute",
+];
+
+/// Why the graph API cannot be used (`None`: it can), probed once with the library loaded.
+fn graph_unusable() -> Option<String> {
+    static WHY: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    WHY.get_or_init(|| {
+        let outcome = super::quietly(|| {
+            // SAFETY: called after `load` succeeded, so the library is present.
+            let lib = unsafe { dnn::culib() };
+            GRAPH_SYMBOLS.iter().find_map(|name| {
+                // SAFETY: only looks the symbol up; it is not called through this pointer.
+                unsafe { lib.get::<*const c_void>(name.as_bytes()) }
+                    .is_err()
+                    .then(|| format!("cuDNN lacks {name}"))
+            })
+        });
+        outcome.unwrap_or_else(|| Some("cuDNN's graph API could not be probed".into()))
+    })
+    .clone()
+}
 
 /// Most algorithms any direction has (`CUDNN_CONVOLUTION_FWD_ALGO_COUNT`).
 const MAX_ALGOS: usize = 8;
@@ -319,6 +355,33 @@ impl RealDriver {
         Ok(unsafe { dnn::cudnnGetVersion() })
     }
 
+    /// Whether this problem's heuristic choice goes to the graph API; an error when
+    /// `EMBER_CUDNN_API=graph` asks for it and it cannot be used.
+    fn graph_wanted(&self) -> Result<bool> {
+        match (CudnnApi::from_env(), graph_unusable()) {
+            (CudnnApi::Legacy, _) => Ok(false),
+            (_, None) => Ok(true),
+            (CudnnApi::Auto, Some(_)) => Ok(false),
+            (CudnnApi::Graph, Some(why)) => Err(DeviceError::Unsupported {
+                what: format!("cuDNN's graph API ({ENV_CUDNN_API}=graph): {why}"),
+                driver: "real",
+            }),
+        }
+    }
+
+    /// The plans of `p` with blend factors `(alpha, beta)`, made on first use.
+    fn graph_plans(
+        &self,
+        plans: &mut PlanCache,
+        h: dnn::cudnnHandle_t,
+        device: usize,
+        p: &ConvProblem,
+        (alpha, beta): (f64, f64),
+    ) -> Result<std::sync::Arc<GraphPlans>> {
+        let key = (device, *p, alpha.to_bits(), beta.to_bits());
+        plans.get_or_make(key, || build_plans(h, p, &graph_spec(p, alpha, beta)))
+    }
+
     pub(super) fn conv_algorithms_impl(
         &self,
         device: usize,
@@ -327,7 +390,27 @@ impl RealDriver {
         search: ConvSearch,
     ) -> Result<Vec<ConvAlgoPerf>> {
         const CALL: &str = "cudnnGet/FindConvolutionAlgorithm";
-        let _serial = self.cudnn_calls.lock().unwrap_or_else(|e| e.into_inner());
+        let mut serial = self.cudnn_calls.lock().unwrap_or_else(|e| e.into_inner());
+        if search == ConvSearch::Heuristic && self.graph_wanted()? {
+            let h = self.cudnn_on(CALL, device, stream)?;
+            match self.graph_plans(&mut serial, h, device, p, (1.0, 0.0)) {
+                Ok(g) => {
+                    return Ok(g
+                        .plans
+                        .iter()
+                        .enumerate()
+                        .map(|(i, plan)| ConvAlgoPerf {
+                            algo: GRAPH_ALGO_BASE + i as u32,
+                            time_ms: -1.0,
+                            workspace_bytes: plan.workspace,
+                            deterministic: plan.deterministic,
+                        })
+                        .collect());
+                }
+                Err(e) if CudnnApi::from_env() == CudnnApi::Graph => return Err(e),
+                Err(e) => legacy_once(p, &e),
+            }
+        }
         let h = self.cudnn_on(CALL, device, stream)?;
         let d = Descriptors::new(CALL, p)?;
         let mut n: c_int = 0;
@@ -517,8 +600,27 @@ impl RealDriver {
             ConvDirection::BackwardData => "cudnnConvolutionBackwardData",
             ConvDirection::BackwardFilter => "cudnnConvolutionBackwardFilter",
         };
-        let _serial = self.cudnn_calls.lock().unwrap_or_else(|e| e.into_inner());
+        let mut serial = self.cudnn_calls.lock().unwrap_or_else(|e| e.into_inner());
         let h = self.cudnn_on(call, device, stream)?;
+        if desc.algo >= GRAPH_ALGO_BASE {
+            let b = desc.buffers;
+            let g = self.graph_plans(&mut serial, h, device, p, (desc.alpha, desc.beta))?;
+            let fits = |plan: &&Plan| plan.workspace <= b.workspace_bytes;
+            let plan = g
+                .plans
+                .get((desc.algo - GRAPH_ALGO_BASE) as usize)
+                .filter(fits)
+                .or_else(|| g.plans.iter().find(fits))
+                .ok_or_else(|| DeviceError::Driver {
+                    call: "cudnnBackendExecute",
+                    code: "CUDNN_STATUS_BAD_PARAM".into(),
+                    detail: format!(
+                        "no plan of the graph API for algorithm {} fits a workspace of {} bytes",
+                        desc.algo, b.workspace_bytes
+                    ),
+                })?;
+            return execute(h, plan, (b.x.0, b.w.0, b.y.0), b.workspace.0);
+        }
         let d = Descriptors::new(call, p)?;
         let (a64, b64) = (desc.alpha, desc.beta);
         let (a32, b32) = (desc.alpha as f32, desc.beta as f32);
@@ -598,6 +700,19 @@ impl RealDriver {
         check_dnn(call, status)?;
         Ok(())
     }
+}
+
+/// Say once per process that a problem went to the legacy API, and why.
+fn legacy_once(p: &ConvProblem, why: &DeviceError) {
+    static SAID: std::sync::Once = std::sync::Once::new();
+    SAID.call_once(|| {
+        eprintln!(
+            "ember: warning: cuDNN's graph API cannot plan conv2d {} for input {:?}, weight {:?} ({why}); it runs on the legacy API (said once)",
+            p.direction.name(),
+            p.x_dims,
+            p.w_dims
+        );
+    });
 }
 
 #[cfg(test)]

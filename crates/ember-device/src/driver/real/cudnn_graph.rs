@@ -497,6 +497,10 @@ pub fn build_plans(
             continue;
         }
         let count = heur.count_descs(A::CUDNN_ATTR_ENGINEHEUR_RESULTS)?;
+        if count == 0 {
+            keep.push(heur);
+            continue;
+        }
         let configs = (0..count)
             .map(|_| Desc::new(D::CUDNN_BACKEND_ENGINECFG_DESCRIPTOR))
             .collect::<Result<Vec<_>>>()?;

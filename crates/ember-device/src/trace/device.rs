@@ -34,6 +34,7 @@
 //! the call runs untimed and [`untimed_count`] counts it, so the profiler can say so.
 
 use std::borrow::Cow;
+use std::cell::RefCell;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
@@ -136,6 +137,38 @@ static ACTIVE: AtomicBool = AtomicBool::new(false);
 static NEXT_CORRELATION: AtomicU64 = AtomicU64::new(1);
 static UNTIMED: AtomicU64 = AtomicU64::new(0);
 static SINK: RwLock<Option<Arc<dyn DeviceSink>>> = RwLock::new(None);
+/// Moved on (under the write lock) whenever the sink is replaced; a thread keeps its own
+/// copy of the sink and fetches it again only when this changed, as it does the subscriber
+/// list (Note [Per-thread trace state]), so a timed launch takes no lock.
+static SINK_GENERATION: AtomicU64 = AtomicU64::new(0);
+
+type CachedSink = (u64, Option<Arc<dyn DeviceSink>>);
+
+thread_local! {
+    static THREAD_SINK: RefCell<CachedSink> = const { RefCell::new((0, None)) };
+}
+
+fn fetch_sink() -> CachedSink {
+    let slot = SINK.read().unwrap_or_else(|e| e.into_inner());
+    (SINK_GENERATION.load(Ordering::Acquire), slot.clone())
+}
+
+/// The installed sink (`None`: none), from the thread's copy
+/// while the generation says it is current: one reference count, no lock.
+fn current_sink() -> Option<Arc<dyn DeviceSink>> {
+    let current = SINK_GENERATION.load(Ordering::Acquire);
+    THREAD_SINK
+        .try_with(|cell| match cell.try_borrow_mut() {
+            Ok(mut c) => {
+                if c.0 != current {
+                    *c = fetch_sink();
+                }
+                c.1.clone()
+            }
+            Err(_) => fetch_sink().1,
+        })
+        .unwrap_or_else(|_| fetch_sink().1)
+}
 
 /// `true` while a sink is installed.
 #[inline]
@@ -147,6 +180,7 @@ pub fn is_active() -> bool {
 pub fn set_sink(sink: Option<Arc<dyn DeviceSink>>) -> Option<Arc<dyn DeviceSink>> {
     let mut slot = SINK.write().unwrap_or_else(|e| e.into_inner());
     ACTIVE.store(sink.is_some(), Ordering::Relaxed);
+    SINK_GENERATION.fetch_add(1, Ordering::Release);
     std::mem::replace(&mut *slot, sink)
 }
 
@@ -179,7 +213,7 @@ fn timed_slow<T, E>(
     launch: Launch,
     call: impl FnOnce() -> Result<T, E>,
 ) -> Result<T, E> {
-    let Some(sink) = SINK.read().unwrap_or_else(|e| e.into_inner()).clone() else {
+    let Some(sink) = current_sink() else {
         // The sink went away since `is_active`: nobody listens any more.
         return call();
     };
@@ -267,4 +301,65 @@ fn start_events(
         return None;
     }
     Some((a, b))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::driver::emulator::{Emulator, EmulatorConfig};
+    use std::sync::Mutex;
+
+    /// Keeps the correlation ids of the activities it is handed (and destroys their events).
+    #[derive(Debug, Default)]
+    struct Counting(Mutex<Vec<u64>>);
+
+    impl DeviceSink for Counting {
+        fn on_activity(&self, driver: &dyn Driver, a: DeviceActivity) {
+            self.0
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(a.work.correlation);
+            let _ = driver.event_destroy(a.start);
+            let _ = driver.event_destroy(a.end);
+        }
+    }
+
+    impl Counting {
+        fn len(&self) -> usize {
+            self.0.lock().unwrap_or_else(|e| e.into_inner()).len()
+        }
+    }
+
+    /// The thread's copy of the sink follows every replacement (Note [Per-thread trace
+    /// state]): a launch goes to the sink installed when it runs, never to an earlier one.
+    #[test]
+    fn a_replaced_sink_takes_the_next_launch_on_the_same_thread() {
+        let emu = Emulator::new(EmulatorConfig::devices(1)).expect("emulator");
+        let run = || {
+            let launch = || Launch {
+                api: "cudaLaunchKernel",
+                kind: ActivityKind::Kernel,
+                name: Cow::Borrowed("probe"),
+                bytes: 0,
+                grid: [1; 3],
+                block: [1; 3],
+            };
+            timed(&emu, 0, StreamHandle::DEFAULT, launch, || Ok::<(), ()>(()))
+        };
+        let (a, b) = (Arc::new(Counting::default()), Arc::new(Counting::default()));
+        let _ = set_sink(Some(a.clone()));
+        assert!(run().is_ok());
+        let _ = set_sink(Some(b.clone()));
+        assert!(run().is_ok() && run().is_ok());
+        let _ = set_sink(None);
+        assert!(run().is_ok());
+        assert_eq!((a.len(), b.len()), (1, 2));
+        // Another thread sees the same sink.
+        let _ = set_sink(Some(a.clone()));
+        std::thread::scope(|s| {
+            s.spawn(|| assert!(run().is_ok()));
+        });
+        let _ = set_sink(None);
+        assert_eq!(a.len(), 2);
+    }
 }

@@ -29,11 +29,15 @@ pub(crate) struct Tagged {
     launches: HashMap<u64, EnqueuedWork>,
 }
 
-impl Tagged {
-    pub(crate) fn push(&mut self, launch: EnqueuedWork) {
-        self.launches.insert(launch.correlation, launch);
+impl FromIterator<EnqueuedWork> for Tagged {
+    fn from_iter<I: IntoIterator<Item = EnqueuedWork>>(launches: I) -> Tagged {
+        Tagged {
+            launches: launches.into_iter().map(|l| (l.correlation, l)).collect(),
+        }
     }
+}
 
+impl Tagged {
     /// End the cycle on `d`, whose recording the cycle enabled: wait for the devices that
     /// ran work, stop recording, take the records and place them.
     pub(crate) fn finish(&mut self, d: &dyn Driver) -> Resolved {

@@ -511,10 +511,7 @@ impl Recording {
             taken
         };
         let logs = self.collector.take_logs();
-        let mut tagged = Tagged::default();
-        for work in logs.tagged {
-            tagged.push(work);
-        }
+        let mut tagged: Tagged = logs.tagged.into_iter().collect();
         let cupti = self.collector.activity_enabled();
         let resolved = match &process_driver {
             Some(d) if cupti => tagged.finish(&**d),

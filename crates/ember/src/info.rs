@@ -235,11 +235,7 @@ fn conv_info() -> ConvInfo {
         cudnn_api: if cuda::is_emulated() {
             "emulated"
         } else {
-            match ember_device::driver::real::CudnnApi::from_env() {
-                ember_device::driver::real::CudnnApi::Auto => "auto",
-                ember_device::driver::real::CudnnApi::Graph => "graph",
-                ember_device::driver::real::CudnnApi::Legacy => "legacy",
-            }
+            ember_device::driver::real::CudnnApi::from_env().name()
         },
     }
 }

@@ -36,9 +36,10 @@
 use std::borrow::Cow;
 use std::cell::RefCell;
 use std::fmt;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
 
+use super::published::{Cached, Published};
 use crate::driver::{Driver, EventHandle, StreamHandle};
 
 pub use crate::driver::ActivityKind;
@@ -136,38 +137,19 @@ pub trait DeviceSink: Send + Sync + fmt::Debug {
 static ACTIVE: AtomicBool = AtomicBool::new(false);
 static NEXT_CORRELATION: AtomicU64 = AtomicU64::new(1);
 static UNTIMED: AtomicU64 = AtomicU64::new(0);
-static SINK: RwLock<Option<Arc<dyn DeviceSink>>> = RwLock::new(None);
-/// Moved on (under the write lock) whenever the sink is replaced; a thread keeps its own
-/// copy of the sink and fetches it again only when this changed, as it does the subscriber
-/// list (Note [Per-thread trace state]), so a timed launch takes no lock.
-static SINK_GENERATION: AtomicU64 = AtomicU64::new(0);
-
-type CachedSink = (u64, Option<Arc<dyn DeviceSink>>);
+/// The installed sink; a launch reads its thread's copy, refreshed when the generation
+/// moves (Note [Per-thread trace state]), so a timed launch takes no lock.
+static SINK: Published<dyn DeviceSink> = Published::new();
 
 thread_local! {
-    static THREAD_SINK: RefCell<CachedSink> = const { RefCell::new((0, None)) };
+    static THREAD_SINK: RefCell<Cached<dyn DeviceSink>> = const { RefCell::new(Cached::empty()) };
 }
 
-fn fetch_sink() -> CachedSink {
-    let slot = SINK.read().unwrap_or_else(|e| e.into_inner());
-    (SINK_GENERATION.load(Ordering::Acquire), slot.clone())
-}
-
-/// The installed sink (`None`: none), from the thread's copy
-/// while the generation says it is current: one reference count, no lock.
+/// The installed sink (`None`: none): one reference count, no lock.
 fn current_sink() -> Option<Arc<dyn DeviceSink>> {
-    let current = SINK_GENERATION.load(Ordering::Acquire);
     THREAD_SINK
-        .try_with(|cell| match cell.try_borrow_mut() {
-            Ok(mut c) => {
-                if c.0 != current {
-                    *c = fetch_sink();
-                }
-                c.1.clone()
-            }
-            Err(_) => fetch_sink().1,
-        })
-        .unwrap_or_else(|_| fetch_sink().1)
+        .try_with(|cell| SINK.with_current(cell, |s| s.cloned()))
+        .unwrap_or_else(|_| SINK.current())
 }
 
 /// `true` while a sink is installed.
@@ -178,10 +160,10 @@ pub fn is_active() -> bool {
 
 /// Install `sink` (or remove it with `None`); returns the one it replaces.
 pub fn set_sink(sink: Option<Arc<dyn DeviceSink>>) -> Option<Arc<dyn DeviceSink>> {
-    let mut slot = SINK.write().unwrap_or_else(|e| e.into_inner());
-    ACTIVE.store(sink.is_some(), Ordering::Relaxed);
-    SINK_GENERATION.fetch_add(1, Ordering::Release);
-    std::mem::replace(&mut *slot, sink)
+    SINK.replace(|_| {
+        ACTIVE.store(sink.is_some(), Ordering::Relaxed);
+        sink
+    })
 }
 
 /// How many calls ran untimed because an event could not be created or recorded.

@@ -43,14 +43,16 @@
 use std::borrow::Cow;
 use std::cell::{Cell, RefCell};
 use std::fmt;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, RwLock};
 use std::thread::ThreadId;
 
 pub mod clock;
 pub mod device;
+mod published;
 
 pub use clock::{Calibration, Stamp};
+use published::{Cached, Published};
 
 /// What kind of event a [`TraceEvent`] is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -157,19 +159,9 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 static NEXT_TID: AtomicU64 = AtomicU64::new(1);
 type Subscribers = Vec<(u64, Arc<dyn Subscriber>)>;
 
-/// The subscriber list and its generation, replaced whole on (un)subscribe.
-struct Listeners {
-    generation: u64,
-    list: Option<Arc<Subscribers>>,
-}
-
-static SUBSCRIBERS: RwLock<Listeners> = RwLock::new(Listeners {
-    generation: 0,
-    list: None,
-});
-/// Bumped (under the write lock) whenever the list is replaced; threads compare it with
-/// their cached copy's (Note [Per-thread trace state]).
-static GENERATION: AtomicU64 = AtomicU64::new(0);
+/// The subscriber list, replaced whole on (un)subscribe; threads keep a copy
+/// (Note [Per-thread trace state]).
+static SUBSCRIBERS: Published<Subscribers> = Published::new();
 
 // Note [Per-thread trace state]:
 // A traced range costs what its bookkeeping touches, so everything a range needs besides
@@ -177,8 +169,9 @@ static GENERATION: AtomicU64 = AtomicU64::new(0);
 // ends: its nesting depth, the thread's small id and `ThreadId`, the next range id, and the
 // thread's copy of the subscriber list. Range ids are the thread's id in the high bits and a
 // per-thread count below (no shared counter), and the list is fetched from the global lock
-// only when `GENERATION` says it changed, so a range makes no atomic read-modify-write and
-// takes no lock on its own behalf; the subscribers are called with the thread's copy lent.
+// only when its generation says it changed (`published.rs`, which the device sink uses too),
+// so a range makes no atomic read-modify-write and takes no lock on its own behalf; the
+// subscribers are called with the thread's copy lent.
 // A subscriber that traces from its callback finds the copy lent and reads it shared; one
 // that subscribes there makes the nested call fetch the new list itself. A thread keeps its
 // copy (and so the subscribers it names) until it next traces after a change, or exits.
@@ -191,7 +184,7 @@ struct ThreadState {
     tid: Cell<u64>,
     thread: Cell<Option<ThreadId>>,
     next_range: Cell<u64>,
-    listeners: RefCell<Listeners>,
+    listeners: RefCell<Cached<Subscribers>>,
 }
 
 impl ThreadState {
@@ -222,34 +215,11 @@ impl ThreadState {
 
     /// Calls `f` with the current subscribers (none: `f` is not called).
     fn with_subscribers(&self, f: impl FnOnce(&Subscribers)) {
-        let current = GENERATION.load(Ordering::Acquire);
-        if let Ok(mut cached) = self.listeners.try_borrow_mut()
-            && cached.generation != current
-        {
-            *cached = fetch_listeners();
-        }
-        match self.listeners.try_borrow() {
-            Ok(cached) if cached.generation == current => {
-                if let Some(list) = cached.list.as_deref() {
-                    f(list);
-                }
+        SUBSCRIBERS.with_current(&self.listeners, |list| {
+            if let Some(list) = list {
+                f(list);
             }
-            // Lent mutably cannot happen here; a nested call that saw the list change
-            // reads the global one.
-            _ => {
-                if let Some(list) = fetch_listeners().list.as_deref() {
-                    f(list);
-                }
-            }
-        }
-    }
-}
-
-fn fetch_listeners() -> Listeners {
-    let l = SUBSCRIBERS.read().unwrap_or_else(|e| e.into_inner());
-    Listeners {
-        generation: l.generation,
-        list: l.list.clone(),
+        });
     }
 }
 
@@ -260,10 +230,7 @@ thread_local! {
             tid: Cell::new(0),
             thread: Cell::new(None),
             next_range: Cell::new(0),
-            listeners: RefCell::new(Listeners {
-                generation: 0,
-                list: None,
-            }),
+            listeners: RefCell::new(Cached::empty()),
         }
     };
 }
@@ -341,14 +308,13 @@ pub fn thread_tid() -> u64 {
     STATE.try_with(ThreadState::tid).unwrap_or(0)
 }
 
-/// Replaces the subscriber list with `edit`'s result and moves the generation on.
+/// Replaces the subscriber list with `edit`'s result (an empty list: none).
 fn replace_subscribers(edit: impl FnOnce(&mut Subscribers)) {
-    let mut slot = SUBSCRIBERS.write().unwrap_or_else(|e| e.into_inner());
-    let mut subs: Subscribers = slot.list.as_deref().cloned().unwrap_or_default();
-    edit(&mut subs);
-    slot.list = (!subs.is_empty()).then(|| Arc::new(subs));
-    slot.generation += 1;
-    GENERATION.store(slot.generation, Ordering::Release);
+    SUBSCRIBERS.replace(|old| {
+        let mut subs: Subscribers = old.map(|l| l.as_ref().clone()).unwrap_or_default();
+        edit(&mut subs);
+        (!subs.is_empty()).then(|| Arc::new(subs))
+    });
 }
 
 /// Start delivering events to `subscriber` until the returned [`Subscription`] is dropped.

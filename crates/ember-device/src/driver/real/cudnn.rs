@@ -79,25 +79,28 @@ const GRAPH_SYMBOLS: &[&str] = &[
 fn graph_unusable() -> Option<String> {
     static WHY: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
     WHY.get_or_init(|| {
-        let outcome = super::quietly(|| {
-            // SAFETY: called after `load` succeeded, so the library is present.
-            let lib = unsafe { dnn::culib() };
-            GRAPH_SYMBOLS.iter().find_map(|name| {
-                // SAFETY: only looks the symbol up; it is not called through this pointer.
-                unsafe { lib.get::<*const c_void>(name.as_bytes()) }
-                    .is_err()
-                    .then(|| format!("cuDNN lacks {name}"))
-            })
-        });
+        // Called after `load` succeeded, so the library is present.
+        let outcome =
+            super::quietly(|| missing_symbol(GRAPH_SYMBOLS).map(|n| format!("cuDNN lacks {n}")));
         outcome.unwrap_or_else(|| Some("cuDNN's graph API could not be probed".into()))
     })
     .clone()
 }
 
+/// The first of `names` the loaded library lacks. The library must be present.
+fn missing_symbol(names: &[&'static str]) -> Option<&'static str> {
+    // SAFETY: the callers checked that the library is present; `culib` loads it once.
+    let lib = unsafe { dnn::culib() };
+    names.iter().copied().find(|name| {
+        // SAFETY: only looks the symbol up; it is not called through this pointer.
+        unsafe { lib.get::<*const c_void>(name.as_bytes()) }.is_err()
+    })
+}
+
 /// Most algorithms any direction has (`CUDNN_CONVOLUTION_FWD_ALGO_COUNT`).
 const MAX_ALGOS: usize = 8;
 
-fn check_dnn(call: &'static str, status: dnn::cudnnStatus_t) -> Result<()> {
+pub(super) fn check_dnn(call: &'static str, status: dnn::cudnnStatus_t) -> Result<()> {
     match status {
         dnn::cudnnStatus_t::CUDNN_STATUS_SUCCESS => Ok(()),
         other => Err(DeviceError::driver(call, format!("{other:?}"))),
@@ -112,13 +115,9 @@ pub(super) fn load() -> std::result::Result<u64, String> {
         return Err("cuDNN not found (no libcudnn.so.9 on the library path)".into());
     }
     let outcome = super::quietly(|| -> std::result::Result<u64, String> {
-        // SAFETY: the library is present (checked above); `culib` loads it once.
-        let lib = unsafe { dnn::culib() };
-        for name in SYMBOLS {
-            // SAFETY: only looks the symbol up; it is not called through this pointer.
-            if unsafe { lib.get::<*const c_void>(name.as_bytes()) }.is_err() {
-                return Err(format!("cuDNN lacks {name} (too old or broken?)"));
-            }
+        // The library is present (checked above).
+        if let Some(name) = missing_symbol(SYMBOLS) {
+            return Err(format!("cuDNN lacks {name} (too old or broken?)"));
         }
         // SAFETY: no preconditions; the symbol resolved above.
         let version = unsafe { dnn::cudnnGetVersion() };

@@ -42,6 +42,7 @@ use std::sync::{Arc, OnceLock};
 
 use cudarc::cudnn::sys as dnn;
 
+use super::cudnn::check_dnn as check;
 use crate::driver::{ConvDirection, ConvProblem, GemmType};
 use crate::error::{DeviceError, Result};
 
@@ -74,6 +75,15 @@ pub enum CudnnApi {
 }
 
 impl CudnnApi {
+    /// `"auto"`, `"graph"` or `"legacy"`, as `EMBER_CUDNN_API` spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            CudnnApi::Auto => "auto",
+            CudnnApi::Graph => "graph",
+            CudnnApi::Legacy => "legacy",
+        }
+    }
+
     /// Parse `EMBER_CUDNN_API`'s value (`None`: unset).
     pub fn parse(v: Option<&str>) -> std::result::Result<CudnnApi, String> {
         match v.map(str::trim) {
@@ -229,13 +239,6 @@ pub fn keep_engine(notes: &[i32], p: &ConvProblem) -> Option<bool> {
         return None;
     }
     Some(!has(N::CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC))
-}
-
-fn check(call: &'static str, status: dnn::cudnnStatus_t) -> Result<()> {
-    match status {
-        dnn::cudnnStatus_t::CUDNN_STATUS_SUCCESS => Ok(()),
-        other => Err(DeviceError::driver(call, format!("{other:?}"))),
-    }
 }
 
 /// A backend descriptor, destroyed on drop.

@@ -445,6 +445,10 @@ pub fn run(opts: &Options, out: &mut Vec<Record>) -> Result<(), String> {
                     "trace_clock".into(),
                     ember_device::trace::clock::source().into(),
                 );
+                r.extra.insert(
+                    "trace_clock_reason".into(),
+                    ember_device::trace::clock::reason().into(),
+                );
             }
             mark_run(&mut r, opts.quick, emulated, batch);
             out.push(r);

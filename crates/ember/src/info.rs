@@ -42,10 +42,12 @@ pub struct Info {
     /// around each launch, library call and copy otherwise (and why); `None` without CUDA.
     pub profiler_device_timing: Option<String>,
     /// The clock the profiler stamps host events with (Note [Trace clock] in
-    /// `ember-device`): `"tsc"` (the CPU's invariant time-stamp counter, calibrated against
-    /// the OS clock) or `"monotonic"` (the OS clock: no invariant counter, or
-    /// `EMBER_TRACE_CLOCK=monotonic`).
+    /// `ember-device`): `"tsc"` (the CPU's time-stamp counter, calibrated against the OS
+    /// clock) or `"monotonic"` (the OS clock).
     pub profiler_clock: &'static str,
+    /// Why that clock: the rule of Note [Trace clock] that decided (an invariant counter, a
+    /// constant-rate one beside a slow OS clock, `EMBER_TRACE_CLOCK`, ...).
+    pub profiler_clock_reason: &'static str,
     /// Whether NCCL (collectives among CUDA devices) is usable, and why not.
     pub nccl: NcclInfo,
 }
@@ -165,6 +167,7 @@ pub fn collect() -> Info {
         conv: available.then(conv_info),
         profiler_device_timing: driver.as_deref().filter(|_| available).map(profiler_timing),
         profiler_clock: ember_device::trace::clock::source(),
+        profiler_clock_reason: ember_device::trace::clock::reason(),
         nccl: nccl_info(driver.as_deref()),
     }
 }
@@ -374,10 +377,14 @@ impl Info {
             let _ = writeln!(s, "profiler (CUDA):  {t}");
         }
         let clock = match self.profiler_clock {
-            "tsc" => "the CPU's time-stamp counter (invariant)",
+            "tsc" => "the CPU's time-stamp counter",
             _ => "the OS's monotonic clock",
         };
-        let _ = writeln!(s, "profiler clock:   {clock}");
+        let _ = writeln!(
+            s,
+            "profiler clock:   {clock} ({})",
+            self.profiler_clock_reason
+        );
         if self.nccl.available {
             let _ = writeln!(s, "NCCL:             {}", self.nccl.reason);
         } else {

@@ -91,11 +91,13 @@ fn info_lists_two_emulated_devices() {
         "{timing}"
     );
     assert!(info_json(None)["profiler_device_timing"].is_null());
-    // The host clock of the profiler: the time-stamp counter where the CPU has an invariant
-    // one, the OS clock when asked for.
+    // The host clock of the profiler: the time-stamp counter where the CPU vouches for it
+    // (or the OS clock is slow beside a constant-rate one), the OS clock when asked for.
     let clock = v["profiler_clock"].as_str().unwrap();
     assert!(["tsc", "monotonic"].contains(&clock), "{clock}");
     assert_eq!(clock, ember_device::trace::clock::source());
+    let why = v["profiler_clock_reason"].as_str().unwrap();
+    assert!(!why.is_empty());
     let forced = Command::new(env!("CARGO_BIN_EXE_ember"))
         .args(["info", "--json"])
         .env("EMBER_TRACE_CLOCK", "monotonic")
@@ -103,6 +105,10 @@ fn info_lists_two_emulated_devices() {
         .unwrap();
     let forced: serde_json::Value = serde_json::from_slice(&forced.stdout).unwrap();
     assert_eq!(forced["profiler_clock"], "monotonic");
+    assert_eq!(
+        forced["profiler_clock_reason"],
+        "EMBER_TRACE_CLOCK=monotonic"
+    );
 }
 
 #[test]

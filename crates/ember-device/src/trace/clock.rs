@@ -9,11 +9,21 @@
 //! counts to wall-clock time when the trace is built (`ApproximateClockToUnixTimeConverter`).
 //! Ember does the same:
 //!
-//! - [`Stamp::now`] reads the time-stamp counter where the CPU says it is invariant (x86-64,
-//!   CPUID leaf `0x8000_0007`, EDX bit 8: it ticks at a constant rate in every power state,
-//!   the same on every core), about 10 ns; elsewhere, or with
-//!   `EMBER_TRACE_CLOCK=monotonic`, it is the nanoseconds since an origin `Instant` (the OS's
-//!   monotonic clock). The choice and the origin are made once per process, on first use.
+//! - [`Stamp::now`] reads the time-stamp counter (x86-64, about 10 ns) when one of these
+//!   holds, and otherwise the nanoseconds since an origin `Instant` (the OS's monotonic
+//!   clock); the choice, its reason ([`reason`]) and the origin are made once per process, on
+//!   first use ([`choose`] is the rule):
+//!   1. `EMBER_TRACE_CLOCK=monotonic` forces the OS clock, `EMBER_TRACE_CLOCK=tsc` the counter;
+//!   2. the CPU says the counter is invariant (CPUID leaf `0x8000_0007`, EDX bit 8: a constant
+//!      rate in every power state, the same on every core);
+//!   3. a virtual machine's CPUID often hides that bit (a named QEMU CPU model without
+//!      `+invtsc`), and there the guest's clock source is often the hypervisor's, whose reads
+//!      fall back to a system call when it cannot promise a stable counter: a microsecond,
+//!      twice per range. So where the OS clock is slow (a read costs more than
+//!      [`SLOW_OS_CLOCK_NS`], the least of a few measured batches) and Linux says the counter
+//!      ticks at a constant rate (`constant_tsc` in `/proc/cpuinfo`), the counter is used, as
+//!      PyTorch uses it on every x86 host. A fast OS clock is kept: its gain would be
+//!      nanoseconds, not worth a counter the CPU does not vouch for.
 //! - A stamp means nothing alone: a [`Calibration`], taken when a profiler builds its trace,
 //!   maps stamps to `Instant`s by the line through two (counter, `Instant`) pairs, the
 //!   origin's and its own, each read as the tightest of a few brackets of the counter around
@@ -33,8 +43,80 @@ pub const MIN_SPAN: Duration = Duration::from_millis(10);
 /// Brackets read for one (counter, `Instant`) pair; the tightest is kept.
 const PAIR_TRIES: usize = 7;
 
-/// `EMBER_TRACE_CLOCK`: `monotonic` forces the OS clock.
+/// `EMBER_TRACE_CLOCK`: `monotonic` forces the OS clock, `tsc` the time-stamp counter.
 pub const ENV_TRACE_CLOCK: &str = "EMBER_TRACE_CLOCK";
+
+/// The cost of one OS clock read above which a constant-rate counter is used in its place
+/// (rule 3 of Note [Trace clock]): the vDSO's reads take 20-60 ns, a system call's hundreds.
+pub const SLOW_OS_CLOCK_NS: f64 = 150.0;
+
+/// What the clock choice rests on (Note [Trace clock]), gathered once per process.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ClockFacts<'a> {
+    /// `EMBER_TRACE_CLOCK`, if set.
+    pub setting: Option<&'a str>,
+    /// The CPU has a time-stamp counter this code reads (x86-64).
+    pub has_counter: bool,
+    /// CPUID says the counter is invariant.
+    pub invariant: bool,
+    /// Linux says the counter ticks at a constant rate (`constant_tsc`).
+    pub constant_rate: bool,
+    /// Nanoseconds one OS clock read costs; measured only when it decides (`None`: not
+    /// measured).
+    pub os_clock_ns: Option<f64>,
+}
+
+/// Which clock to stamp with (`true`: the counter) and why, from `facts` (Note [Trace
+/// clock]'s rules, in order). `os_clock_ns` is asked for only when rule 3 needs it.
+pub fn choose(facts: ClockFacts<'_>, os_clock_ns: impl FnOnce() -> f64) -> (bool, String) {
+    match facts.setting.map(str::trim) {
+        Some("monotonic") => return (false, format!("{ENV_TRACE_CLOCK}=monotonic")),
+        Some("tsc") if facts.has_counter => return (true, format!("{ENV_TRACE_CLOCK}=tsc")),
+        Some("tsc") => {
+            return (
+                false,
+                format!("{ENV_TRACE_CLOCK}=tsc, but this CPU has no counter Ember reads"),
+            );
+        }
+        _ => {}
+    }
+    if !facts.has_counter {
+        return (
+            false,
+            "no time-stamp counter Ember reads on this CPU".into(),
+        );
+    }
+    if facts.invariant {
+        return (
+            true,
+            "the CPU says its time-stamp counter is invariant".into(),
+        );
+    }
+    if !facts.constant_rate {
+        return (
+            false,
+            "the CPU does not say its time-stamp counter is invariant or constant-rate".into(),
+        );
+    }
+    let ns = facts.os_clock_ns.unwrap_or_else(os_clock_ns);
+    if ns > SLOW_OS_CLOCK_NS {
+        (
+            true,
+            format!(
+                "the OS clock costs {ns:.0} ns a read and Linux says the time-stamp counter \
+                 ticks at a constant rate (constant_tsc; CPUID does not say invariant)"
+            ),
+        )
+    } else {
+        (
+            false,
+            format!(
+                "CPUID does not say the time-stamp counter is invariant, and the OS clock is \
+                 fast ({ns:.0} ns a read)"
+            ),
+        )
+    }
+}
 
 /// A point on the trace clock (Note [Trace clock]): ticks of the time-stamp counter, or
 /// nanoseconds since the origin; [`Calibration::instant`] says when it was.
@@ -45,29 +127,73 @@ pub struct Stamp(u64);
 #[derive(Debug)]
 struct Clock {
     counter: bool,
+    reason: String,
     origin: (u64, Instant),
 }
 
 fn clock() -> &'static Clock {
     static CLOCK: OnceLock<Clock> = OnceLock::new();
     CLOCK.get_or_init(|| {
-        let counter = counter_usable()
-            && std::env::var(ENV_TRACE_CLOCK).map_or(true, |v| v.trim() != "monotonic");
+        let setting = std::env::var(ENV_TRACE_CLOCK).ok();
+        let facts = ClockFacts {
+            setting: setting.as_deref(),
+            has_counter: cfg!(target_arch = "x86_64"),
+            invariant: counter_invariant(),
+            constant_rate: linux_constant_rate(),
+            os_clock_ns: None,
+        };
+        let (counter, reason) = choose(facts, os_clock_read_ns);
         let origin = if counter { pair() } else { (0, Instant::now()) };
-        Clock { counter, origin }
+        Clock {
+            counter,
+            reason,
+            origin,
+        }
     })
 }
 
-/// Whether this CPU has an invariant time-stamp counter.
+/// Whether this CPU says its time-stamp counter is invariant.
 #[cfg(target_arch = "x86_64")]
-fn counter_usable() -> bool {
+fn counter_invariant() -> bool {
     let max_extended = std::arch::x86_64::__cpuid(0x8000_0000).eax;
     max_extended >= 0x8000_0007 && (std::arch::x86_64::__cpuid(0x8000_0007).edx >> 8) & 1 == 1
 }
 
 #[cfg(not(target_arch = "x86_64"))]
-fn counter_usable() -> bool {
+fn counter_invariant() -> bool {
     false
+}
+
+/// Whether Linux lists `constant_tsc` among the CPU's flags (false where there is no
+/// `/proc/cpuinfo`).
+fn linux_constant_rate() -> bool {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .is_ok_and(|info| cpuinfo_has_flag(&info, "constant_tsc"))
+}
+
+/// Whether the first `flags` line of a `/proc/cpuinfo` text lists `flag`.
+pub fn cpuinfo_has_flag(cpuinfo: &str, flag: &str) -> bool {
+    cpuinfo
+        .lines()
+        .find_map(|l| {
+            let (key, value) = l.split_once(':')?;
+            (key.trim() == "flags").then_some(value)
+        })
+        .is_some_and(|flags| flags.split_whitespace().any(|f| f == flag))
+}
+
+/// What one `Instant::now` costs here: the least of a few batches' averages.
+pub fn os_clock_read_ns() -> f64 {
+    const BATCH: u32 = 16;
+    (0..4)
+        .map(|_| {
+            let start = Instant::now();
+            for _ in 0..BATCH {
+                std::hint::black_box(Instant::now());
+            }
+            start.elapsed().as_nanos() as f64 / f64::from(BATCH + 1)
+        })
+        .fold(f64::INFINITY, f64::min)
 }
 
 /// The time-stamp counter.
@@ -187,10 +313,15 @@ impl Calibration {
     }
 }
 
-/// Which clock the trace stamps read: `"tsc"` (the invariant time-stamp counter) or
-/// `"monotonic"` (`ember info` and benchmarks report it).
+/// Which clock the trace stamps read: `"tsc"` (the time-stamp counter) or `"monotonic"`
+/// (`ember info` and benchmarks report it).
 pub fn source() -> &'static str {
     if clock().counter { "tsc" } else { "monotonic" }
+}
+
+/// Why [`source`] is what it is (the rule of Note [Trace clock] that decided).
+pub fn reason() -> &'static str {
+    &clock().reason
 }
 
 #[cfg(test)]
@@ -222,6 +353,89 @@ mod tests {
         assert!(cal.nanos_between(back.min(s1), back.max(s1)) < 10);
         assert!(["tsc", "monotonic"].contains(&source()));
         assert_eq!(cal.uses_counter(), source() == "tsc");
+    }
+
+    fn facts() -> ClockFacts<'static> {
+        ClockFacts {
+            setting: None,
+            has_counter: true,
+            invariant: false,
+            constant_rate: true,
+            os_clock_ns: None,
+        }
+    }
+
+    #[test]
+    fn the_clock_follows_the_rules_in_order() {
+        let never = || -> f64 { panic!("the OS clock was timed when no rule needed it") };
+        let decide = |f: ClockFacts<'static>, ns: f64| choose(f, || ns).0;
+        // 1: the setting first, whatever the CPU.
+        let forced = |s| ClockFacts {
+            setting: Some(s),
+            invariant: true,
+            ..facts()
+        };
+        assert!(!choose(forced("monotonic"), never).0);
+        assert!(choose(forced(" tsc "), never).0);
+        let (counter, why) = choose(
+            ClockFacts {
+                has_counter: false,
+                ..forced("tsc")
+            },
+            never,
+        );
+        assert!(!counter && why.contains("no counter"), "{why}");
+        // 2: an invariant counter, without timing the OS clock.
+        let invariant = ClockFacts {
+            invariant: true,
+            ..facts()
+        };
+        assert!(choose(invariant, never).0);
+        assert!(
+            !choose(
+                ClockFacts {
+                    has_counter: false,
+                    ..invariant
+                },
+                never
+            )
+            .0
+        );
+        // 3: a constant-rate counter only beside a slow OS clock.
+        assert!(decide(facts(), 1200.0));
+        assert!(!decide(facts(), 40.0));
+        assert!(!decide(facts(), SLOW_OS_CLOCK_NS));
+        let (_, why) = choose(facts(), || 1234.0);
+        assert!(
+            why.contains("1234 ns") && why.contains("constant_tsc"),
+            "{why}"
+        );
+        // Neither invariant nor constant-rate: the OS clock, untimed.
+        let neither = ClockFacts {
+            constant_rate: false,
+            ..facts()
+        };
+        assert!(!choose(neither, never).0);
+        // A measurement given up front is used as is.
+        let measured = ClockFacts {
+            os_clock_ns: Some(900.0),
+            ..facts()
+        };
+        assert!(choose(measured, never).0);
+    }
+
+    #[test]
+    fn cpuinfo_flags_are_read_from_the_first_flags_line() {
+        let info = "processor\t: 0\nvendor_id\t: GenuineIntel\nflags\t\t: fpu tsc constant_tsc rep_good\n\nprocessor\t: 1\nflags\t\t: fpu\n";
+        assert!(cpuinfo_has_flag(info, "constant_tsc"));
+        assert!(cpuinfo_has_flag(info, "tsc"));
+        assert!(!cpuinfo_has_flag(info, "nonstop_tsc"));
+        assert!(!cpuinfo_has_flag(info, "constant"));
+        assert!(!cpuinfo_has_flag("processor\t: 0\n", "tsc"));
+        // This host's own answer is stated, and the OS clock's cost is a real number.
+        let ns = os_clock_read_ns();
+        assert!(ns.is_finite() && ns > 0.0, "{ns}");
+        assert!(!reason().is_empty());
     }
 
     #[test]

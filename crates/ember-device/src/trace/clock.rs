@@ -61,13 +61,11 @@ pub struct ClockFacts<'a> {
     pub invariant: bool,
     /// Linux says the counter ticks at a constant rate (`constant_tsc`).
     pub constant_rate: bool,
-    /// Nanoseconds one OS clock read costs; measured only when it decides (`None`: not
-    /// measured).
-    pub os_clock_ns: Option<f64>,
 }
 
 /// Which clock to stamp with (`true`: the counter) and why, from `facts` (Note [Trace
-/// clock]'s rules, in order). `os_clock_ns` is asked for only when rule 3 needs it.
+/// clock]'s rules, in order). `os_clock_ns` (the nanoseconds one OS clock read costs) is
+/// measured only when rule 3 needs it.
 pub fn choose(facts: ClockFacts<'_>, os_clock_ns: impl FnOnce() -> f64) -> (bool, String) {
     match facts.setting.map(str::trim) {
         Some("monotonic") => return (false, format!("{ENV_TRACE_CLOCK}=monotonic")),
@@ -98,7 +96,7 @@ pub fn choose(facts: ClockFacts<'_>, os_clock_ns: impl FnOnce() -> f64) -> (bool
             "the CPU does not say its time-stamp counter is invariant or constant-rate".into(),
         );
     }
-    let ns = facts.os_clock_ns.unwrap_or_else(os_clock_ns);
+    let ns = os_clock_ns();
     if ns > SLOW_OS_CLOCK_NS {
         (
             true,
@@ -140,7 +138,6 @@ fn clock() -> &'static Clock {
             has_counter: cfg!(target_arch = "x86_64"),
             invariant: counter_invariant(),
             constant_rate: linux_constant_rate(),
-            os_clock_ns: None,
         };
         let (counter, reason) = choose(facts, os_clock_read_ns);
         let origin = if counter { pair() } else { (0, Instant::now()) };
@@ -361,7 +358,6 @@ mod tests {
             has_counter: true,
             invariant: false,
             constant_rate: true,
-            os_clock_ns: None,
         }
     }
 
@@ -416,12 +412,6 @@ mod tests {
             ..facts()
         };
         assert!(!choose(neither, never).0);
-        // A measurement given up front is used as is.
-        let measured = ClockFacts {
-            os_clock_ns: Some(900.0),
-            ..facts()
-        };
-        assert!(choose(measured, never).0);
     }
 
     #[test]

@@ -405,6 +405,7 @@ pub(crate) fn conv2d_forward(
     let dtype = gemm_type("conv2d", x.dtype())?;
     let xo = operand(x, lx, false)?;
     let wo = operand(w, lw, true)?;
+    let bufs = (xo.ptr, wo.ptr, DevicePtr::NULL);
     let built = problem(
         ConvDirection::Forward,
         dtype,
@@ -412,9 +413,9 @@ pub(crate) fn conv2d_forward(
         wd,
         (yd, packed(yd)),
         p,
-        (xo.ptr, wo.ptr, DevicePtr::NULL),
+        bufs,
     );
-    let Some((prob, list)) = plan(ctx, built, (xo.ptr, wo.ptr, DevicePtr::NULL))? else {
+    let Some((prob, list)) = plan(ctx, built, bufs)? else {
         return Ok(None);
     };
     let total = yd.iter().product();
@@ -453,6 +454,7 @@ pub(crate) fn conv2d_backward_data(
     let dtype = gemm_type("conv2d_backward_input", dy.dtype())?;
     let yo = operand(dy, ly, false)?;
     let wo = operand(w, lw, true)?;
+    let bufs = (DevicePtr::NULL, wo.ptr, yo.ptr);
     let built = problem(
         ConvDirection::BackwardData,
         dtype,
@@ -460,9 +462,9 @@ pub(crate) fn conv2d_backward_data(
         wd,
         (yd, yo.strides),
         p,
-        (DevicePtr::NULL, wo.ptr, yo.ptr),
+        bufs,
     );
-    let Some((prob, list)) = plan(ctx, built, (DevicePtr::NULL, wo.ptr, yo.ptr))? else {
+    let Some((prob, list)) = plan(ctx, built, bufs)? else {
         return Ok(None);
     };
     let dx = CudaStorage::alloc(ctx, dy.dtype(), x_dims.iter().product())?;
@@ -490,6 +492,7 @@ pub(crate) fn conv2d_backward_filter(
     let dtype = gemm_type("conv2d_backward_weight", dy.dtype())?;
     let yo = operand(dy, ly, false)?;
     let xo = operand(x, lx, false)?;
+    let bufs = (xo.ptr, DevicePtr::NULL, yo.ptr);
     let built = problem(
         ConvDirection::BackwardFilter,
         dtype,
@@ -497,9 +500,9 @@ pub(crate) fn conv2d_backward_filter(
         w_dims,
         (yd, yo.strides),
         p,
-        (xo.ptr, DevicePtr::NULL, yo.ptr),
+        bufs,
     );
-    let Some((prob, list)) = plan(ctx, built, (xo.ptr, DevicePtr::NULL, yo.ptr))? else {
+    let Some((prob, list)) = plan(ctx, built, bufs)? else {
         return Ok(None);
     };
     let dw = CudaStorage::alloc(ctx, dy.dtype(), w_dims.iter().product())?;

@@ -602,12 +602,12 @@ pub type PlanKey = (usize, ConvProblem, u64, u64);
 #[derive(Debug, Default)]
 pub struct PlanCache {
     graphs: HashMap<PlanKey, Arc<GraphPlans>>,
-    /// Problems the graph API could not plan (and why), so each is tried once.
-    refused: HashMap<PlanKey, String>,
+    /// Problems the graph API could not plan, and the error it gave, so each is tried once.
+    refused: HashMap<PlanKey, DeviceError>,
 }
 
 impl PlanCache {
-    /// The plans of `key`, made with `make` on first use; a refusal is kept and repeated.
+    /// The plans of `key`, made with `make` on first use; a refusal is kept and returned again.
     pub fn get_or_make(
         &mut self,
         key: PlanKey,
@@ -616,12 +616,8 @@ impl PlanCache {
         if let Some(g) = self.graphs.get(&key) {
             return Ok(g.clone());
         }
-        if let Some(why) = self.refused.get(&key) {
-            return Err(DeviceError::Driver {
-                call: "cudnnBackendFinalize",
-                code: "CUDNN_STATUS_NOT_SUPPORTED".into(),
-                detail: why.clone(),
-            });
+        if let Some(e) = self.refused.get(&key) {
+            return Err(e.clone());
         }
         match make() {
             Ok(g) => {
@@ -630,7 +626,7 @@ impl PlanCache {
                 Ok(g)
             }
             Err(e) => {
-                self.refused.insert(key, e.to_string());
+                self.refused.insert(key, e.clone());
                 Err(e)
             }
         }

@@ -15,9 +15,10 @@
 //!   loading `libcupti` on first use; absent or unusable is
 //!   [`crate::DeviceError::Unsupported`] saying why (the profiler then uses events);
 //! - `activity_enable` / `activity_disable`: start and stop recording kernels, copies and
-//!   memsets of every device (`cuptiActivityEnable` of `EXTERNAL_CORRELATION`, `DRIVER`,
-//!   whose API records the external ids are linked to, `CONCURRENT_KERNEL`, `MEMCPY` and
-//!   `MEMSET`);
+//!   memsets of every device (`cuptiActivityEnable` of `EXTERNAL_CORRELATION`; `DRIVER` and
+//!   `RUNTIME`, whose API records the external ids are linked to, Ember's own calls being
+//!   driver calls and a library's launches possibly runtime calls; `CONCURRENT_KERNEL`,
+//!   `MEMCPY` and `MEMSET`);
 //! - `activity_push_correlation` / `activity_pop_correlation`: around one launch, tag the
 //!   work the calling thread enqueues with Ember's correlation id
 //!   (`cuptiActivityPushExternalCorrelationId`, Kineto's way of linking an op to its

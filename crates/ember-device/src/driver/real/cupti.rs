@@ -45,13 +45,25 @@ const SYMBOLS: &[&str] = &[
 const BUFFER_BYTES: usize = 8 << 20;
 const BUFFER_ALIGN: usize = 8;
 
-/// The kinds recorded while enabled, in the order they are enabled. The external
-/// correlation records link an id to the CUPTI correlation id of a driver or runtime API
-/// record, so driver API records are enabled too, after the external correlation (Triton's
-/// Proton profiler does the same, so that the linked ids are not 0); they are not read.
-const KINDS: [sys::CUpti_ActivityKind; 5] = [
+/// The kinds recorded while enabled, in the order they are enabled.
+///
+/// CUPTI writes an external correlation record only in front of an API record it creates
+/// (`cupti_activity.h` on `cuptiActivityPushExternalCorrelationId`: "When a CUPTI activity
+/// API record is created while within an external API region and
+/// CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION is enabled, the activity API record will be
+/// preceeded by a CUpti_ActivityExternalCorrelation record"), and a kernel, copy or memset
+/// record carries the correlation id of the driver or runtime API call that launched it.
+/// Ember's own launches, copies and memsets are driver calls; the libraries (cuBLAS, cuDNN,
+/// NCCL) may launch through the CUDA runtime they link, and such a kernel carries the
+/// runtime call's id (CUPTI's `activity_trace_async` sample prints `cudaLaunchKernel` and
+/// its kernel under one id, no driver record between), so without runtime API records it
+/// has no link and its call counts as untimed. Both API kinds are enabled, after the
+/// external correlation, as in Kineto's default activity set and ONNX Runtime's CUPTI
+/// profiler; their records are not read.
+const KINDS: [sys::CUpti_ActivityKind; 6] = [
     sys::CUpti_ActivityKind::CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION,
     sys::CUpti_ActivityKind::CUPTI_ACTIVITY_KIND_DRIVER,
+    sys::CUpti_ActivityKind::CUPTI_ACTIVITY_KIND_RUNTIME,
     sys::CUpti_ActivityKind::CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL,
     sys::CUpti_ActivityKind::CUPTI_ACTIVITY_KIND_MEMCPY,
     sys::CUpti_ActivityKind::CUPTI_ACTIVITY_KIND_MEMSET,
@@ -429,8 +441,8 @@ mod tests {
     }
 
     /// Records laid out as CUPTI writes them (zeroed, then the fields Ember reads set): each
-    /// kind parses into its record, and a kind Ember does not read (the driver API records
-    /// enabled for the links, or a kind this binding does not know) is skipped.
+    /// kind parses into its record, and a kind Ember does not read (the driver and runtime
+    /// API records enabled for the links, or a kind this binding does not know) is skipped.
     #[test]
     fn records_parse_from_their_layouts() {
         use sys::CUpti_ActivityKind as K;
@@ -503,8 +515,27 @@ mod tests {
         let mut other = zeroed_record::<sys::CUpti_ActivityKernel10>();
         set_kind(&mut other, K::CUPTI_ACTIVITY_KIND_DRIVER as u32);
         assert!(parse_buf(&other).is_none());
+        set_kind(&mut other, K::CUPTI_ACTIVITY_KIND_RUNTIME as u32);
+        assert!(parse_buf(&other).is_none());
         set_kind(&mut other, u32::MAX);
         assert!(parse_buf(&other).is_none());
+    }
+
+    /// A kernel is linked through the API record of the call that launched it, a driver
+    /// call (Ember's own launches) or a runtime call (a library's), so both API kinds are
+    /// recorded, after the external correlation records that link them.
+    #[test]
+    fn both_api_kinds_are_recorded_after_the_external_correlation() {
+        use sys::CUpti_ActivityKind as K;
+        let at = |k: K| KINDS.iter().position(|&x| x == k);
+        let external = at(K::CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION);
+        for api in [
+            K::CUPTI_ACTIVITY_KIND_DRIVER,
+            K::CUPTI_ACTIVITY_KIND_RUNTIME,
+        ] {
+            assert!(at(api).is_some(), "{api:?} not enabled");
+            assert!(external < at(api), "{api:?} enabled before the links");
+        }
     }
 
     #[test]

@@ -132,26 +132,68 @@ fn load() -> std::result::Result<u32, String> {
     outcome.unwrap_or_else(|| Err("CUPTI could not be loaded (a library call panicked)".into()))
 }
 
+/// Enable every kind of [`KINDS`], or none: `cuptiActivityEnable` refuses a kind on its own
+/// (`CUPTI_ERROR_NOT_COMPATIBLE` "if the activity kind cannot be enabled",
+/// `CUPTI_ERROR_INVALID_KIND` "if the activity kind is not supported"), and the profiler
+/// then times with events and never disables what it did not see enabled, so the kinds
+/// already enabled (the driver and runtime API records among them, a record per API call
+/// for the rest of the process) are disabled again.
 pub(super) fn enable() -> Result<()> {
     version()?;
-    for kind in KINDS {
-        check(
-            "cuptiActivityEnable",
-            cudarc::cupti::result::activity::enable(kind),
-        )?;
+    enable_all(&KINDS, enable_one, disable_one)
+}
+
+/// Disable every kind of [`KINDS`], each even after another failed; the first failure.
+pub(super) fn disable() -> Result<()> {
+    version()?;
+    each(&KINDS, disable_one)
+}
+
+fn enable_one(kind: sys::CUpti_ActivityKind) -> Result<()> {
+    check(
+        "cuptiActivityEnable",
+        cudarc::cupti::result::activity::enable(kind),
+    )
+}
+
+fn disable_one(kind: sys::CUpti_ActivityKind) -> Result<()> {
+    check(
+        "cuptiActivityDisable",
+        cudarc::cupti::result::activity::disable(kind),
+    )
+}
+
+/// `enable` each of `kinds` in order; at the first failure, `disable` (best effort) the ones
+/// already enabled, newest first, and return that failure.
+fn enable_all<K: Copy, E>(
+    kinds: &[K],
+    mut enable: impl FnMut(K) -> std::result::Result<(), E>,
+    mut disable: impl FnMut(K) -> std::result::Result<(), E>,
+) -> std::result::Result<(), E> {
+    for (i, &kind) in kinds.iter().enumerate() {
+        if let Err(e) = enable(kind) {
+            for &done in kinds[..i].iter().rev() {
+                let _ = disable(done);
+            }
+            return Err(e);
+        }
     }
     Ok(())
 }
 
-pub(super) fn disable() -> Result<()> {
-    version()?;
-    for kind in KINDS {
-        check(
-            "cuptiActivityDisable",
-            cudarc::cupti::result::activity::disable(kind),
-        )?;
+/// `f` on every one of `kinds`, all of them whatever fails; the first failure.
+fn each<K: Copy, E>(
+    kinds: &[K],
+    mut f: impl FnMut(K) -> std::result::Result<(), E>,
+) -> std::result::Result<(), E> {
+    let mut first = Ok(());
+    for &kind in kinds {
+        let r = f(kind);
+        if first.is_ok() {
+            first = r;
+        }
     }
-    Ok(())
+    first
 }
 
 pub(super) fn push(id: u64) -> Result<()> {
@@ -519,6 +561,39 @@ mod tests {
         assert!(parse_buf(&other).is_none());
         set_kind(&mut other, u32::MAX);
         assert!(parse_buf(&other).is_none());
+    }
+
+    /// A kind CUPTI refuses leaves nothing enabled (the profiler falls back to events and
+    /// disables nothing), and a disable goes through every kind even when one fails.
+    #[test]
+    fn a_refused_kind_disables_the_ones_enabled_before_it() {
+        let calls = std::cell::RefCell::new(Vec::new());
+        let enable = |k: u32| {
+            calls.borrow_mut().push(("enable", k));
+            if k == 3 { Err(k) } else { Ok(()) }
+        };
+        let disable = |k: u32| {
+            calls.borrow_mut().push(("disable", k));
+            if k == 1 { Err(k) } else { Ok(()) }
+        };
+        assert_eq!(enable_all(&[1, 2, 3, 4], enable, disable), Err(3));
+        assert_eq!(
+            calls.take(),
+            [
+                ("enable", 1),
+                ("enable", 2),
+                ("enable", 3),
+                ("disable", 2),
+                ("disable", 1)
+            ]
+        );
+        assert_eq!(enable_all(&[1, 2], enable, disable), Ok(()));
+        assert_eq!(calls.take(), [("enable", 1), ("enable", 2)]);
+        assert_eq!(each(&[1, 2, 3], disable), Err(1));
+        assert_eq!(
+            calls.take(),
+            [("disable", 1), ("disable", 2), ("disable", 3)]
+        );
     }
 
     /// A kernel is linked through the API record of the call that launched it, a driver

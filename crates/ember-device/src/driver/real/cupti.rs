@@ -14,9 +14,10 @@
 //! releases by appending fields; the fields read here (kind, times, device, correlation id,
 //! grid, block, name, bytes, copy kind) sit in the prefix every version since CUDA 11 shares,
 //! and are read one by one (`read_unaligned` through `addr_of!`, the structs being packed),
-//! never as a whole struct, so a newer library's longer record reads the same. None of this
-//! can run on the development machines (no GPU); only the absent-library path is exercised
-//! there.
+//! never as a whole struct, so a newer library's longer record reads the same (a test checks
+//! the offsets across the binding's record versions). The calls into CUPTI run only on a
+//! GPU; on the development machines the absent-library path, the parsing of records laid
+//! out in memory as CUPTI writes them and the join are tested.
 
 use std::alloc::Layout;
 use std::collections::HashMap;
@@ -272,7 +273,9 @@ unsafe extern "C" fn buffer_requested(buffer: *mut *mut u8, size: *mut usize, ma
     // SAFETY: a non-zero-sized layout; freed in `buffer_completed` with the same layout.
     let ptr = unsafe { std::alloc::alloc(layout) };
     // SAFETY: CUPTI passes valid out-pointers; a null buffer (allocation failure) makes it
-    // drop records rather than write anywhere.
+    // drop records rather than write anywhere (Kineto notes that a CUPTI older than API
+    // version 27, CUDA 12.9, could crash on a refused buffer; only a failed 8 MiB
+    // allocation refuses one here).
     unsafe {
         *buffer = ptr;
         *size = if ptr.is_null() { 0 } else { BUFFER_BYTES };
@@ -414,7 +417,9 @@ unsafe fn kernel(k: *const sys::CUpti_ActivityKernel10) -> Parsed {
     let name = if name_ptr.is_null() {
         String::new()
     } else {
-        // SAFETY: CUPTI's kernel names are NUL-terminated and live for the process.
+        // SAFETY: a kernel record's name is a NUL-terminated string CUPTI owns (shared by the
+        // records of one kernel), valid at least while CUPTI hands the record's buffer back
+        // (Kineto reads it later still); it is copied here, before the buffer is freed.
         unsafe { CStr::from_ptr(name_ptr) }
             .to_string_lossy()
             .into_owned()
@@ -561,6 +566,92 @@ mod tests {
         assert!(parse_buf(&other).is_none());
         set_kind(&mut other, u32::MAX);
         assert!(parse_buf(&other).is_none());
+    }
+
+    /// `$new`'s offsets of `$f...` are `$old`'s: the field sits in the shared prefix.
+    macro_rules! same_offsets {
+        ($new:ty, $old:ty, [$($f:ident),*]) => {
+            $(
+                assert_eq!(
+                    std::mem::offset_of!($new, $f),
+                    std::mem::offset_of!($old, $f),
+                    "{}.{} moved",
+                    stringify!($old),
+                    stringify!($f)
+                );
+            )*
+        };
+    }
+
+    /// The module docs' claim, checked on the binding's structs: each field read here sits at
+    /// one offset in every version of its record that a CUPTI since CUDA 11 may write (the
+    /// kernel record `CUpti_ActivityKernel4` to `10`, CUPTI 13.0's documentation naming `9`
+    /// as the one written; the copy `Memcpy` to `Memcpy6`; the memset `Memset` to
+    /// `Memset4`), so the newest struct's offsets read any of them. The kind is a 32-bit
+    /// value at offset 0.
+    #[test]
+    fn the_fields_read_sit_at_one_offset_in_every_record_version() {
+        use sys::*;
+        assert_eq!(std::mem::size_of::<CUpti_ActivityKind>(), 4);
+        assert_eq!(std::mem::offset_of!(CUpti_Activity, kind), 0);
+        macro_rules! kernel {
+            ($($old:ty),*) => {$(
+                same_offsets!(CUpti_ActivityKernel10, $old, [
+                    kind, start, end, deviceId, gridX, gridY, gridZ, blockX, blockY, blockZ,
+                    correlationId, name
+                ]);
+            )*};
+        }
+        kernel!(
+            CUpti_ActivityKernel4,
+            CUpti_ActivityKernel5,
+            CUpti_ActivityKernel6,
+            CUpti_ActivityKernel7,
+            CUpti_ActivityKernel8,
+            CUpti_ActivityKernel9
+        );
+        macro_rules! memcpy {
+            ($($old:ty),*) => {$(
+                same_offsets!(CUpti_ActivityMemcpy6, $old, [
+                    kind, copyKind, bytes, start, end, deviceId, correlationId
+                ]);
+            )*};
+        }
+        memcpy!(
+            CUpti_ActivityMemcpy,
+            CUpti_ActivityMemcpy3,
+            CUpti_ActivityMemcpy4,
+            CUpti_ActivityMemcpy5
+        );
+        macro_rules! memset {
+            ($($old:ty),*) => {$(
+                same_offsets!(CUpti_ActivityMemset4, $old, [
+                    kind, bytes, start, end, deviceId, correlationId
+                ]);
+            )*};
+        }
+        memset!(
+            CUpti_ActivityMemset,
+            CUpti_ActivityMemset2,
+            CUpti_ActivityMemset3
+        );
+        // The offsets themselves, as `cupti_activity.h` lays the packed(8) records out.
+        assert_eq!(
+            (
+                std::mem::offset_of!(CUpti_ActivityKernel10, start),
+                std::mem::offset_of!(CUpti_ActivityKernel10, deviceId),
+                std::mem::offset_of!(CUpti_ActivityKernel10, correlationId),
+                std::mem::offset_of!(CUpti_ActivityKernel10, name),
+            ),
+            (16, 40, 92, 104)
+        );
+        assert_eq!(
+            (
+                std::mem::offset_of!(CUpti_ActivityExternalCorrelation, externalId),
+                std::mem::offset_of!(CUpti_ActivityExternalCorrelation, correlationId),
+            ),
+            (8, 16)
+        );
     }
 
     /// A kind CUPTI refuses leaves nothing enabled (the profiler falls back to events and

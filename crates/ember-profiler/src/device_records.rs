@@ -11,8 +11,11 @@
 //!   traces); copies and memsets, which have none, take the launch's description;
 //! - its device times are moved onto the host clock by the offset between the two clocks
 //!   read together, so no per-launch anchor is needed;
-//! - a launch without any record counts as untimed; a record without a launch of this cycle
-//!   (enqueued before it began, or outside `timed`) is dropped.
+//! - a record the driver could not time (a start or end of 0, CUPTI's
+//!   `CUPTI_TIMESTAMP_UNKNOWN`, which it writes when it lacked the device memory to stamp a
+//!   kernel) is left out, and a launch without any placed record counts as untimed, once; a
+//!   record without a launch of this cycle (enqueued before it began, or outside `timed`) is
+//!   dropped.
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -87,8 +90,13 @@ pub(crate) fn place(
         let Some(l) = r.external.and_then(|id| launches.get(&id)) else {
             continue;
         };
-        let (Some(start), Some(end)) = (host(r.start_ns), host(r.end_ns.max(r.start_ns))) else {
-            out.untimed += 1;
+        // 0 is CUPTI_TIMESTAMP_UNKNOWN, not a time: placed, it would sit decades before the
+        // profile and be drawn at its start with no duration.
+        let unknown = r.start_ns == 0 || r.end_ns == 0;
+        let (false, Some(start), Some(end)) =
+            (unknown, host(r.start_ns), host(r.end_ns.max(r.start_ns)))
+        else {
+            // Its launch counts as untimed below if no other record of it is placed.
             continue;
         };
         seen.insert(l.correlation);
@@ -202,6 +210,33 @@ mod tests {
         assert_eq!(
             r.device[2].bytes, 64,
             "a copy keeps the launch's byte count"
+        );
+    }
+
+    /// A record CUPTI could not time (start and end 0, `CUPTI_TIMESTAMP_UNKNOWN`; or an end
+    /// of 0) is not drawn at the profile's start: its launch counts as untimed, once, unless
+    /// another record of the same call was timed.
+    #[test]
+    fn records_without_device_times_count_as_untimed() {
+        let launches: HashMap<u64, EnqueuedWork> = [
+            launch(1, ActivityKind::Kernel, "lost"),
+            launch(2, ActivityKind::Kernel, "gemm call"),
+        ]
+        .into_iter()
+        .map(|l| (l.correlation, l))
+        .collect();
+        let records = vec![
+            record(Some(1), "k_untimed", 0, 0),
+            record(Some(2), "sm90_gemm_a", 0, 0),
+            record(Some(2), "sm90_gemm_b", 1_000, 3_000),
+            record(Some(2), "sm90_gemm_c", 4_000, 0),
+        ];
+        let r = place(records, launches, (10_000, Instant::now()));
+        let names: Vec<&str> = r.device.iter().map(|d| d.name.as_str()).collect();
+        assert_eq!(names, ["sm90_gemm_b"]);
+        assert_eq!(
+            r.untimed, 1,
+            "launch 1, whose only record has no device times"
         );
     }
 }

@@ -74,9 +74,11 @@ pub struct ActivityRecord {
     /// The device's ordinal.
     pub device: usize,
     /// Device start, on the [`activity_timestamp_ns`](super::Driver::activity_timestamp_ns)
-    /// clock.
+    /// clock; 0 when the driver could not time the work (CUPTI's `CUPTI_TIMESTAMP_UNKNOWN`,
+    /// written when it lacked the device memory to stamp a kernel; the emulator's clock
+    /// starts when it is made, so its records are never 0).
     pub start_ns: u64,
-    /// Device end, on the same clock.
+    /// Device end, on the same clock; 0 when unknown, as `start_ns`.
     pub end_ns: u64,
     /// The id pushed on the enqueuing thread when it was enqueued, if any.
     pub external: Option<u64>,

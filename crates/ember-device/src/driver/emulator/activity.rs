@@ -20,8 +20,9 @@ use std::time::Instant;
 use crate::driver::ActivityRecord;
 use crate::error::{DeviceError, Result};
 
-/// The activity API version the emulator reports (CUPTI 13.0's `CUPTI_API_VERSION`).
-pub const EMULATED_CUPTI_VERSION: u32 = 26;
+/// The activity API version the emulator reports: `CUPTI_API_VERSION` of the CUPTI headers
+/// the binding was generated from (130001 for CUDA 13.0; 26 was CUDA 12.8's).
+pub const EMULATED_CUPTI_VERSION: u32 = cudarc::cupti::sys::CUPTI_API_VERSION;
 
 /// The variable that makes the emulator's activity API absent for the process (`0`);
 /// anything else, or unset, leaves it present.

@@ -26,7 +26,9 @@
 //!   beta): [`Driver::conv_algorithms`](crate::driver::Driver::conv_algorithms) makes the
 //!   plans of alpha 1, beta 0 and numbers them `GRAPH_ALGO_BASE + i`; a run with other
 //!   factors makes that graph's plans on first use and takes its `i`-th, or the first that
-//!   fits the workspace given;
+//!   fits the workspace given, deterministic if the `i`-th plan of alpha 1, beta 0 (the one
+//!   the caller chose, perhaps for that) is ([`pick_plan`]): that graph's heuristics need
+//!   not rank its engines as the other's;
 //! - at most [`MAX_PLANS`] plans are finalized per graph, in the heuristics' order (the
 //!   caller runs the first whose workspace it can allocate; finalizing is the slow step),
 //!   and past them the first deterministic one when none of those is ([`wants_plan`]):
@@ -55,7 +57,7 @@ use dnn::cudnnBackendAttributeType_t as T;
 use dnn::cudnnBackendDescriptorType_t as D;
 
 mod select;
-pub use select::wants_plan;
+pub use select::{pick_plan, wants_plan};
 
 /// Algorithm numbers from this many on name plans of the graph API (cuDNN's legacy numbers
 /// are below 8).

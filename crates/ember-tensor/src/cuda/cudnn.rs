@@ -20,6 +20,9 @@
 //!    elements, or no deterministic algorithm when `deterministic` is on) falls back to
 //!    im2col: recorded in `backends::cudnn::fallbacks()`, and the first one printed on
 //!    stderr, once per process. Empty tensors take the im2col path (nothing to compute).
+//!    Except on a real GPU under `EMBER_CUDNN_API=graph`: there an error of the algorithm
+//!    query (a problem cuDNN's graph API cannot plan) is conv2d's error, not a fallback, so
+//!    that a GPU session's tests fail when the graph API does (Note [cuDNN's graph API]).
 //! 3. Algorithms: with `benchmark` off, cuDNN's heuristics rank them; with it on, every
 //!    algorithm is run and timed once on scratch outputs (`cudnnFind*Ex`, with as much
 //!    workspace as the largest heuristic candidate wants, or none if that cannot be had)
@@ -42,6 +45,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
+use ember_device::driver::real::CudnnApi;
 use ember_device::driver::{
     ConvAlgoPerf, ConvBuffers, ConvDesc, ConvDirection, ConvProblem, ConvSearch, DevicePtr,
     GemmType, byte_alignment,
@@ -106,6 +110,13 @@ fn fall_back(what: String) {
     if list.len() < MAX_FALLBACKS && !list.contains(&what) {
         list.push(what);
     }
+}
+
+/// Whether a failed algorithm query is conv2d's error rather than a fallback to im2col
+/// (Note [Convolutions on cuDNN], step 2): on a real GPU (`emulated` false) under
+/// `EMBER_CUDNN_API=graph`. The emulator has no graph API and keeps its fallbacks.
+fn query_errors_are_errors(emulated: bool, api: CudnnApi) -> bool {
+    !emulated && api == CudnnApi::Graph
 }
 
 /// Whether cuDNN is on and usable for `ctx`'s device.
@@ -227,6 +238,14 @@ fn candidates(
             .conv_algorithms(ctx.ordinal, stream, prob, ConvSearch::Heuristic)
         {
             Ok(list) => list,
+            Err(e)
+                if query_errors_are_errors(
+                    ember_device::cuda::is_emulated(),
+                    CudnnApi::from_env(),
+                ) =>
+            {
+                return Err(e.into());
+            }
             Err(e) => {
                 fall_back(describe(e.to_string()));
                 return Ok(None);
@@ -508,4 +527,18 @@ pub(crate) fn conv2d_backward_filter(
     let dw = CudaStorage::alloc(ctx, dy.dtype(), w_dims.iter().product())?;
     run(ctx, &prob, &list, (xo.ptr, dw.ptr_at(0), yo.ptr), 0.0)?;
     Ok(Some(dw))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_graph_setting_on_a_real_gpu_makes_a_refusal_an_error() {
+        assert!(query_errors_are_errors(false, CudnnApi::Graph));
+        assert!(!query_errors_are_errors(false, CudnnApi::Auto));
+        assert!(!query_errors_are_errors(false, CudnnApi::Legacy));
+        // The emulator keeps its fallbacks whatever the setting says.
+        assert!(!query_errors_are_errors(true, CudnnApi::Graph));
+    }
 }

@@ -23,8 +23,8 @@ use cudarc::cudnn::sys as dnn;
 
 use super::RealDriver;
 use super::cudnn_graph::{
-    CudnnApi, ENV_CUDNN_API, GRAPH_ALGO_BASE, GraphPlans, Plan, PlanCache, build_plans, execute,
-    graph_spec,
+    CudnnApi, ENV_CUDNN_API, GRAPH_ALGO_BASE, GraphPlans, PlanCache, build_plans, execute,
+    graph_spec, pick_plan,
 };
 use crate::driver::{
     ConvAlgoPerf, ConvBuffers, ConvDesc, ConvDirection, ConvProblem, ConvSearch, GemmType,
@@ -603,19 +603,27 @@ impl RealDriver {
         let h = self.cudnn_on(call, device, stream)?;
         if desc.algo >= GRAPH_ALGO_BASE {
             let b = desc.buffers;
+            let index = (desc.algo - GRAPH_ALGO_BASE) as usize;
+            // The caller chose from the plans of alpha 1, beta 0 (`conv_algorithms`, cached):
+            // another graph's plans run only as deterministic as the one it chose.
+            let listed = self.graph_plans(&mut serial, h, device, p, (1.0, 0.0))?;
+            let deterministic = listed.plans.get(index).is_some_and(|pl| pl.deterministic);
             let g = self.graph_plans(&mut serial, h, device, p, (desc.alpha, desc.beta))?;
-            let fits = |plan: &&Plan| plan.workspace <= b.workspace_bytes;
-            let plan = g
+            let needs: Vec<(usize, bool)> = g
                 .plans
-                .get((desc.algo - GRAPH_ALGO_BASE) as usize)
-                .filter(fits)
-                .or_else(|| g.plans.iter().find(fits))
+                .iter()
+                .map(|pl| (pl.workspace, pl.deterministic))
+                .collect();
+            let plan = pick_plan(&needs, index, b.workspace_bytes, deterministic)
+                .and_then(|i| g.plans.get(i))
                 .ok_or_else(|| DeviceError::Driver {
                     call: "cudnnBackendExecute",
                     code: "CUDNN_STATUS_BAD_PARAM".into(),
                     detail: format!(
-                        "no plan of the graph API for algorithm {} fits a workspace of {} bytes",
-                        desc.algo, b.workspace_bytes
+                        "no {}plan of the graph API for algorithm {} fits a workspace of {} bytes",
+                        if deterministic { "deterministic " } else { "" },
+                        desc.algo,
+                        b.workspace_bytes
                     ),
                 })?;
             return execute(h, plan, (b.x.0, b.w.0, b.y.0), b.workspace.0);

@@ -26,9 +26,15 @@
 //!   beta): [`Driver::conv_algorithms`](crate::driver::Driver::conv_algorithms) makes the
 //!   plans of alpha 1, beta 0 and numbers them `GRAPH_ALGO_BASE + i`; a run with other
 //!   factors makes that graph's plans on first use and takes its `i`-th, or the first that
-//!   fits the workspace given;
+//!   fits the workspace given, deterministic if the `i`-th plan of alpha 1, beta 0 (the one
+//!   the caller chose, perhaps for that) is ([`pick_plan`]): that graph's heuristics need
+//!   not rank its engines as the other's;
 //! - at most [`MAX_PLANS`] plans are finalized per graph, in the heuristics' order (the
-//!   caller runs the first whose workspace it can allocate; finalizing is the slow step).
+//!   caller runs the first whose workspace it can allocate; finalizing is the slow step),
+//!   and past them the first deterministic one when none of those is ([`wants_plan`]):
+//!   PyTorch drops `NONDETERMINISTIC` engines before it makes any plan, so under
+//!   `deterministic` it runs whatever deterministic engine the heuristics list, however far
+//!   down; the plans here are made once for both settings.
 //!
 //! What is unit-tested without a GPU is the graph as data ([`graph_spec`]: every attribute
 //! each descriptor gets) and the note filter ([`keep_engine`]); the descriptor calls are a
@@ -49,6 +55,9 @@ use crate::error::{DeviceError, Result};
 use dnn::cudnnBackendAttributeName_t as A;
 use dnn::cudnnBackendAttributeType_t as T;
 use dnn::cudnnBackendDescriptorType_t as D;
+
+mod select;
+pub use select::{pick_plan, wants_plan};
 
 /// Algorithm numbers from this many on name plans of the graph API (cuDNN's legacy numbers
 /// are below 8).
@@ -421,7 +430,8 @@ fn tensor(t: &TensorSpec) -> Result<Desc> {
 }
 
 /// Make the operation graph of `spec` on `handle` and finalize up to [`MAX_PLANS`] plans
-/// from cuDNN's heuristics (instant mode, then the fallback list) that `p`'s settings allow.
+/// from cuDNN's heuristics (instant mode, then the fallback list) that `p`'s settings allow,
+/// and the first deterministic one after them if none of those is ([`wants_plan`]).
 /// No plan at all is an error saying why.
 pub fn build_plans(
     handle: dnn::cudnnHandle_t,
@@ -478,11 +488,14 @@ pub fn build_plans(
     let mut keep = vec![x, w, y, conv, op];
     let mut plans = Vec::new();
     let mut refused = Vec::new();
+    // No further plan wanted, whatever its engine.
+    let enough =
+        |plans: &[Plan]| !wants_plan(plans.len(), plans.iter().any(|pl| pl.deterministic), true);
     for mode in [
         dnn::cudnnBackendHeurMode_t::CUDNN_HEUR_MODE_INSTANT,
         dnn::cudnnBackendHeurMode_t::CUDNN_HEUR_MODE_FALLBACK,
     ] {
-        if plans.len() >= MAX_PLANS {
+        if enough(&plans) {
             break;
         }
         let heur = Desc::new(D::CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR)?;
@@ -509,7 +522,7 @@ pub fn build_plans(
             .collect::<Result<Vec<_>>>()?;
         let filled = heur.get_descs(A::CUDNN_ATTR_ENGINEHEUR_RESULTS, &configs)?;
         for cfg in configs.into_iter().take(filled) {
-            if plans.len() >= MAX_PLANS {
+            if enough(&plans) {
                 break;
             }
             let engine = [Desc::new(D::CUDNN_BACKEND_ENGINE_DESCRIPTOR)?];
@@ -520,6 +533,10 @@ pub fn build_plans(
             let Some(deterministic) = keep_engine(&engine.notes()?, p) else {
                 continue;
             };
+            let made_deterministic = plans.iter().any(|pl: &Plan| pl.deterministic);
+            if !wants_plan(plans.len(), made_deterministic, deterministic) {
+                continue;
+            }
             let plan = Desc::new(D::CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR)?;
             plan.set_handle(A::CUDNN_ATTR_EXECUTION_PLAN_HANDLE, handle)?;
             plan.set_descs(A::CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, &[&cfg])?;

@@ -36,8 +36,12 @@
 //!    out-of-memory error is returned. The workspace is a block of the caching allocator on
 //!    the current stream, freed (cached) as soon as the call is enqueued: stream order keeps
 //!    it valid for the call.
-//! 5. Bias: forward outputs start as the bias broadcast (as in the im2col path) and cuDNN
-//!    blends into them with beta = 1; gradients are written with beta = 0.
+//! 5. Bias: every call runs with alpha = 1 and beta = 0, and a forward's bias is added to
+//!    its output afterwards, in place (one broadcast add), as PyTorch's cuDNN path does
+//!    (`output.add_(reshape_bias(...))`). Blending into an output pre-filled with the bias
+//!    (beta = 1) would move the same bytes, but on the graph API beta is part of the graph:
+//!    a second graph to plan per shape, whose engines need not accept beta = 1 nor match
+//!    the workspace and determinism of the plan chosen from the beta = 0 list.
 //!
 //! The emulator serves the same calls with a CPU convolution (Note [Emulated cuDNN
 //! algorithms]), so every test of conv2d on the emulated device runs this file.
@@ -52,13 +56,14 @@ use ember_device::driver::{
 };
 use ember_memory::Allocation;
 
-use super::ops::{cast, gemm_type};
+use super::ops::{binary_inplace, cast, gemm_type};
 use super::{Ctx, CudaStorage};
 use crate::backend_nn::Conv2dParams;
 use crate::backends::cudnn as settings;
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
 use crate::layout::Layout;
+use crate::op;
 
 /// Most distinct fallback reasons kept for `backends::cudnn::fallbacks`.
 const MAX_FALLBACKS: usize = 32;
@@ -437,19 +442,19 @@ pub(crate) fn conv2d_forward(
     let Some((prob, list)) = plan(ctx, built, bufs)? else {
         return Ok(None);
     };
-    let total = yd.iter().product();
-    let (out, beta) = match bias {
-        Some((b, lb)) => {
-            let bcast = Layout::new(
-                vec![xd[0], wd[0], p.out.0 * p.out.1].into(),
-                vec![0, lb.strides()[0], 0],
-                lb.offset(),
-            );
-            (cast(b, &bcast, b.dtype())?, 1.0)
-        }
-        None => (CudaStorage::alloc(ctx, x.dtype(), total)?, 0.0),
-    };
-    run(ctx, &prob, &list, (xo.ptr, wo.ptr, out.ptr_at(0)), beta)?;
+    let mut out = CudaStorage::alloc(ctx, x.dtype(), yd.iter().product())?;
+    run(ctx, &prob, &list, (xo.ptr, wo.ptr, out.ptr_at(0)), 0.0)?;
+    if let Some((b, lb)) = bias {
+        // Step 5: the bias is added after the convolution, broadcast over samples and
+        // positions, into the output in place.
+        let planes = [xd[0], wd[0], p.out.0 * p.out.1];
+        let bcast = Layout::new(
+            planes.to_vec().into(),
+            vec![0, lb.strides()[0], 0],
+            lb.offset(),
+        );
+        binary_inplace::<op::Add>(&mut out, &Layout::contiguous(planes.to_vec()), b, &bcast)?;
+    }
     Ok(Some(out))
 }
 

@@ -28,7 +28,9 @@
 //!   factors makes that graph's plans on first use and takes its `i`-th, or the first that
 //!   fits the workspace given, deterministic if the `i`-th plan of alpha 1, beta 0 (the one
 //!   the caller chose, perhaps for that) is ([`pick_plan`]): that graph's heuristics need
-//!   not rank its engines as the other's;
+//!   not rank its engines as the other's (the tensor layer itself runs every convolution
+//!   with alpha 1, beta 0 and adds a bias afterwards, Note [Convolutions on cuDNN], step 5;
+//!   other factors are for the seam's other callers);
 //! - at most [`MAX_PLANS`] plans are finalized per graph, in the heuristics' order (the
 //!   caller runs the first whose workspace it can allocate; finalizing is the slow step),
 //!   and past them the first deterministic one when none of those is ([`wants_plan`]):

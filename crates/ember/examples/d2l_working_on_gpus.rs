@@ -1,11 +1,16 @@
 //! The PyTorch walk-through "Working on GPUs" (docs/walkthroughs.md), replayed in Rust:
 //! devices, `try_gpu`, tensors on devices, the cross-device error and the explicit copy, `to`
-//! on the tensor's own device returning the same tensor, a network moved with `to(device)`, and
-//! an optimizer built *before* the move (the text's pitfall) that still trains correctly.
+//! on the tensor's own device returning the same tensor, a network moved with `to(device)`,
+//! an optimizer built *before* the move (the text's pitfall) that still trains correctly, and
+//! the training loop's "sweet spot": the model moved once, the optimizer after it, each batch
+//! moved at the loop's boundary.
 //!
 //! `cargo run --example d2l_working_on_gpus` (add `EMBER_CUDA_EMULATOR=2` to use two
 //! emulated GPUs).
 
+use std::sync::Arc;
+
+use ember::data::{DataLoader, TensorDataset};
 use ember::nn::{BatchNorm, Linear, Module, Sequential};
 use ember::optim::{Optimizer, SGD, SgdOptions};
 use ember::{Device, Error, Tensor, cuda, try_all_gpus, try_gpu};
@@ -109,6 +114,49 @@ pub fn run(gpu0: Device, gpu1: Device) -> Result<(), Error> {
     ensure(
         net.parameters()[0].device() == gpu0,
         "the weights stayed on the device",
+    )?;
+
+    // Where to put the device move: the model once, before training, then the optimizer
+    // (it picks up the device), and each batch at the loop's boundary.
+    let model = Linear::new(3, 1, ())?;
+    model.to(gpu0)?;
+    let mut opt = SGD::new(
+        model.parameters(),
+        SgdOptions {
+            lr: 0.1,
+            ..Default::default()
+        },
+    )?;
+    let inputs = Tensor::randn([64, 3], ())?;
+    let targets = inputs.mm(&Tensor::from_vec(
+        vec![1.0f32, -2.0, 0.5],
+        [3, 1],
+        Device::Cpu,
+    )?)?;
+    let loader =
+        DataLoader::new(Arc::new(TensorDataset::new(vec![inputs, targets])?)).batch_size(16);
+    let mut epoch_losses = Vec::new();
+    for epoch in 0..5 {
+        let mut total = 0.0;
+        for batch in loader.epoch(epoch)? {
+            let batch = batch?;
+            let (x, y) = (batch[0].to(gpu0)?, batch[1].to(gpu0)?);
+            opt.zero_grad(true)?;
+            let loss = model.call(&x)?.sub(&y)?.square()?.mean_all()?;
+            loss.backward()?;
+            opt.step()?;
+            total += loss.item::<f64>()?;
+        }
+        epoch_losses.push(total);
+    }
+    println!("epoch losses: {epoch_losses:.4?}");
+    ensure(
+        epoch_losses[4] < 0.5 * epoch_losses[0],
+        "the loop on the device trains",
+    )?;
+    ensure(
+        model.weight.device() == gpu0,
+        "the model stayed on the device",
     )?;
 
     // Tensors created mid-forward should follow the input's device.

@@ -1,8 +1,10 @@
 //! The PyTorch walk-through "GPU Computing" (docs/walkthroughs.md), replayed in Rust: device
 //! discovery and properties, creating tensors on a device and moving them with `to`, `cpu()`,
-//! pinned memory with non-blocking copies, the allocator's statistics (`memory_allocated`, its
-//! peak, `memory_reserved`, `memory_summary`), freeing memory (`drop` is `del`, then
-//! `empty_cache`), `no_grad` inference, gradient checkpointing of a model's blocks, with
+//! a model on the data's device (and the error for a CPU input), pinned memory with
+//! non-blocking copies and a pinned `DataLoader` with workers, the allocator's statistics
+//! (`memory_allocated`, its peak, `memory_reserved`, `memory_summary`), freeing memory (`drop`
+//! is `del`, then `empty_cache`), `no_grad` inference and `enable_grad`, tensors made on the
+//! device or like another, gradient checkpointing of a model's blocks, with
 //! the peak memory it saves, and automatic mixed precision ([`run_amp`]): the AMP training
 //! loop with `autocast()` and a `GradScaler` (f16 with the scaler on CUDA, bf16 with the
 //! scaler disabled on the CPU, as PyTorch recommends), on the model with and without
@@ -12,6 +14,11 @@
 //! passes under `profile(activities=[CPU, CUDA], record_shapes, profile_memory)`, the table
 //! sorted by `cuda_time_total`, `export_chrome_trace`, and a schedule
 //! (`wait=1, warmup=1, active=3, repeat=2`) handing its cycles to `tensorboard_trace_handler`.
+//! "Memory Profiling" ([`run_memory_history`], `memory_profiling.py`): the allocator's
+//! recorded history over a loop, dumped with the snapshot, then switched off. "Minimize
+//! CPU-GPU Transfers" and "Common Pitfalls and Debugging" ([`run_pitfalls`]). The
+//! multi-GPU section is `data_parallel.rs` (`DataParallel`) and `distributed.rs`
+//! (`distributed.py`: DDP with a `DistributedSampler`, run as ranks).
 //!
 //! `cargo run --example gpu_computing_chapter`
 
@@ -20,8 +27,8 @@ use std::sync::Arc;
 use ember::amp::{AutocastOptions, GradScaler, GradScalerOptions};
 use ember::data::{DataLoader, Dataset, TensorDataset};
 use ember::nn::{CrossEntropyLoss, Linear, Loss, Module, ReLU, Sequential, checkpoint};
-use ember::optim::{Adam, AdamOptions, Optimizer};
-use ember::{DType, Device, Error, Tensor, amp, cuda, memory, no_grad};
+use ember::optim::{Adam, AdamOptions, Optimizer, SGD, SgdOptions};
+use ember::{DType, Device, Error, Tensor, amp, cuda, enable_grad, memory, no_grad};
 
 fn ensure(ok: bool, what: &str) -> Result<(), Error> {
     if ok {
@@ -131,6 +138,17 @@ pub fn run(device: Device, second: Device) -> Result<(), Error> {
     )?;
     let model = Linear::new(1000, 100, ())?;
     model.to(device)?;
+    println!("Model device: {}", model.parameters()[0].device());
+    // Data and model must be on the same device.
+    let output = model.call(&gpu_tensor)?; // works
+    ensure(output.device() == device, "the output lives with the model")?;
+    if device.is_cuda() {
+        let e = model.call(&cpu_tensor).err().map(|e| e.to_string());
+        ensure(
+            e.is_some_and(|e| e.contains("Expected all tensors to be on the same device")),
+            "model(cpu_tensor) is refused",
+        )?;
+    }
 
     // Non-blocking transfers from pinned memory.
     let pinned_tensor = cpu_tensor.pin_memory()?;
@@ -139,6 +157,24 @@ pub fn run(device: Device, second: Device) -> Result<(), Error> {
         gpu_tensor.to_vec::<f32>()? == cpu_tensor.to_vec::<f32>()?,
         "non-blocking copy delivers the data",
     )?;
+    // In the DataLoader, for automatic pinned memory.
+    let dataset: Arc<dyn Dataset> =
+        Arc::new(TensorDataset::new(vec![cpu_tensor.narrow(0, 0, 128)?])?);
+    let train_loader = DataLoader::new(dataset)
+        .batch_size(32)
+        .pin_memory(true)
+        .num_workers(4);
+    for batch in train_loader.epoch(0)? {
+        let batch = batch?;
+        ensure(
+            batch[0].data().is_pinned(),
+            "the loader's batches are pinned",
+        )?;
+        ensure(
+            batch[0].to_non_blocking(device)?.dims() == [32, 1000],
+            "a batch of 32 on the device",
+        )?;
+    }
 
     // Monitoring memory.
     let allocated = memory::memory_allocated(device)?;
@@ -198,6 +234,32 @@ pub fn run(device: Device, second: Device) -> Result<(), Error> {
     ensure(
         predictions.grad_fn_name().is_none(),
         "no graph under no_grad",
+    )?;
+    // During training, enable_grad records the graph even inside a no_grad region.
+    let output = {
+        let _outer = no_grad();
+        let _g = enable_grad();
+        model.call(&inputs)?
+    };
+    ensure(output.grad_fn_name().is_some(), "a graph under enable_grad")?;
+    output.square()?.mean_all()?.backward()?;
+    model.eval();
+    let predictions = {
+        let _g = no_grad();
+        model.call(&inputs)?
+    };
+    ensure(
+        !predictions.requires_grad(),
+        "no gradients during inference",
+    )?;
+    model.train(true);
+
+    // Define the device once; create tensors on it, or like an existing one.
+    let new_tensor = Tensor::zeros([100], device)?;
+    let like_tensor = inputs.zeros_like()?;
+    ensure(
+        new_tensor.device() == device && like_tensor.device() == device,
+        "zeros(.., device=device) and zeros_like(data)",
     )?;
 
     // Gradient checkpointing: same gradients, lower peak memory.
@@ -458,11 +520,265 @@ pub fn run_profiler(device: Device, out: &std::path::Path) -> Result<ProfilerRun
     })
 }
 
+/// What "Common Pitfalls and Debugging" showed ([`run_pitfalls`]).
+#[derive(Debug)]
+pub struct PitfallsRun {
+    /// `losses.append(loss)`: whether the kept losses still carry their graph, and the
+    /// bytes the loop left allocated; the bytes `losses.append(loss.item())` left.
+    pub kept_losses_have_graph: bool,
+    /// See `kept_losses_have_graph`.
+    pub kept_bytes: u64,
+    /// See `kept_losses_have_graph`.
+    pub item_bytes: u64,
+    /// Without `zero_grad`, the gradient after two backward passes of one batch over the
+    /// gradient after one (2: they add); with `zero_grad` before each (1).
+    pub accumulated_ratio: f64,
+    /// See `accumulated_ratio`.
+    pub zeroed_ratio: f64,
+    /// `verify_model_device` on the moved model, and its error for a model left on the CPU
+    /// (on CUDA only).
+    pub verified: bool,
+    /// See `verified`.
+    pub unmoved_error: Option<String>,
+    /// `log_memory()`'s line.
+    pub memory_line: String,
+    /// The "GOOD" loop: the devices of its outputs and losses.
+    pub loop_devices: Vec<Device>,
+}
+
+/// `print_tensor_info(name, tensor)`.
+pub fn print_tensor_info(name: &str, tensor: &Tensor) {
+    println!(
+        "{name}: shape={:?}, device={}, dtype={:?}, requires_grad={}",
+        tensor.dims(),
+        tensor.device(),
+        tensor.dtype(),
+        tensor.requires_grad()
+    );
+}
+
+/// `verify_model_device(model, expected_device)`: every parameter on a device of the
+/// expected type, or an error naming the first that is not.
+pub fn verify_model_device(model: &dyn Module, expected: &str) -> Result<(), Error> {
+    for (name, param) in model.named_parameters() {
+        let kind = if param.device().is_cuda() {
+            "cuda"
+        } else {
+            "cpu"
+        };
+        ensure(
+            kind == expected,
+            &format!(
+                "Parameter {name} on {}, expected {expected}",
+                param.device()
+            ),
+        )?;
+    }
+    Ok(())
+}
+
+/// `log_memory()` for `device`.
+pub fn log_memory(device: Device) -> Result<String, Error> {
+    let allocated = memory::memory_allocated(device)? as f64 / 1e9;
+    let reserved = memory::memory_reserved(device)? as f64 / 1e9;
+    let line = format!("GPU Memory: {allocated:.4}GB allocated, {reserved:.4}GB reserved");
+    println!("{line}");
+    Ok(line)
+}
+
+/// The chapter's "Minimize CPU-GPU transfers" (the good loop) and "Common Pitfalls and
+/// Debugging" on `device`: losses kept as tensors keep their graphs, gradients add up
+/// without `zero_grad`, and the debugging helpers.
+pub fn run_pitfalls(device: Device) -> Result<PitfallsRun, Error> {
+    let model = Linear::new(100, 10, ())?;
+    model.to(device)?;
+    let criterion = CrossEntropyLoss::new();
+    let inputs = Tensor::randn([128, 100], ())?;
+    let targets = Tensor::randint(0, 10, [128], ())?;
+    let dataset: Arc<dyn Dataset> = Arc::new(TensorDataset::new(vec![inputs, targets])?);
+    let loader = DataLoader::new(dataset).batch_size(32).pin_memory(true);
+
+    // GOOD: keep everything on the GPU; non-blocking copies of pinned batches.
+    let mut loop_devices = Vec::new();
+    for batch in loader.epoch(0)? {
+        let batch = batch?;
+        let data = batch[0].to_non_blocking(device)?;
+        let target = batch[1].to_non_blocking(device)?;
+        let output = model.call(&data)?;
+        let loss = criterion.forward(&output, &target)?; // all on the GPU
+        loop_devices.extend([output.device(), loss.device()]);
+    }
+
+    // Memory leak: storing tensors with gradients keeps their graphs.
+    let one_pass = |keep: bool| -> Result<(u64, bool), Error> {
+        let base = memory::memory_allocated(device)?;
+        let mut kept = Vec::new();
+        let mut items = Vec::new();
+        for batch in loader.epoch(0)? {
+            let batch = batch?;
+            let (x, y) = (batch[0].to(device)?, batch[1].to(device)?);
+            let loss = criterion.forward(&model.call(&x)?, &y)?;
+            loss.backward()?;
+            if keep {
+                kept.push(loss); // keeps the computation graph
+            } else {
+                items.push(loss.item::<f32>()?); // just the number
+            }
+        }
+        let held = memory::memory_allocated(device)?.saturating_sub(base);
+        Ok((
+            held,
+            kept.iter().all(|l| l.grad_fn_name().is_some()) && !kept.is_empty(),
+        ))
+    };
+    // The `.item()` loop first, once to allocate the parameters' gradients (the later
+    // loops accumulate into them), then measured.
+    one_pass(false)?;
+    let (held_items, _) = one_pass(false)?;
+    let (held_kept, kept_losses_have_graph) = one_pass(true)?;
+
+    // Forgetting to zero gradients: they add up.
+    let x = Tensor::randn([32, 100], device)?;
+    let y = Tensor::randint(0, 10, [32], device)?;
+    let mut optimizer = SGD::new(model.parameters(), SgdOptions::default())?;
+    let grad_after = |zero: bool, optimizer: &mut SGD| -> Result<f64, Error> {
+        optimizer.zero_grad(true)?;
+        criterion.forward(&model.call(&x)?, &y)?.backward()?;
+        let once = model
+            .weight
+            .grad()
+            .map_or(Ok(0.0), |g| g.abs()?.sum_all()?.item::<f64>())?;
+        if zero {
+            optimizer.zero_grad(true)?; // reset gradients
+        }
+        criterion.forward(&model.call(&x)?, &y)?.backward()?;
+        let twice = model
+            .weight
+            .grad()
+            .map_or(Ok(0.0), |g| g.abs()?.sum_all()?.item::<f64>())?;
+        Ok(twice / once)
+    };
+    let accumulated_ratio = grad_after(false, &mut optimizer)?;
+    let zeroed_ratio = grad_after(true, &mut optimizer)?;
+
+    // Debugging tips.
+    print_tensor_info("x", &x);
+    let verified =
+        verify_model_device(&model, if device.is_cuda() { "cuda" } else { "cpu" }).is_ok();
+    let unmoved_error = if device.is_cuda() {
+        let unmoved = Linear::new(100, 10, ())?;
+        verify_model_device(&unmoved, "cuda")
+            .err()
+            .map(|e| e.to_string())
+    } else {
+        None
+    };
+    let memory_line = log_memory(device)?;
+    Ok(PitfallsRun {
+        kept_losses_have_graph,
+        kept_bytes: held_kept,
+        item_bytes: held_items,
+        accumulated_ratio,
+        zeroed_ratio,
+        verified,
+        unmoved_error,
+        memory_line,
+        loop_devices,
+    })
+}
+
+/// What the chapter's "Memory Profiling" (`memory_profiling.py`) recorded.
+#[derive(Debug)]
+pub struct MemoryHistoryRun {
+    /// The allocator events recorded while the loop ran.
+    pub events: usize,
+    /// Of those, the allocations and the frees.
+    pub allocs: usize,
+    /// See `allocs`.
+    pub frees: usize,
+    /// `memory_snapshot.json`, the dump (`torch.cuda.memory._dump_snapshot`): the
+    /// segments and blocks, and the recorded events.
+    pub dump: std::path::PathBuf,
+    /// The bytes in allocated blocks and in segments, by the snapshot, and as
+    /// `memory_allocated`/`memory_reserved` said at the dump.
+    pub snapshot_allocated: u64,
+    /// See `snapshot_allocated`.
+    pub snapshot_reserved: u64,
+    /// See `snapshot_allocated`.
+    pub allocated: u64,
+    /// See `snapshot_allocated`.
+    pub reserved: u64,
+    /// Events recorded after `_record_memory_history(enabled=None)` and one more
+    /// allocation (none: recording is off).
+    pub after_disable: usize,
+}
+
+/// The chapter's memory profiling on `device`: record the allocator's history
+/// (`torch.cuda.memory._record_memory_history(max_entries=100000)`), run the model over a
+/// loader with a backward per batch, dump the snapshot with the history to
+/// `out/memory_snapshot.json`, stop recording, and print the quick stats.
+pub fn run_memory_history(
+    device: Device,
+    out: &std::path::Path,
+) -> Result<MemoryHistoryRun, Error> {
+    use ember::memory::HistoryAction;
+    // Snapshot memory state: keep the last 100000 events (Ember's default bound).
+    memory::record_memory_history(device, true)?;
+
+    // Run your code.
+    let model = LargeModel::new(32, 1, false)?;
+    model.to(device)?;
+    let dataset: Arc<dyn Dataset> =
+        Arc::new(TensorDataset::new(vec![Tensor::randn([64, 32], ())?])?);
+    let loader = DataLoader::new(dataset).batch_size(16);
+    for data in loader.epoch(0)? {
+        let data = data?;
+        let output = model.call(&data[0].to(device)?)?;
+        output.sum_all()?.backward()?;
+    }
+
+    // Save snapshot for visualization: the segments and the recorded events, as JSON.
+    let snapshot = memory::memory_snapshot(device)?;
+    let history = memory::memory_history(device)?;
+    let (allocated, reserved) = (
+        memory::memory_allocated(device)?,
+        memory::memory_reserved(device)?,
+    );
+    let dump = out.join("memory_snapshot.json");
+    let json = serde_json::json!({ "segments": snapshot.segments, "device_traces": history });
+    std::fs::write(&dump, json.to_string())?;
+    memory::record_memory_history(device, false)?; // _record_memory_history(enabled=None)
+    let after = Tensor::zeros([1024], device)?;
+    let after_disable = memory::memory_history(device)?.len();
+    drop(after);
+
+    // Quick memory stats.
+    println!("Allocated: {:.4} GB", allocated as f64 / 1e9);
+    println!("Cached: {:.4} GB", reserved as f64 / 1e9);
+    let peak = memory::max_memory_allocated(device)?;
+    println!("Max allocated: {:.4} GB", peak as f64 / 1e9);
+    ensure(allocated <= peak, "the peak is at least what is allocated")?;
+    let count = |a: HistoryAction| history.iter().filter(|e| e.action == a).count();
+    Ok(MemoryHistoryRun {
+        events: history.len(),
+        allocs: count(HistoryAction::Alloc),
+        frees: count(HistoryAction::FreeRequested),
+        dump,
+        snapshot_allocated: snapshot.segments.iter().map(|s| s.allocated_size).sum(),
+        snapshot_reserved: snapshot.segments.iter().map(|s| s.total_size).sum(),
+        allocated,
+        reserved,
+        after_disable,
+    })
+}
+
 #[allow(dead_code)]
 fn main() -> Result<(), Error> {
     let device = ember::try_gpu(0);
     run(device, ember::try_gpu(1))?;
     run_amp(device, 5)?;
     run_profiler(device, std::path::Path::new("."))?;
+    run_memory_history(device, std::path::Path::new("."))?;
+    run_pitfalls(device)?;
     Ok(())
 }

@@ -14,6 +14,8 @@
 //! sections, a schedule (`skip_first=5, wait=1, warmup=2, active=3, repeat=2`) handing each
 //! cycle to `tensorboard_trace_handler`, and memory profiling with its bottlenecks.
 //!
+//! The memory and data-loading sections are `lesson_memory_and_data.rs`.
+//!
 //! `cargo run --example lesson_gpu_acceleration`
 
 use std::sync::Arc;

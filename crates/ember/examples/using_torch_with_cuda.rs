@@ -1,9 +1,11 @@
 //! The PyTorch walk-through "Using torch with CUDA" (docs/walkthroughs.md), replayed in Rust:
 //! checking for CUDA, device-agnostic setup, moving tensors and models (to a second GPU too),
 //! memory statistics and `empty_cache`, the common error of mixing CPU and GPU tensors, with
-//! its fix, and the AMP loop over a `DataLoader` ([`run_amp`]: `autocast()` and a
-//! `GradScaler`, f16 with the scaler on CUDA, bf16 with the scaler disabled on the CPU).
-//! (`DataParallel` comes with the parallel crate.)
+//! its fix, the AMP loop over a `DataLoader` ([`run_amp`]: `autocast()` and a
+//! `GradScaler`, f16 with the scaler on CUDA, bf16 with the scaler disabled on the CPU), and
+//! the cuDNN benchmark settings ([`run_cudnn`]: `benchmark = True` keeps a convolution's
+//! results, `deterministic = True` repeats them exactly). 17.5's `DataParallel` is
+//! `data_parallel.rs`.
 //!
 //! `cargo run --example using_torch_with_cuda`
 
@@ -11,7 +13,7 @@ use std::sync::Arc;
 
 use ember::amp::{AutocastOptions, GradScaler, GradScalerOptions};
 use ember::data::{DataLoader, Dataset, TensorDataset};
-use ember::nn::{CrossEntropyLoss, Linear, Loss, Module, NnError};
+use ember::nn::{Conv2d, CrossEntropyLoss, Linear, Loss, Module, NnError};
 use ember::optim::{Optimizer, SGD, SgdOptions};
 use ember::{DType, Device, Error, Tensor, amp, cuda, memory, no_grad};
 
@@ -53,12 +55,21 @@ pub fn run(device: Device, second: Device) -> Result<(), Error> {
     )?;
     model.to(device)?;
 
-    println!(
-        "allocated {} bytes, reserved {} bytes",
+    let (allocated, reserved) = (
         memory::memory_allocated(device)?,
-        memory::memory_reserved(device)?
+        memory::memory_reserved(device)?,
     );
+    println!("allocated {allocated} bytes, reserved {reserved} bytes");
+    // empty_cache won't free memory tensors hold; it returns the cached rest.
     memory::empty_cache(device)?;
+    ensure(
+        memory::memory_allocated(device)? == allocated,
+        "empty_cache frees no tensor's memory",
+    )?;
+    ensure(
+        memory::memory_reserved(device)? <= reserved,
+        "empty_cache gives cached memory back",
+    )?;
 
     // Mixing CPU and GPU tensors: .to(device) both inputs before the operation.
     let input = Tensor::randn([4, 5], ())?;
@@ -181,10 +192,91 @@ pub fn run_amp(device: Device, epochs: u64) -> Result<AmpReport, Error> {
     Ok(report)
 }
 
+/// What 17.9, "Benchmark Settings (CuDNN)", saw ([`run_cudnn`]).
+#[derive(Debug)]
+pub struct CudnnReport {
+    /// The path convolutions took on the device (`cudnn`, or `im2col` and why; `None` on
+    /// the CPU, which has no cuDNN).
+    pub conv_path: Option<(String, String)>,
+    /// The settings read back after `benchmark = True`, `deterministic = False`.
+    pub benchmark: bool,
+    /// See `benchmark`.
+    pub deterministic: bool,
+    /// The largest difference between the convolution's output and weight gradient with
+    /// `benchmark` on and with the defaults (the algorithm may differ, the result not beyond
+    /// rounding), relative to the largest value.
+    pub benchmark_rel_diff: f64,
+    /// With `deterministic = True`, whether two runs gave bit-identical outputs and
+    /// gradients.
+    pub deterministic_repeats: bool,
+}
+
+/// A convolution's output and weight gradient for `x` (forward and backward).
+fn conv_step(conv: &Conv2d, x: &Tensor) -> Result<(Vec<f32>, Vec<f32>), Error> {
+    conv.zero_grad(true)?;
+    let y = conv.call(x)?;
+    y.square()?.sum_all()?.backward()?;
+    let grad = conv
+        .weight
+        .grad()
+        .map_or(Ok(Vec::new()), |g| g.to_vec::<f32>())?;
+    Ok((y.to_vec::<f32>()?, grad))
+}
+
+fn rel_diff(a: &[f32], b: &[f32]) -> f64 {
+    let scale = a.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-30) as f64;
+    let d = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+    if a.len() == b.len() {
+        d as f64 / scale
+    } else {
+        f64::INFINITY
+    }
+}
+
+/// 17.9 on `device`: `torch.backends.cudnn.benchmark = True` and `deterministic = False`
+/// around a convolution, then `deterministic = True` for exact reproducibility. The
+/// settings are process-wide: they are restored to the defaults at the end.
+pub fn run_cudnn(device: Device) -> Result<CudnnReport, Error> {
+    use ember::backends::cudnn;
+    let conv = Conv2d::new(3, 8, 3, ())?;
+    conv.to(device)?;
+    let x = Tensor::randn([4, 3, 16, 16], device)?;
+    let (y_default, g_default) = conv_step(&conv, &x)?;
+
+    cudnn::set_benchmark(true); // let the library pick the fastest algorithm per shape
+    cudnn::set_deterministic(false);
+    let (benchmark, deterministic) = (cudnn::benchmark(), cudnn::deterministic());
+    let (y_bench, g_bench) = conv_step(&conv, &x)?;
+    let benchmark_rel_diff = rel_diff(&y_default, &y_bench).max(rel_diff(&g_default, &g_bench));
+
+    // deterministic=True if you need exact reproducibility.
+    cudnn::set_deterministic(true);
+    let first = conv_step(&conv, &x)?;
+    let second = conv_step(&conv, &x)?;
+    cudnn::set_benchmark(false);
+    cudnn::set_deterministic(false);
+    let conv_path = match device {
+        Device::Cuda(i) => {
+            let (path, why) = cudnn::conv_path(i);
+            println!("convolutions on {device}: {path} ({why})");
+            Some((path.to_string(), why))
+        }
+        Device::Cpu => None,
+    };
+    Ok(CudnnReport {
+        conv_path,
+        benchmark,
+        deterministic,
+        benchmark_rel_diff,
+        deterministic_repeats: first == second,
+    })
+}
+
 #[allow(dead_code)]
 fn main() -> Result<(), Error> {
     let device = ember::try_gpu(0);
     run(device, ember::try_gpu(1))?;
     run_amp(device, 4)?;
+    run_cudnn(device)?;
     Ok(())
 }

@@ -9,7 +9,8 @@ use ember_device::driver::emulator::{
     ADDRESS_TAG, Emulator, EmulatorConfig, KernelLaunch, register_kernel,
 };
 use ember_device::driver::{
-    ActivityKind, DevicePtr, Driver, DriverKind, GemmDesc, GemmType, LaunchConfig, StreamHandle,
+    ActivityKind, ConvBuffers, ConvDesc, ConvDirection, ConvProblem, ConvSearch, DevicePtr, Driver,
+    DriverKind, GemmDesc, GemmType, LaunchConfig, StreamHandle,
 };
 
 const S0: StreamHandle = StreamHandle::DEFAULT;
@@ -547,6 +548,127 @@ fn gemm_matches_reference_for_every_layout_and_dtype() {
             for p in [pa, pb, pc] {
                 e.free(0, p).unwrap();
             }
+        }
+    }
+}
+
+/// The seam's convolution blends as cuDNN's: y = alpha·conv(x, w) + beta·y, and beta 0
+/// ignores what y held (NaN included). The tensor layer runs every convolution with alpha 1,
+/// beta 0 (Note [Convolutions on cuDNN]), so the blend is checked here, against a naive f64
+/// forward convolution, on small integers that every dtype holds exactly.
+#[test]
+fn conv_blends_with_alpha_and_beta_as_cudnn() {
+    let e = emu(1);
+    let val = |i: usize| ((i * 37 + 11) % 7) as f64 - 3.0;
+    let (x_dims, w_dims, y_dims) = ([1, 2, 4, 5], [3, 2, 3, 3], [1, 3, 4, 5]);
+    let contiguous = |d: [usize; 4]| [d[1] * d[2] * d[3], d[2] * d[3], d[3], 1];
+    let x: Vec<f64> = (0..40).map(val).collect();
+    let w: Vec<f64> = (0..54).map(|i| val(i + 2)).collect();
+    let y0: Vec<f64> = (0..60).map(|i| val(i + 5)).collect();
+    // The naive forward: pad 1, stride 1, dilation 1.
+    let mut conv = vec![0.0; 60];
+    for k in 0..3 {
+        for (oh, ow) in (0..4).flat_map(|h| (0..5).map(move |w| (h, w))) {
+            let mut acc = 0.0;
+            for (c, r, t) in
+                (0..2).flat_map(|c| (0..3).flat_map(move |r| (0..3).map(move |t| (c, r, t))))
+            {
+                let (ih, iw) = ((oh + r) as isize - 1, (ow + t) as isize - 1);
+                if (0..4).contains(&ih) && (0..5).contains(&iw) {
+                    acc += x[c * 20 + ih as usize * 5 + iw as usize]
+                        * w[((k * 2 + c) * 3 + r) * 3 + t];
+                }
+            }
+            conv[k * 20 + oh * 5 + ow] = acc;
+        }
+    }
+    for dtype in [GemmType::F32, GemmType::F64, GemmType::F16, GemmType::Bf16] {
+        let problem = ConvProblem {
+            direction: ConvDirection::Forward,
+            dtype,
+            x_dims,
+            x_strides: contiguous(x_dims),
+            w_dims,
+            y_dims,
+            y_strides: contiguous(y_dims),
+            pad: (1, 1),
+            stride: (1, 1),
+            dilation: (1, 1),
+            groups: 1,
+            allow_tf32: false,
+            align: 16,
+        };
+        let es = match dtype {
+            GemmType::F64 => 8,
+            GemmType::F32 => 4,
+            _ => 2,
+        };
+        let algo = e
+            .conv_algorithms(0, S0, &problem, ConvSearch::Heuristic)
+            .unwrap()[0];
+        let (px, pw, py) = (
+            e.malloc(0, 40 * es).unwrap(),
+            e.malloc(0, 54 * es).unwrap(),
+            e.malloc(0, 60 * es).unwrap(),
+        );
+        let ws = algo.workspace_bytes;
+        let pws = if ws > 0 {
+            e.malloc(0, ws).unwrap()
+        } else {
+            DevicePtr::NULL
+        };
+        e.memcpy_htod(px, &to_bytes(dtype, &x), S0).unwrap();
+        e.memcpy_htod(pw, &to_bytes(dtype, &w), S0).unwrap();
+        let run = |alpha: f64, beta: f64, before: &[f64]| {
+            e.memcpy_htod(py, &to_bytes(dtype, before), S0).unwrap();
+            let desc = ConvDesc {
+                problem,
+                algo: algo.algo,
+                alpha,
+                beta,
+                buffers: ConvBuffers {
+                    x: px,
+                    w: pw,
+                    y: py,
+                    workspace: pws,
+                    workspace_bytes: ws,
+                },
+            };
+            e.conv(0, S0, &desc).unwrap();
+            let mut out = vec![0u8; 60 * es];
+            e.memcpy_dtoh(&mut out, py, S0).unwrap();
+            from_bytes(dtype, &out)
+        };
+        let blended = run(2.0, -1.0, &y0);
+        let plain = run(1.0, 0.0, &[f64::NAN; 60]);
+        for i in 0..60 {
+            // Integers up to 2^8 are exact in every dtype but bf16 (8 significant bits),
+            // whose blended values reach 330: within its rounding there.
+            let tol = |r: f64| {
+                if dtype == GemmType::Bf16 {
+                    r.abs() / 128.0
+                } else {
+                    0.0
+                }
+            };
+            let want = 2.0 * conv[i] - y0[i];
+            assert!(
+                (blended[i] - want).abs() <= tol(want),
+                "{dtype:?} [{i}]: {} vs {want}",
+                blended[i]
+            );
+            assert!(
+                (plain[i] - conv[i]).abs() <= tol(conv[i]),
+                "{dtype:?} [{i}]: {} vs {}",
+                plain[i],
+                conv[i]
+            );
+        }
+        for p in [px, pw, py] {
+            e.free(0, p).unwrap();
+        }
+        if ws > 0 {
+            e.free(0, pws).unwrap();
         }
     }
 }

@@ -348,13 +348,13 @@ fn workspace(ctx: &Ctx, bytes: usize) -> Result<Option<Allocation>> {
     Ok(Some(ctx.alloc.allocate_on(bytes, ctx.stream())?))
 }
 
-/// Run `prob` with the first candidate whose workspace can be allocated (step 4).
+/// Run `prob` with the first candidate whose workspace can be allocated (step 4), with
+/// alpha 1 and beta 0 (step 5).
 fn run(
     ctx: &Arc<Ctx>,
     prob: &ConvProblem,
     list: &[ConvAlgoPerf],
     (x, w, y): (DevicePtr, DevicePtr, DevicePtr),
-    beta: f64,
 ) -> Result<()> {
     let mut last_oom = None;
     for a in list {
@@ -370,7 +370,7 @@ fn run(
             problem: *prob,
             algo: a.algo,
             alpha: 1.0,
-            beta,
+            beta: 0.0,
             buffers: ConvBuffers {
                 x,
                 w,
@@ -443,7 +443,7 @@ pub(crate) fn conv2d_forward(
         return Ok(None);
     };
     let mut out = CudaStorage::alloc(ctx, x.dtype(), yd.iter().product())?;
-    run(ctx, &prob, &list, (xo.ptr, wo.ptr, out.ptr_at(0)), 0.0)?;
+    run(ctx, &prob, &list, (xo.ptr, wo.ptr, out.ptr_at(0)))?;
     if let Some((b, lb)) = bias {
         // Step 5: the bias is added after the convolution, broadcast over samples and
         // positions, into the output in place.
@@ -492,7 +492,7 @@ pub(crate) fn conv2d_backward_data(
         return Ok(None);
     };
     let dx = CudaStorage::alloc(ctx, dy.dtype(), x_dims.iter().product())?;
-    run(ctx, &prob, &list, (dx.ptr_at(0), wo.ptr, yo.ptr), 0.0)?;
+    run(ctx, &prob, &list, (dx.ptr_at(0), wo.ptr, yo.ptr))?;
     Ok(Some(dx))
 }
 
@@ -530,7 +530,7 @@ pub(crate) fn conv2d_backward_filter(
         return Ok(None);
     };
     let dw = CudaStorage::alloc(ctx, dy.dtype(), w_dims.iter().product())?;
-    run(ctx, &prob, &list, (xo.ptr, dw.ptr_at(0), yo.ptr), 0.0)?;
+    run(ctx, &prob, &list, (xo.ptr, dw.ptr_at(0), yo.ptr))?;
     Ok(Some(dw))
 }
 

@@ -608,7 +608,11 @@ impl RealDriver {
             // another graph's plans run only as deterministic as the one it chose.
             let listed = self.graph_plans(&mut serial, h, device, p, (1.0, 0.0))?;
             let deterministic = listed.plans.get(index).is_some_and(|pl| pl.deterministic);
-            let g = self.graph_plans(&mut serial, h, device, p, (desc.alpha, desc.beta))?;
+            let g = if (desc.alpha, desc.beta) == (1.0, 0.0) {
+                listed
+            } else {
+                self.graph_plans(&mut serial, h, device, p, (desc.alpha, desc.beta))?
+            };
             let needs: Vec<(usize, bool)> = g
                 .plans
                 .iter()

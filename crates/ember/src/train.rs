@@ -50,13 +50,17 @@ pub const DEFAULT_LR: f64 = 2e-3;
 /// The seed of a run that does not give `--seed` (and does not resume).
 pub const DEFAULT_SEED: u64 = 0;
 
+/// Channels of the CNN's first convolution without `--width`.
+pub const DEFAULT_WIDTH: usize = 16;
+
 /// Which model `ember train` builds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ModelKind {
     /// 64 → 128 → ReLU → 10.
     Mlp,
-    /// Two 3×3 convolutions with ReLU and 2×2 max pooling, then a linear layer.
+    /// Two 3×3 convolutions (`--width` and twice as many channels) with ReLU and 2×2 max
+    /// pooling, then a linear layer.
     Cnn,
 }
 
@@ -134,6 +138,9 @@ pub struct TrainConfig {
     pub lr: Option<f64>,
     /// The model.
     pub model: ModelKind,
+    /// Channels of the CNN's first convolution (the second has twice as many):
+    /// [`DEFAULT_WIDTH`] when `None`; when resuming, the checkpoint's. The MLP ignores it.
+    pub width: Option<usize>,
     /// Seeds initialisation, the split and the data order: [`DEFAULT_SEED`] when `None`;
     /// when resuming, the checkpoint's, and `Some` other seed is an error.
     pub seed: Option<u64>,
@@ -159,6 +166,7 @@ impl Default for TrainConfig {
             batch_size: 64,
             lr: None,
             model: ModelKind::Mlp,
+            width: None,
             seed: None,
             val_fraction: 0.2,
             save: None,
@@ -190,6 +198,8 @@ pub struct TrainSummary {
     pub device_reason: String,
     /// The model.
     pub model: ModelKind,
+    /// The cnn's width (channels of its first convolution); `None` for the MLP.
+    pub width: Option<usize>,
     /// Epochs done in all (including those before a resume).
     pub epochs: usize,
     /// Epochs this run did.
@@ -390,8 +400,9 @@ pub fn resolve_device(choice: DeviceChoice) -> Result<(Device, String), Error> {
 }
 
 /// Builds the model on `device` (initialised from the seeded CPU generator, then moved, as
-/// `model = Net().to(device)` does in PyTorch).
-pub fn build_model(kind: ModelKind, device: Device) -> Result<Sequential, Error> {
+/// `model = Net().to(device)` does in PyTorch); `width` is the CNN's first convolution's
+/// channels.
+pub fn build_model(kind: ModelKind, width: usize, device: Device) -> Result<Sequential, Error> {
     let m = match kind {
         ModelKind::Mlp => Sequential::new()
             .add(Linear::new(64, 128, ())?)
@@ -403,14 +414,14 @@ pub fn build_model(kind: ModelKind, device: Device) -> Result<Sequential, Error>
                 ..Default::default()
             };
             Sequential::new()
-                .add(Conv2d::with_config(1, 16, 3, same, ())?)
+                .add(Conv2d::with_config(1, width, 3, same, ())?)
                 .add(ReLU::new())
                 .add(MaxPool2d::new(2))
-                .add(Conv2d::with_config(16, 32, 3, same, ())?)
+                .add(Conv2d::with_config(width, 2 * width, 3, same, ())?)
                 .add(ReLU::new())
                 .add(MaxPool2d::new(2))
                 .add(Flatten::new())
-                .add(Linear::new(32 * 2 * 2, 10, ())?)
+                .add(Linear::new(2 * width * 2 * 2, 10, ())?)
         }
     };
     m.to(device)?;
@@ -581,7 +592,25 @@ pub fn train(cfg: &TrainConfig, progress: &mut dyn Progress) -> Result<TrainSumm
         None => loader.shuffle(true),
     };
 
-    let model = Arc::new(build_model(cfg.model, device)?);
+    let width = match (&ckpt, cfg.width) {
+        (Some(c), Some(w)) if cfg.model == ModelKind::Cnn && w != c.width => {
+            return Err(NnError::invalid(
+                "ember train",
+                format!(
+                    "{} holds a cnn of width {}, but --width {w} was asked for",
+                    resume_path(cfg),
+                    c.width
+                ),
+            )
+            .into());
+        }
+        (Some(c), _) => c.width,
+        (None, w) => w.unwrap_or(DEFAULT_WIDTH),
+    };
+    if width == 0 {
+        return Err(NnError::invalid("ember train", "--width must be at least 1, found 0").into());
+    }
+    let model = Arc::new(build_model(cfg.model, width, device)?);
     let ddp = match &dist {
         Some(d) => Some(DistributedDataParallel::new(
             model.clone(),
@@ -731,6 +760,7 @@ pub fn train(cfg: &TrainConfig, progress: &mut dyn Progress) -> Result<TrainSumm
         device: device.to_string(),
         device_reason,
         model: cfg.model,
+        width: (cfg.model == ModelKind::Cnn).then_some(width),
         epochs: cfg.epochs,
         epochs_run: history.len(),
         final_loss: last.train_loss,

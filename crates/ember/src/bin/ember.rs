@@ -62,6 +62,10 @@ enum Command {
         /// The model.
         #[arg(long, value_enum, default_value_t = ModelKind::Mlp)]
         model: ModelKind,
+        /// The cnn's width: channels of its first convolution, twice as many in the second
+        /// [default: 16]. With --resume: the checkpoint's.
+        #[arg(long)]
+        width: Option<usize>,
         /// Seed for initialisation, the split and the data order [default: 0]. With
         /// --resume: the checkpoint's; another seed is an error.
         #[arg(long)]
@@ -260,6 +264,7 @@ fn main() -> ExitCode {
             batch_size,
             lr,
             model,
+            width,
             seed,
             num_workers,
             save,
@@ -274,6 +279,7 @@ fn main() -> ExitCode {
                 batch_size,
                 lr,
                 model,
+                width,
                 seed,
                 num_workers,
                 save,

@@ -39,6 +39,9 @@ pub struct Checkpoint {
     pub epoch: usize,
     /// The model it holds.
     pub model: ModelKind,
+    /// The CNN's width (its first convolution's output channels, read from the weights);
+    /// [`super::DEFAULT_WIDTH`] for the MLP.
+    pub width: usize,
     /// The seed of the run that wrote it: of the split and the data order.
     pub seed: u64,
     /// The share of the digits held out for validation.
@@ -165,9 +168,18 @@ pub fn read_checkpoint(path: &Path) -> Result<Checkpoint, Error> {
             return Err(bad(path, format!("unexpected tensor {k:?}")));
         }
     }
+    // The CNN's width is its first convolution's output channels.
+    let width = match model {
+        ModelKind::Mlp => super::DEFAULT_WIDTH,
+        ModelKind::Cnn => model_state
+            .get("0.weight")
+            .and_then(|w| w.dims().first().copied())
+            .ok_or_else(|| bad(path, "a cnn checkpoint without the tensor model.0.weight"))?,
+    };
     Ok(Checkpoint {
         epoch,
         model,
+        width,
         seed,
         val_fraction,
         amp,
@@ -201,7 +213,7 @@ impl Checkpoint {
     /// The model and optimizer it holds, built on `device` and loaded (without touching the
     /// random generators): what a resume would train on.
     pub fn restore(&self, device: Device) -> Result<(Sequential, Adam), Error> {
-        let model = build_model(self.model, device)?;
+        let model = build_model(self.model, self.width, device)?;
         let mut opt = Adam::new(model.parameters(), AdamOptions::default())?;
         model.load_state_dict(&self.model_state)?;
         opt.load_state_dict(&self.optimizer_state)?;

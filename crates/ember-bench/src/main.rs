@@ -7,6 +7,7 @@
 
 mod alloc;
 mod autograd;
+mod conv;
 mod dist;
 mod harness;
 mod matmul;
@@ -47,12 +48,13 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     let mut records: Vec<Record> = Vec::new();
-    let suites: [Suite; 7] = [
+    let suites: [Suite; 8] = [
         alloc::run,
         matmul::run,
         autograd::run,
         tensor_ops::run,
         nn::run,
+        conv::run,
         resnet::run,
         dist::run,
     ];

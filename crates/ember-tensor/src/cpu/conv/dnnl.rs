@@ -21,7 +21,6 @@ pub(super) const CONVOLUTION_DIRECT: c_int = 1;
 const SCRATCHPAD_USER: c_int = 1;
 const ENGINE_CPU: c_int = 1;
 const STREAM_DEFAULT: u32 = 1;
-pub(super) const Q_IMPL_INFO_STR: c_int = 8;
 pub(super) const Q_SRC_MD: c_int = 129;
 pub(super) const Q_DIFF_SRC_MD: c_int = 130;
 pub(super) const Q_WEIGHTS_MD: c_int = 131;
@@ -124,7 +123,6 @@ pub(super) struct Api {
     pub conv_bwd_data_pd: ConvBwdDataPd,
     pub conv_bwd_weights_pd: ConvBwdWeightsPd,
     pd_query_md: unsafe extern "C" fn(Handle, c_int, c_int) -> Handle,
-    pd_query: unsafe extern "C" fn(Handle, c_int, c_int, *mut c_void) -> Status,
     pd_destroy: unsafe extern "C" fn(Handle) -> Status,
     primitive_create: unsafe extern "C" fn(*mut Handle, Handle) -> Status,
     primitive_destroy: unsafe extern "C" fn(Handle) -> Status,
@@ -244,7 +242,6 @@ fn open(path: &Path) -> Result<Api, String> {
         conv_bwd_data_pd: sym!("dnnl_convolution_backward_data_primitive_desc_create"),
         conv_bwd_weights_pd: sym!("dnnl_convolution_backward_weights_primitive_desc_create"),
         pd_query_md: sym!("dnnl_primitive_desc_query_md"),
-        pd_query: sym!("dnnl_primitive_desc_query"),
         pd_destroy: sym!("dnnl_primitive_desc_destroy"),
         primitive_create: sym!("dnnl_primitive_create"),
         primitive_destroy: sym!("dnnl_primitive_destroy"),
@@ -397,20 +394,6 @@ impl Api {
     pub fn query_md(&self, pd: &Pd, what: c_int) -> Handle {
         // SAFETY: `pd.h` is live; the result is null or a descriptor owned by it.
         unsafe { (self.pd_query_md)(pd.h, what, 0) }
-    }
-
-    /// The implementation's name (`brg:avx512_core`, `jit:avx2`, `gemm:jit`, ...).
-    pub fn impl_name(&self, pd: &Pd) -> String {
-        let mut s: *const c_char = std::ptr::null();
-        // SAFETY: `impl_info_str` writes a `const char*` owned by `pd` into `s`.
-        let ok = unsafe { (self.pd_query)(pd.h, Q_IMPL_INFO_STR, 0, (&raw mut s).cast()) };
-        if ok != SUCCESS || s.is_null() {
-            return "?".into();
-        }
-        // SAFETY: a NUL-terminated string owned by `pd`, copied before `pd` can go.
-        unsafe { std::ffi::CStr::from_ptr(s) }
-            .to_string_lossy()
-            .into_owned()
     }
 
     pub fn md_equal(&self, a: Handle, b: Handle) -> bool {

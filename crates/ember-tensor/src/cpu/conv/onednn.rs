@@ -143,7 +143,6 @@ struct Entry {
     ops: Vec<(c_int, Operand, bool)>,
     bias: Option<Md<'static>>,
     scratch: usize,
-    name: String,
 }
 
 // SAFETY: the descriptors' handles are immutable after creation and owned by `Entry`
@@ -205,8 +204,15 @@ fn build(api: &'static Api, key: &Key, geo: &Geo) -> std::result::Result<Entry, 
     } else {
         (dims(&key.w), dnnl::TAG_ABCD)
     };
-    let any = |d: &[i64]| api.md(d, dt, dnnl::TAG_ANY);
-    let (xa, wa, ya) = (any(&x)?, any(&w)?, any(&y)?);
+    // The weight gradient is made in f32 whatever the inputs' dtype: each sub-batch's
+    // (Note [oneDNN inside Ember's team]) is summed with the others before rounding.
+    let wdt = if key.dir == Dir::BackwardWeights {
+        dnnl::DT_F32
+    } else {
+        dt
+    };
+    let any = |d: &[i64], dt| api.md(d, dt, dnnl::TAG_ANY);
+    let (xa, wa, ya) = (any(&x, dt)?, any(&w, wdt)?, any(&y, dt)?);
     let [strides, dil, pl, pr] = conv_arrays(geo);
     let attr = api.attr()?;
     let bias_md = match key.dir {
@@ -336,7 +342,15 @@ fn build(api: &'static Api, key: &Key, geo: &Geo) -> std::result::Result<Entry, 
     };
     let mut ops = Vec::new();
     for (arg, q, d, tag, out) in layout {
-        let plain = api.md(d, dt, tag)?;
+        let plain = api.md(
+            d,
+            if arg == dnnl::ARG_DIFF_WEIGHTS {
+                wdt
+            } else {
+                dt
+            },
+            tag,
+        )?;
         let chosen = api.query_md(&pd, q);
         if chosen.is_null() {
             return Err(format!("no descriptor for argument {arg}"));
@@ -359,7 +373,6 @@ fn build(api: &'static Api, key: &Key, geo: &Geo) -> std::result::Result<Entry, 
         ));
     }
     let scratch = api.md_size(api.query_md(&pd, dnnl::Q_SCRATCHPAD_MD));
-    let name = api.impl_name(&pd);
     Ok(Entry {
         _hint: hint,
         pd,
@@ -367,7 +380,6 @@ fn build(api: &'static Api, key: &Key, geo: &Geo) -> std::result::Result<Entry, 
         ops,
         bias: bias_md,
         scratch,
-        name,
     })
 }
 
@@ -405,38 +417,29 @@ fn buffer(bytes: usize, keep: &mut Vec<ember_memory::Allocation>) -> Result<*mut
     }
 }
 
-/// Runs `e` over the plain operands `inputs` (in `e.ops` order, then the bias) into `out`
-/// (the plain output, `len` elements of `T`).
-fn run<T: Elem>(
+/// Runs `e` over the plain operands `inputs` (in `e.ops` order, then the bias) into `dst`
+/// (the plain output), on the calling thread with `omp` OpenMP threads.
+fn run_one<T: Elem, O: crate::dtype::WithDType>(
     api: &Api,
     e: &Entry,
     inputs: [&[T]; 2],
     bias: Option<&[T]>,
-    len: usize,
-) -> Result<CpuStorage> {
+    dst: &mut [O],
+    omp: usize,
+) -> Result<()> {
     let fail = |m: String| TensorError::invalid("conv2d", format!("oneDNN: {m}"));
-    let mut out = CpuStorage::zeroed(T::DTYPE, len)?;
-    let dst = out.as_mut_slice::<T>()?;
     let mut keep = Vec::new();
     let mut args: Vec<(c_int, Handle, *mut c_void)> = Vec::new();
     let mut post = None;
-    api.set_threads(rayon::current_num_threads());
+    api.set_threads(omp);
     for (i, (arg, op, is_out)) in e.ops.iter().enumerate() {
-        let plain: *mut c_void = if *is_out {
-            dst.as_mut_ptr().cast()
+        let (plain, have): (*mut c_void, usize) = if *is_out {
+            (dst.as_mut_ptr().cast(), std::mem::size_of_val(dst))
         } else {
-            inputs
-                .get(i)
-                .map_or(std::ptr::null(), |s| s.as_ptr())
-                .cast_mut()
-                .cast()
+            let s = inputs.get(i).copied().unwrap_or(&[]);
+            (s.as_ptr().cast_mut().cast(), std::mem::size_of_val(s))
         };
         let want = api.md_size(op.plain.h);
-        let have = if *is_out {
-            dst.len()
-        } else {
-            inputs.get(i).map_or(0, |s| s.len())
-        } * std::mem::size_of::<T>();
         if want > have {
             return Err(fail(format!(
                 "argument {arg}: {want} bytes needed, {have} given"
@@ -449,22 +452,14 @@ fn run<T: Elem>(
                 if *is_out {
                     post = Some((rpd, rprim, blocked, op, plain));
                 } else {
-                    let rs = api.md_size(api.query_md(rpd, dnnl::Q_SCRATCHPAD_MD));
-                    let rsp = buffer(rs, &mut keep)?;
-                    let mut rargs = vec![
-                        (dnnl::ARG_SRC, op.plain.h, plain),
-                        (dnnl::ARG_DST, op.chosen, blocked),
-                    ];
-                    if rs > 0 {
-                        rargs.push((
-                            dnnl::ARG_SCRATCHPAD,
-                            api.query_md(rpd, dnnl::Q_SCRATCHPAD_MD),
-                            rsp,
-                        ));
-                    }
-                    // SAFETY: `plain` holds the operand's plain bytes (checked above),
-                    // `blocked` and `rsp` are fresh buffers of their descriptors' sizes.
-                    unsafe { api.execute(rprim, &rargs) }.map_err(fail)?;
+                    reorder(
+                        api,
+                        rpd,
+                        rprim,
+                        (op.plain.h, plain),
+                        (op.chosen, blocked),
+                        &mut keep,
+                    )?;
                 }
                 args.push((*arg, op.chosen, blocked));
             }
@@ -489,24 +484,133 @@ fn run<T: Elem>(
     // output (plain or blocked) overlaps no input.
     unsafe { api.execute(&e.prim, &args) }.map_err(fail)?;
     if let Some((rpd, rprim, blocked, op, plain)) = post {
-        let rs = api.md_size(api.query_md(rpd, dnnl::Q_SCRATCHPAD_MD));
-        let rsp = buffer(rs, &mut keep)?;
-        let mut rargs = vec![
-            (dnnl::ARG_SRC, op.chosen, blocked),
-            (dnnl::ARG_DST, op.plain.h, plain),
-        ];
-        if rs > 0 {
-            rargs.push((
-                dnnl::ARG_SCRATCHPAD,
-                api.query_md(rpd, dnnl::Q_SCRATCHPAD_MD),
-                rsp,
-            ));
-        }
-        // SAFETY: `blocked` holds the primitive's output, `plain` is the output storage
-        // (its size checked above).
-        unsafe { api.execute(rprim, &rargs) }.map_err(fail)?;
+        reorder(
+            api,
+            rpd,
+            rprim,
+            (op.chosen, blocked),
+            (op.plain.h, plain),
+            &mut keep,
+        )?;
     }
-    Ok(out)
+    Ok(())
+}
+
+/// Runs a cached reorder from `src` to `dst` (descriptor, pointer), with its scratchpad.
+fn reorder(
+    api: &Api,
+    rpd: &Pd,
+    rprim: &Prim,
+    src: (Handle, *mut c_void),
+    dst: (Handle, *mut c_void),
+    keep: &mut Vec<ember_memory::Allocation>,
+) -> Result<()> {
+    let smd = api.query_md(rpd, dnnl::Q_SCRATCHPAD_MD);
+    let rs = api.md_size(smd);
+    let mut rargs = vec![(dnnl::ARG_SRC, src.0, src.1), (dnnl::ARG_DST, dst.0, dst.1)];
+    if rs > 0 {
+        rargs.push((dnnl::ARG_SCRATCHPAD, smd, buffer(rs, keep)?));
+    }
+    // SAFETY: the callers pass buffers of at least their descriptors' sizes (plain operands
+    // checked in `run_one`, blocked ones allocated at their size) and a fresh scratchpad.
+    unsafe { api.execute(rprim, &rargs) }
+        .map_err(|m| TensorError::invalid("conv2d", format!("oneDNN: {m}")))
+}
+
+// Note [oneDNN inside Ember's team]:
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// oneDNN threads with OpenMP: a second team of threads beside Ember's own
+// (`ember_gemm::parallel`), whose idle workers spin after every region. On a 2-core host
+// the two teams took the cores from each other: a convolution step ran 3-4× slower than
+// with `OMP_WAIT_POLICY=passive` (conv_profile, batch 4). As MKL's GEMMs (Note
+// [Independent blocks]), a convolution is therefore cut into one sub-batch per thread of
+// Ember's team, each a complete oneDNN execution with one OpenMP thread (no OpenMP team is
+// ever woken), its own blocked copies and scratchpad; samples are independent, so the
+// forward and the input gradient are exact, and the weight gradient is the sum of the
+// sub-batches' (made in f32, rounded once). A batch of one runs on one execution with as
+// many OpenMP threads as Ember's team has. Primitives are cached per sub-batch size.
+
+/// A pointer shared by the tasks that write disjoint parts of one output.
+#[derive(Clone, Copy)]
+struct SharedOut<O>(*mut O);
+// SAFETY: only used by `by_parts`, whose tasks write disjoint ranges of a slice borrowed
+// mutably for the whole loop.
+unsafe impl<O: Send> Send for SharedOut<O> {}
+// SAFETY: as above.
+unsafe impl<O: Send> Sync for SharedOut<O> {}
+
+impl<O> SharedOut<O> {
+    fn get(&self) -> *mut O {
+        self.0
+    }
+}
+
+/// Cuts `n` samples into sub-batches (Note [oneDNN inside Ember's team]): `(n0, nc)`.
+fn parts(n: usize) -> Vec<(usize, usize)> {
+    let p = rayon::current_num_threads().clamp(1, n.max(1));
+    (0..p)
+        .map(|i| (i * n / p, (i + 1) * n / p - i * n / p))
+        .collect()
+}
+
+/// The cached entries of the sub-batches of `geo` in direction `dir`, or `None` where
+/// oneDNN refuses one.
+fn entries(
+    api: &'static Api,
+    dir: Dir,
+    dtype: DType,
+    geo: &Geo,
+    ps: &[(usize, usize)],
+) -> Option<Vec<Arc<Entry>>> {
+    ps.iter()
+        .map(|&(_, nc)| {
+            let g = Geo { n: nc, ..*geo };
+            entry(api, key(dir, dtype, &g), &g)
+        })
+        .collect()
+}
+
+/// Runs `f(part, out)` for each sub-batch on Ember's team, `out` the part's `per·nc`
+/// elements of `dst` (or, with `per == 0`, all of it for every part: callers then give each
+/// part its own output). Returns the first error.
+fn by_parts<O: Send>(
+    ps: &[(usize, usize)],
+    dst: &mut [O],
+    per: usize,
+    f: impl Fn(usize, &mut [O]) -> Result<()> + Sync,
+) -> Result<()> {
+    let len = dst.len();
+    let base = SharedOut(dst.as_mut_ptr());
+    let first: std::sync::Mutex<Option<(usize, TensorError)>> = std::sync::Mutex::new(None);
+    ember_gemm::parallel::for_each_index(ps.len(), |i| {
+        let (n0, nc) = ps[i];
+        let (start, count) = (n0 * per, nc * per);
+        if start + count > len {
+            return;
+        }
+        // SAFETY: the parts' ranges `n0·per .. (n0 + nc)·per` are disjoint and inside
+        // `dst` (checked above), which is borrowed mutably until the loop returns.
+        let out = unsafe { std::slice::from_raw_parts_mut(base.get().add(start), count) };
+        if let Err(e) = f(i, out)
+            && let Ok(mut slot) = first.lock()
+            && slot.as_ref().is_none_or(|(j, _)| i < *j)
+        {
+            *slot = Some((i, e));
+        }
+    });
+    match first.into_inner() {
+        Ok(Some((_, e))) => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// OpenMP threads per execution: one when the batch is cut, else Ember's team's size.
+fn omp_threads(ps: &[(usize, usize)]) -> usize {
+    if ps.len() > 1 {
+        1
+    } else {
+        rayon::current_num_threads()
+    }
 }
 
 fn key(dir: Dir, dtype: DType, geo: &Geo) -> Key {
@@ -540,13 +644,22 @@ pub(super) fn forward<T: Elem>(
     if empty(geo) {
         return Ok(None);
     }
+    let ps = parts(geo.n);
     let dir = Dir::Forward {
         bias: bias.is_some(),
     };
-    let Some(e) = entry(api, key(dir, T::DTYPE, geo), geo) else {
+    let Some(es) = entries(api, dir, T::DTYPE, geo, &ps) else {
         return Ok(None);
     };
-    run(api, &e, [x, w], bias, geo.n * geo.o * geo.l()).map(Some)
+    let (xs, ys) = (geo.c * geo.hw(), geo.o * geo.l());
+    let mut out = CpuStorage::zeroed(T::DTYPE, geo.n * ys)?;
+    let omp = omp_threads(&ps);
+    by_parts(&ps, out.as_mut_slice::<T>()?, ys, |i, dst| {
+        let (n0, nc) = ps[i];
+        let xi = x.get(n0 * xs..(n0 + nc) * xs).unwrap_or(&[]);
+        run_one(api, &es[i], [xi, w], bias, dst, omp)
+    })?;
+    Ok(Some(out))
 }
 
 /// The input gradient on oneDNN (`dy`, `w` contiguous), or `None`.
@@ -557,31 +670,55 @@ pub(super) fn backward_data<T: Elem>(dy: &[T], w: &[T], geo: &Geo) -> Result<Opt
     if empty(geo) {
         return Ok(None);
     }
-    let Some(e) = entry(api, key(Dir::BackwardData, T::DTYPE, geo), geo) else {
+    let ps = parts(geo.n);
+    let Some(es) = entries(api, Dir::BackwardData, T::DTYPE, geo, &ps) else {
         return Ok(None);
     };
-    run(api, &e, [dy, w], None, geo.n * geo.c * geo.hw()).map(Some)
+    let (xs, ys) = (geo.c * geo.hw(), geo.o * geo.l());
+    let mut out = CpuStorage::zeroed(T::DTYPE, geo.n * xs)?;
+    let omp = omp_threads(&ps);
+    by_parts(&ps, out.as_mut_slice::<T>()?, xs, |i, dst| {
+        let (n0, nc) = ps[i];
+        let gi = dy.get(n0 * ys..(n0 + nc) * ys).unwrap_or(&[]);
+        run_one(api, &es[i], [gi, w], None, dst, omp)
+    })?;
+    Ok(Some(out))
 }
 
-/// The weight gradient on oneDNN (`x`, `dy` contiguous), or `None`.
+/// The weight gradient on oneDNN (`x`, `dy` contiguous), or `None`: each sub-batch's in
+/// f32, summed, rounded once.
 pub(super) fn backward_filter<T: Elem>(x: &[T], dy: &[T], geo: &Geo) -> Result<Option<CpuStorage>> {
     let Some(api) = use_onednn(T::DTYPE)? else {
         return Ok(None);
     };
-    if empty(geo) {
+    if empty(geo) || <T::Acc as crate::dtype::WithDType>::DTYPE != DType::F32 {
         return Ok(None);
     }
-    let Some(e) = entry(api, key(Dir::BackwardWeights, T::DTYPE, geo), geo) else {
+    let ps = parts(geo.n);
+    let Some(es) = entries(api, Dir::BackwardWeights, T::DTYPE, geo, &ps) else {
         return Ok(None);
     };
-    run(api, &e, [x, dy], None, geo.o * geo.k()).map(Some)
-}
-
-/// Which implementation oneDNN chose for the forward of this geometry (for tests and
-/// `ember info`), or `None` where it is not used.
-#[allow(dead_code)]
-pub(super) fn forward_impl(dtype: DType, geo: &Geo) -> Option<String> {
-    let api = use_onednn(dtype).ok()??;
-    let e = entry(api, key(Dir::Forward { bias: false }, dtype, geo), geo)?;
-    Some(e.name.clone())
+    let (xs, ys, ws) = (geo.c * geo.hw(), geo.o * geo.l(), geo.o * geo.k());
+    // One f32 gradient per sub-batch: part i owns `partial[i·ws ..]`.
+    let mut partial = super::scratch::Scratch::<T::Acc>::zeroed(ps.len() * ws)?;
+    let part_of: Vec<(usize, usize)> = (0..ps.len()).map(|i| (i, 1)).collect();
+    let omp = omp_threads(&ps);
+    by_parts(&part_of, partial.as_mut(), ws, |i, dst| {
+        let (n0, nc) = ps[i];
+        let xi = x.get(n0 * xs..(n0 + nc) * xs).unwrap_or(&[]);
+        let gi = dy.get(n0 * ys..(n0 + nc) * ys).unwrap_or(&[]);
+        run_one(api, &es[i], [xi, gi], None, dst, omp)
+    })?;
+    let sums = partial.as_slice();
+    let np = ps.len();
+    CpuStorage::from_chunks(ws, |r| {
+        r.map(move |j| {
+            let mut acc = sums[j];
+            for p in 1..np {
+                acc += sums[p * ws + j];
+            }
+            T::from_acc(acc)
+        })
+    })
+    .map(Some)
 }

@@ -91,6 +91,29 @@ pub fn read_checkpoint(path: &Path) -> Result<Checkpoint, Error> {
             ),
         ));
     }
+    let (epoch, model, seed, val_fraction, amp) = run_fields(path, &meta)?;
+    let scaler_state = scaler_state(path, &meta, amp)?;
+    let rng = rng_states(path, &meta)?;
+    let (model_state, optimizer_state) = split_states(path, &tensors)?;
+    Ok(Checkpoint {
+        epoch,
+        model,
+        seed,
+        val_fraction,
+        amp,
+        metadata: meta,
+        model_state,
+        optimizer_state,
+        scaler_state,
+        rng,
+    })
+}
+
+/// The metadata fields of the run: epoch, model, seed, validation share and precision.
+fn run_fields(
+    path: &Path,
+    meta: &BTreeMap<String, String>,
+) -> Result<(usize, ModelKind, u64, f64, Option<AmpDtype>), Error> {
     let field = |key: &str| -> Result<&String, Error> {
         meta.get(key)
             .ok_or_else(|| bad(path, format!("no {key} in its metadata")))
@@ -117,8 +140,18 @@ pub fn read_checkpoint(path: &Path) -> Result<Checkpoint, Error> {
         Some("f16") => Some(AmpDtype::F16),
         Some(other) => return Err(parse_err("amp", other)),
     };
+    Ok((epoch, model, seed, val_fraction, amp))
+}
+
+/// The `GradScaler`'s state under `scaler.` (present for f16 alone).
+fn scaler_state(
+    path: &Path,
+    meta: &BTreeMap<String, String>,
+    amp: Option<AmpDtype>,
+) -> Result<ScalerState, Error> {
+    let parse_err = |key: &str, v: &str| bad(path, format!("bad {key} {v:?} in its metadata"));
     let mut scaler_state = ScalerState::new();
-    for (k, v) in &meta {
+    for (k, v) in meta {
         if let Some(key) = k.strip_prefix("scaler.") {
             // Integers stay integers (growth_interval, _growth_tracker); the scaler's
             // load_state_dict checks keys, types and ranges.
@@ -139,6 +172,14 @@ pub fn read_checkpoint(path: &Path) -> Result<Checkpoint, Error> {
             ),
         ));
     }
+    Ok(scaler_state)
+}
+
+/// The random generators' states (`rng.cpu`, `rng.cuda:0`, ...).
+fn rng_states(
+    path: &Path,
+    meta: &BTreeMap<String, String>,
+) -> Result<Vec<(Device, GeneratorState)>, Error> {
     let mut rng = Vec::new();
     for device in rng_devices() {
         let Some(s) = meta.get(&format!("rng.{device}")) else {
@@ -155,8 +196,14 @@ pub fn read_checkpoint(path: &Path) -> Result<Checkpoint, Error> {
             .ok_or_else(|| bad(path, format!("bad generator state {s:?} for {device}")))?;
         rng.push((device, state));
     }
+    Ok(rng)
+}
+
+/// The model's and the optimizer's state dicts, from the tensors under `model.` and
+/// `optimizer.`.
+fn split_states(path: &Path, tensors: &StateDict) -> Result<(StateDict, StateDict), Error> {
     let (mut model_state, mut optimizer_state) = (StateDict::new(), StateDict::new());
-    for (k, v) in &tensors {
+    for (k, v) in tensors {
         if let Some(rest) = k.strip_prefix("model.") {
             model_state.insert(rest.to_string(), v.clone());
         } else if let Some(rest) = k.strip_prefix("optimizer.") {
@@ -165,18 +212,7 @@ pub fn read_checkpoint(path: &Path) -> Result<Checkpoint, Error> {
             return Err(bad(path, format!("unexpected tensor {k:?}")));
         }
     }
-    Ok(Checkpoint {
-        epoch,
-        model,
-        seed,
-        val_fraction,
-        amp,
-        metadata: meta,
-        model_state,
-        optimizer_state,
-        scaler_state,
-        rng,
-    })
+    Ok((model_state, optimizer_state))
 }
 
 impl Checkpoint {

@@ -10,7 +10,7 @@ use std::process::Command;
 
 use ember::Device;
 use ember::optim::Optimizer;
-use ember::train::read_checkpoint;
+use ember_cli::train::read_checkpoint;
 
 /// Mutations per device; a debug build does them in a few seconds.
 const MUTATIONS: usize = 3000;

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use ember::train::{AmpDtype, DeviceChoice, EpochStats, ModelKind, Progress, TrainConfig};
+use ember_cli::train::{AmpDtype, DeviceChoice, EpochStats, ModelKind, Progress, TrainConfig};
 use indicatif::{ProgressBar, ProgressStyle};
 
 /// Ember: a deep-learning framework with PyTorch's GPU workflow.
@@ -169,7 +169,7 @@ fn train(cfg: TrainConfig, json: bool) -> ExitCode {
         bar: None,
         quiet: json || !rank_zero,
     };
-    let (device, why) = match ember::train::resolve_device(cfg.device) {
+    let (device, why) = match ember_cli::train::resolve_device(cfg.device) {
         Ok(d) => d,
         Err(e) => {
             eprintln!("error: {e}");
@@ -185,7 +185,7 @@ fn train(cfg: TrainConfig, json: bool) -> ExitCode {
             cfg.model.as_str()
         );
     }
-    let summary = match ember::train::train(&cfg, &mut bar) {
+    let summary = match ember_cli::train::train(&cfg, &mut bar) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("error: {e}");
@@ -207,7 +207,7 @@ fn train(cfg: TrainConfig, json: bool) -> ExitCode {
             summary.final_loss,
             100.0 * summary.val_accuracy,
             summary.val_samples,
-            ember::memory::format_size(summary.peak_memory_bytes)
+            ember_memory::format_size(summary.peak_memory_bytes)
         );
         if let Some(p) = &summary.checkpoint {
             println!("checkpoint: {p}");
@@ -247,7 +247,7 @@ fn main() -> ExitCode {
             };
         }
         Command::Info { json } => {
-            let info = ember::info::collect();
+            let info = ember_cli::info::collect();
             if json {
                 return print_json("ember info", &info);
             } else {

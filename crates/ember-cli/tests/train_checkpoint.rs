@@ -222,7 +222,7 @@ fn amp_runs_learn_as_well_as_f32() {
 
 /// The `scaler.*` metadata of the checkpoint at `path`.
 fn scaler_metadata(path: &str) -> Vec<(String, String)> {
-    let ck = ember::train::read_checkpoint(std::path::Path::new(path)).unwrap();
+    let ck = ember_cli::train::read_checkpoint(std::path::Path::new(path)).unwrap();
     ck.metadata
         .into_iter()
         .filter(|(k, _)| k.starts_with("scaler.") || k == "amp")

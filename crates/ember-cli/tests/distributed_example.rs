@@ -21,7 +21,7 @@ use ember::Device;
 use ember::parallel::store::TcpStore;
 use ember::parallel::{Backend, InitMethod, InitOptions, ProcessGroup};
 
-#[path = "../examples/distributed.rs"]
+#[path = "../../ember/examples/distributed.rs"]
 mod distributed;
 
 use distributed::{BATCH_SIZE, RankReport, SAMPLES};

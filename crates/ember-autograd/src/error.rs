@@ -1,153 +1,12 @@
-//! [`Error`], the one error of every user-facing call, and [`AutogradError`], what the tape
-//! and the backward engine report.
-//!
-//! Note [One error]: each crate keeps its own `thiserror` enum with structured fields
-//! (`DeviceError`, `MemoryError`, `TensorError`, `AutogradError`, `NnError`, ...), but a user
-//! meets one type: every op of the autograd [`Tensor`](crate::Tensor), every module, loss,
-//! optimizer and data call returns [`Error`] (`ember::Error`). It holds the innermost
-//! crate error (a `TensorError::Memory(MemoryError::OutOfMemory { .. })` is stored as the
-//! `MemoryError`), classifies it once as an [`ErrorKind`] to match on, displays its message
-//! unchanged, and hands out the detail with [`Error::downcast_ref`]. It lives here, the
-//! lowest crate whose calls users make, so that `Module::forward` and tensor ops share it;
-//! crates above convert their own enums into it with `From`.
+//! [`AutogradError`], what the tape and the backward engine report, and its conversion into
+//! Ember's one [`Error`] (Note [One error] in `ember-error`).
 
-use ember_device::{DeviceError, ErrorKind};
-use ember_memory::MemoryError;
-use ember_tensor::TensorError;
-
-/// The error of every user-facing Ember call: one type to match on, whichever layer failed.
-/// See Note [One error].
-///
-/// ```
-/// use ember_autograd::{ErrorKind, Tensor};
-/// use ember_tensor::Device;
-/// let a = Tensor::zeros([2, 3], ())?;
-/// let e = a.matmul(&Tensor::zeros([2, 3], ())?).unwrap_err();
-/// assert_eq!(e.kind(), ErrorKind::Shape);
-/// assert!(!e.is_out_of_memory());
-/// assert!(e.to_string().contains("cannot multiply"));
-/// assert!(e.downcast_ref::<ember_tensor::TensorError>().is_some());
-/// # Ok::<(), ember_autograd::Error>(())
-/// ```
-pub struct Error {
-    kind: ErrorKind,
-    inner: Box<dyn std::error::Error + Send + Sync + 'static>,
-}
-
-impl Error {
-    /// An error of `kind` carrying `inner` (a crate's own error, or any error of the
-    /// caller's), displayed as `inner` is.
-    pub fn new(
-        kind: ErrorKind,
-        inner: impl Into<Box<dyn std::error::Error + Send + Sync>>,
-    ) -> Self {
-        Error {
-            kind,
-            inner: inner.into(),
-        }
-    }
-
-    /// What kind of failure this is: the classification to match on.
-    pub fn kind(&self) -> ErrorKind {
-        self.kind
-    }
-
-    /// `true` when an allocation failed for lack of memory (on any device).
-    pub fn is_out_of_memory(&self) -> bool {
-        self.kind == ErrorKind::OutOfMemory
-    }
-
-    /// The crate error inside, if it is an `E` (`TensorError`, `AutogradError`, `NnError`,
-    /// `MemoryError`, `DeviceError`, `std::io::Error`, ...): the innermost one, as Note
-    /// [One error] says.
-    pub fn downcast_ref<E: std::error::Error + 'static>(&self) -> Option<&E> {
-        self.inner.downcast_ref::<E>()
-    }
-
-    /// The crate error inside, by value, if it is an `E`; otherwise `self` back.
-    pub fn downcast<E: std::error::Error + 'static>(self) -> std::result::Result<E, Self> {
-        let kind = self.kind;
-        self.inner
-            .downcast::<E>()
-            .map(|b| *b)
-            .map_err(|inner| Error { kind, inner })
-    }
-
-    /// An [`ErrorKind::InvalidArgument`] error: `op: msg`.
-    pub fn invalid(op: &'static str, msg: impl Into<String>) -> Self {
-        AutogradError::Invalid {
-            op,
-            msg: msg.into(),
-        }
-        .into()
-    }
-}
-
-impl std::fmt::Debug for Error {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // The message first, as `unwrap()` and `main`'s `Err` print it.
-        write!(f, "{} ({:?}: {:?})", self.inner, self.kind, self.inner)
-    }
-}
-
-impl std::fmt::Display for Error {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        std::fmt::Display::fmt(&self.inner, f)
-    }
-}
-
-impl std::error::Error for Error {
-    /// The inner error's own source (an I/O error behind a file error, ...): `Error` is
-    /// displayed as its inner error, so that error is not repeated as a cause.
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.inner.source()
-    }
-}
-
-impl From<DeviceError> for Error {
-    fn from(e: DeviceError) -> Self {
-        Error::new(e.kind(), e)
-    }
-}
-
-impl From<MemoryError> for Error {
-    fn from(e: MemoryError) -> Self {
-        match e {
-            MemoryError::Device(d) => d.into(),
-            e => Error::new(e.kind(), e),
-        }
-    }
-}
-
-impl From<ember_kernels::KernelsError> for Error {
-    fn from(e: ember_kernels::KernelsError) -> Self {
-        match e {
-            ember_kernels::KernelsError::Device(d) => d.into(),
-            e => Error::new(e.kind(), e),
-        }
-    }
-}
-
-impl From<TensorError> for Error {
-    fn from(e: TensorError) -> Self {
-        match e {
-            TensorError::Device(d) => d.into(),
-            TensorError::Memory(m) => m.into(),
-            TensorError::Kernels(k) => k.into(),
-            e => Error::new(e.kind(), e),
-        }
-    }
-}
+use ember_error::ErrorKind;
+pub use ember_error::{Error, Result};
 
 impl From<AutogradError> for Error {
     fn from(e: AutogradError) -> Self {
         Error::new(e.kind(), e)
-    }
-}
-
-impl From<std::io::Error> for Error {
-    fn from(e: std::io::Error) -> Self {
-        Error::new(ErrorKind::Io, e)
     }
 }
 
@@ -233,9 +92,6 @@ pub enum AutogradError {
         msg: String,
     },
 }
-
-/// `Result` with [`Error`]: what every user-facing call returns.
-pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl AutogradError {
     pub(crate) fn invalid(op: &'static str, msg: impl Into<String>) -> Self {

@@ -20,7 +20,9 @@ use ember_kernels::attention::{
 use ember_tensor::Device;
 use ember_tensor::random::Generator;
 use ember_testing::is_close;
-use ember_testing::reference::{AttnCase, AttnData, MaskKind, attention, attention_grad};
+use ember_testing::reference::{
+    AttnCase, AttnData, MaskKind, attention, attention_grad, torch_cases,
+};
 use half::{bf16, f16};
 
 /// How q, k, v and dout lie in memory: `[B, H, L, E]` or `[B, L, H, E]` (heads inner, as a
@@ -150,7 +152,7 @@ fn run<T: Dt>(case: &AttnCase, data: &AttnData, mem: Mem) -> Outputs {
         m_sl: ms[2],
         m_ss: ms[3],
         causal: i32::from(case.causal),
-        scale: case.scale() as f32,
+        scale: case.scale as f32,
         ..AttnParams::default()
     };
     if case.dropout > 0.0 {
@@ -434,4 +436,79 @@ fn a_longer_sequence() {
     let mut c = case([1, 2, 1, 150, 150, 64, 64]);
     c.causal = true;
     check::<f16>(&c, Mem::Contiguous);
+}
+
+#[test]
+fn pytorch_reference_values() {
+    // PyTorch's own numbers (reference/make_attention_reference.py: its math backend in f64):
+    // GQA with a bool mask and a fully masked row, causal with L > S and L < S, a float mask
+    // broadcast over heads, one query. The f64 reference must agree to rounding, the f32
+    // kernels (on the f32-rounded inputs) to f32's accuracy.
+    let cases = torch_cases(include_str!("reference/attention_reference.json")).unwrap();
+    assert_eq!(cases.len(), 5);
+    for t in &cases {
+        let a = t.case.attention(&t.data);
+        let want = attention(&a, &t.data.q, &t.data.k, &t.data.v);
+        let grads = attention_grad(&a, &t.data.q, &t.data.k, &t.data.v, &t.data.dout);
+        let exact = (1e-12, 1e-13);
+        compare(
+            &format!("{} reference out", t.name),
+            &t.case,
+            &want.out,
+            &t.out,
+            exact,
+        );
+        compare(
+            &format!("{} reference dq", t.name),
+            &t.case,
+            &grads.dq,
+            &t.dq,
+            exact,
+        );
+        compare(
+            &format!("{} reference dk", t.name),
+            &t.case,
+            &grads.dk,
+            &t.dk,
+            exact,
+        );
+        compare(
+            &format!("{} reference dv", t.name),
+            &t.case,
+            &grads.dv,
+            &t.dv,
+            exact,
+        );
+        let data = t.data.rounded(|x| x as f32 as f64);
+        let got = run::<f32>(&t.case, &data, Mem::Contiguous);
+        let f32_tol = (2e-4, 5e-5);
+        compare(
+            &format!("{} kernel out", t.name),
+            &t.case,
+            &got.out,
+            &t.out,
+            f32_tol,
+        );
+        compare(
+            &format!("{} kernel dq", t.name),
+            &t.case,
+            &got.dq,
+            &t.dq,
+            f32_tol,
+        );
+        compare(
+            &format!("{} kernel dk", t.name),
+            &t.case,
+            &got.dk,
+            &t.dk,
+            f32_tol,
+        );
+        compare(
+            &format!("{} kernel dv", t.name),
+            &t.case,
+            &got.dv,
+            &t.dv,
+            f32_tol,
+        );
+    }
 }

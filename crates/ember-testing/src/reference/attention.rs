@@ -241,6 +241,8 @@ pub struct AttnCase {
     pub mask_broadcast: [bool; 4],
     /// Drop probability (0: no dropout).
     pub dropout: f64,
+    /// The factor of `q·k` (PyTorch's default `1/sqrt(E)` unless set).
+    pub scale: f64,
     /// The seed of the inputs and of the dropout generator.
     pub seed: u64,
 }
@@ -269,7 +271,8 @@ pub struct AttnData {
 }
 
 impl AttnCase {
-    /// A case without mask, causal or dropout; scale `1/sqrt(E)` is the tests' choice.
+    /// A case without mask, causal or dropout, with PyTorch's default scale `1/sqrt(E)`
+    /// (1 for E = 0).
     pub fn new(shape: [usize; 7]) -> AttnCase {
         let [batch, heads, kv_heads, len_q, len_kv, dim_qk, dim_v] = shape;
         AttnCase {
@@ -284,17 +287,24 @@ impl AttnCase {
             mask: MaskKind::None,
             mask_broadcast: [false; 4],
             dropout: 0.0,
+            scale: if dim_qk == 0 {
+                1.0
+            } else {
+                1.0 / (dim_qk as f64).sqrt()
+            },
             seed: 1,
         }
     }
 
-    /// PyTorch's default scale, `1 / sqrt(E)` (1 for E = 0).
-    pub fn scale(&self) -> f64 {
-        if self.dim_qk == 0 {
-            1.0
-        } else {
-            1.0 / (self.dim_qk as f64).sqrt()
-        }
+    /// The mask's strides over `[B, H, L, S]` for its stored shape (0 where it broadcasts).
+    pub fn mask_strides(&self) -> [usize; 4] {
+        let ms = self.mask_shape();
+        [
+            if ms[0] == 1 { 0 } else { ms[1] * ms[2] * ms[3] },
+            if ms[1] == 1 { 0 } else { ms[2] * ms[3] },
+            if ms[2] == 1 { 0 } else { ms[3] },
+            if ms[3] == 1 { 0 } else { 1 },
+        ]
     }
 
     /// The mask's stored shape: 1 on broadcast dimensions.
@@ -323,12 +333,7 @@ impl AttnCase {
         let dout = vals(b * h * l * self.dim_v, 1.0);
         let ms = self.mask_shape();
         let n: usize = ms.iter().product();
-        let mask_strides = [
-            if ms[0] == 1 { 0 } else { ms[1] * ms[2] * ms[3] },
-            if ms[1] == 1 { 0 } else { ms[2] * ms[3] },
-            if ms[2] == 1 { 0 } else { ms[3] },
-            if ms[3] == 1 { 0 } else { 1 },
-        ];
+        let mask_strides = self.mask_strides();
         // Row 1 of every stored (b, h) is fully masked (when it is a row of its own).
         let row = |x: usize| ms[2] > 1 && (x / ms[3]) % ms[2] == 1;
         let (mut mask_bool, mut mask_float) = (Vec::new(), Vec::new());
@@ -393,7 +398,7 @@ impl AttnCase {
             len_kv: self.len_kv,
             dim_qk: self.dim_qk,
             dim_v: self.dim_v,
-            scale: self.scale(),
+            scale: self.scale,
             causal: self.causal,
             mask,
             dropout: (!data.dropout.is_empty()).then_some(&data.dropout[..]),
@@ -417,6 +422,98 @@ impl AttnData {
             dropout: self.dropout.clone(),
         }
     }
+}
+
+/// A case of PyTorch's own numbers (`scaled_dot_product_attention` on its math backend in
+/// f64): the case, its inputs and PyTorch's outputs.
+#[derive(Clone, Debug)]
+pub struct TorchCase {
+    /// The case's name in the file.
+    pub name: String,
+    /// Shape and options (`seed` unused).
+    pub case: AttnCase,
+    /// The inputs.
+    pub data: AttnData,
+    /// PyTorch's output, `[B, H, L, Ev]`.
+    pub out: Vec<f64>,
+    /// PyTorch's gradient of q, `[B, H, L, E]`.
+    pub dq: Vec<f64>,
+    /// PyTorch's gradient of k, `[B, G, S, E]`.
+    pub dk: Vec<f64>,
+    /// PyTorch's gradient of v, `[B, G, S, Ev]`.
+    pub dv: Vec<f64>,
+}
+
+/// The cases of `attention_reference.json` (written by `make_attention_reference.py` beside
+/// it in `crates/ember-kernels/tests/reference/`); `None` for a malformed file.
+pub fn torch_cases(json: &str) -> Option<Vec<TorchCase>> {
+    use serde_json::Value;
+    let num = |v: &Value| -> Option<f64> {
+        match v {
+            Value::String(s) if s == "-inf" => Some(f64::NEG_INFINITY),
+            Value::String(s) if s == "inf" => Some(f64::INFINITY),
+            v => v.as_f64(),
+        }
+    };
+    let list = |c: &Value, key: &str| -> Option<Vec<f64>> {
+        c.get(key)?.as_array()?.iter().map(num).collect()
+    };
+    let root: Value = serde_json::from_str(json).ok()?;
+    let mut out = Vec::new();
+    for c in root.get("cases")?.as_array()? {
+        let shape: Vec<usize> = c
+            .get("shape")?
+            .as_array()?
+            .iter()
+            .map(|x| x.as_u64().map(|x| x as usize))
+            .collect::<Option<_>>()?;
+        let mut case = AttnCase::new(shape.try_into().ok()?);
+        case.causal = c.get("causal")?.as_bool()?;
+        case.scale = c.get("scale")?.as_f64()?;
+        let mask = list(c, "mask").unwrap_or_default();
+        case.mask = match c.get("mask_kind")?.as_str() {
+            Some("bool") => MaskKind::Bool,
+            Some("float") => MaskKind::Float,
+            _ => MaskKind::None,
+        };
+        if case.mask != MaskKind::None {
+            let ms: Vec<usize> = c
+                .get("mask_shape")?
+                .as_array()?
+                .iter()
+                .map(|x| x.as_u64().map(|x| x as usize))
+                .collect::<Option<_>>()?;
+            case.mask_broadcast = std::array::from_fn(|d| ms[d] == 1);
+        }
+        let data = AttnData {
+            q: list(c, "q")?,
+            k: list(c, "k")?,
+            v: list(c, "v")?,
+            dout: list(c, "dout")?,
+            mask_bool: if case.mask == MaskKind::Bool {
+                mask.iter().map(|&x| x != 0.0).collect()
+            } else {
+                Vec::new()
+            },
+            mask_float: if case.mask == MaskKind::Float {
+                mask
+            } else {
+                Vec::new()
+            },
+            mask_strides: case.mask_strides(),
+            dropout: Vec::new(),
+        };
+        out.push(TorchCase {
+            name: c.get("name")?.as_str()?.to_string(),
+            case,
+            data,
+            out: list(c, "out")?,
+            dq: list(c, "dq")?,
+            dk: list(c, "dk")?,
+            dv: list(c, "dv")?,
+        });
+    }
+    Some(out)
 }
 
 #[cfg(test)]

@@ -67,7 +67,7 @@ fn params(
     let ([b, h, l, e], qs) = dims4("q", lq)?;
     let ([kb, g, s, ke], ks) = dims4("k", lk)?;
     let ([vb, vg, vs, ev], vst) = dims4("v", lv)?;
-    if kb != b || vb != b || vg != g || vs != s || ke != e || g == 0 || h % g != 0 {
+    if kb != b || vb != b || vg != g || vs != s || ke != e || g == 0 || !h.is_multiple_of(g) {
         return Err(invalid(format!(
             "q {:?}, k {:?} and v {:?} do not fit together (internal error)",
             lq.dims(),

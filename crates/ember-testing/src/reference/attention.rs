@@ -91,16 +91,11 @@ impl Attention<'_> {
                 if self.causal && j > i {
                     v = f64::NEG_INFINITY;
                 }
+                let at = |st: [usize; 4]| b * st[0] + h * st[1] + i * st[2] + j * st[3];
                 match self.mask {
-                    Some(AttnMask::Bool(m, st)) => {
-                        if !m[b * st[0] + h * st[1] + i * st[2] + j * st[3]] {
-                            v = f64::NEG_INFINITY;
-                        }
-                    }
-                    Some(AttnMask::Float(m, st)) => {
-                        v += m[b * st[0] + h * st[1] + i * st[2] + j * st[3]]
-                    }
-                    None => {}
+                    Some(AttnMask::Bool(m, st)) if !m[at(st)] => v = f64::NEG_INFINITY,
+                    Some(AttnMask::Float(m, st)) => v += m[at(st)],
+                    _ => {}
                 }
                 out[i * s + j] = v;
             }
@@ -340,12 +335,14 @@ impl AttnCase {
         match self.mask {
             MaskKind::None => {}
             MaskKind::Bool => {
-                mask_bool = (0..n).map(|x| !row(x) && rng.next_u64() % 5 != 0).collect();
+                mask_bool = (0..n)
+                    .map(|x| !row(x) && !rng.next_u64().is_multiple_of(5))
+                    .collect();
             }
             MaskKind::Float => {
                 mask_float = (0..n)
                     .map(|x| {
-                        if row(x) || rng.next_u64() % 6 == 0 {
+                        if row(x) || rng.next_u64().is_multiple_of(6) {
                             f64::NEG_INFINITY
                         } else {
                             f64::from(rng.f32(2.0))

@@ -121,7 +121,7 @@ fn backward_task<T: AttnElem>(
         dq: vec![zero; BQ * ep],
         z: vec![zero; BK],
     };
-    let mut delta = vec![zero; BQ];
+    let mut delta = [zero; BQ];
     let group = d.group();
     for hh in 0..group {
         let h = g * group + hh;

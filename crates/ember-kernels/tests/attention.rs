@@ -19,9 +19,8 @@ use ember_kernels::attention::{
 };
 use ember_tensor::Device;
 use ember_tensor::random::Generator;
-use ember_testing::is_close;
 use ember_testing::reference::{
-    AttnCase, AttnData, MaskKind, attention, attention_grad, torch_cases,
+    AttnCase, AttnData, MaskKind, assert_attn_close, attention, attention_grad, torch_cases,
 };
 use half::{bf16, f16};
 
@@ -65,18 +64,8 @@ fn tol<T: Dt>() -> (f64, f64) {
     }
 }
 
-fn compare(what: &str, case: &AttnCase, got: &[f64], want: &[f64], (rtol, atol): (f64, f64)) {
-    assert_eq!(got.len(), want.len(), "{what}: length");
-    let scale = want
-        .iter()
-        .filter(|x| x.is_finite())
-        .fold(1.0f64, |m, x| m.max(x.abs()));
-    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
-        assert!(
-            is_close(g, w, rtol, atol * scale),
-            "{what} element {i}: {g}, want {w} ({case:?})"
-        );
-    }
+fn compare(what: &str, case: &AttnCase, got: &[f64], want: &[f64], tol: (f64, f64)) {
+    assert_attn_close(&format!("{what} ({case:?})"), got, want, tol);
 }
 
 /// Launches `kernel` for dtype `T` with `params`, unless it has nothing to do.

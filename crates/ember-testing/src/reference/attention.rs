@@ -421,6 +421,21 @@ impl AttnData {
     }
 }
 
+/// Asserts that `got` is within `rtol` of `want` plus an absolute `atol` times the larger of
+/// 1 and `want`'s largest finite magnitude: the attention tests' closeness, for results of
+/// O(1) inputs that may be exactly 0 (a gradient through a one-hot row of weights).
+#[track_caller]
+pub fn assert_attn_close(what: &str, got: &[f64], want: &[f64], (rtol, atol): (f64, f64)) {
+    let scale = want
+        .iter()
+        .filter(|x| x.is_finite())
+        .fold(1.0f64, |m, x| m.max(x.abs()));
+    crate::Close::new()
+        .rtol_atol(rtol, atol * scale)
+        .context(what)
+        .assert(got, want);
+}
+
 /// A case of PyTorch's own numbers (`scaled_dot_product_attention` on its math backend in
 /// f64): the case, its inputs and PyTorch's outputs.
 #[derive(Clone, Debug)]

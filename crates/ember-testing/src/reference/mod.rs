@@ -17,8 +17,8 @@ pub mod softmax;
 pub mod unary;
 
 pub use attention::{
-    Attention, AttnCase, AttnData, AttnGrads, AttnMask, AttnOut, MaskKind, TorchCase, attention,
-    attention_grad, torch_cases,
+    Attention, AttnCase, AttnData, AttnGrads, AttnMask, AttnOut, MaskKind, TorchCase,
+    assert_attn_close, attention, attention_grad, torch_cases,
 };
 pub use conv::{Conv2d, conv2d};
 pub use layout::{contiguous_strides, offset_of, span};

@@ -341,6 +341,41 @@ fn madd_block<C: AttnFloat, const R: usize, const W: usize>(
     }
 }
 
+/// Lanes of the row reductions: a single running max or sum is a chain that does not
+/// vectorise (seen with `perf annotate`: the scalar exp loop was the forward's hot spot).
+const LANES: usize = 16;
+
+/// The largest element of `x` (NaN skipped; `-inf` for an empty row), in [`LANES`] lanes.
+#[inline(always)]
+fn max_lanes<C: AttnFloat>(x: &[C]) -> C {
+    let mut lanes = [C::NEG_INF; LANES];
+    let chunks = x.chunks_exact(LANES);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for (l, &v) in lanes.iter_mut().zip(c) {
+            *l = if v > *l { v } else { *l };
+        }
+    }
+    lanes.iter().chain(rest).fold(C::NEG_INF, |m, &v| if v > m { v } else { m })
+}
+
+/// `x = exp(x - m)` in place, and the sum of the results (in [`LANES`] lanes).
+#[inline(always)]
+fn exp_sum<C: AttnFloat>(x: &mut [C], m: C) -> C {
+    for v in x.iter_mut() {
+        *v = (*v - m).fast_exp();
+    }
+    let mut lanes = [C::ZERO; LANES];
+    let chunks = x.chunks_exact(LANES);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for (l, &v) in lanes.iter_mut().zip(c) {
+            *l = *l + v;
+        }
+    }
+    lanes.iter().chain(rest).fold(C::ZERO, |a, &v| a + v)
+}
+
 /// Columns rounded up to whole [`NC`] groups.
 #[inline]
 fn padded(n: usize) -> usize {
@@ -561,9 +596,7 @@ fn forward_block<T: AttnElem>(
             let i = q0 + r;
             let s = &mut w.s[r * bkp..][..nk];
             mask_row(s, scale, mask, (b, h, i), k0, opts.causal);
-            let tile_max = s
-                .iter()
-                .fold(C::<T>::NEG_INF, |a, &x| if x > a { x } else { a });
+            let tile_max = max_lanes(s);
             let m_new = if tile_max > m[r] { tile_max } else { m[r] };
             // Nothing seen yet: subtract 0 (exp(-inf) = 0, never inf - inf).
             let m_safe = if m_new == C::<T>::NEG_INF {
@@ -572,11 +605,7 @@ fn forward_block<T: AttnElem>(
                 m_new
             };
             let alpha = (m[r] - m_safe).fast_exp();
-            let mut tile_sum = C::<T>::ZERO;
-            for x in s.iter_mut() {
-                *x = (*x - m_safe).fast_exp();
-                tile_sum = tile_sum + *x;
-            }
+            let tile_sum = exp_sum(s, m_safe);
             sum[r] = sum[r] * alpha + tile_sum;
             m[r] = m_new;
             for x in &mut w.acc[r * evp..][..evp] {

@@ -8,9 +8,8 @@
 //! the same cases against the same reference).
 #![allow(clippy::unwrap_used)]
 
-use ember_testing::is_close;
 use ember_testing::reference::{
-    AttnCase, AttnData, MaskKind, attention, attention_grad, torch_cases,
+    AttnCase, AttnData, MaskKind, assert_attn_close, attention, attention_grad, torch_cases,
 };
 use half::{bf16, f16};
 
@@ -186,18 +185,8 @@ fn run<T: Elem>(case: &AttnCase, data: &AttnData, heads_inner: bool) -> Got {
     }
 }
 
-fn compare(what: &str, case: &AttnCase, got: &[f64], want: &[f64], (rtol, atol): (f64, f64)) {
-    assert_eq!(got.len(), want.len(), "{what}: length");
-    let scale = want
-        .iter()
-        .filter(|x| x.is_finite())
-        .fold(1.0f64, |m, x| m.max(x.abs()));
-    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
-        assert!(
-            is_close(g, w, rtol, atol * scale),
-            "{what} element {i}: {g}, want {w} ({case:?})"
-        );
-    }
+fn compare(what: &str, case: &AttnCase, got: &[f64], want: &[f64], tol: (f64, f64)) {
+    assert_attn_close(&format!("{what} ({case:?})"), got, want, tol);
 }
 
 fn check<T: Elem>(case: &AttnCase, heads_inner: bool) {
@@ -508,4 +497,77 @@ fn pytorch_reference_values() {
             f32_tol,
         );
     }
+}
+
+#[test]
+#[ignore]
+fn timing_b8_h8_l1024_d64_causal() {
+    let (b, h, l, e) = (8, 8, 1024, 64);
+    let dims = AttnDims {
+        batch: b,
+        heads: h,
+        kv_heads: h,
+        len_q: l,
+        len_kv: l,
+        dim_qk: e,
+        dim_v: e,
+    };
+    let mut rng = ember_testing::Lcg(3);
+    let mut vals = |n: usize| (0..n).map(|_| rng.f32(1.0)).collect::<Vec<f32>>();
+    let (q, k, v, dout) = (
+        vals(b * h * l * e),
+        vals(b * h * l * e),
+        vals(b * h * l * e),
+        vals(b * h * l * e),
+    );
+    let st = [h * l * e, l * e, e];
+    let view = |data| AttnView { data, strides: st };
+    let opts = AttnOptions {
+        scale: 0.125,
+        causal: true,
+        dropout: None,
+    };
+    let (mut out, mut lse) = (vec![0f32; q.len()], vec![0f32; b * h * l]);
+    let (mut dq, mut dk, mut dv) = (
+        vec![0f32; q.len()],
+        vec![0f32; q.len()],
+        vec![0f32; q.len()],
+    );
+    let mut fwd = Vec::new();
+    let mut both = Vec::new();
+    for _ in 0..6 {
+        let t = std::time::Instant::now();
+        attention_forward(
+            &dims,
+            view(&q),
+            view(&k),
+            view(&v),
+            AttnMask::None,
+            &opts,
+            &mut out,
+            &mut lse,
+        )
+        .unwrap();
+        fwd.push(t.elapsed().as_secs_f64());
+        attention_backward(
+            &dims,
+            (view(&q), view(&k), view(&v)),
+            AttnMask::None,
+            &opts,
+            (&out, view(&dout), &lse),
+            &mut dq,
+            &mut dk,
+            &mut dv,
+        )
+        .unwrap();
+        both.push(t.elapsed().as_secs_f64());
+    }
+    fwd.sort_by(f64::total_cmp);
+    both.sort_by(f64::total_cmp);
+    println!(
+        "ember cpu attention b8 h8 l1024 d64 causal f32: fwd {:.1} ms, fwd+bwd {:.1} ms (medians of 6, threads {})",
+        fwd[3] * 1e3,
+        both[3] * 1e3,
+        rayon::current_num_threads()
+    );
 }

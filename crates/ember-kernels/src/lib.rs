@@ -34,6 +34,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod attention;
 mod module;
 
 pub use module::{
@@ -62,6 +63,14 @@ pub enum KernelsError {
         /// The rank it was given.
         rank: usize,
     },
+    /// A launch whose geometry the kernels cannot run (named with the op and why).
+    #[error("{op}: {detail}")]
+    InvalidLaunch {
+        /// The operation.
+        op: &'static str,
+        /// What is wrong.
+        detail: String,
+    },
     /// A driver call failed.
     #[error(transparent)]
     Device(#[from] DeviceError),
@@ -84,6 +93,7 @@ impl KernelsError {
         match self {
             KernelsError::NoFatbin => ember_device::ErrorKind::Unsupported,
             KernelsError::TooManyDims { .. } => ember_device::ErrorKind::Shape,
+            KernelsError::InvalidLaunch { .. } => ember_device::ErrorKind::InvalidArgument,
             KernelsError::Device(e) => e.kind(),
         }
     }

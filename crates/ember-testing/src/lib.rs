@@ -10,7 +10,7 @@
 //!   tolerances ([`Tolerance::for_dtype`]), tensors on any device or slices of floats, and a
 //!   message naming the first mismatching index, both values and the greatest absolute and
 //!   relative differences. [`Close`] sets the tolerance, NaN handling and a context line.
-//! - **References.** [`reference`](mod@reference): the ops as direct f64 loops (softmax,
+//! - **References.** [`reference`](mod@reference): the ops as direct f64 loops (attention, softmax,
 //!   reductions' max and min, conv2d, pooling, cross-entropy, matmul, erf and friends,
 //!   strided layouts), shared by the kernel tests and the tensor tests.
 //! - **Data.** [`Lcg`] and [`rand_vec`]: deterministic inputs without an RNG crate.

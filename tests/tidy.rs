@@ -12,7 +12,9 @@
 //!   `Note [X]:`;
 //! - no absolute path of a developer's machine in the scripts and docs, and no citation of
 //!   a document outside the repository;
-//! - `missing_docs` is on for every crate (clippy's `-D warnings` makes it an error).
+//! - `missing_docs` is on for every crate (clippy's `-D warnings` makes it an error);
+//! - every early return in a test file skips through `ember_testing::skip!` or says, in a
+//!   `// not a skip:` comment, why it is not a skip (Note [Skipped tests]).
 #![allow(clippy::unwrap_used)]
 
 use std::path::{Path, PathBuf};
@@ -307,6 +309,10 @@ fn no_stubs_in_library_code() {
 // machine paths, documents outside the repository.
 #[path = "tidy/docs.rs"]
 mod docs;
+
+// Early returns in test files go through `ember_testing::skip!` or say why they are not skips.
+#[path = "tidy/skips.rs"]
+mod skips;
 
 // ---- docs on public items -------------------------------------------------------------------
 

@@ -283,11 +283,12 @@ def _forward(widths: tuple[int, ...], batch: int, amp: str | None = None) -> Cal
     return setup
 
 
-def _resnet18(train: bool, batch: int = 32) -> Callable:
+def _resnet18(train: bool, batch: int = 32, amp: str | None = None) -> Callable:
     """torchvision's ResNet-18 (1000 classes) at batch x 3 x 224 x 224, as Ember's
     `train_resnet18_b32` (one SGD step with momentum 0.9; samples/s) and `fwd_resnet18_b32`
-    (eval mode under `no_grad`; ms). PyTorch's defaults: cuDNN with TF32 for convolutions,
-    no `cudnn.benchmark`."""
+    (eval mode under `no_grad`; ms); with `amp`, the training step under autocast as
+    `train_resnet18_b32_f16`/`_bf16` (f16 with a GradScaler, bf16 without: PyTorch's AMP
+    recipe). PyTorch's defaults: cuDNN with TF32 for convolutions, no `cudnn.benchmark`."""
 
     def setup():
         import torch
@@ -306,11 +307,19 @@ def _resnet18(train: bool, batch: int = 32) -> Callable:
         y = torch.randint(0, 1000, (batch,), device=DEVICE)
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         loss_fn = torch.nn.CrossEntropyLoss()
+        scaler = torch.amp.GradScaler(DEVICE) if amp == "float16" else None
 
         def step():
             opt.zero_grad(set_to_none=True)
-            loss_fn(model(x), y).backward()
-            opt.step()
+            with _autocast(amp):
+                loss = loss_fn(model(x), y)
+            if scaler is None:
+                loss.backward()
+                opt.step()
+            else:
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
 
         return step, float(batch)
 
@@ -385,6 +394,10 @@ CASES: list[Case] = (
              devices=("cuda",)),
         Case("fwd_resnet18_b32", "ms", False, _resnet18(False), 1e3, peak_memory=True,
              devices=("cuda",)),
+        Case("train_resnet18_b32_f16", "samples/s", True, _resnet18(True, amp="float16"),
+             peak_memory=True, devices=("cuda",)),
+        Case("train_resnet18_b32_bf16", "samples/s", True, _resnet18(True, amp="bfloat16"),
+             peak_memory=True, devices=("cuda",)),
     ]
     # Under autocast: bf16 on the CPU and CUDA, f16 (with a GradScaler) on CUDA only, as
     # Ember's benchmark program runs them.

@@ -26,8 +26,9 @@
 //!   so, where `compute-sanitizer` is not on `PATH`);
 //! - `ncu`: Nsight Compute's device time and DRAM bytes of every kernel of a few ResNet-18
 //!   training steps (`ember-bench --quick --filter train_resnet18_b32`), as CSV in
-//!   `ncu-resnet18.log`, to find where a step's device time goes; with `--filter`, of each
-//!   part's cases instead (`ncu-<part>.log`); skipped where `ncu` is not on `PATH`.
+//!   `ncu-resnet18.log`, to find where a step's device time goes; with `--ncu CASES`, of
+//!   each part's cases instead (else with `--filter`'s, when given) (`ncu-<part>.log`);
+//!   skipped where `ncu` is not on `PATH`.
 //!
 //! Each step has its own time limit, and no step starts after `--budget` seconds (default
 //! 540, so a session fits a 10-minute call). Logs go to `DIR` (default `session/` in the
@@ -53,6 +54,9 @@ struct Options {
     filter: String,
     /// `--host`: the machine's name in saved results (default: the GPU's name, as a slug).
     host: Option<String>,
+    /// `--ncu`: the cases `ncu` profiles (comma-separated name parts); `--filter`'s, or the
+    /// ResNet-18 step, when empty.
+    ncu: String,
 }
 
 fn parse(args: &[String]) -> Result<Options, String> {
@@ -62,6 +66,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
         steps: Vec::new(),
         filter: String::new(),
         host: None,
+        ncu: String::new(),
     };
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -81,11 +86,17 @@ fn parse(args: &[String]) -> Result<Options, String> {
                     .clone();
             }
             "--host" => o.host = Some(it.next().ok_or("--host needs a name")?.clone()),
+            "--ncu" => {
+                o.ncu = it
+                    .next()
+                    .ok_or("--ncu needs case names (comma-separated parts)")?
+                    .clone();
+            }
             s if STEPS.contains(&s) => o.steps.push(s.to_string()),
             other => {
                 return Err(format!(
                     "`gpu-session` takes --out DIR, --budget SECONDS, --filter CASES, --host NAME \
-                     and steps {STEPS:?}; found {other:?}"
+                     --ncu CASES and steps {STEPS:?}; found {other:?}"
                 ));
             }
         }
@@ -628,11 +639,12 @@ pub fn run(args: &[String]) -> Result<(), String> {
                     s.summary.push("ncu: not run (ncu is not on PATH)".into());
                     continue;
                 }
-                // The ResNet-18 step, or each `--filter` part's cases.
-                let cases: Vec<&str> = if o.filter.is_empty() {
+                // The ResNet-18 step, or each `--ncu` (else `--filter`) part's cases.
+                let parts = if o.ncu.is_empty() { &o.filter } else { &o.ncu };
+                let cases: Vec<&str> = if parts.is_empty() {
                     vec!["train_resnet18_b32"]
                 } else {
-                    o.filter.split(',').filter(|c| !c.is_empty()).collect()
+                    parts.split(',').filter(|c| !c.is_empty()).collect()
                 };
                 for case in cases {
                     let mut cmd = with_libs(s.command("ncu"));
@@ -647,6 +659,10 @@ pub fn run(args: &[String]) -> Result<(), String> {
                     ])
                     .arg(bin("ember-bench"))
                     .args(["--json", "--quick", "--device", "cuda", "--filter", case]);
+                    // The f32 step alone, not its autocast twins (`_f16`, `_bf16`).
+                    if parts.is_empty() {
+                        cmd.arg("--exact");
+                    }
                     let name = case.trim_start_matches("train_").trim_end_matches("_b32");
                     s.step(&format!("ncu-{name}"), 150, &mut cmd);
                 }
@@ -713,6 +729,17 @@ mod tests {
         assert!(parse(&["--filter".into()]).is_err());
         assert_eq!(parse(&[]).unwrap().steps.len(), STEPS.len());
         assert!(parse(&["bogus".into()]).is_err());
+        let o = parse(&[
+            "--host".into(),
+            "h100-lent".into(),
+            "--ncu".into(),
+            "softmax_ce".into(),
+            "ncu".into(),
+        ])
+        .unwrap();
+        assert_eq!(o.host.as_deref(), Some("h100-lent"));
+        assert_eq!((o.ncu.as_str(), o.steps.len()), ("softmax_ce", 1));
+        assert!(parse(&["--ncu".into()]).is_err());
         assert_eq!(
             parse(&["nccl".into()]).unwrap().steps,
             vec!["nccl".to_string()]

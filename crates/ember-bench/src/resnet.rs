@@ -11,11 +11,17 @@
 //!   step above what was allocated before it: weights, momentum, input). Target on an H100:
 //!   at least 0.9× PyTorch's rate, at most 1.1× its peak.
 //! - `fwd_resnet18_b32`: a forward in eval mode under `no_grad`, in ms, with its peak.
+//! - `train_resnet18_b32_f16`, `train_resnet18_b32_bf16`: the training step under autocast
+//!   (mixed precision, `ember-amp`): the forward and the loss in an autocast region, f16
+//!   with a `GradScaler` (`scale(loss).backward()`, `step`, `update`), bf16 without one, as
+//!   PyTorch's AMP recipe (the side-by-side script runs it so). Target: at least PyTorch's
+//!   AMP rate.
 //!
 //! Only on CUDA: on the 2-core CPU hosts a step takes seconds. On the emulated `cuda:0` the
 //! cases run at batch 2 × 3 × 32 × 32 (the records say `"emulated": true`, `batch` and
 //! `image`), so the path runs in CI and a real GPU measures the full size.
 
+use ember_amp::{GradScaler, GradScalerOptions, autocast};
 use ember_device::{Device, cuda};
 use ember_nn::layers::{BatchNorm2d, Conv2d, Conv2dConfig, Linear, MaxPool2d, ReLU, Sequential};
 use ember_nn::loss::CrossEntropyLoss;
@@ -165,7 +171,12 @@ pub fn run(opts: &Options, out: &mut Vec<Record>) -> Result<(), String> {
     let device = Device::Cuda(0);
     let emulated = cuda::is_emulated();
     let (batch, image) = if emulated { (2, 32) } else { (32, 224) };
-    for name in ["train_resnet18_b32", "fwd_resnet18_b32"] {
+    for (name, amp) in [
+        ("train_resnet18_b32", None),
+        ("fwd_resnet18_b32", None),
+        ("train_resnet18_b32_f16", Some(DType::F16)),
+        ("train_resnet18_b32_bf16", Some(DType::Bf16)),
+    ] {
         if !opts.wants(name) {
             continue;
         }
@@ -185,13 +196,30 @@ pub fn run(opts: &Options, out: &mut Vec<Record>) -> Result<(), String> {
                 },
             )
             .map_err(err)?;
+            // f16 needs loss scaling; bf16 (and f32) run with the scaler disabled, a
+            // pass-through.
+            let mut scaler = GradScaler::with_options(
+                device,
+                GradScalerOptions {
+                    enabled: amp == Some(DType::F16),
+                    ..Default::default()
+                },
+            )
+            .map_err(err)?;
             let mut step = || {
                 opt.zero_grad(true).map_err(err)?;
-                let loss = loss_fn
-                    .forward(&model.forward(&x).map_err(err)?, &y)
-                    .map_err(err)?;
-                loss.backward().map_err(err)?;
-                opt.step().map_err(err)
+                let loss = {
+                    let _region = amp
+                        .map(|dt| autocast(device, dt))
+                        .transpose()
+                        .map_err(err)?;
+                    loss_fn
+                        .forward(&model.forward(&x).map_err(err)?, &y)
+                        .map_err(err)?
+                };
+                scaler.scale(&loss).map_err(err)?.backward().map_err(err)?;
+                scaler.step(&mut opt).map_err(err)?;
+                scaler.update().map_err(err)
             };
             // The first step makes the momentum buffers; the peak is a step's after that.
             step()?;
@@ -215,6 +243,10 @@ pub fn run(opts: &Options, out: &mut Vec<Record>) -> Result<(), String> {
             r.extra.insert("steps_per_s".into(), s.into());
         }
         r.extra.insert("peak_memory_bytes".into(), peak.into());
+        if let Some(dt) = amp {
+            let short = if dt == DType::F16 { "f16" } else { "bf16" };
+            r.extra.insert("autocast".into(), short.into());
+        }
         mark_run(&mut r, opts.quick, emulated, batch);
         if emulated {
             r.extra.insert("image".into(), image.into());

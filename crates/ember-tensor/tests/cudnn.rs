@@ -56,11 +56,24 @@ fn emulated() -> bool {
     ember_device::cuda::is_emulated()
 }
 
+/// The recorded fallbacks to im2col that name input `x`.
+fn fallbacks_naming(x: &[usize]) -> Vec<String> {
+    let input = format!("input {x:?}");
+    cudnn::fallbacks()
+        .into_iter()
+        .filter(|f| f.contains(&input))
+        .collect()
+}
+
 /// Checks that cuDNN, not im2col, ran `dirs` for input `x` in `t` (Note [cuDNN tests on
-/// both drivers]): on the emulator from its records, one run per direction and no im2col,
-/// scatter or gather kernel; on a real GPU from the path in use and the fallbacks, none of
-/// which may name `x`.
+/// both drivers]): on any driver from the path in use and the fallbacks, none of which may
+/// name `x` (all a real GPU can tell); on the emulator also from its records, one run per
+/// direction and no im2col, scatter or gather kernel.
 fn assert_on_cudnn(t: &Trace, x: &[usize], dirs: &[ConvDirection], what: &str) {
+    let (path, why) = cudnn::conv_path(0);
+    assert_eq!(path, "cudnn", "{what}: {why}");
+    let fell = fallbacks_naming(x);
+    assert!(fell.is_empty(), "{what}: took im2col: {fell:?}");
     if emulated() {
         for &d in dirs {
             assert_eq!(t.runs(d).len(), 1, "{what}: {d:?} runs {:?}", t.calls);
@@ -68,15 +81,6 @@ fn assert_on_cudnn(t: &Trace, x: &[usize], dirs: &[ConvDirection], what: &str) {
         for k in ["im2col", "scatter_add", "index_select"] {
             assert!(!t.launched(k), "{what}: {k} launched: {:?}", t.launches);
         }
-    } else {
-        let (path, why) = cudnn::conv_path(0);
-        assert_eq!(path, "cudnn", "{what}: {why}");
-        let input = format!("input {x:?}");
-        let fell: Vec<String> = cudnn::fallbacks()
-            .into_iter()
-            .filter(|f| f.contains(&input))
-            .collect();
-        assert!(fell.is_empty(), "{what}: took im2col: {fell:?}");
     }
 }
 
@@ -261,11 +265,13 @@ fn strided_and_broadcast_operands() {
     let o = Conv2dOptions::new().padding(1);
     let (y, t) = Trace::of(|| xt.conv2d(&w, None, &o).unwrap());
     assert_on_cudnn(&t, x.dims(), &[Forward], "strided");
-    assert!(
-        !t.launched("cast_"),
-        "a strided input needs no copy: {:?}",
-        t.launches
-    );
+    if emulated() {
+        assert!(
+            !t.launched("cast_"),
+            "a strided input needs no copy: {:?}",
+            t.launches
+        );
+    }
     within(1e-5, 12.0, "strided").assert(&values(&y), &values(&cpu_conv(&x, &w, &o)));
     let ones = Tensor::ones([1, 1, 1, 1], (dev, DType::F32))
         .unwrap()
@@ -413,12 +419,12 @@ fn shapes_cudnn_refuses_fall_back_to_im2col_and_are_recorded() {
     );
     within(1e-5, 27.0, "refused").assert(&values(&y.0), &values(&want));
     within(1e-5, 27.0, "refused").assert(&values(&y.1), &values(&want));
-    let fallbacks = cudnn::fallbacks();
+    // The record a real GPU's check reads (`assert_on_cudnn`) names the input.
+    let fell = fallbacks_naming(x.dims());
     assert!(
-        fallbacks
-            .iter()
-            .any(|f| f.contains("[1, 3, 11, 13]") && f.contains("NOT_SUPPORTED")),
-        "{fallbacks:?}"
+        fell.iter().any(|f| f.contains("NOT_SUPPORTED")),
+        "{:?}",
+        cudnn::fallbacks()
     );
 }
 
@@ -437,9 +443,9 @@ fn asymmetric_padding_takes_the_im2col_path_and_is_recorded() {
     let cpu = cpu_conv(&x, &w, &same);
     within(1e-5, 24.0, "asymmetric").assert(&values(&y), &values(&cpu));
     assert!(
-        cudnn::fallbacks()
+        fallbacks_naming(x.dims())
             .iter()
-            .any(|f| f.contains("asymmetric") && f.contains("[1, 3, 10, 13]")),
+            .any(|f| f.contains("asymmetric")),
         "{:?}",
         cudnn::fallbacks()
     );

@@ -1,15 +1,18 @@
 //! [`RealDriver`]: the [`Driver`] seam on NVIDIA's driver through cudarc's raw bindings,
-//! loaded at run time (see `docs/cuda-without-gpu.md`); cuDNN convolutions in `real/cudnn.rs`.
+//! loaded at run time (see `docs/cuda-without-gpu.md`); cuDNN convolutions in `real/cudnn.rs`
+//! (the legacy API) and `real/cudnn_graph.rs` (the graph API, with its plan cache).
 //!
-//! Thin on purpose: every method makes the device's primary context current and issues one
-//! or two checked driver calls. Handles are the driver's own pointers as `u64`, kept in tables
-//! so that unknown or destroyed handles are [`DeviceError::InvalidHandle`] rather than
-//! undefined behaviour. [`StreamHandle::DEFAULT`] is the legacy null stream of the device the
+//! The driver API methods make the device's primary context current and issue one or two
+//! checked driver calls; the library calls keep state of their own (cuBLAS handles per
+//! device here, cuDNN's handles and graph plans, NCCL communicators, CUPTI's buffers in
+//! their modules). Handles are the driver's own pointers as `u64`, kept in tables so that
+//! unknown or destroyed handles are [`DeviceError::InvalidHandle`] rather than undefined
+//! behaviour. [`StreamHandle::DEFAULT`] is the legacy null stream of the device the
 //! operation names (the pointer's device for copies and memset, via
 //! `CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL`); stream-only calls on it cover every device.
 //! Primary contexts are retained at probe and never released: the driver is process-global.
-//! None of this can run on the development machines (no GPU); only [`RealDriver::probe`] is
-//! exercised there.
+//! Without a GPU only [`RealDriver::probe`] and the parts that are plain data (cuDNN's graph
+//! as data and its plan rules, CUPTI's record layouts) are exercised.
 
 use std::collections::HashMap;
 use std::ffi::{c_int, c_longlong, c_void};

@@ -1,4 +1,6 @@
-//! `impl Driver for RealDriver`: one or two checked driver calls per method.
+//! `impl Driver for RealDriver`: the driver API and cuBLAS calls, most one or two checked
+//! calls per method; cuDNN, NCCL and CUPTI calls go to their modules (`cudnn.rs`,
+//! `cudnn_graph.rs`, `nccl.rs`, `cupti.rs`).
 
 use super::*;
 use crate::driver::{

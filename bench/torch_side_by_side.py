@@ -308,9 +308,10 @@ def _forward(widths: tuple[int, ...], batch: int, amp: str | None = None) -> Cal
 def _resnet18(train: bool, batch: int = 32, amp: str | None = None) -> Callable:
     """torchvision's ResNet-18 (1000 classes) at batch x 3 x 224 x 224, as Ember's
     `train_resnet18_b32` (one SGD step with momentum 0.9; samples/s) and `fwd_resnet18_b32`
-    (eval mode under `no_grad`; ms). PyTorch's defaults: cuDNN with TF32 for convolutions,
-    no `cudnn.benchmark`; oneDNN on the CPU. With `amp`, the forward (and loss) under
-    autocast, as Ember's `*_bf16` cases."""
+    (eval mode under `no_grad`; ms). With `amp`, the forward (and loss) under autocast, as
+    Ember's `*_bf16` and `*_f16` cases (f16 with a GradScaler, bf16 without: PyTorch's AMP
+    recipe). PyTorch's defaults: cuDNN with TF32 for convolutions, no `cudnn.benchmark`;
+    oneDNN on the CPU."""
 
     def setup():
         import torch
@@ -329,13 +330,19 @@ def _resnet18(train: bool, batch: int = 32, amp: str | None = None) -> Callable:
         y = torch.randint(0, 1000, (batch,), device=DEVICE)
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         loss_fn = torch.nn.CrossEntropyLoss()
+        scaler = torch.amp.GradScaler(DEVICE) if amp == "float16" else None
 
         def step():
             opt.zero_grad(set_to_none=True)
             with _autocast(amp):
                 loss = loss_fn(model(x), y)
-            loss.backward()
-            opt.step()
+            if scaler is None:
+                loss.backward()
+                opt.step()
+            else:
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
 
         return step, float(batch)
 
@@ -425,7 +432,9 @@ CASES: list[Case] = (
         Case("train_resnet18_b8_bf16", "samples/s", True, _resnet18(True, 8, "bfloat16"),
              peak_memory=True, devices=("cpu",)),
         Case("train_resnet18_b32_bf16", "samples/s", True, _resnet18(True, 32, "bfloat16"),
-             peak_memory=True, devices=("cpu",)),
+             peak_memory=True, devices=("cpu", "cuda")),
+        Case("train_resnet18_b32_f16", "samples/s", True, _resnet18(True, amp="float16"),
+             peak_memory=True, devices=("cuda",)),
         Case("fwd_resnet18_b32_bf16", "ms", False, _resnet18(False, 32, "bfloat16"), 1e3,
              peak_memory=True, devices=("cpu",)),
     ]

@@ -32,6 +32,7 @@ mod mkl;
 mod onednn;
 mod report;
 mod results;
+mod suites;
 mod test;
 
 use std::path::PathBuf;
@@ -86,8 +87,9 @@ fn usage() -> &'static str {
        gpu-test                  the tests on this machine's real GPUs (says so and runs nothing without one)\n  \
        gpu-bundle [--arch N] [--fatbin PATH] [--out FILE]\n                            \
        release binaries, GPU test suites, xtask, data and the side-by-side script in one archive\n  \
-       gpu-session [--out DIR] [--budget S] [info|tests|train|bench|sanitize...]\n                            \
-       from an unpacked bundle on a GPU machine (no Rust needed): the GPU checks and benchmarks\n  \
+       gpu-session [--out DIR] [--budget S] [--filter CASES] [--host NAME] [info|tests|train|nccl|bench|sanitize|ncu...]\n                            \
+       from an unpacked bundle on a GPU machine (no Rust needed): the GPU checks (every test's\n                            \
+       outcome recorded) and benchmarks\n  \
        mkl                       install Intel MKL from PyPI into target/mkl (optional faster CPU GEMM)\n  \
        onednn                    install oneDNN from PyPI into target/onednn (optional faster CPU convolutions)"
 }

@@ -11,6 +11,11 @@
 //!   step above what was allocated before it: weights, momentum, input). Target on an H100:
 //!   at least 0.9× PyTorch's rate, at most 1.1× its peak.
 //! - `fwd_resnet18_b32`: a forward in eval mode under `no_grad`, in ms, with its peak.
+//! - `train_resnet18_b32_f16`, `train_resnet18_b32_bf16` (CUDA): the training step under
+//!   autocast (mixed precision, `ember-amp`): the forward and the loss in an autocast region,
+//!   f16 with a `GradScaler` (`scale(loss).backward()`, `step`, `update`), bf16 without one,
+//!   as PyTorch's AMP recipe (the side-by-side script runs it so). Target: at least
+//!   PyTorch's AMP rate.
 //!
 //! On CUDA the cases run at batch 32; on the emulated `cuda:0` at batch 2 × 3 × 32 × 32 (the
 //! records say `"emulated": true`, `batch` and `image`), so the path runs in CI and a real
@@ -30,7 +35,7 @@ use ember_nn::optim::{Optimizer, SGD, SgdOptions};
 use ember_nn::{Loss, Module, Tensor};
 use ember_tensor::{DType, MaxPool2dOptions, Size2};
 
-use ember_amp::autocast;
+use ember_amp::{GradScaler, GradScalerOptions, autocast};
 
 use crate::harness::{Options, Record, insert_times, with_times};
 use crate::nn::{emulated_counts, err, insert_counts, mark_run, peak_of, record, time};
@@ -173,6 +178,8 @@ fn cases(device: Device) -> Vec<(String, usize, bool, Option<DType>)> {
         return vec![
             ("train_resnet18_b32".into(), 32, true, None),
             ("fwd_resnet18_b32".into(), 32, false, None),
+            ("train_resnet18_b32_f16".into(), 32, true, Some(DType::F16)),
+            ("train_resnet18_b32_bf16".into(), 32, true, Some(DType::Bf16)),
         ];
     }
     let mut v = Vec::new();
@@ -246,6 +253,16 @@ fn case(
             },
         )
         .map_err(err)?;
+        // f16 needs loss scaling; bf16 (and f32) run with the scaler disabled, a
+        // pass-through.
+        let mut scaler = GradScaler::with_options(
+            device,
+            GradScalerOptions {
+                enabled: amp == Some(DType::F16),
+                ..Default::default()
+            },
+        )
+        .map_err(err)?;
         let mut step = || {
             opt.zero_grad(true).map_err(err)?;
             let loss = {
@@ -254,8 +271,9 @@ fn case(
                     .forward(&model.forward(&x).map_err(err)?, &y)
                     .map_err(err)?
             };
-            loss.backward().map_err(err)?;
-            opt.step().map_err(err)
+            scaler.scale(&loss).map_err(err)?.backward().map_err(err)?;
+            scaler.step(&mut opt).map_err(err)?;
+            scaler.update().map_err(err)
         };
         // The first step makes the momentum buffers; the peak is a step's after that.
         step()?;

@@ -40,7 +40,7 @@ mod run;
 mod setup;
 
 pub use checkpoint::{Checkpoint, FORMAT, read_checkpoint};
-pub use device::resolve_device;
+pub use device::{CudaState, choose_device, resolve_device};
 pub use model::build_model;
 pub use profile::{PROFILE_ACTIVE, PROFILE_SKIP, ProfileSummary};
 

@@ -78,6 +78,7 @@ fn fix_checksum(b: &mut [u8]) {
     let n = 8 + header_len(b);
     let key = format!("\"{}\":\"", ember::tensor::io::CHECKSUM_KEY);
     let Some(at) = b[8..n].windows(key.len()).position(|w| w == key.as_bytes()) else {
+        // not a skip: a mutation that broke the key leaves nothing to fix.
         return;
     };
     let at = 8 + at + key.len();

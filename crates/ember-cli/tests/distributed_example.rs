@@ -116,8 +116,7 @@ fn check(
 #[test]
 fn distributed_py_on_two_emulated_gpus_over_nccl() {
     if std::env::var_os("EMBER_GPU_TEST").is_some() {
-        eprintln!("skipped: ranks as threads need the emulator's NCCL");
-        return;
+        ember_testing::skip!("ranks as threads need the emulator's NCCL");
     }
     ember::cuda::use_emulator(ember::driver::emulator::EmulatorConfig::devices(2)).unwrap();
     let patience = Duration::from_secs(60);
@@ -218,8 +217,7 @@ fn distributed_py_under_ember_launch_on_the_cpu() {
 fn distributed_py_under_ember_launch_on_emulated_gpus() {
     let test = "distributed_py_under_ember_launch_on_emulated_gpus";
     if std::env::var_os("EMBER_GPU_TEST").is_some() && std::env::var_os(ROLE).is_none() {
-        eprintln!("skipped: {test} runs on the emulator");
-        return;
+        ember_testing::skip!("{test} runs on the emulator");
     }
     if let Some(reports) = launched(test, 29542, Some("2")) {
         // The reference runs in this process, on the emulator too.

@@ -35,6 +35,8 @@ mod kernels;
 mod launch_trace;
 mod memory;
 mod nccl;
+mod nccl_clique;
+mod nccl_net;
 mod nccl_run;
 
 pub use activity::{EMULATED_CUPTI_VERSION, ENV_EMULATOR_CUPTI};
@@ -59,7 +61,7 @@ pub use nccl::{COLLECTIVE_TIMEOUT, EMULATED_NCCL_VERSION};
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::fmt;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use crate::driver::{DevicePtr, EventHandle, StreamHandle};
@@ -139,9 +141,10 @@ impl Translator<'_> {
 /// ```
 pub struct Emulator {
     config: EmulatorConfig,
-    memory: Mutex<MemoryState>,
+    /// Shared with the NCCL threads serving ranks of other processes.
+    memory: Arc<Mutex<MemoryState>>,
     handles: Mutex<Handles>,
-    nccl: nccl::NcclShared,
+    nccl: Arc<nccl_clique::NcclShared>,
     activity: activity::ActivityState,
 }
 
@@ -162,11 +165,12 @@ impl Emulator {
     pub fn new(config: EmulatorConfig) -> Result<Emulator> {
         config.validate()?;
         let memory = MemoryState::new(config.devices.iter().map(|d| d.total_memory));
+        let memory = Arc::new(Mutex::new(memory));
         Ok(Emulator {
             config,
-            memory: Mutex::new(memory),
+            nccl: Arc::new(nccl_clique::NcclShared::new(memory.clone())),
+            memory,
             handles: Mutex::new(Handles::default()),
-            nccl: nccl::NcclShared::default(),
             activity: activity::ActivityState::default(),
         })
     }

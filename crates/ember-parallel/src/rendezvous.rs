@@ -31,13 +31,48 @@ pub(crate) struct Meeting<'a> {
     pub(crate) timeout: Duration,
     /// The operation errors are reported under (`init_process_group`).
     pub(crate) op: &'static str,
+    /// What the members are: ranks, or the nodes of `ember launch`.
+    pub(crate) who: Members,
 }
 
-/// "ranks [1, 3]" / "rank 1".
-pub(crate) fn ranks_phrase(ranks: &[usize]) -> String {
-    match ranks {
-        [r] => format!("rank {r}"),
-        _ => format!("ranks {ranks:?}"),
+/// What the members of a [`Meeting`] are, for its messages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Members {
+    /// The ranks of a process group.
+    Ranks,
+    /// The nodes of a launch (one `ember launch` each).
+    Nodes,
+}
+
+impl Members {
+    /// "rank 1" / "ranks [1, 3]" (or nodes).
+    pub(crate) fn phrase(self, ids: &[usize]) -> String {
+        let (one, many) = match self {
+            Members::Ranks => ("rank", "ranks"),
+            Members::Nodes => ("node", "nodes"),
+        };
+        match ids {
+            [r] => format!("{one} {r}"),
+            _ => format!("{many} {ids:?}"),
+        }
+    }
+
+    fn plural(self) -> &'static str {
+        match self {
+            Members::Ranks => "ranks",
+            Members::Nodes => "nodes",
+        }
+    }
+
+    fn hint(self) -> &'static str {
+        match self {
+            Members::Ranks => {
+                "and that every rank uses the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE"
+            }
+            Members::Nodes => {
+                "with its own --node-rank, and that every node gives the same --nnodes, --master-addr, --master-port and --rdzv-id"
+            }
+        }
     }
 }
 
@@ -66,19 +101,22 @@ impl Meeting<'_> {
     /// The error of a wait that gave up on the ranks `missing`, which failed to `what`.
     pub(crate) fn late(&self, missing: &[usize], what: &str) -> ember_autograd::Error {
         let arrived = self.world - missing.len();
+        let rank = (self.who == Members::Ranks).then_some(self.rank);
         distributed(
-            Some(self.rank),
+            rank,
             self.op,
             format!(
-                "timed out after {:?} waiting for {} to {what} ({arrived}/{} ranks did): check that {} started and is alive, and that every rank uses the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE",
+                "timed out after {:?} waiting for {} to {what} ({arrived}/{} {} did): check that {} started and is alive, {}",
                 self.timeout,
-                ranks_phrase(missing),
+                self.who.phrase(missing),
                 self.world,
+                self.who.plural(),
                 if missing.len() == 1 {
                     "it was"
                 } else {
                     "they were"
-                }
+                },
+                self.who.hint()
             ),
         )
     }

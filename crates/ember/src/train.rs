@@ -474,8 +474,9 @@ pub fn train(cfg: &TrainConfig, progress: &mut dyn Progress) -> Result<TrainSumm
         )
         .into());
     }
-    let ckpt = cfg.resume.as_deref().map(read_checkpoint).transpose()?;
-    let mut notes = Vec::new();
+    let (ckpt, fresh) = checkpoint::resume_from(cfg.resume.as_deref(), cfg.save.as_deref())?;
+    let mut notes: Vec<String> = fresh.into_iter().collect();
+    notes.iter().for_each(|n| progress.note(n));
     let seed = match (&ckpt, cfg.seed) {
         (Some(c), Some(s)) if s != c.seed => {
             return Err(NnError::invalid(

@@ -14,7 +14,7 @@ use ember_device::driver::NcclUniqueId;
 use super::UNIQUE_ID_KEY;
 use super::nccl::{INIT, NcclSetup, Rendezvous};
 use crate::error::distributed;
-use crate::rendezvous::Meeting;
+use crate::rendezvous::{Meeting, Members};
 use crate::store::TcpStore;
 
 /// Barrier: every rank reached the store.
@@ -92,6 +92,7 @@ pub fn rendezvous_until_id(
         deadline: Instant::now() + timeout,
         timeout,
         op: INIT,
+        who: Members::Ranks,
     };
     exchange_id(&meeting, || {
         cuda::driver()
@@ -170,6 +171,7 @@ impl Joining {
             deadline,
             timeout,
             op: INIT,
+            who: Members::Ranks,
         };
         let id = exchange_id(&meeting, make_id)?;
         meeting.mark(JOINING)?;
@@ -192,6 +194,7 @@ impl Joining {
             deadline: self.deadline,
             timeout: self.timeout,
             op: INIT,
+            who: Members::Ranks,
         })
     }
 

@@ -26,6 +26,7 @@
 //! `stream_wait_event`) accept it as is: there is nothing pending on any device.
 
 mod activity;
+mod blas;
 mod config;
 mod conv;
 mod cudnn;
@@ -40,6 +41,7 @@ mod nccl_net;
 mod nccl_run;
 
 pub use activity::{EMULATED_CUPTI_VERSION, ENV_EMULATOR_CUPTI};
+pub use blas::thread_gemm_streams;
 pub use config::{
     DEFAULT_TOTAL_MEMORY, ENV_EMULATOR, ENV_EMULATOR_MEMORY, EmulatedDeviceConfig, EmulatorConfig,
     MAX_EMULATED_DEVICES, MAX_TOTAL_MEMORY, parse_size,
@@ -146,6 +148,11 @@ pub struct Emulator {
     handles: Mutex<Handles>,
     nccl: Arc<nccl_clique::NcclShared>,
     activity: activity::ActivityState,
+    /// The emulated cuBLAS library (Note [Emulated cuBLAS]).
+    blas: blas::EmulatedBlas,
+    /// Its handles per (device, thread) and workspaces per (handle, stream), as the real
+    /// driver keeps them (Note [cuBLAS handles]).
+    blas_handles: crate::driver::blas_handles::BlasHandles<blas::Workspace>,
 }
 
 impl fmt::Debug for Emulator {
@@ -172,6 +179,8 @@ impl Emulator {
             memory,
             handles: Mutex::new(Handles::default()),
             activity: activity::ActivityState::default(),
+            blas: blas::EmulatedBlas::default(),
+            blas_handles: Default::default(),
         })
     }
 

@@ -399,6 +399,26 @@ fn mpirun_two_ranks_form_one_mpi_world() {
     }
 }
 
+/// Two launchers with the mpirun spawner: node 0's mpirun runs all four ranks, node 1's
+/// launcher its daemon (Note [mpirun across nodes]); the ranks form one MPI world.
+#[cfg(feature = "mpi")]
+#[test]
+fn two_nodes_under_one_mpirun_form_one_mpi_world() {
+    const TEST: &str = "two_nodes_under_one_mpirun_form_one_mpi_world";
+    if role(TEST).is_some() {
+        let port = free_port();
+        let n0 = start_launcher(TEST, "mpi", Spawner::Mpirun, 0, 2, port, 0);
+        let n1 = start_launcher(TEST, "mpi", Spawner::Mpirun, 1, 2, port, 0);
+        let (r0, r1) = (finish(n0), finish(n1));
+        assert_eq!(r1.code, 0, "{r1}");
+        check_hello(&r0, 4, Some(port));
+        for rank in 0..4 {
+            let want = format!("[rank{rank}]:sum [4.0, 4.0] world 4");
+            assert!(r0.out.lines().any(|l| l == want), "no {want:?} in {r0}");
+        }
+    }
+}
+
 #[cfg(feature = "mpi")]
 #[test]
 fn mpirun_failing_rank_ends_the_others() {

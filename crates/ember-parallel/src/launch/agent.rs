@@ -166,6 +166,34 @@ impl Agent {
         Ok(usize::try_from(n).is_ok_and(|n| n >= self.nnodes))
     }
 
+    /// The command of `mpirun`'s daemon for this node in `attempt` (Note [mpirun across
+    /// nodes]), waiting at most the join timeout; `None` when a failure was reported
+    /// first (node 0's `mpirun` failed before starting it).
+    pub(super) fn orted_command(&self, attempt: u32) -> Result<Option<String>> {
+        let key = super::relay::orted_key(attempt, self.node);
+        let deadline = Instant::now() + self.join_timeout;
+        while Instant::now() < deadline {
+            if self.store.check(&[&key])? {
+                let v = self.store.get_within(&key, Duration::ZERO)?;
+                return Ok(Some(String::from_utf8_lossy(&v).into_owned()));
+            }
+            if self.failure(attempt)?.is_some() {
+                return Ok(None);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Err(launch_error(format!(
+            "node 0's mpirun did not start its daemon on node {} within {:?}",
+            self.node, self.join_timeout
+        )))
+    }
+
+    /// Hands the exit code of this node's daemon back to node 0's agent script.
+    pub(super) fn orted_exit(&self, attempt: u32, code: i32) -> Result<()> {
+        let key = format!("{}/exit", super::relay::orted_key(attempt, self.node));
+        self.store.set(&key, code.to_string().as_bytes())
+    }
+
     /// Marks this node as done with the store; node 0 keeps serving it until every node is
     /// (at most the join timeout).
     pub(super) fn leave(&self) -> Result<()> {

@@ -33,21 +33,22 @@
 //!
 //! Note [Launch through mpirun]: processes that call `MPI_Init` on their own become MPI
 //! singletons, and Open MPI (4.1) cannot join singletons into one world; only ranks started
-//! by `mpirun` share `MPI_COMM_WORLD`. So on one node, when `mpirun` is on the `PATH`,
+//! by `mpirun` share `MPI_COMM_WORLD`. So when `mpirun` is on the `PATH`,
 //! `launch` starts the ranks as `mpirun -n N sh -c SHIM PROGRAM ARGS...`: the shim (a few
 //! lines of `sh`) turns Open MPI's `OMPI_COMM_WORLD_{RANK,SIZE,LOCAL_RANK,LOCAL_SIZE}` into
 //! torchrun's variables, runs the program as its child (a child of an `mpirun` rank joins
 //! the world, being in its environment) and records its exit status in a report file;
 //! `mpirun --tag-output` attributes each output line to its rank, which `launch` rewrites
 //! as `[rankR]:`. `mpirun` ends the other ranks (each rank is a process group, signalled as
-//! one) when one fails. Without `mpirun`, or across nodes, the launcher starts the processes
-//! itself (the `nccl` backend and programs without collectives need nothing else); MPI
-//! across hosts is `mpirun`'s own job (`mpirun -H a:2,b:2 PROGRAM`, see
-//! `docs/distributed.md`). `init_process_group(Backend::Mpi, InitMethod::Env)` checks that
-//! the variables match MPI's world.
+//! one) when one fails. Across nodes, node 0's `mpirun` runs every node's ranks, the other
+//! launchers serving as its remote shell (Note [mpirun across nodes] in `relay.rs`).
+//! Without `mpirun` the launcher starts the processes itself (the `nccl` backend and
+//! programs without collectives need nothing else). `init_process_group(Backend::Mpi,
+//! InitMethod::Env)` checks that the variables match MPI's world.
 
 mod agent;
 mod output;
+mod relay;
 mod workers;
 
 use std::ffi::OsString;
@@ -335,35 +336,63 @@ enum Attempt {
 /// [`LaunchOutcome::code`].
 pub fn launch(opts: &LaunchOptions) -> Result<LaunchOutcome> {
     check(opts)?;
-    let spawner = opts
-        .spawner
-        .unwrap_or(if opts.nnodes == 1 && mpirun_available() {
-            Spawner::Mpirun
-        } else {
-            Spawner::Direct
-        });
-    if spawner == Spawner::Mpirun && opts.nnodes > 1 {
-        return Err(launch_error(
-            "the mpirun spawner starts the ranks of one node: across nodes, run `mpirun -H HOST:N,...` yourself (docs/distributed.md) or use the direct spawner",
-        ));
-    }
+    let spawner = opts.spawner.unwrap_or(if mpirun_available() {
+        Spawner::Mpirun
+    } else {
+        Spawner::Direct
+    });
+    // Across nodes, one mpirun of node 0 runs every rank (Note [mpirun across nodes]).
+    let relayed = spawner == Spawner::Mpirun && opts.nnodes > 1;
     let agent = Agent::start(opts)?;
     let port = agent.port();
     let mut attempt = 0u32;
     loop {
         agent.rendezvous(attempt)?;
-        let spec = Spec {
+        let mut spec = Spec {
             program: &opts.program,
             common: common_env(opts, port, attempt),
             nproc: opts.nproc_per_node,
             first_rank: opts.node_rank * opts.nproc_per_node,
+            local_size: opts.nproc_per_node,
+            mpirun_args: Vec::new(),
         };
-        let workers = match spawner {
-            Spawner::Mpirun => Workers::start_mpirun(&spec)?,
-            Spawner::Direct => Workers::start_direct(&spec)?,
+        let mut relay = None;
+        let role = match (spawner, relayed, opts.node_rank) {
+            (Spawner::Direct, ..) => Role::Ranks(Workers::start_direct(&spec)?),
+            (Spawner::Mpirun, false, _) => Role::Ranks(Workers::start_mpirun(&spec)?),
+            (Spawner::Mpirun, true, 0) => {
+                let r = relay::Relay::start(port, attempt, opts.join_timeout)?;
+                let vars: Vec<OsString> = spec.common.iter().map(|(k, _)| k.clone()).collect();
+                spec.mpirun_args = r.mpirun_args(opts, &vars);
+                spec.common
+                    .push(("EMBER_LAUNCH_SPOOL".into(), r.spool().into_os_string()));
+                spec.nproc = opts.world_size();
+                spec.first_rank = 0;
+                relay = Some(r);
+                Role::Ranks(Workers::start_mpirun(&spec)?)
+            }
+            (Spawner::Mpirun, true, _) => match agent.orted_command(attempt)? {
+                Some(cmd) => Role::Orted(Workers::start_orted(&cmd, &spec)?),
+                None => Role::Gone,
+            },
         };
-        let (workers, ended) = watch(opts, &agent, attempt, workers);
-        workers.stop();
+        let (workers, orted) = match role {
+            Role::Ranks(w) => (Some(w), false),
+            Role::Orted(w) => (Some(w), true),
+            Role::Gone => (None, false),
+        };
+        let ended = match workers {
+            Some(w) => {
+                let (w, ended) = watch(opts, &agent, attempt, w, orted);
+                w.stop();
+                ended
+            }
+            None => agent
+                .failure(attempt)
+                .and_then(|f| f.ok_or_else(|| launch_error("the attempt ended without a report")))
+                .map(Attempt::Failed),
+        };
+        drop(relay);
         let failure = match ended? {
             Attempt::Succeeded => {
                 agent.leave()?;
@@ -400,6 +429,16 @@ pub fn launch(opts: &LaunchOptions) -> Result<LaunchOutcome> {
     }
 }
 
+/// What this node's launcher runs in an attempt.
+enum Role {
+    /// Ranks (all of the job's, for node 0's mpirun across nodes).
+    Ranks(Workers),
+    /// `mpirun`'s daemon (Note [mpirun across nodes]).
+    Orted(Workers),
+    /// Nothing: the attempt failed before this node's part started.
+    Gone,
+}
+
 /// "rank 3 (node 1, local_rank 1) failed with signal 9".
 fn describe(f: &Failure, opts: &LaunchOptions) -> String {
     let who = match (f.rank, f.local_rank) {
@@ -414,18 +453,31 @@ fn describe(f: &Failure, opts: &LaunchOptions) -> String {
 }
 
 /// Watches the ranks of `attempt` until they all succeed here and on every node, or one
-/// fails here or elsewhere.
+/// fails here or elsewhere. `orted`: the workers are `mpirun`'s daemon, whose exit is
+/// handed back to node 0 at once, and whose failure node 0 reports (it knows the rank).
 fn watch(
     opts: &LaunchOptions,
     agent: &Agent,
     attempt: u32,
     mut workers: Workers,
+    orted: bool,
 ) -> (Workers, Result<Attempt>) {
     let mut last_check = std::time::Instant::now();
     let mut succeeded_here = false;
+    let mut orted_failed: Option<(std::time::Instant, i32)> = None;
     loop {
-        if !succeeded_here {
-            match workers.poll() {
+        if !succeeded_here && orted_failed.is_none() {
+            let polled = workers.poll();
+            if orted && polled != Poll::Running {
+                let code = match polled {
+                    Poll::Failed(_, c) => c,
+                    _ => 0,
+                };
+                if let Err(e) = agent.orted_exit(attempt, code) {
+                    return (workers, Err(e));
+                }
+            }
+            match polled {
                 Poll::Running => {}
                 Poll::Succeeded => {
                     succeeded_here = true;
@@ -433,10 +485,13 @@ fn watch(
                         return (workers, Err(e));
                     }
                 }
+                Poll::Failed(_, code) if orted => {
+                    orted_failed = Some((std::time::Instant::now(), code));
+                }
                 Poll::Failed(who, code) => {
                     let local = Failure {
                         rank: who.map(|w| w.0),
-                        node: opts.node_rank,
+                        node: who.map_or(opts.node_rank, |w| w.0 / opts.nproc_per_node),
                         local_rank: who.map(|w| w.1),
                         exit: who.map_or(RankExit::Code(code), |w| w.2),
                         code,
@@ -444,6 +499,19 @@ fn watch(
                     return (workers, agent.report(attempt, &local).map(Attempt::Failed));
                 }
             }
+        }
+        // A daemon that failed: node 0 reports which rank, else this node does.
+        if let Some((at, code)) = orted_failed
+            && at.elapsed() > Duration::from_secs(10)
+        {
+            let f = Failure {
+                rank: None,
+                node: opts.node_rank,
+                local_rank: None,
+                exit: RankExit::Code(code),
+                code,
+            };
+            return (workers, agent.report(attempt, &f).map(Attempt::Failed));
         }
         // The store is asked every 100 ms; this node's ranks every 10 ms.
         if opts.nnodes > 1 && last_check.elapsed() >= Duration::from_millis(100) {

@@ -23,10 +23,15 @@ pub(super) struct Spec<'a> {
     /// The environment every rank of this node gets (torchrun's variables but the
     /// per-rank ones, and the user's extra variables).
     pub(super) common: Vec<(OsString, OsString)>,
-    /// Ranks on this node.
+    /// Ranks these workers are (this node's; every node's for the `mpirun` of node 0 across
+    /// nodes, Note [mpirun across nodes]).
     pub(super) nproc: usize,
-    /// The global rank of this node's local rank 0.
+    /// The global rank of the first of them.
     pub(super) first_rank: usize,
+    /// Ranks per node (`LOCAL_WORLD_SIZE`).
+    pub(super) local_size: usize,
+    /// More arguments for `mpirun` (the hosts and the agent across nodes).
+    pub(super) mpirun_args: Vec<OsString>,
 }
 
 /// How the ranks of an attempt are doing.
@@ -43,7 +48,12 @@ pub(super) enum Poll {
 
 enum Kind {
     Direct(BTreeMap<usize, Child>),
-    Mpirun { child: Child, reports: PathBuf },
+    Mpirun {
+        child: Child,
+        reports: PathBuf,
+    },
+    /// `mpirun`'s daemon on a node other than 0 (Note [mpirun across nodes]).
+    Orted(Child),
 }
 
 /// The ranks of one attempt on this node, with the threads forwarding their output.
@@ -51,6 +61,7 @@ pub(super) struct Workers {
     kind: Kind,
     nproc: usize,
     first_rank: usize,
+    local_size: usize,
     pumps: Vec<JoinHandle<()>>,
     printer: Option<JoinHandle<()>>,
 }
@@ -174,6 +185,7 @@ impl Workers {
             kind: Kind::Direct(children),
             nproc: spec.nproc,
             first_rank: spec.first_rank,
+            local_size: spec.local_size,
             pumps,
             printer: Some(printer(rx)),
         })
@@ -183,7 +195,7 @@ impl Workers {
     pub(super) fn start_mpirun(spec: &Spec<'_>) -> Result<Workers> {
         let reports = report_dir()?;
         let mut cmd = crate::testing::mpirun_command(spec.nproc);
-        cmd.arg("--tag-output");
+        cmd.arg("--tag-output").args(&spec.mpirun_args);
         cmd.envs(spec.common.iter().map(|(k, v)| (k, v)))
             .env("EMBER_LAUNCH_REPORTS", &reports);
         cmd.args(["sh", "-c", SHIM]).args(spec.program);
@@ -207,6 +219,38 @@ impl Workers {
             kind: Kind::Mpirun { child, reports },
             nproc: spec.nproc,
             first_rank: spec.first_rank,
+            local_size: spec.local_size,
+            pumps,
+            printer: Some(printer(rx)),
+        })
+    }
+
+    /// Runs `mpirun`'s daemon command on this node (Note [mpirun across nodes]); its own
+    /// output is printed as it is.
+    pub(super) fn start_orted(command: &str, spec: &Spec<'_>) -> Result<Workers> {
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", command])
+            .envs(spec.common.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        die_with_launcher(&mut cmd, libc::SIGTERM);
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| launch_error(format!("cannot start mpirun's daemon: {e}")))?;
+        let (tx, rx) = mpsc::channel();
+        let mut pumps = Vec::new();
+        if let Some(o) = child.stdout.take() {
+            pumps.push(pump(o, tx.clone(), false, prefixer(String::new())));
+        }
+        if let Some(e) = child.stderr.take() {
+            pumps.push(pump(e, tx.clone(), true, prefixer(String::new())));
+        }
+        Ok(Workers {
+            kind: Kind::Orted(child),
+            nproc: spec.nproc,
+            first_rank: spec.first_rank,
+            local_size: spec.local_size,
             pumps,
             printer: Some(printer(rx)),
         })
@@ -224,6 +268,7 @@ impl Workers {
                             let rank = self.first_rank + local;
                             return Poll::Failed(Some((rank, local, exit)), exit.code());
                         }
+
                         done.push(local);
                     }
                 }
@@ -245,13 +290,19 @@ impl Workers {
                 let first = first_report(reports, self.first_rank, self.nproc);
                 match (first, status.code()) {
                     (Some((rank, exit)), _) => {
-                        Poll::Failed(Some((rank, rank - self.first_rank, exit)), exit.code())
+                        Poll::Failed(Some((rank, rank % self.local_size, exit)), exit.code())
                     }
                     (None, Some(0)) => Poll::Succeeded,
                     (None, Some(c)) => Poll::Failed(None, c),
                     (None, None) => Poll::Failed(None, exit_of(status).code()),
                 }
             }
+            Kind::Orted(child) => match child.try_wait() {
+                Ok(None) => Poll::Running,
+                Ok(Some(s)) if s.success() => Poll::Succeeded,
+                Ok(Some(s)) => Poll::Failed(None, exit_of(s).code()),
+                Err(_) => Poll::Failed(None, 1),
+            },
         }
     }
 
@@ -264,6 +315,7 @@ impl Workers {
                 terminate_all([child], GRACE);
                 let _ = std::fs::remove_dir_all(&*reports);
             }
+            Kind::Orted(child) => terminate_all([child], GRACE),
         }
         for p in self.pumps.drain(..) {
             let _ = p.join();

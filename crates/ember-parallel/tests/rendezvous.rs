@@ -5,7 +5,6 @@
 //! emulated devices, the store's owner a child process.
 #![allow(clippy::unwrap_used)]
 
-use std::io::{BufRead, BufReader};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -15,6 +14,8 @@ use ember_parallel::group::{Backend, InitMethod, InitOptions, ProcessGroup, rend
 use ember_parallel::store::TcpStore;
 use ember_tensor::Device;
 use ember_testing::real_gpu_requested;
+
+mod owner;
 
 /// The group's timeout in these tests.
 const TIMEOUT: Duration = Duration::from_secs(2);
@@ -63,16 +64,19 @@ fn a_rank_never_started_is_named_within_the_timeout() {
     }
     let started = Instant::now();
     let e = ProcessGroup::new(opts(0, server())).unwrap_err();
+    named_within(
+        &e,
+        started,
+        "rank 0: init_process_group: timed out after 2s waiting for rank 1 to reach the rendezvous store (1/2 ranks did)",
+    );
+}
+
+/// `e` says `what` and came within the timeout plus a few seconds of `started`.
+fn named_within(e: &ember_autograd::Error, started: Instant, what: &str) {
     let msg = e.to_string();
-    assert!(
-        msg.contains("rank 0: init_process_group: timed out after 2s waiting for rank 1 to reach the rendezvous store (1/2 ranks did)"),
-        "{msg}"
-    );
-    assert!(
-        started.elapsed() < TIMEOUT + SLACK,
-        "{:?}",
-        started.elapsed()
-    );
+    assert!(msg.contains(what), "{msg}");
+    let took = started.elapsed();
+    assert!(took < TIMEOUT + SLACK, "{took:?}");
 }
 
 #[test]
@@ -88,15 +92,10 @@ fn a_rank_that_read_the_id_and_vanished_is_named_within_the_timeout() {
     let id = rendezvous_until_id(&client(port), 1, 2, TIMEOUT).unwrap();
     assert_ne!(id.0, [0; 128]);
     let e = rank0.join().unwrap().unwrap_err();
-    let msg = e.to_string();
-    assert!(
-        msg.contains("waiting for rank 1 to join the NCCL communicator (1/2 ranks did)"),
-        "{msg}"
-    );
-    assert!(
-        started.elapsed() < TIMEOUT + SLACK,
-        "{:?}",
-        started.elapsed()
+    named_within(
+        &e,
+        started,
+        "waiting for rank 1 to join the NCCL communicator (1/2 ranks did)",
     );
 }
 
@@ -127,37 +126,15 @@ fn two_ranks_meet_and_reduce_after_the_rendezvous() {
     }
 }
 
-const OWNER_ROLE: &str = "EMBER_RENDEZVOUS_TEST_OWNER";
-
 /// Rank 0 (a child process serving the store) dies while rank 1 waits for it at the
 /// rendezvous: rank 1 fails saying the store's owner ended, not after its timeout.
 #[test]
 fn the_store_owner_dying_fails_the_waiting_rank() {
     const TEST: &str = "the_store_owner_dying_fails_the_waiting_rank";
-    if std::env::var_os(OWNER_ROLE).is_some() {
-        let s = server();
-        println!("port {}", s.addr().port());
-        std::thread::sleep(Duration::from_secs(60));
+    if owner::serve_if_owner() || !emulated(TEST) {
         return;
     }
-    if !emulated(TEST) {
-        return;
-    }
-    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", TEST, "--nocapture", "--test-threads=1", "-q"])
-        .env(OWNER_ROLE, "1")
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    let port: u16 = loop {
-        line.clear();
-        assert!(out.read_line(&mut line).unwrap() > 0, "no port");
-        if let Some(p) = line.trim().strip_prefix("port ") {
-            break p.parse().unwrap();
-        }
-    };
+    let (mut child, port) = owner::spawn_owner(TEST);
     let long = Duration::from_secs(60);
     let started = Instant::now();
     let rank1 =

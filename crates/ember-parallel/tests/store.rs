@@ -6,6 +6,8 @@ use std::time::Duration;
 use ember_autograd::ErrorKind;
 use ember_parallel::store::TcpStore;
 
+mod owner;
+
 const T: Duration = Duration::from_secs(10);
 
 fn server() -> TcpStore {
@@ -168,44 +170,15 @@ fn a_port_in_use_is_an_error_naming_it() {
     );
 }
 
-const OWNER_ROLE: &str = "EMBER_STORE_TEST_OWNER";
-
 /// The store's owner (here a child process) dying while a client waits: the client's wait
 /// fails at once saying so, long before the store's timeout.
 #[test]
 fn a_client_waiting_when_the_owner_dies_fails_at_once() {
-    use std::io::{BufRead, BufReader};
-    if std::env::var_os(OWNER_ROLE).is_some() {
-        let s = server();
-        println!("port {}", s.addr().port());
-        std::thread::sleep(Duration::from_secs(60));
+    if owner::serve_if_owner() {
         return;
     }
-    let exe = std::env::current_exe().unwrap();
-    let mut child = std::process::Command::new(exe)
-        .args([
-            "--exact",
-            "a_client_waiting_when_the_owner_dies_fails_at_once",
-            "--nocapture",
-            "--test-threads=1",
-            "-q",
-        ])
-        .env(OWNER_ROLE, "1")
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    let port: u16 = loop {
-        line.clear();
-        assert!(
-            out.read_line(&mut line).unwrap() > 0,
-            "the owner printed no port"
-        );
-        if let Some(p) = line.trim().strip_prefix("port ") {
-            break p.parse().unwrap();
-        }
-    };
+    let (mut child, port) =
+        owner::spawn_owner("a_client_waiting_when_the_owner_dies_fails_at_once");
     let timeout = Duration::from_secs(60);
     let c = TcpStore::new("127.0.0.1", port, false, timeout).unwrap();
     let started = std::time::Instant::now();

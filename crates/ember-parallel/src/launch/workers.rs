@@ -128,6 +128,22 @@ rc=$?
 echo "$rc $(date +%s%N)" > "$EMBER_LAUNCH_REPORTS/rank$RANK"
 exit $rc"#;
 
+/// Threads forwarding `child`'s stdout and stderr to `tx`, each line through a map from
+/// `map` (a retagger for `mpirun`, a prefixer otherwise).
+fn pumps<M>(child: &mut Child, tx: &mpsc::Sender<Line>, map: impl Fn() -> M) -> Vec<JoinHandle<()>>
+where
+    M: FnMut(Option<&str>) -> Vec<String> + Send + 'static,
+{
+    let mut v = Vec::new();
+    if let Some(o) = child.stdout.take() {
+        v.push(pump(o, tx.clone(), false, map()));
+    }
+    if let Some(e) = child.stderr.take() {
+        v.push(pump(e, tx.clone(), true, map()));
+    }
+    v
+}
+
 fn report_dir() -> Result<PathBuf> {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -173,12 +189,7 @@ impl Workers {
                 }
             };
             let prefix = format!("[rank{rank}]:");
-            if let Some(o) = child.stdout.take() {
-                pumps.push(pump(o, tx.clone(), false, prefixer(prefix.clone())));
-            }
-            if let Some(e) = child.stderr.take() {
-                pumps.push(pump(e, tx.clone(), true, prefixer(prefix)));
-            }
+            pumps.extend(self::pumps(&mut child, &tx, || prefixer(prefix.clone())));
             children.insert(local, child);
         }
         Ok(Workers {
@@ -208,13 +219,7 @@ impl Workers {
             .spawn()
             .map_err(|e| launch_error(format!("cannot start mpirun: {e}")))?;
         let (tx, rx) = mpsc::channel();
-        let mut pumps = Vec::new();
-        if let Some(o) = child.stdout.take() {
-            pumps.push(pump(o, tx.clone(), false, retagger()));
-        }
-        if let Some(e) = child.stderr.take() {
-            pumps.push(pump(e, tx.clone(), true, retagger()));
-        }
+        let pumps = pumps(&mut child, &tx, retagger);
         Ok(Workers {
             kind: Kind::Mpirun { child, reports },
             nproc: spec.nproc,
@@ -239,13 +244,7 @@ impl Workers {
             .spawn()
             .map_err(|e| launch_error(format!("cannot start mpirun's daemon: {e}")))?;
         let (tx, rx) = mpsc::channel();
-        let mut pumps = Vec::new();
-        if let Some(o) = child.stdout.take() {
-            pumps.push(pump(o, tx.clone(), false, prefixer(String::new())));
-        }
-        if let Some(e) = child.stderr.take() {
-            pumps.push(pump(e, tx.clone(), true, prefixer(String::new())));
-        }
+        let pumps = pumps(&mut child, &tx, || prefixer(String::new()));
         Ok(Workers {
             kind: Kind::Orted(child),
             nproc: spec.nproc,

@@ -23,7 +23,9 @@ pub fn serve_if_owner() -> bool {
     true
 }
 
-/// Starts this binary's test `test` as the owner; the child and its store's port.
+/// Starts this binary's test `test` as the owner; the child and its store's port. The
+/// caller kills the child and waits for it.
+#[allow(clippy::zombie_processes)]
 pub fn spawn_owner(test: &str) -> (Child, u16) {
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args(["--exact", test, "--nocapture", "--test-threads=1", "-q"])

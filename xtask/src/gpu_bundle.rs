@@ -82,12 +82,16 @@ pub const NOT_BUNDLED: [(&str, &str, &str); 6] = [
         "timeline",
         "the HTML page in a browser, which a GPU machine lacks",
     ),
-    ("ember", "checkpoint_fuzz", "checkpoint parsing on the host"),
+    (
+        "ember-cli",
+        "checkpoint_fuzz",
+        "checkpoint parsing on the host",
+    ),
 ];
 
 /// The programs in `bin/`: (package, binary).
 const PROGRAMS: [(&str, &str); 3] = [
-    ("ember", "ember"),
+    ("ember-cli", "ember"),
     ("ember-bench", "ember-bench"),
     ("xtask", "xtask"),
 ];

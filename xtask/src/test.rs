@@ -124,7 +124,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
 
 /// The features that build process groups' `mpi` backend and its tests: ember-parallel's,
 /// and the `ember` crate's (its `ember launch -- ember train` test).
-const MPI_FEATURE: &str = "ember-parallel/mpi,ember/mpi";
+const MPI_FEATURE: &str = "ember-parallel/mpi,ember/mpi,ember-cli/mpi";
 
 fn on_path(name: &str) -> bool {
     std::env::var_os("PATH")

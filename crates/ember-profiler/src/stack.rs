@@ -204,7 +204,7 @@ mod tests {
             ("/work/main/crates/ember-profiler/tests/profile.rs", false),
             ("/work/app/src/main.rs", false),
             ("/work/ember-tensorflow/src/lib.rs", false),
-            ("/work/main/crates/ember/src/train.rs", false),
+            ("/work/main/crates/ember-cli/src/train.rs", false),
         ] {
             assert_eq!(
                 in_sources_of(Path::new(path), LIBRARY_CRATES),

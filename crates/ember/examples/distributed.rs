@@ -29,7 +29,7 @@
 //! the same weights.
 //!
 //! ```sh
-//! cargo build -p ember --features mpi --example distributed --bin ember
+//! cargo build -p ember --features mpi --example distributed && cargo build -p ember-cli --features mpi
 //! target/debug/ember launch --nproc-per-node 2 -- target/debug/examples/distributed
 //! EMBER_CUDA_EMULATOR=2 target/debug/ember launch --nproc-per-node 2 -- target/debug/examples/distributed
 //! ```

@@ -42,7 +42,6 @@
 //!   the launcher behind `ember launch`.
 //! - [`profiler`] — the profiler (`ember-profiler`): `profile`, `record_function`,
 //!   schedules, `key_averages` tables, Chrome/TensorBoard traces, memory timelines.
-//! - [`info`] — what `ember info` prints, as a value; [`train`] — what `ember train` runs.
 //!
 //! - [`prelude`] — what a training loop uses, in one `use ember::prelude::*`.
 //! - [`io`] — `save`/`load` of state dicts (safetensors); [`half`] — `f16` and `bf16`.
@@ -67,9 +66,6 @@
 #[cfg(doctest)]
 #[doc = include_str!("../../../README.md")]
 struct ReadmeDoctests;
-
-pub mod info;
-pub mod train;
 
 pub use ember_autograd::{
     AutogradError, Error, ErrorKind, Result, Tensor, enable_grad, inference_mode, no_grad,

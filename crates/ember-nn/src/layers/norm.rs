@@ -223,9 +223,9 @@ impl BatchNorm {
         };
         let (running_mean, running_var, num_batches_tracked) = if config.track_running_stats {
             (
-                Some(Tensor::wrap(Raw::zeros([c], (device, dtype))?)),
-                Some(Tensor::wrap(Raw::ones([c], (device, dtype))?)),
-                Some(Tensor::wrap(Raw::zeros([], (device, DType::I64))?)),
+                Some(Raw::zeros([c], (device, dtype))?),
+                Some(Raw::ones([c], (device, dtype))?),
+                Some(Raw::zeros([], (device, DType::I64))?),
             )
         } else {
             (None, None, None)

@@ -1,0 +1,330 @@
+//! The `ember` program. `ember train` trains a model on the shipped digits (Ember's main
+//! job); `ember info` prints the setup checks the walk-throughs print; `ember launch` starts
+//! the ranks of a distributed program, as torchrun.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use ember_cli::train::{AmpDtype, DeviceChoice, EpochStats, ModelKind, Progress, TrainConfig};
+use indicatif::{ProgressBar, ProgressStyle};
+
+/// Ember: a deep-learning framework with PyTorch's GPU workflow.
+#[derive(Debug, Parser)]
+#[command(name = "ember", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Start the ranks of PROGRAM on this node, as torchrun: each gets RANK (node_rank ·
+    /// nproc_per_node + LOCAL_RANK), WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK,
+    /// MASTER_ADDR, MASTER_PORT and TORCHELASTIC_RESTART_COUNT; output lines are prefixed
+    /// with `[rankR]:`; when a rank fails the others (on every node) are ended and launch
+    /// exits with its code, or starts them all again (--max-restarts). On one node the
+    /// ranks run under mpirun when it is installed (the mpi backend needs it).
+    Launch {
+        /// Ranks on this node.
+        #[arg(long)]
+        nproc_per_node: usize,
+        /// Nodes in the job: run `ember launch` on each, with its --node-rank.
+        #[arg(long, default_value_t = 1)]
+        nnodes: usize,
+        /// This node's rank (0..nnodes); node 0 serves the rendezvous store.
+        #[arg(long, default_value_t = 0)]
+        node_rank: usize,
+        /// Node 0's address (MASTER_ADDR).
+        #[arg(long, default_value = "127.0.0.1")]
+        master_addr: String,
+        /// The rendezvous store's port on node 0 (MASTER_PORT).
+        #[arg(long, default_value_t = 29500)]
+        master_port: u16,
+        /// HOST:PORT of node 0: another spelling of --master-addr and --master-port.
+        #[arg(long)]
+        rdzv_endpoint: Option<String>,
+        /// The job's id, the same on every node (TORCHELASTIC_RUN_ID).
+        #[arg(long, default_value = "none")]
+        rdzv_id: String,
+        /// torchrun's rendezvous backend: `c10d` and `static` both mean node 0's store.
+        #[arg(long, default_value = "static", value_parser = ["static", "c10d"])]
+        rdzv_backend: String,
+        /// `join_timeout=SECONDS`: how long the nodes wait for each other (default 600).
+        #[arg(long)]
+        rdzv_conf: Option<String>,
+        /// Start every rank again this many times after a failure.
+        #[arg(long, default_value_t = 0)]
+        max_restarts: u32,
+        /// The program and its arguments (after `--`).
+        #[arg(last = true, required = true)]
+        program: Vec<std::ffi::OsString>,
+    },
+    /// Show CUDA availability, devices and their properties, the CPU, and memory statistics.
+    Info {
+        /// Print one JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Train a model on the 8x8 handwritten digits that ship with Ember, with a progress
+    /// bar, validation accuracy per epoch, peak memory, and resumable checkpoints.
+    Train {
+        /// auto (CUDA if available, else the CPU), cpu, cuda, or cuda:N.
+        #[arg(long, default_value = "auto")]
+        device: DeviceChoice,
+        /// Passes over the training set (in all, when resuming).
+        #[arg(long, default_value_t = TrainConfig::default().epochs)]
+        epochs: usize,
+        /// Samples per step.
+        #[arg(long, default_value_t = TrainConfig::default().batch_size)]
+        batch_size: usize,
+        /// Adam's learning rate [default: 0.002]. With --resume: overrides the
+        /// checkpoint's (a note on stderr says so).
+        #[arg(long)]
+        lr: Option<f64>,
+        /// The model.
+        #[arg(long, value_enum, default_value_t = ModelKind::Mlp)]
+        model: ModelKind,
+        /// Seed for initialisation, the split and the data order [default: 0]. With
+        /// --resume: the checkpoint's; another seed is an error.
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Worker threads preparing batches ahead.
+        #[arg(long, default_value_t = 0)]
+        num_workers: usize,
+        /// Write a checkpoint (model, optimizer, epoch, RNG state) here after every epoch.
+        #[arg(long)]
+        save: Option<PathBuf>,
+        /// Continue from a checkpoint written by --save.
+        #[arg(long)]
+        resume: Option<PathBuf>,
+        /// Mixed precision: forward and loss under autocast in bf16 (no loss scaling) or
+        /// f16 (with a GradScaler), f32 master weights [default: f32 throughout].
+        #[arg(long, value_enum)]
+        amp: Option<AmpDtype>,
+        /// Profile a few steps after a warm-up: trace files (Chrome/TensorBoard), a memory
+        /// timeline and the top-10 table go here.
+        #[arg(long, value_name = "DIR")]
+        profile: Option<PathBuf>,
+        /// Print one JSON summary on stdout (no progress bar).
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// The progress bar: one bar per epoch with the running loss and throughput, and a line
+/// per finished epoch.
+struct Bar {
+    bar: Option<ProgressBar>,
+    quiet: bool,
+}
+
+impl Progress for Bar {
+    fn epoch_start(&mut self, epoch: usize, epochs: usize, batches: usize) {
+        if self.quiet {
+            return;
+        }
+        let bar = ProgressBar::new(batches as u64);
+        let style = ProgressStyle::with_template(
+            "{prefix} [{bar:30}] {pos}/{len} batches {msg} ({elapsed})",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("=> ");
+        bar.set_style(style);
+        bar.set_prefix(format!("epoch {epoch}/{epochs}"));
+        self.bar = Some(bar);
+    }
+    fn batch(&mut self, loss: f64, samples_per_sec: f64) {
+        if let Some(b) = &self.bar {
+            b.set_message(format!("loss {loss:.4}, {samples_per_sec:.0} samples/s"));
+            b.inc(1);
+        }
+    }
+    fn note(&mut self, message: &str) {
+        // On stderr even with --json: an override is never silent.
+        match &self.bar {
+            Some(b) => b.suspend(|| eprintln!("note: {message}")),
+            None => eprintln!("note: {message}"),
+        }
+    }
+
+    fn epoch_end(&mut self, s: &EpochStats) {
+        if let Some(b) = self.bar.take() {
+            b.finish_and_clear();
+        }
+        if !self.quiet {
+            eprintln!(
+                "epoch {:>3}: train loss {:.4}, val accuracy {:.2}%",
+                s.epoch,
+                s.train_loss,
+                100.0 * s.val_accuracy
+            );
+        }
+    }
+}
+
+/// Prints `value` as one pretty JSON object on stdout.
+fn print_json(command: &str, value: &impl serde::Serialize) -> ExitCode {
+    match serde_json::to_string_pretty(value) {
+        Ok(s) => {
+            println!("{s}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("{command}: cannot serialise: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Whether this process is rank 0 of a distributed run (or runs alone): the others train
+/// silently (Note [Distributed training]).
+fn is_rank_zero() -> bool {
+    ["RANK", "OMPI_COMM_WORLD_RANK"]
+        .iter()
+        .find_map(|k| std::env::var(k).ok())
+        .is_none_or(|r| r.trim() == "0")
+}
+
+fn train(cfg: TrainConfig, json: bool) -> ExitCode {
+    let rank_zero = is_rank_zero();
+    let mut bar = Bar {
+        bar: None,
+        quiet: json || !rank_zero,
+    };
+    let (device, why) = match ember_cli::train::resolve_device(cfg.device) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if !json && rank_zero {
+        let precision = cfg
+            .amp
+            .map_or(String::new(), |a| format!(", autocast {}", a.as_str()));
+        eprintln!(
+            "training {} on {device}{precision} ({why})",
+            cfg.model.as_str()
+        );
+    }
+    let summary = match ember_cli::train::train(&cfg, &mut bar) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if !rank_zero {
+        return ExitCode::SUCCESS;
+    }
+    if json {
+        return print_json("ember train", &summary);
+    } else {
+        println!(
+            "done: {} epoch(s) on {} in {:.1} s, {:.0} samples/s; final loss {:.4}, validation accuracy {:.2}% ({} samples); peak memory {}",
+            summary.epochs_run,
+            summary.device,
+            summary.seconds,
+            summary.samples_per_sec,
+            summary.final_loss,
+            100.0 * summary.val_accuracy,
+            summary.val_samples,
+            ember_memory::format_size(summary.peak_memory_bytes)
+        );
+        if let Some(p) = &summary.checkpoint {
+            println!("checkpoint: {p}");
+        }
+        if let Some(p) = &summary.profile {
+            println!(
+                "profile of steps {:?} (sorted by {}):\n{}traces: {}\nmemory timeline: {}",
+                p.steps,
+                p.sort_by,
+                p.table,
+                p.traces.join(", "),
+                p.memory_timeline.as_deref().unwrap_or("(nothing recorded)")
+            );
+        }
+    }
+    ExitCode::SUCCESS
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Launch {
+            nproc_per_node,
+            nnodes,
+            node_rank,
+            master_addr,
+            master_port,
+            rdzv_endpoint,
+            rdzv_id,
+            rdzv_backend: _,
+            rdzv_conf,
+            max_restarts,
+            program,
+        } => {
+            let mut opts = ember_parallel::launch::LaunchOptions::new(nproc_per_node, program);
+            opts.nnodes = nnodes;
+            opts.node_rank = node_rank;
+            opts.master_addr = master_addr;
+            opts.master_port = master_port;
+            opts.run_id = rdzv_id;
+            opts.max_restarts = max_restarts;
+            let set = rdzv_endpoint
+                .map_or(Ok(()), |e| opts.set_rdzv_endpoint(&e))
+                .and_then(|()| rdzv_conf.map_or(Ok(()), |c| opts.set_rdzv_conf(&c)));
+            if let Err(e) = set {
+                eprintln!("ember launch: {e}");
+                return ExitCode::FAILURE;
+            }
+            return match ember_parallel::launch::launch(&opts) {
+                Ok(out) => ExitCode::from(u8::try_from(out.code).unwrap_or(1)),
+                Err(e) => {
+                    eprintln!("ember launch: {e}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
+        Command::Info { json } => {
+            let info = ember_cli::info::collect();
+            if json {
+                return print_json("ember info", &info);
+            } else {
+                print!("{}", info.to_text());
+            }
+        }
+        Command::Train {
+            device,
+            epochs,
+            batch_size,
+            lr,
+            model,
+            seed,
+            num_workers,
+            save,
+            resume,
+            amp,
+            profile,
+            json,
+        } => {
+            let cfg = TrainConfig {
+                device,
+                epochs,
+                batch_size,
+                lr,
+                model,
+                seed,
+                num_workers,
+                save,
+                resume,
+                amp,
+                profile,
+                ..TrainConfig::default()
+            };
+            return train(cfg, json);
+        }
+    }
+    ExitCode::SUCCESS
+}

@@ -1,0 +1,384 @@
+//! `ember train`: Ember's main job. Trains a small model on the 8×8 handwritten digits that
+//! ship with the repository, end to end: data loading, the training loop with
+//! `zero_grad`/`backward`/`step`, validation under `no_grad`, a progress bar, peak memory,
+//! and checkpoints that resume exactly where they stopped.
+//!
+//! Note [Resumable training]: everything the next step depends on is in the checkpoint —
+//! the model's `state_dict`, the optimizer's (moments and step counts), the epoch, and the
+//! random generators' states — and the data order is a function of `(seed, epoch)`. So a run
+//! stopped after epoch k and resumed gives the same numbers as one that never stopped. The
+//! train/validation split is a function of `(seed, val_fraction)`, both in the checkpoint: a
+//! resume takes them from there (a `--seed` that differs is an error, since a new split would
+//! validate on samples the checkpoint was trained on). `--lr` with `--resume` overrides the
+//! checkpoint's learning rate, said on stderr and in the summary's `notes`. A loss that
+//! becomes NaN or infinite stops the run with an error (Note [Train checkpoint] says what a
+//! checkpoint holds and how it is checked).
+//!
+//! Note [Mixed-precision training]: `--amp bf16|f16` runs each batch's forward and loss
+//! under `autocast(device, dtype)` (validation too), with f32 master weights and Adam's
+//! moments in f32, as PyTorch's recipe: f16 with a `GradScaler` (loss scaling; a step whose
+//! gradients hold inf/NaN is skipped and the scale backs off), bf16 without one (its range is
+//! f32's, so nothing underflows that f32 would keep). Without `--amp` the same loop runs with
+//! a disabled scaler, which is a pass-through. The scaler's state (PyTorch's `state_dict`
+//! keys) is in the checkpoint, so a resumed f16 run continues with the scale and growth
+//! tracker it stopped with; a resume with another `--amp` than the checkpoint's is an error.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use ember_device::Device;
+use ember_nn::{Error, Module};
+use serde::Serialize;
+
+mod checkpoint;
+mod data;
+mod device;
+mod distributed;
+mod model;
+mod profile;
+mod run;
+mod setup;
+
+pub use checkpoint::{Checkpoint, FORMAT, read_checkpoint};
+pub use device::resolve_device;
+pub use model::build_model;
+pub use profile::{PROFILE_ACTIVE, PROFILE_SKIP, ProfileSummary};
+
+use data::Data;
+use distributed::Distributed;
+use profile::RunProfiler;
+use run::{Clock, Run};
+
+/// The learning rate of a run that does not give `--lr` (and does not resume).
+pub const DEFAULT_LR: f64 = 2e-3;
+
+/// The seed of a run that does not give `--seed` (and does not resume).
+pub const DEFAULT_SEED: u64 = 0;
+
+/// Which model `ember train` builds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ModelKind {
+    /// 64 → 128 → ReLU → 10.
+    Mlp,
+    /// Two 3×3 convolutions with ReLU and 2×2 max pooling, then a linear layer.
+    Cnn,
+}
+
+impl ModelKind {
+    /// `mlp` or `cnn`, as the command line spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ModelKind::Mlp => "mlp",
+            ModelKind::Cnn => "cnn",
+        }
+    }
+}
+
+/// The lower precision of `--amp`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AmpDtype {
+    /// bfloat16, without loss scaling.
+    Bf16,
+    /// float16, with a `GradScaler`.
+    F16,
+}
+
+impl AmpDtype {
+    /// `bf16` or `f16`, as the command line spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AmpDtype::Bf16 => "bf16",
+            AmpDtype::F16 => "f16",
+        }
+    }
+
+    /// The dtype autocast runs products in.
+    pub fn dtype(self) -> ember_tensor::DType {
+        match self {
+            AmpDtype::Bf16 => ember_tensor::DType::Bf16,
+            AmpDtype::F16 => ember_tensor::DType::F16,
+        }
+    }
+}
+
+/// What `--device` asked for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceChoice {
+    /// CUDA if available, else the CPU.
+    Auto,
+    /// This device.
+    Exact(Device),
+}
+
+impl std::str::FromStr for DeviceChoice {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(DeviceChoice::Auto),
+            other => other
+                .parse::<Device>()
+                .map(DeviceChoice::Exact)
+                .map_err(|e| format!("expected auto, cpu, cuda or cuda:N, found {other:?} ({e})")),
+        }
+    }
+}
+
+/// The settings of one training run.
+#[derive(Clone, Debug)]
+pub struct TrainConfig {
+    /// Where to train.
+    pub device: DeviceChoice,
+    /// Passes over the training set (in all, counting those a resumed checkpoint did).
+    pub epochs: usize,
+    /// Samples per optimizer step.
+    pub batch_size: usize,
+    /// Adam's learning rate: [`DEFAULT_LR`] when `None`; when resuming, `None` keeps the
+    /// checkpoint's and `Some` overrides it (a note says so).
+    pub lr: Option<f64>,
+    /// The model.
+    pub model: ModelKind,
+    /// Seeds initialisation, the split and the data order: [`DEFAULT_SEED`] when `None`;
+    /// when resuming, the checkpoint's, and `Some` other seed is an error.
+    pub seed: Option<u64>,
+    /// The share of the digits held out for validation (`Digits::split`).
+    pub val_fraction: f64,
+    /// Write a checkpoint here after every epoch (atomically).
+    pub save: Option<PathBuf>,
+    /// Start from this checkpoint.
+    pub resume: Option<PathBuf>,
+    /// Worker threads preparing batches.
+    pub num_workers: usize,
+    /// Train under autocast in this dtype (Note [Mixed-precision training]); `None`: f32.
+    pub amp: Option<AmpDtype>,
+    /// Profile a few steps into this directory (Note [Profiling a run]).
+    pub profile: Option<PathBuf>,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        TrainConfig {
+            device: DeviceChoice::Auto,
+            epochs: 30,
+            batch_size: 64,
+            lr: None,
+            model: ModelKind::Mlp,
+            seed: None,
+            val_fraction: 0.2,
+            save: None,
+            resume: None,
+            num_workers: 0,
+            amp: None,
+            profile: None,
+        }
+    }
+}
+
+/// One epoch's numbers.
+#[derive(Clone, Debug, Serialize)]
+pub struct EpochStats {
+    /// 1-based epoch.
+    pub epoch: usize,
+    /// Mean training loss over the epoch's batches.
+    pub train_loss: f64,
+    /// Share of validation samples classified correctly, 0–1.
+    pub val_accuracy: f64,
+}
+
+/// What `ember train --json` prints.
+#[derive(Clone, Debug, Serialize)]
+pub struct TrainSummary {
+    /// The device trained on (`cpu`, `cuda:0`).
+    pub device: String,
+    /// Why that device (for `--device auto`, whether CUDA was available and why not).
+    pub device_reason: String,
+    /// The model.
+    pub model: ModelKind,
+    /// Epochs done in all (including those before a resume).
+    pub epochs: usize,
+    /// Epochs this run did.
+    pub epochs_run: usize,
+    /// The last epoch's mean training loss.
+    pub final_loss: f64,
+    /// The last epoch's validation accuracy, 0–1.
+    pub val_accuracy: f64,
+    /// Training samples per second over this run's epochs.
+    pub samples_per_sec: f64,
+    /// The caching allocator's peak `memory_allocated` on the device during this run.
+    pub peak_memory_bytes: u64,
+    /// Wall time of this run's training and validation.
+    pub seconds: f64,
+    /// Samples in the training split.
+    pub train_samples: usize,
+    /// Samples in the validation split.
+    pub val_samples: usize,
+    /// Trainable parameters.
+    pub parameters: usize,
+    /// Per-epoch numbers of this run.
+    pub history: Vec<EpochStats>,
+    /// Where the checkpoint was written, if anywhere.
+    pub checkpoint: Option<String>,
+    /// The seed of the split and the data order (the checkpoint's, when resuming).
+    pub seed: u64,
+    /// The learning rate trained with (after any override).
+    pub lr: f64,
+    /// The autocast dtype (`bf16`, `f16`), or `None` for f32 training.
+    pub amp: Option<AmpDtype>,
+    /// The `GradScaler`'s scale at the end (f16 only).
+    pub loss_scale: Option<f64>,
+    /// Optimizer steps the `GradScaler` skipped in this run because a gradient was inf or
+    /// NaN (0 without f16).
+    pub skipped_steps: usize,
+    /// What the run decided that the user should know (an `--lr` overriding the
+    /// checkpoint's); the command line prints each on stderr.
+    pub notes: Vec<String>,
+    /// What `--profile` wrote, if given.
+    pub profile: Option<ProfileSummary>,
+    /// Processes that trained together (1 alone; N under `ember launch --nproc-per-node N`
+    /// or `mpirun -n N`, Note [Distributed training]).
+    pub world_size: usize,
+}
+
+/// What a run reports as it goes (the command line draws a progress bar from it).
+pub trait Progress {
+    /// A new epoch starts, with this many batches.
+    fn epoch_start(&mut self, epoch: usize, epochs: usize, batches: usize);
+    /// A batch finished, with its loss and the throughput so far.
+    fn batch(&mut self, loss: f64, samples_per_sec: f64);
+    /// The epoch finished.
+    fn epoch_end(&mut self, stats: &EpochStats);
+    /// Something the user should know before the run goes on (an override); also in
+    /// [`TrainSummary::notes`].
+    fn note(&mut self, _message: &str) {}
+}
+
+/// Reports nothing.
+#[derive(Debug, Default)]
+pub struct Silent;
+
+impl Progress for Silent {
+    fn epoch_start(&mut self, _: usize, _: usize, _: usize) {}
+    fn batch(&mut self, _: f64, _: f64) {}
+    fn epoch_end(&mut self, _: &EpochStats) {}
+}
+
+/// Trains as `cfg` says and returns the summary: the checks, the setup, the epochs (each
+/// validated and checkpointed), and the report.
+pub fn train(cfg: &TrainConfig, progress: &mut dyn Progress) -> Result<TrainSummary, Error> {
+    setup::check_options(cfg)?;
+    let (device, device_reason) = resolve_device(cfg.device)?;
+    let (dist, device, device_reason) = Distributed::from_env(device, device_reason)?;
+    let (world, rank) = dist
+        .as_ref()
+        .map_or((1, 0), |d| (d.group.world_size(), d.rank));
+    setup::check_world(cfg, world)?;
+    let (ckpt, fresh) = checkpoint::resume_from(cfg.resume.as_deref(), cfg.save.as_deref())?;
+    let mut notes: Vec<String> = fresh.into_iter().collect();
+    notes.iter().for_each(|n| progress.note(n));
+    let seed = setup::seed(cfg, ckpt.as_ref())?;
+    if let Some(c) = &ckpt {
+        setup::check_resume(cfg, c)?;
+    }
+    ember_tensor::random::manual_seed(seed);
+    let data = Data::load(cfg, seed, device, dist.as_ref().map(|d| (world, d.rank)))?;
+    let mut run = Run::build(cfg, device, dist.as_ref())?;
+    if let Some(c) = &ckpt {
+        run.resume(c, cfg, progress, &mut notes)?;
+    }
+    let mut profiler = match &cfg.profile {
+        Some(dir) => Some(RunProfiler::start(dir, device)?),
+        None => None,
+    };
+    ember_memory::reset_peak_memory_stats(device)?;
+    let mut clock = Clock {
+        started: Instant::now(),
+        seen: 0,
+    };
+    let (mut history, mut skipped_steps) = (Vec::new(), 0);
+    for epoch in run.start_epoch..cfg.epochs {
+        let (loss, skipped) =
+            run.train_epoch(epoch, (cfg, &data), &mut clock, progress, profiler.as_mut())?;
+        skipped_steps += skipped;
+        let stats = run.stats(epoch, loss, &data)?;
+        progress.epoch_end(&stats);
+        history.push(stats);
+        run.save(cfg, (seed, rank), epoch + 1)?;
+    }
+    let seconds = clock.started.elapsed().as_secs_f64();
+    if let Some(d) = dist {
+        // The ranks leave together: MPI must be finalized before the process exits.
+        run.leave_group();
+        drop(d);
+        ember_parallel::destroy_process_group()?;
+    }
+    let report = Report {
+        device: (device, device_reason),
+        seed,
+        data: &data,
+        history,
+        skipped_steps,
+        notes,
+        seconds,
+        samples: clock.seen,
+    };
+    report.summary(cfg, &run, profiler.map(RunProfiler::finish).transpose()?)
+}
+
+/// What a finished run hands to its summary.
+struct Report<'a> {
+    device: (Device, String),
+    seed: u64,
+    data: &'a Data,
+    history: Vec<EpochStats>,
+    skipped_steps: usize,
+    notes: Vec<String>,
+    seconds: f64,
+    samples: usize,
+}
+
+impl Report<'_> {
+    /// The summary `ember train --json` prints.
+    fn summary(
+        self,
+        cfg: &TrainConfig,
+        run: &Run,
+        profile: Option<ProfileSummary>,
+    ) -> Result<TrainSummary, Error> {
+        let last = self.history.last().cloned().unwrap_or(EpochStats {
+            epoch: run.start_epoch,
+            train_loss: f64::NAN,
+            val_accuracy: f64::NAN,
+        });
+        let (device, device_reason) = self.device;
+        Ok(TrainSummary {
+            device: device.to_string(),
+            device_reason,
+            model: cfg.model,
+            epochs: cfg.epochs,
+            epochs_run: self.history.len(),
+            final_loss: last.train_loss,
+            val_accuracy: last.val_accuracy,
+            samples_per_sec: self.samples as f64 / self.seconds.max(1e-9),
+            peak_memory_bytes: ember_memory::max_memory_allocated(device)?,
+            seconds: self.seconds,
+            train_samples: self.data.train_samples,
+            val_samples: self.data.val_samples,
+            parameters: run.model.num_parameters(),
+            history: self.history,
+            checkpoint: cfg.save.as_ref().map(|p| p.display().to_string()),
+            seed: self.seed,
+            lr: run.lr(),
+            amp: cfg.amp,
+            loss_scale: if run.scaler.is_enabled() {
+                Some(run.scaler.get_scale()?)
+            } else {
+                None
+            },
+            skipped_steps: self.skipped_steps,
+            notes: self.notes,
+            profile,
+            world_size: run.world,
+        })
+    }
+}

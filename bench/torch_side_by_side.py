@@ -30,7 +30,8 @@ version), the format `cargo xtask bench --save` writes (see xtask/src/results.rs
 `cargo xtask bench-report` renders the saved files into docs/performance.md.
 
 The multi-process cases (`all_reduce_mpi_*` against MPI_Allreduce through mpi4py on the same
-Open MPI, `ddp_train_mlp_2000_1000_100_b128_2ranks` against PyTorch DDP over gloo; 2 ranks of
+Open MPI, `ddp_train_mlp_2000_1000_100_b128_2ranks` against PyTorch DDP over gloo, and
+`..._2nodes`, 2 nodes x 1 process on loopback, against torchrun --nnodes 2; 2 ranks of
 --rank-threads threads each on both sides) run their other side in processes of their own:
 see bench/dist_side_by_side.py. mpi4py is installed from PyPI into the same interpreter as
 torch when missing (unless --no-install); without it those rows say why and show Ember alone.
@@ -456,8 +457,8 @@ CASES: list[Case] = (
     # Several processes, the other side in bench/dist_side_by_side.py.
     + [Case(f"all_reduce_mpi_{size}", "GB/s", True, _no_setup, devices=("cpu",), external="mpi4py")
        for size in ("1kib", "64kib", "1mib", "16mib", "256mib")]
-    + [Case("ddp_train_mlp_2000_1000_100_b128_2ranks", "samples/s", True, _no_setup,
-            devices=("cpu",), external="torch")]
+    + [Case(f"ddp_train_mlp_2000_1000_100_b128_{shape}", "samples/s", True, _no_setup,
+            devices=("cpu",), external="torch") for shape in ("2ranks", "2nodes")]
 )
 
 
@@ -807,6 +808,7 @@ def main() -> None:
             if case.external and external_why.get(case.external) is None:
                 py = str(venv_python()) if venv_python().exists() else sys.executable
                 t = (dist.run_mpi4py(py, case.name) if case.external == "mpi4py"
+                     else dist.run_torch_ddp_nodes(py, args.rank_threads) if case.name == dist.DDP_NODES
                      else dist.run_torch_ddp(py, args.rank_threads))
             elif not case.external and worker is not None:
                 t = worker.run(case.name)

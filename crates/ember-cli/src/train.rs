@@ -283,7 +283,9 @@ pub fn train(cfg: &TrainConfig, progress: &mut dyn Progress) -> Result<TrainSumm
         .as_ref()
         .map_or((1, 0), |d| (d.group.world_size(), d.rank));
     setup::check_world(cfg, world)?;
-    let ckpt = cfg.resume.as_deref().map(read_checkpoint).transpose()?;
+    let (ckpt, fresh) = checkpoint::resume_from(cfg.resume.as_deref(), cfg.save.as_deref())?;
+    let mut notes: Vec<String> = fresh.into_iter().collect();
+    notes.iter().for_each(|n| progress.note(n));
     let seed = setup::seed(cfg, ckpt.as_ref())?;
     if let Some(c) = &ckpt {
         setup::check_resume(cfg, c)?;
@@ -292,7 +294,6 @@ pub fn train(cfg: &TrainConfig, progress: &mut dyn Progress) -> Result<TrainSumm
     let data = Data::load(cfg, seed, device, dist.as_ref().map(|d| (world, d.rank)))?;
     let width = setup::width(cfg, ckpt.as_ref())?;
     let mut run = Run::build(cfg, width, device, dist.as_ref())?;
-    let mut notes = Vec::new();
     if let Some(c) = &ckpt {
         run.resume(c, cfg, progress, &mut notes)?;
     }

@@ -10,9 +10,9 @@
 //!   [Explicit groups]) and its own random generator, as a process has.
 //! - With the `mpi` feature, as the text runs it: `ember launch --nproc-per-node 2` starts
 //!   this test binary as two ranks, which run the example's `main` (rank and `LOCAL_RANK`
-//!   from the environment) and print their reports; on the CPU, and on two emulated GPUs
-//!   per process (`cuda:LOCAL_RANK`; the `mpi` backend stages their tensors through host
-//!   memory, as `ember train` does there).
+//!   from the environment) and print their reports; on the CPU over `mpi`, and on two
+//!   emulated GPUs per process (`cuda:LOCAL_RANK`) over `nccl`, the emulator's NCCL joining
+//!   the two processes.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -222,6 +222,6 @@ fn distributed_py_under_ember_launch_on_emulated_gpus() {
     if let Some(reports) = launched(test, 29542, Some("2")) {
         // The reference runs in this process, on the emulator too.
         ember::cuda::use_emulator(ember::driver::emulator::EmulatorConfig::devices(2)).unwrap();
-        check(&reports, Device::Cuda, "mpi", Device::Cuda(0));
+        check(&reports, Device::Cuda, "nccl", Device::Cuda(0));
     }
 }

@@ -64,6 +64,27 @@ fn bad(path: &Path, msg: impl std::fmt::Display) -> Error {
     )
 }
 
+/// The checkpoint of `--resume`, or `None` with a note when `--resume` names the `--save`
+/// path and nothing is there yet: the first attempt of a job that `ember launch
+/// --max-restarts` may start again with the same command line (Note [Restarts] in
+/// ember-parallel's `launch`) starts from scratch, a restarted one continues.
+pub(super) fn resume_from(
+    resume: Option<&Path>,
+    save: Option<&Path>,
+) -> Result<(Option<Checkpoint>, Option<String>), Error> {
+    match resume {
+        Some(p) if save == Some(p) && !p.exists() => Ok((
+            None,
+            Some(format!(
+                "no checkpoint at {} yet: starting from scratch (--resume names the --save path)",
+                p.display()
+            )),
+        )),
+        Some(p) => Ok((Some(read_checkpoint(p)?), None)),
+        None => Ok((None, None)),
+    }
+}
+
 /// Reads the checkpoint at `path` (the data checked against its checksum) and parses its
 /// metadata; the tensors are checked by [`Checkpoint::restore`].
 pub fn read_checkpoint(path: &Path) -> Result<Checkpoint, Error> {

@@ -27,12 +27,14 @@
 //! ([`StreamHandle::DEFAULT`]) is each device's default (legacy) stream.
 
 mod activity;
+pub(crate) mod blas_handles;
 mod conv;
 pub mod emulator;
 mod nccl;
 pub mod real;
 
 pub use activity::{ActivityKind, ActivityRecord};
+pub use blas_handles::workspace_size;
 pub use conv::{
     ConvAlgoPerf, ConvBuffers, ConvDesc, ConvDirection, ConvProblem, ConvSearch, MAX_ALIGN,
     byte_alignment,

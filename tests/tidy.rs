@@ -39,7 +39,7 @@ fn workspace_root() -> PathBuf {
 /// Files under `dir` whose names end with one of `exts`, skipping build outputs.
 fn files_under(dir: &Path, exts: &[&str], out: &mut Vec<PathBuf>) {
     let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
+        return; // not a skip: an unreadable directory has no files
     };
     for e in entries.flatten() {
         let p = e.path();

@@ -61,19 +61,24 @@ fn env_vars_read() -> BTreeMap<String, BTreeSet<String>> {
     found
 }
 
-/// The variables of a page's table: rows that start with `` | `EMBER_``.
+/// The variables of a page's table: rows that start with `` | `EMBER_``, every
+/// `` `EMBER_…` `` named in the row's first cell (related variables share a row).
 fn env_table_rows(text: &str) -> BTreeSet<String> {
     let row = format!("| `{ENV_PREFIX}");
-    text.lines()
-        .filter(|l| l.trim_start().starts_with(&row))
-        .map(|l| {
-            let name = &l.trim_start()[3..];
-            let end = name
-                .find(|c: char| !(c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_'))
-                .unwrap_or(name.len());
-            name[..end].to_string()
-        })
-        .collect()
+    let mut names = BTreeSet::new();
+    for l in text.lines().filter(|l| l.trim_start().starts_with(&row)) {
+        let cell = l.trim_start()[1..].split('|').next().unwrap_or("");
+        for quoted in cell.split('`').skip(1).step_by(2) {
+            if quoted.starts_with(ENV_PREFIX)
+                && quoted
+                    .chars()
+                    .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
+            {
+                names.insert(quoted.to_string());
+            }
+        }
+    }
+    names
 }
 
 fn markdown_files() -> Vec<PathBuf> {

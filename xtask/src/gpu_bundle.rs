@@ -56,7 +56,7 @@ pub const GPU_SUITES: [(&str, &str); 26] = [
 ];
 
 /// Suites with device tests that the bundle leaves out, and why.
-pub const NOT_BUNDLED: [(&str, &str, &str); 6] = [
+pub const NOT_BUNDLED: [(&str, &str, &str); 7] = [
     (
         "ember-tensor",
         "guarantees",
@@ -86,6 +86,11 @@ pub const NOT_BUNDLED: [(&str, &str, &str); 6] = [
         "ember-cli",
         "checkpoint_fuzz",
         "checkpoint parsing on the host",
+    ),
+    (
+        "ember-parallel",
+        "rendezvous",
+        "ranks as threads of one process need the emulator's NCCL (real GPUs: nccl_group)",
     ),
 ];
 

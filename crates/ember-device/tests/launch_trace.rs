@@ -98,7 +98,7 @@ const NAMES: usize = 40;
 fn child_launches_many_kernels() {
     if std::env::var_os("EMBER_TRACE_TEST_CHILD").is_none() {
         println!("ember-skip: runs only as a child of concurrent_processes_append_whole_lines");
-        return;
+        return; // not a skip: the `ember-skip:` line above records it (this crate is below ember-testing)
     }
     let e = Emulator::new(EmulatorConfig::devices(1)).unwrap();
     let names: Vec<String> = (0..NAMES)

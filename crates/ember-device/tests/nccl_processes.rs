@@ -280,7 +280,7 @@ fn ranks_in_two_processes_run_every_collective() {
         let emu = emulator();
         // Its own cuda:0: devices of two processes are two GPUs.
         join(&emu, &unhex(&std::env::var(ID).unwrap()), 1, 3, 0).script();
-        return;
+        return; // not a skip: the child process's part ends here
     }
     let emu = emulator();
     let id = emu.nccl_unique_id().unwrap();
@@ -337,7 +337,7 @@ fn an_abort_in_another_process_ends_the_clique() {
         emu.nccl_comm_abort(r.comm).unwrap();
         let e = all_reduce_of_one(&r).unwrap_err();
         assert!(e.to_string().contains("was aborted"), "{e}");
-        return;
+        return; // not a skip: the child process's part ends here
     }
     let emu = emulator();
     let id = emu.nccl_unique_id().unwrap();

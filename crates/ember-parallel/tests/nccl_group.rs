@@ -48,7 +48,7 @@ fn devices_for(world: usize) -> Result<(), String> {
                  emulated passes run it on the emulator's {DEVICES})"
             ));
         }
-        return Ok(());
+        return Ok(()); // not a skip: the devices are ready
     }
     if let Err(e) = cuda::use_emulator(EmulatorConfig::devices(DEVICES)) {
         assert!(

@@ -175,7 +175,7 @@ fn a_port_in_use_is_an_error_naming_it() {
 #[test]
 fn a_client_waiting_when_the_owner_dies_fails_at_once() {
     if owner::serve_if_owner() {
-        return;
+        return; // not a skip: the store owner's child process ends here
     }
     let (mut child, port) =
         owner::spawn_owner("a_client_waiting_when_the_owner_dies_fails_at_once");

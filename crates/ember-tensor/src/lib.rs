@@ -9,7 +9,7 @@
 //! assert_eq!(b.dims(), &[3, 2]);
 //! let c = a.to_dtype(DType::F64)?;
 //! println!("{c}"); // tensor([[1., 2., 3.], [4., 5., 6.]], dtype=torch.float64)
-//! # Ok::<(), ember_tensor::TensorError>(())
+//! # Ok::<(), ember_tensor::Error>(())
 //! ```
 //!
 //! Modules:

@@ -367,7 +367,7 @@ impl std::error::Error for Mismatch {}
 /// use ember_testing::assert_close;
 /// let x = Tensor::from_slice(&[1f32, 2.], [2], &Device::Cpu)?;
 /// assert_close(&x.mul(3.0)?, &[3.0, 6.0000001][..]);
-/// # Ok::<(), ember_tensor::TensorError>(())
+/// # Ok::<(), ember_tensor::Error>(())
 /// ```
 ///
 /// # Panics

@@ -108,7 +108,7 @@ impl RawTensor {
     /// let a = Tensor::arange(0, 3, ())?;          // i64
     /// let b = Tensor::ones([2, 1], DType::F16)?;
     /// let c = a.add(&b)?;                          // broadcast to [2, 3], promoted to f16
-    /// assert_eq!((c.dims(), c.dtype()), (&[2usize, 3][..], DType::F16));
+    /// assert_eq!((c.dims(), c.dtype()), (vec![2usize, 3], DType::F16));
     /// assert_eq!(a.add(0.5)?.dtype(), DType::F32);  // int tensor + float scalar
     /// # Ok::<(), ember_tensor::Error>(())
     /// ```
@@ -255,7 +255,7 @@ impl RawTensor {
     /// use ember_tensor::{Device, Tensor};
     /// let g = Tensor::new(&[1f32, 2., 3., 4.], &Device::Cpu)?;
     /// let y = Tensor::new(&[0f32, 0.5, f32::NAN, -1.], &Device::Cpu)?;
-    /// assert_eq!(g.threshold_backward(&y, 0.0)?.to_vec::<f32>()?, vec![0., 2., 3., 0.]);
+    /// assert_eq!(ember_tensor::aten::threshold_backward(&g, &y, 0.0)?.to_vec::<f32>()?, vec![0., 2., 3., 0.]);
     /// # Ok::<(), ember_tensor::Error>(())
     /// ```
     pub fn threshold_backward(

@@ -138,7 +138,7 @@ impl RawTensor {
     /// use ember_tensor::{Conv2dOptions, Tensor};
     /// let w = Tensor::ones([1, 1, 2, 2], ())?;
     /// let g = Tensor::ones([1, 1, 2, 2], ())?;
-    /// let gx = g.conv2d_backward_input([1, 1, 3, 3], &w, &Conv2dOptions::new())?;
+    /// let gx = ember_tensor::aten::conv2d_backward_input(&g, [1, 1, 3, 3], &w, &Conv2dOptions::new())?;
     /// assert_eq!(gx.to_vec::<f32>()?, vec![1., 2., 1., 2., 4., 2., 1., 2., 1.]);
     /// # Ok::<(), ember_tensor::Error>(())
     /// ```
@@ -190,7 +190,7 @@ impl RawTensor {
     /// use ember_tensor::{Conv2dOptions, Tensor};
     /// let x = Tensor::arange(0f32, 9., ())?.reshape([1, 1, 3, 3])?;
     /// let g = Tensor::ones([1, 1, 2, 2], ())?;
-    /// let gw = g.conv2d_backward_weight(&x, [1, 1, 2, 2], &Conv2dOptions::new())?;
+    /// let gw = ember_tensor::aten::conv2d_backward_weight(&g, &x, [1, 1, 2, 2], &Conv2dOptions::new())?;
     /// assert_eq!(gw.to_vec::<f32>()?, vec![8., 12., 20., 24.]);
     /// # Ok::<(), ember_tensor::Error>(())
     /// ```

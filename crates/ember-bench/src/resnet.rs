@@ -44,7 +44,7 @@ fn conv(
 }
 
 fn bn(c: usize) -> Result<BatchNorm2d, String> {
-    BatchNorm2d::new_2d(c, ()).map_err(err)
+    BatchNorm2d::new(c, ()).map_err(err)
 }
 
 /// torchvision's `BasicBlock` (expansion 1).

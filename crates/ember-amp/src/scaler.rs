@@ -327,7 +327,7 @@ impl GradScaler {
         self.check_device("scale", "the loss", loss.device())?;
         let (s, _) = self.scale_tensors()?;
         // The scale is 0-dim: it broadcasts against any loss shape.
-        loss.mul(&Tensor::wrap(s))
+        loss.mul(&s)
     }
 
     /// Divides the gradients of `optimizer`'s parameters by the scale in place and records

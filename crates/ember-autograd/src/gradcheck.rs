@@ -5,12 +5,8 @@
 //! analytically; perturbing each element of each input by ±eps gives it numerically. One
 //! backward and two forwards per input element, so it stays cheap on small shapes.
 
-use ember_tensor::{DType, Device, Tensor as Raw};
-
-use crate::engine::{GradOptions, grad};
-use crate::error::{AutogradError, Result};
-use crate::mode::no_grad;
-use crate::tensor::Tensor;
+use ember_error::{Error, Result};
+use ember_tensor::{AutogradError, DType, Device, GradOptions, Tensor, grad, no_grad};
 
 /// Tolerances of [`gradcheck`] (PyTorch's defaults).
 #[derive(Clone, Copy, Debug)]
@@ -48,7 +44,7 @@ fn projection(n: usize, seed: u64) -> Vec<f64> {
         .collect()
 }
 
-fn projected(out: &Raw, v: &[f64]) -> Result<f64> {
+fn projected(out: &Tensor, v: &[f64]) -> Result<f64> {
     let o = out.to_dtype(DType::F64)?.to_vec::<f64>()?;
     Ok(o.iter().zip(v).map(|(a, b)| a * b).sum())
 }
@@ -71,29 +67,26 @@ where
 {
     for (i, t) in inputs.iter().enumerate() {
         if t.requires_grad() && t.dtype() != DType::F64 {
-            return Err(AutogradError::invalid(
+            return Err(Error::invalid(
                 "gradcheck",
                 format!(
                     "input {i} is {} but gradcheck needs f64 inputs for its finite differences",
                     t.dtype()
                 ),
-            )
-            .into());
+            ));
         }
     }
     let out = f(inputs)?;
     let od = out.data();
     let v = projection(od.numel(), 0x5eed);
-    let vt = Tensor::wrap(
-        Raw::from_vec(v.clone(), od.shape().clone(), Device::Cpu)?
-            .to_dtype(od.dtype())?
-            .to_device(od.device())?,
-    );
+    let vt = Tensor::from_vec(v.clone(), od.shape(), Device::Cpu)?
+        .to_dtype(od.dtype())?
+        .to_device(od.device())?;
     let checked: Vec<usize> = (0..inputs.len())
         .filter(|&i| inputs[i].requires_grad())
         .collect();
     if checked.is_empty() {
-        return Err(AutogradError::invalid("gradcheck", "no input requires grad").into());
+        return Err(Error::invalid("gradcheck", "no input requires grad"));
     }
     if !out.requires_grad() {
         return Err(AutogradError::Gradcheck(
@@ -124,9 +117,9 @@ where
             let at = |delta: f64| -> Result<f64> {
                 let mut p = base.clone();
                 p[j] += delta;
-                let xp = Raw::from_vec(p, x.shape().clone(), Device::Cpu)?.to_device(dev)?;
+                let xp = Tensor::from_vec(p, x.shape(), Device::Cpu)?.to_device(dev)?;
                 let mut args: Vec<Tensor> = inputs.to_vec();
-                args[i] = Tensor::wrap(xp);
+                args[i] = xp;
                 projected(&f(&args)?.data(), &v)
             };
             let num = (at(opts.eps)? - at(-opts.eps)?) / (2.0 * opts.eps);

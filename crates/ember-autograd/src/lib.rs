@@ -1,8 +1,11 @@
-//! Autograd for Ember: a tape over the eager tensor of `ember-tensor`.
+//! Autograd for Ember: the functions around the tape of `ember-tensor`'s [`Tensor`].
 //!
-//! [`Tensor`] is PyTorch's `torch.Tensor`: the same ops as `ember_tensor::Tensor`, and
-//! when grad mode is on and an input requires grad each op records a node whose backward
-//! is written with `ember-tensor` ops, so it runs on every device the forward runs on.
+//! [`Tensor`] is PyTorch's `torch.Tensor`, defined once in `ember-tensor`: when grad mode is
+//! on and an input requires grad, each op records a node whose backward is written beside
+//! its forward in the op table, so it runs on every device the forward runs on. This crate
+//! is where users find autograd (`backward`, `grad`, grad modes, hooks, custom ops,
+//! checkpointing) and adds [`gradcheck`], the finite-difference check every differentiable
+//! op passes.
 //!
 //! ```
 //! use ember_autograd::{Tensor, no_grad};
@@ -19,38 +22,16 @@
 //! # Ok::<(), ember_autograd::Error>(())
 //! ```
 //!
-//! Modules:
-//! - `tensor`: [`Tensor`], leaf state (`requires_grad`, `.grad`, hooks), `backward`.
-//! - `graph`: nodes, edges, saved tensors (Note [Graph ownership]).
-//! - `engine`: the backward engine (Note [Backward engine]), [`backward`], [`grad`].
-//! - [`mode`]: [`no_grad`], [`enable_grad`], [`inference_mode`], [`set_grad_enabled`],
-//!   and the autocast hook (Note [Autocast hook]).
-//! - `rebase`: views and in-place writes through them (Note [View rebase]).
-//! - `ops/*`: the differentiable ops; `checkpoint`: [`checkpoint`] (Note [Checkpoint]);
-//!   `gradcheck`: [`gradcheck`]; `function`: [`custom_op`] (Note [Custom ops]).
+//! Modules: [`mode`] (grad modes and the autocast hook, from `ember-tensor`), `gradcheck`.
 
-mod checkpoint;
-mod create;
-mod engine;
-mod error;
-mod function;
 mod gradcheck;
-mod graph;
-pub mod mode;
-mod ops;
-mod rebase;
-mod tensor;
 
-pub use checkpoint::checkpoint;
-pub use ember_device::ErrorKind;
-pub use ember_tensor::Reduction;
-pub use engine::{GradOptions, backward, grad, reachable_leaves};
-pub use error::{AutogradError, Error, Result};
-pub use function::custom_op;
-pub use gradcheck::{GradcheckOptions, gradcheck};
-pub use mode::{
-    GradModeGuard, enable_grad, inference_mode, is_grad_enabled, is_inference_mode_enabled,
-    no_grad, set_grad_enabled, with_no_grad,
+pub use ember_error::{Error, ErrorKind, Result};
+pub use ember_tensor::autograd::mode;
+pub use ember_tensor::{
+    AutogradError, CrossEntropyOptions, GradModeGuard, GradOptions, HookHandle, NllLossOptions,
+    Operand, Reduction, Tensor, backward, checkpoint, custom_op, enable_grad, grad, inference_mode,
+    is_grad_enabled, is_inference_mode_enabled, no_grad, reachable_leaves, set_grad_enabled,
+    r#where, with_no_grad,
 };
-pub use ops::{CrossEntropyOptions, NllLossOptions, Operand, r#where};
-pub use tensor::{HookHandle, Tensor};
+pub use gradcheck::{GradcheckOptions, gradcheck};

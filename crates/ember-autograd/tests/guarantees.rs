@@ -34,7 +34,7 @@ test_device!(hook_changing_the_size_is_an_error, |d: &Device| {
     assert_eq!(e.kind(), ErrorKind::InvalidArgument);
     // On a leaf, of another dtype.
     let x = leaf(&[1.0, 2.0], &[2], d);
-    x.register_hook(|g| Some(Tensor::wrap(g.data().to_dtype(DType::F32).unwrap())))
+    x.register_hook(|g| Some(g.data().to_dtype(DType::F32).unwrap()))
         .unwrap();
     let e = x
         .mul(3.0)

@@ -104,72 +104,11 @@ impl DeviceError {
     }
 }
 
-/// What kind of failure an error of any Ember crate is: the one classification users match
-/// on, whichever layer the error came from (`ember::Error::kind()`, and `kind()` on every
-/// crate's own error enum).
-///
-/// ```
-/// use ember_device::{Device, ErrorKind};
-/// let e = "gpu:0".parse::<Device>().unwrap_err();
-/// assert_eq!(e.kind(), ErrorKind::Device);
-/// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum ErrorKind {
-    /// An allocation failed: the device (or the host) has no memory left for it.
-    OutOfMemory,
-    /// Tensors (or a module and its input) on two different devices.
-    DeviceMismatch,
-    /// A device that does not parse or does not exist, or CUDA that is unavailable.
-    Device,
-    /// Shapes that do not fit together (broadcasting, matrix products, views, element
-    /// counts).
-    Shape,
-    /// A dtype an op does not take, or dtypes that disagree.
-    DType,
-    /// An index or a dimension out of range.
-    Index,
-    /// An argument outside what the call accepts (named in the message).
-    InvalidArgument,
-    /// A failure of the autograd graph (backward twice, a modified saved tensor, ...).
-    Autograd,
-    /// A `state_dict` whose keys or shapes do not match the module or optimizer.
-    StateDict,
-    /// Reading or writing a file failed, or a file is malformed.
-    Io,
-    /// A dataset or a sample that could not be read or collated.
-    Data,
-    /// A CUDA driver or library call failed.
-    Driver,
-    /// Something this build or driver does not offer.
-    Unsupported,
-    /// A collective failed or timed out, or a process group could not be formed (named
-    /// with the rank and the operation).
-    Distributed,
-    /// Anything else.
-    Other,
-}
+pub use ember_error::ErrorKind;
 
-impl std::fmt::Display for ErrorKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let s = match self {
-            ErrorKind::OutOfMemory => "out of memory",
-            ErrorKind::DeviceMismatch => "device mismatch",
-            ErrorKind::Device => "device",
-            ErrorKind::Shape => "shape",
-            ErrorKind::DType => "dtype",
-            ErrorKind::Index => "index",
-            ErrorKind::InvalidArgument => "invalid argument",
-            ErrorKind::Autograd => "autograd",
-            ErrorKind::StateDict => "state_dict",
-            ErrorKind::Io => "i/o",
-            ErrorKind::Data => "data",
-            ErrorKind::Driver => "driver",
-            ErrorKind::Unsupported => "unsupported",
-            ErrorKind::Distributed => "distributed",
-            ErrorKind::Other => "other",
-        };
-        f.write_str(s)
+impl From<DeviceError> for ember_error::Error {
+    fn from(e: DeviceError) -> Self {
+        ember_error::Error::new(e.kind(), e)
     }
 }
 

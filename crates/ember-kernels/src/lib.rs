@@ -67,6 +67,17 @@ pub enum KernelsError {
     Device(#[from] DeviceError),
 }
 
+/// Into Ember's one error (Note [One error] in `ember-error`): a device error is carried as
+/// itself, the innermost error.
+impl From<KernelsError> for ember_error::Error {
+    fn from(e: KernelsError) -> Self {
+        match e {
+            KernelsError::Device(d) => d.into(),
+            e => ember_error::Error::new(e.kind(), e),
+        }
+    }
+}
+
 impl KernelsError {
     /// What kind of failure this is (see [`ErrorKind`](ember_device::ErrorKind)).
     pub fn kind(&self) -> ember_device::ErrorKind {

@@ -188,6 +188,17 @@ pub enum MemoryError {
     },
 }
 
+/// Into Ember's one error (Note [One error] in `ember-error`): a device error is carried as
+/// itself, the innermost error.
+impl From<MemoryError> for ember_error::Error {
+    fn from(e: MemoryError) -> Self {
+        match e {
+            MemoryError::Device(d) => d.into(),
+            e => ember_error::Error::new(e.kind(), e),
+        }
+    }
+}
+
 impl MemoryError {
     /// `true` for [`MemoryError::OutOfMemory`] (and a device's own out-of-memory).
     pub fn is_out_of_memory(&self) -> bool {

@@ -1,5 +1,5 @@
 //! [`NnError`]: what modules, optimizers and data loading report, carried by the one
-//! [`Error`] (Note [One error] in `ember-autograd`).
+//! [`Error`] (Note [One error] in `ember-error`).
 
 pub use ember_autograd::{Error, ErrorKind};
 use ember_tensor::Shape;

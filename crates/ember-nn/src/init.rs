@@ -82,7 +82,7 @@ pub fn uniform_(t: &Tensor, low: f64, high: f64) -> Result<()> {
     }
     fill(t, "uniform_", |d| {
         let r = Raw::rand(d.shape().clone(), (d.device(), d.dtype()))?;
-        Ok(r.mul(high - low)?.add(low)?)
+        r.mul(high - low)?.add(low)
     })
 }
 
@@ -93,13 +93,13 @@ pub fn normal_(t: &Tensor, mean: f64, std: f64) -> Result<()> {
     }
     fill(t, "normal_", |d| {
         let r = Raw::randn(d.shape().clone(), (d.device(), d.dtype()))?;
-        Ok(r.mul(std)?.add(mean)?)
+        r.mul(std)?.add(mean)
     })
 }
 
 /// Fills with `value`.
 pub fn constant_(t: &Tensor, value: f64) -> Result<()> {
-    fill(t, "constant_", |d| Ok(d.full_like(value)?))
+    fill(t, "constant_", |d| d.full_like(value))
 }
 
 /// Fills with zeros.

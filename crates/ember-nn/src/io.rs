@@ -106,9 +106,6 @@ pub fn load_with_metadata(
     device: impl Into<Device>,
 ) -> Result<(StateDict, BTreeMap<String, String>)> {
     let (tensors, meta) = ember_tensor::io::load_with_metadata(path, device.into())?;
-    let tensors = tensors
-        .into_iter()
-        .map(|(k, t)| (k, Tensor::wrap(t)))
-        .collect();
+    let tensors = tensors.into_iter().collect();
     Ok((tensors, meta))
 }

@@ -322,17 +322,10 @@ fn state_dict_round_trip_continues_identically() {
             sd.iter().map(|(k, v)| (k.clone(), v.data())).collect();
         let bytes = ember_tensor::io::save_to_bytes(&raw, &BTreeMap::new()).unwrap();
         let (loaded, _) = ember_tensor::io::load_from_bytes(&bytes, CPU).unwrap();
-        let loaded: StateDict = loaded
-            .into_iter()
-            .map(|(k, v)| (k, Tensor::wrap(v)))
-            .collect();
+        let loaded: StateDict = loaded.into_iter().collect();
         let resumed: Vec<Tensor> = params
             .iter()
-            .map(|p| {
-                Tensor::wrap(p.data().copy().unwrap())
-                    .requires_grad_(true)
-                    .unwrap()
-            })
+            .map(|p| (p.data().copy().unwrap()).requires_grad_(true).unwrap())
             .collect();
         // The dict is a snapshot: stepping on does not change it.
         let snapshot: Vec<Vec<f64>> = sd.values().map(vals).collect();
@@ -525,7 +518,7 @@ fn optimizer_state_follows_params_to_another_device() {
         let mut opt = make(params.clone());
         run_steps(opt.as_mut(), &params, 0, 5);
         for p in &params {
-            p.set_data(p.data().to_device(gpu).unwrap());
+            p.set_data(&p.data().to_device(gpu).unwrap());
         }
         run_steps(opt.as_mut(), &params, 5, 7);
         for (p, e) in params.iter().zip(&expected) {
@@ -551,7 +544,7 @@ fn loaded_state_goes_to_the_params_device_and_dtype() {
     let on_gpu: Vec<Tensor> = params
         .iter()
         .map(|p| {
-            Tensor::wrap(p.data().to((gpu, DType::F64)).unwrap())
+            (p.data().to((gpu, DType::F64)).unwrap())
                 .requires_grad_(true)
                 .unwrap()
         })

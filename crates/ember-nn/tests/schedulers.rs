@@ -255,7 +255,6 @@ fn scheduler_state_dict_resumes_exactly() {
         let loaded: ember_nn::StateDict = ember_tensor::io::load(&path, CPU)
             .unwrap()
             .into_iter()
-            .map(|(k, t)| (k, Tensor::wrap(t)))
             .collect();
         std::fs::remove_dir_all(&dir).unwrap();
         assert_eq!(

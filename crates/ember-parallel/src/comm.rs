@@ -30,7 +30,7 @@ use std::sync::{Mutex, PoisonError};
 use ember_autograd::custom_op;
 use ember_device::driver::{Collective, DevicePtr, Driver, NcclComm, NcclType, ReduceOp};
 use ember_device::{Device, cuda};
-use ember_nn::{NnError, Result, Tensor};
+use ember_nn::{Error, NnError, Result, Tensor};
 use ember_tensor::{DType, Tensor as Raw, with_cuda_buffers};
 
 /// The element type NCCL moves a dtype as, if it has one.
@@ -187,10 +187,7 @@ pub(crate) fn broadcast_raw(tensors: &[Raw], devices: &[Device]) -> Result<Vec<V
                 }
                 Ok(())
             })
-            .map_err(|e| ember_tensor::TensorError::InvalidArgument {
-                op: OP,
-                msg: e.to_string(),
-            })
+            .map_err(|e| Error::invalid(OP, e.to_string()))
         })?;
         out.extend(copies);
     } else {
@@ -307,10 +304,7 @@ pub(crate) fn reduce_add_raw(inputs: &[Vec<Raw>], destination: Device) -> Result
             }
             Ok(())
         })
-        .map_err(|e| ember_tensor::TensorError::InvalidArgument {
-            op: OP,
-            msg: e.to_string(),
-        })
+        .map_err(|e| Error::invalid(OP, e.to_string()))
     })?;
     Ok(outs)
 }
@@ -381,7 +375,7 @@ pub(crate) fn gather_raw(tensors: &[Raw], dim: usize, destination: Device) -> Re
         .map(|t| t.to_device(destination))
         .collect::<ember_tensor::Result<Vec<_>>>()?;
     let refs: Vec<&Raw> = moved.iter().collect();
-    Ok(Raw::cat(&refs, dim)?)
+    Raw::cat(&refs, dim)
 }
 
 // --- torch.cuda.comm ----------------------------------------------------------------------
@@ -400,10 +394,7 @@ pub fn broadcast(tensor: &Tensor, devices: &[Device]) -> Result<Vec<Tensor>> {
 /// devices (Note [Collectives or copies]). Not recorded by autograd.
 pub fn broadcast_coalesced(tensors: &[Tensor], devices: &[Device]) -> Result<Vec<Vec<Tensor>>> {
     let raw: Vec<Raw> = tensors.iter().map(Tensor::data).collect();
-    Ok(broadcast_raw(&raw, devices)?
-        .into_iter()
-        .map(|v| v.into_iter().map(Tensor::wrap).collect())
-        .collect())
+    broadcast_raw(&raw, devices)
 }
 
 /// `comm.reduce_add(inputs, destination)`: the sum of tensors of one shape and dtype, one
@@ -432,10 +423,7 @@ pub fn reduce_add_coalesced(
             .and_then(|l| l.first())
             .map_or(Device::Cpu, Raw::device)
     });
-    Ok(reduce_add_raw(&raw, dest)?
-        .into_iter()
-        .map(Tensor::wrap)
-        .collect())
+    reduce_add_raw(&raw, dest)
 }
 
 /// `comm.scatter(tensor, devices, chunk_sizes, dim)`: chunk `i` of `tensor` along `dim` on
@@ -447,10 +435,7 @@ pub fn scatter(
     chunk_sizes: Option<&[usize]>,
     dim: usize,
 ) -> Result<Vec<Tensor>> {
-    Ok(scatter_raw(&tensor.data(), devices, chunk_sizes, dim)?
-        .into_iter()
-        .map(Tensor::wrap)
-        .collect())
+    scatter_raw(&tensor.data(), devices, chunk_sizes, dim)
 }
 
 /// `comm.gather(tensors, dim, destination)`: the tensors concatenated along `dim` on
@@ -461,7 +446,7 @@ pub fn gather(tensors: &[Tensor], dim: usize, destination: Option<Device>) -> Re
         None => Device::Cuda(cuda::current_device()?),
     };
     let raw: Vec<Raw> = tensors.iter().map(Tensor::data).collect();
-    Ok(Tensor::wrap(gather_raw(&raw, dim, dest)?))
+    gather_raw(&raw, dim, dest)
 }
 
 // --- autograd functions -------------------------------------------------------------------
@@ -483,7 +468,7 @@ impl Broadcast {
                     .zip(tensors)
                     .map(|(c, t)| {
                         let source = t.device();
-                        custom_op("BroadcastBackward", c, &[t], move |g| {
+                        custom_op("BroadcastBackward", &c, &[t], move |g| {
                             Ok(vec![Some(g.to_device(source)?)])
                         })
                     })
@@ -511,7 +496,7 @@ impl ReduceAddCoalesced {
             .map(|(j, s)| {
                 let ins: Vec<&Tensor> = inputs.iter().map(|l| &l[j]).collect();
                 let devices: Vec<Device> = ins.iter().map(|t| t.device()).collect();
-                custom_op("ReduceAddCoalescedBackward", s, &ins, move |g| {
+                custom_op("ReduceAddCoalescedBackward", &s, &ins, move |g| {
                     devices.iter().map(|&d| Ok(Some(g.to_device(d)?))).collect()
                 })
             })
@@ -541,7 +526,7 @@ impl Scatter {
         let mut out = Vec::with_capacity(chunks.len());
         for (c, n) in chunks.into_iter().zip(sizes) {
             let (dims, offset) = (dims.clone(), start);
-            out.push(custom_op("ScatterBackward", c, &[input], move |g| {
+            out.push(custom_op("ScatterBackward", &c, &[input], move |g| {
                 let g = g.to_device(source)?;
                 let mut pieces = Vec::with_capacity(3);
                 let zeros = |rows: usize| {
@@ -582,7 +567,7 @@ impl Gather {
             .map(|t| t.size(dim))
             .collect::<ember_tensor::Result<Vec<_>>>()?;
         let refs: Vec<&Tensor> = inputs.iter().collect();
-        custom_op("GatherBackward", out, &refs, move |g| {
+        custom_op("GatherBackward", &out, &refs, move |g| {
             Ok(scatter_raw(g, &devices, Some(&sizes), dim)?
                 .into_iter()
                 .map(Some)

@@ -436,7 +436,7 @@ impl<M: Module + Replicate> DataParallel<M> {
         let training = self.module.is_training();
         for (replica, fresh) in replicas.iter().zip(copies.into_iter().skip(1)) {
             for ((_, t, _), new) in Self::members(&replica.module).into_iter().zip(fresh) {
-                t.set_data(new);
+                t.set_data(&new);
             }
             replica.module.train(training);
         }
@@ -470,7 +470,7 @@ fn deliver_grad(
         Some(old) => old.data().add(&g)?,
         None => g,
     };
-    original.set_grad(Some(&Tensor::wrap(sum)))
+    original.set_grad(Some(&sum))
 }
 
 impl<M: Module + Replicate> std::fmt::Display for DataParallel<M> {

@@ -1,5 +1,5 @@
 //! [`DistError`]: what a process group, a collective, the rendezvous store or the launcher
-//! reports, carried in the one [`Error`] of Ember (see ember-autograd's Note [One error]).
+//! reports, carried in the one [`Error`] of Ember (Note [One error] in `ember-error`).
 
 use ember_autograd::{Error, ErrorKind};
 

@@ -34,9 +34,7 @@ fn values(r: usize, shift: f64) -> Vec<f64> {
 }
 
 fn tensor(v: &[f64], dtype: DType) -> Result<Tensor> {
-    Ok(Tensor::wrap(
-        Raw::from_vec(v.to_vec(), [2, N / 2], Device::Cpu)?.to_dtype(dtype)?,
-    ))
+    Raw::from_vec(v.to_vec(), [2, N / 2], Device::Cpu)?.to_dtype(dtype)
 }
 
 /// The naive reduction of `per_rank` (one vector per rank) element by element; `Avg` of

@@ -52,7 +52,7 @@ pub enum ProfilerError {
 pub type Result<T, E = ProfilerError> = std::result::Result<T, E>;
 
 impl ProfilerError {
-    /// The kind it is carried as in Ember's one [`Error`](ember_autograd::Error).
+    /// The kind it is carried as in Ember's one [`Error`](ember_error::Error).
     pub fn kind(&self) -> ember_device::ErrorKind {
         use ember_device::ErrorKind;
         match self {
@@ -63,8 +63,8 @@ impl ProfilerError {
     }
 }
 
-impl From<ProfilerError> for ember_autograd::Error {
+impl From<ProfilerError> for ember_error::Error {
     fn from(e: ProfilerError) -> Self {
-        ember_autograd::Error::new(e.kind(), e)
+        ember_error::Error::new(e.kind(), e)
     }
 }

@@ -215,6 +215,19 @@ pub enum TensorError {
     },
 }
 
+/// Into Ember's one error (Note [One error] in `ember-error`): the innermost error is
+/// carried (a `TensorError::Memory(MemoryError::OutOfMemory { .. })` as the `MemoryError`).
+impl From<TensorError> for ember_error::Error {
+    fn from(e: TensorError) -> Self {
+        match e {
+            TensorError::Device(d) => d.into(),
+            TensorError::Memory(m) => m.into(),
+            TensorError::Kernels(k) => k.into(),
+            e => ember_error::Error::new(e.kind(), e),
+        }
+    }
+}
+
 /// Result alias of this crate.
 pub type Result<T, E = TensorError> = std::result::Result<T, E>;
 

@@ -26,6 +26,8 @@
 //! - [`random`]: the Philox [`random::Generator`], per-device defaults, [`random::manual_seed`]
 //!   (Note [Random streams]); [`io`]: safetensors [`io::save`]/[`io::load`] (Note [Atomic save]).
 
+pub mod aten;
+pub mod autograd;
 mod backend;
 mod backend_fused;
 mod backend_nn;
@@ -42,29 +44,38 @@ mod ops;
 mod precision;
 mod profile;
 pub mod random;
+mod raw;
 mod scalar;
 pub mod shape;
 mod storage;
 pub mod strided;
 mod tensor;
 
+pub use autograd::{
+    AutogradError, GradModeGuard, GradOptions, backward, checkpoint, custom_op, enable_grad, grad,
+    inference_mode, is_grad_enabled, is_inference_mode_enabled, no_grad, reachable_leaves,
+    set_grad_enabled, with_no_grad,
+};
 pub use cuda::CudaStorage;
 pub use cuda::buffers::{CudaBuffer, with_cuda_buffers};
 pub use dtype::{ALL_DTYPES, DType, WithDType, promote_types};
-pub use ember_device::Device;
-pub use error::{Result, TensorError};
+pub use ember_device::{Device, ErrorKind};
+pub use ember_error::{Error, Result};
+pub use error::TensorError;
 pub use layout::Layout;
-pub use ops::binary::r#where;
-pub use ops::conv::{Conv2dOptions, Padding, Size2};
-pub use ops::loss::{CrossEntropyOptions, CrossEntropySaved, NllLossOptions, Reduction};
-pub use ops::norm::{BatchNormGrads, BatchNormSaved};
-pub use ops::optim::{FusedAdamOptions, FusedSgdOptions};
-pub use ops::pool::{AvgPool2dOptions, MaxPool2dOptions};
-pub use ops::unary::Approximate;
+pub use ops::r#where;
 pub use precision::{MatmulPrecision, matmul_precision, set_float32_matmul_precision};
-pub use profile::{describe_inputs, torch_type_name};
+pub use profile::torch_type_name;
+pub use raw::conv::{Conv2dOptions, Padding, Size2};
+pub use raw::loss::{CrossEntropyOptions, NllLossOptions, Reduction};
+pub use raw::optim::{FusedAdamOptions, FusedSgdOptions};
+pub use raw::pool::{AvgPool2dOptions, MaxPool2dOptions};
+pub use raw::unary::Approximate;
+pub use raw::{Options, ShapeSpec, ToTarget};
 pub use scalar::{ClampBound, Operand, Scalar};
 pub use shape::{Dim, Dims, ReduceDims, Shape, broadcast_shape};
 pub use storage::CpuStorage;
 pub use strided::StridedIndex;
-pub use tensor::{Options, ShapeSpec, Tensor, ToTarget};
+pub use tensor::{HookHandle, Tensor};
+
+pub(crate) use raw::RawTensor;

@@ -27,7 +27,7 @@ static PRECISION: AtomicU8 = AtomicU8::new(0);
 /// assert_eq!(matmul_precision(), MatmulPrecision::High);
 /// assert!(set_float32_matmul_precision("fast").is_err());
 /// set_float32_matmul_precision("highest")?;
-/// # Ok::<(), ember_tensor::TensorError>(())
+/// # Ok::<(), ember_tensor::Error>(())
 /// ```
 pub fn set_float32_matmul_precision(precision: &str) -> Result<()> {
     let level = match precision {

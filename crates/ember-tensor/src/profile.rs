@@ -6,30 +6,30 @@
 use ember_device::trace::{self, RangeGuard};
 
 use crate::dtype::DType;
-use crate::scalar::Operand;
-use crate::tensor::Tensor;
+use crate::raw::RawTensor;
+use crate::scalar::RawOperand;
 
 /// One input as the profiler describes it.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Input<'a> {
     /// A tensor: its dims and dtype.
-    Tensor(&'a Tensor),
+    Tensor(&'a RawTensor),
     /// A Python-style number.
     Scalar,
     /// Anything else (an option, a list of ints).
     Other,
 }
 
-impl<'a> From<&'a Tensor> for Input<'a> {
-    fn from(t: &'a Tensor) -> Self {
+impl<'a> From<&'a RawTensor> for Input<'a> {
+    fn from(t: &'a RawTensor) -> Self {
         Input::Tensor(t)
     }
 }
 
-impl<'a> From<&Operand<'a>> for Input<'a> {
-    fn from(o: &Operand<'a>) -> Self {
+impl<'a> From<&RawOperand<'a>> for Input<'a> {
+    fn from(o: &RawOperand<'a>) -> Self {
         match o {
-            Operand::Tensor(t) => Input::Tensor(t),
+            RawOperand::Tensor(t) => Input::Tensor(t),
             _ => Input::Scalar,
         }
     }
@@ -43,13 +43,13 @@ pub(crate) fn op(name: &'static str, inputs: &[Input<'_>]) -> RangeGuard {
 
 /// Open the range of a one-tensor op.
 #[inline]
-pub(crate) fn op1(name: &'static str, x: &Tensor) -> RangeGuard {
+pub(crate) fn op1(name: &'static str, x: &RawTensor) -> RangeGuard {
     trace::op_range(name, || describe(&[Input::Tensor(x)]))
 }
 
 /// How the profiler describes `inputs` (for ranges opened outside this crate, such as the
 /// autograd engine's): `{"Input Dims":[[2,3]],"Input type":["float"]}`.
-pub fn describe_inputs(inputs: &[&Tensor]) -> String {
+pub(crate) fn describe_inputs(inputs: &[&RawTensor]) -> String {
     let inputs: Vec<Input<'_>> = inputs.iter().map(|t| Input::Tensor(t)).collect();
     describe(&inputs)
 }
@@ -123,7 +123,7 @@ fn push_decimal(s: &mut String, mut n: usize) {
     }
 }
 
-impl Tensor {
+impl RawTensor {
     /// This tensor as a profiler input.
     #[inline]
     pub(crate) fn as_input(&self) -> Input<'_> {
@@ -136,16 +136,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn describes_tensors_scalars_and_others_as_pytorch_does() -> crate::Result<()> {
-        let a = Tensor::zeros([2, 3], DType::F32)?;
-        let b = Tensor::zeros([], DType::Bf16)?;
+    fn describes_tensors_scalars_and_others_as_pytorch_does() -> crate::error::Result<()> {
+        let a = RawTensor::zeros([2, 3], DType::F32)?;
+        let b = RawTensor::zeros([], DType::Bf16)?;
         let s = describe(&[a.as_input(), b.as_input(), Input::Scalar, Input::Other]);
         assert_eq!(
             s,
             r#"{"Input Dims":[[2,3],[],[],[]],"Input type":["float","c10::BFloat16","Scalar",""]}"#
         );
         assert_eq!(describe(&[]), r#"{"Input Dims":[],"Input type":[]}"#);
-        let empty = Tensor::zeros([0, 10, 1_000_007], DType::I64)?;
+        let empty = RawTensor::zeros([0, 10, 1_000_007], DType::I64)?;
         assert_eq!(
             describe(&[empty.as_input()]),
             r#"{"Input Dims":[[0,10,1000007]],"Input type":["long int"]}"#

@@ -4,6 +4,7 @@
 use half::{bf16, f16};
 
 use crate::dtype::{DType, WithDType};
+use crate::raw::RawTensor;
 use crate::tensor::Tensor;
 
 /// A number given as an op operand, kept in its category as PyTorch keeps Python's
@@ -65,7 +66,7 @@ impl Scalar {
     /// (2.5 fits i32) but NaN and ±inf do not; u8 also takes -255..=-1, which wraps as in
     /// PyTorch; a finite float beyond a float dtype's range overflows (inf and NaN fit);
     /// every value fits bool.
-    pub fn check_fits(self, op: &'static str, dtype: DType) -> crate::Result<()> {
+    pub fn check_fits(self, op: &'static str, dtype: DType) -> crate::error::Result<()> {
         let (lo, hi): (f64, f64) = match dtype {
             DType::Bool => return Ok(()),
             DType::F64 => return Ok(()),
@@ -125,7 +126,7 @@ impl Scalar {
 /// assert_eq!(x.clamp(-1, 2)?.to_vec::<i64>()?, vec![-1, -1, -1, 0, 1, 2, 2]);
 /// assert_eq!(x.clamp((), 0)?.to_vec::<i64>()?, vec![-3, -2, -1, 0, 0, 0, 0]);
 /// assert_eq!(x.to_dtype(ember_tensor::DType::F32)?.clamp(0.5, ())?.to_vec::<f32>()?[6], 3.0);
-/// # Ok::<(), ember_tensor::TensorError>(())
+/// # Ok::<(), ember_tensor::Error>(())
 /// ```
 pub trait ClampBound {
     /// The bound, or `None` for none.
@@ -173,22 +174,34 @@ scalar_from! {
 }
 
 /// The right-hand side of a binary op: a tensor or a scalar. Every binary op takes
-/// `impl Into<Operand>`, so `a.add(&b)`, `a.add(1)` and `a.mul(0.5)` all work.
-#[derive(Clone, Copy, Debug)]
-pub enum Operand<'a> {
+/// `impl Into<Operand>`, so `a.add(&b)`, `a.add(1)` and `a.mul(0.5)` all work. (The op
+/// fronts of the raw layer take the same enum over the crate's untracked tensor.)
+#[derive(Debug)]
+pub enum Operand<'a, T = Tensor> {
     /// A tensor (broadcast against the left-hand side).
-    Tensor(&'a Tensor),
+    Tensor(&'a T),
     /// A scalar.
     Scalar(Scalar),
 }
 
-impl<'a> From<&'a Tensor> for Operand<'a> {
-    fn from(t: &'a Tensor) -> Self {
+/// The operand of the raw layer's fronts.
+pub(crate) type RawOperand<'a> = Operand<'a, RawTensor>;
+
+impl<T> Clone for Operand<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for Operand<'_, T> {}
+
+impl<'a, T> From<&'a T> for Operand<'a, T> {
+    fn from(t: &'a T) -> Self {
         Operand::Tensor(t)
     }
 }
 
-impl From<Scalar> for Operand<'_> {
+impl<T> From<Scalar> for Operand<'_, T> {
     fn from(s: Scalar) -> Self {
         Operand::Scalar(s)
     }
@@ -196,7 +209,7 @@ impl From<Scalar> for Operand<'_> {
 
 macro_rules! operand_from {
     ($($t:ty),*) => {
-        $(impl From<$t> for Operand<'_> {
+        $(impl<T> From<$t> for Operand<'_, T> {
             fn from(x: $t) -> Self {
                 Operand::Scalar(Scalar::from(x))
             }

@@ -251,7 +251,7 @@ impl<D: Dim> Dims for Vec<D> {
 /// assert_eq!(t.sum(1)?.to_vec::<i64>()?, vec![3, 12]);
 /// assert_eq!(t.sum((-1, true))?.dims(), &[2, 1]);
 /// assert_eq!(t.sum(([0, 1], true))?.dims(), &[1, 1]);
-/// # Ok::<(), ember_tensor::TensorError>(())
+/// # Ok::<(), ember_tensor::Error>(())
 /// ```
 pub trait ReduceDims {
     /// The dims to reduce over; `None` for all of them.

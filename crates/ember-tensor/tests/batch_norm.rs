@@ -7,6 +7,7 @@
 //! and the emulated or real `cuda:0`, whose 132 SMs make the emulator split as an H100
 //! does).
 
+use ember_tensor::aten;
 use ember_tensor::{DType, Device, Tensor};
 use ember_testing::test_device;
 
@@ -143,20 +144,19 @@ fn step_matches_shifted(dims: &[usize], dtype: DType, device: &Device, shift: us
     let rm = tensor(&rm0, &[c], cd, device);
     let rv = tensor(&rv0, &[c], cd, device);
     let (momentum, eps) = (0.1, 1e-5);
-    let (y, saved) = x
-        .batch_norm_forward(
-            Some(&rm),
-            Some(&rv),
-            Some(&w),
-            Some(&b),
-            true,
-            momentum,
-            eps,
-        )
-        .unwrap();
-    let (dx, dw, db) = x
-        .batch_norm_backward(&dy, Some(&w), &saved, [true, true, true])
-        .unwrap();
+    let (y, saved) = aten::batch_norm_forward(
+        &x,
+        Some(&rm),
+        Some(&rv),
+        Some(&w),
+        Some(&b),
+        true,
+        momentum,
+        eps,
+    )
+    .unwrap();
+    let (dx, dw, db) =
+        aten::batch_norm_backward(&x, &dy, Some(&w), &saved, [true, true, true]).unwrap();
     let want = reference(&xv, &dyv, (n, c, s), &wv, &bv, (&rm0, &rv0), momentum, eps);
     assert_eq!(y.dtype(), dtype);
     let what = |t: &str| format!("{t} of {dims:?} {dtype} (shift {shift}) on {device}");

@@ -296,7 +296,10 @@ fn mixed_devices_are_refused_with_pytorchs_wording() {
     let a = Tensor::ones([2], GPU).unwrap();
     let b = Tensor::ones([2], ()).unwrap();
     let e = a.add(&b).unwrap_err();
-    assert!(matches!(e, TensorError::DeviceMismatch { .. }));
+    assert!(matches!(
+        e.downcast_ref::<TensorError>(),
+        Some(TensorError::DeviceMismatch { .. })
+    ));
     assert_eq!(
         e.to_string(),
         "Expected all tensors to be on the same device, but found at least two devices, cuda:0 and cpu!"

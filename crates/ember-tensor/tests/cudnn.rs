@@ -19,6 +19,7 @@ use ember_device::driver::ConvDirection::{self, BackwardData, BackwardFilter, Fo
 use ember_device::driver::emulator::{
     ConvCall, EmulatedCudnn, set_thread_cudnn, thread_conv_calls, thread_launch_counts,
 };
+use ember_tensor::aten;
 use ember_tensor::backends::cudnn;
 use ember_tensor::{Conv2dOptions, DType, Device, Padding, Tensor};
 use ember_testing::{prepare, rand_vec, real_gpu_requested, values};
@@ -112,9 +113,9 @@ fn tensor(shape: &[usize], seed: u64, dtype: DType, dev: Device) -> Tensor {
 /// drawn from `seed`.
 fn three(x: &Tensor, w: &Tensor, b: &Tensor, o: &Conv2dOptions, seed: u64) -> [Vec<f64>; 3] {
     let y = x.conv2d(w, Some(b), o).unwrap();
-    let g = tensor(y.dims(), seed, y.dtype(), y.device());
-    let gx = g.conv2d_backward_input(dims(x), w, o).unwrap();
-    let gw = g.conv2d_backward_weight(x, dims(w), o).unwrap();
+    let g = tensor(&y.dims(), seed, y.dtype(), y.device());
+    let gx = aten::conv2d_backward_input(&g, dims(x), w, o).unwrap();
+    let gw = aten::conv2d_backward_weight(&g, x, dims(w), o).unwrap();
     [values(&y), values(&gx), values(&gw)]
 }
 
@@ -239,12 +240,12 @@ fn strided_and_broadcast_operands() {
         .unwrap()
         .expand(y.dims().to_vec())
         .unwrap();
-    let (gx, t) = Trace::of(|| ones.conv2d_backward_input(dims(&x), &w, &o).unwrap());
+    let (gx, t) = Trace::of(|| aten::conv2d_backward_input(&ones, dims(&x), &w, &o).unwrap());
     assert_eq!(t.runs(BackwardData).len(), 1);
     let dense = ones.contiguous().unwrap();
     within(1e-5, 12.0, "broadcast grad").assert(
         &values(&gx),
-        &values(&dense.conv2d_backward_input(dims(&x), &w, &o).unwrap()),
+        &values(&aten::conv2d_backward_input(&dense, dims(&x), &w, &o).unwrap()),
     );
 }
 
@@ -263,25 +264,25 @@ fn views_at_odd_offsets_state_their_alignment() {
         let (y, t) = Trace::of(|| x.conv2d(&w, None, &o).unwrap());
         assert_eq!(t.runs(Forward).len(), 1, "{:?}", t.calls);
         within(tol, 12.0, "odd-offset forward").assert(&values(&y), &values(&cpu_conv(&x, &w, &o)));
-        let g = tensor(y.dims(), 94, dtype, dev);
+        let g = tensor(&y.dims(), 94, dtype, dev);
         let gview = Tensor::cat(&[&g, &g], 3)
             .unwrap()
             .narrow(3, 1, y.dims()[3])
             .unwrap();
-        let (gw, t) = Trace::of(|| gview.conv2d_backward_weight(&x, dims(&w), &o).unwrap());
+        let (gw, t) = Trace::of(|| aten::conv2d_backward_weight(&gview, &x, dims(&w), &o).unwrap());
         assert_eq!(t.runs(BackwardFilter).len(), 1, "{:?}", t.calls);
         let gcpu = gview.to_device(CPU).unwrap();
         let xcpu = x.to_device(CPU).unwrap();
         within(tol * 10.0, 12.0, "odd-offset weight gradient").assert(
             &values(&gw),
-            &values(&gcpu.conv2d_backward_weight(&xcpu, dims(&w), &o).unwrap()),
+            &values(&aten::conv2d_backward_weight(&gcpu, &xcpu, dims(&w), &o).unwrap()),
         );
-        let (gx, t) = Trace::of(|| gview.conv2d_backward_input(dims(&x), &w, &o).unwrap());
+        let (gx, t) = Trace::of(|| aten::conv2d_backward_input(&gview, dims(&x), &w, &o).unwrap());
         assert_eq!(t.runs(BackwardData).len(), 1, "{:?}", t.calls);
         let wcpu = w.to_device(CPU).unwrap();
         within(tol * 10.0, 12.0, "odd-offset input gradient").assert(
             &values(&gx),
-            &values(&gcpu.conv2d_backward_input(dims(&x), &wcpu, &o).unwrap()),
+            &values(&aten::conv2d_backward_input(&gcpu, dims(&x), &wcpu, &o).unwrap()),
         );
     }
 }
@@ -430,8 +431,8 @@ fn deterministic_mode_keeps_to_deterministic_algorithms() {
     let g = tensor(&[2, 3, 5, 5], 62, DType::F32, dev);
     let grads = || {
         (
-            g.conv2d_backward_input(dims(&x), &w, &o).unwrap(),
-            g.conv2d_backward_weight(&x, dims(&w), &o).unwrap(),
+            aten::conv2d_backward_input(&g, dims(&x), &w, &o).unwrap(),
+            aten::conv2d_backward_weight(&g, &x, dims(&w), &o).unwrap(),
         )
     };
     let (free, t) = Trace::of(grads);

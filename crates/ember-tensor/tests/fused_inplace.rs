@@ -4,7 +4,7 @@
 //! other layouts, dtypes and devices), which in turn stays within rounding of an f64
 //! reference.
 
-use ember_tensor::{DType, Device, Tensor, TensorError};
+use ember_tensor::{DType, Device, Tensor};
 use proptest::prelude::*;
 
 const CPU: Device = Device::Cpu;
@@ -46,7 +46,7 @@ fn composed(op: &str, s: &Tensor, a: &Tensor, b: &Tensor, v: f64) -> Tensor {
     }
 }
 
-fn run(op: &str, s: &Tensor, a: &Tensor, b: &Tensor, v: f64) -> Result<(), TensorError> {
+fn run(op: &str, s: &Tensor, a: &Tensor, b: &Tensor, v: f64) -> ember_tensor::Result<()> {
     match op {
         "addcmul_" => s.addcmul_(a, b, v).map(drop),
         "addcdiv_" => s.addcdiv_(a, b, v).map(drop),

@@ -78,7 +78,7 @@ fn eps(dtype: DType) -> (f64, f64, f64) {
 /// subnormal range) plus `2(k+2)` accumulator roundings of `Σ|a·b|`.
 fn check(a: &Tensor, b: &Tensor, dtype: DType, what: &str) {
     let (av, bv) = (values(a), values(b));
-    let (shape, want, scale) = reference::matmul(&av, a.dims(), &bv, b.dims());
+    let (shape, want, scale) = reference::matmul(&av, &a.dims(), &bv, &b.dims());
     let c = a.matmul(b).unwrap();
     assert_eq!(c.dtype(), dtype, "{what}");
     assert_eq!(c.dims(), &shape[..], "{what}");
@@ -184,7 +184,7 @@ fn empty_inner_dims_give_zeros_and_empty_outputs_have_their_shape() {
     {
         let z = |s: &[usize]| Tensor::ones(s, dtype).unwrap();
         let c = z(&[2, 3, 0]).matmul(&z(&[0, 4])).unwrap();
-        assert_eq!((c.dims(), c.dtype()), (&[2, 3, 4][..], dtype));
+        assert_eq!((c.dims(), c.dtype()), (vec![2, 3, 4], dtype));
         assert!(values(&c).iter().all(|&x| x == 0.0), "{dtype}");
         for (sa, sb, want) in [
             (vec![0, 3], vec![3, 4], vec![0, 4]),

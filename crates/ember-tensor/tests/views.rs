@@ -59,8 +59,8 @@ fn reshape_views_when_possible_and_copies_otherwise() {
     let p = t.transpose(1, 2).unwrap(); // [2, 4, 3]
     assert!(!p.is_contiguous());
     assert!(matches!(
-        p.view([2, 12]).unwrap_err(),
-        TensorError::ViewStrides
+        p.view([2, 12]).unwrap_err().downcast_ref::<TensorError>(),
+        Some(TensorError::ViewStrides)
     ));
     let r = p.reshape([2, 12]).unwrap();
     assert!(!r.shares_storage(&t));
@@ -92,7 +92,7 @@ fn permute_transpose_t() {
     let p = t.permute([2, 0, 1]).unwrap();
     assert_eq!(
         (p.dims(), p.strides()),
-        (&[4usize, 2, 3][..], &[1usize, 12, 4][..])
+        (vec![4usize, 2, 3], vec![1usize, 12, 4])
     );
     assert_eq!(v(&p.contiguous().unwrap())[..6], [0, 4, 8, 12, 16, 20]);
     assert!(t.permute([0, 0, 1]).is_err());
@@ -149,7 +149,7 @@ fn squeeze_unsqueeze_expand_flatten() {
     let e = c.expand([2, -1, 4]).unwrap();
     assert_eq!(
         (e.dims(), e.strides()),
-        (&[2usize, 3, 4][..], &[0usize, 1, 0][..])
+        (vec![2usize, 3, 4], vec![0usize, 1, 0])
     );
     assert_eq!(
         v(&e.select(0, 1).unwrap().select(0, 2).unwrap()),
@@ -177,8 +177,8 @@ fn squeeze_unsqueeze_expand_flatten() {
 fn in_place_refuses_expanded_views() {
     let e = Tensor::zeros([3], ()).unwrap().expand([2, 3]).unwrap();
     assert!(matches!(
-        e.fill_(1).unwrap_err(),
-        TensorError::InPlaceOverlap { .. }
+        e.fill_(1).unwrap_err().downcast_ref::<TensorError>(),
+        Some(TensorError::InPlaceOverlap { .. })
     ));
     assert!(e.add_(1).is_err());
     assert!(e.copy_(&Tensor::ones([2, 3], ()).unwrap()).is_err());

@@ -258,9 +258,9 @@ impl<D: BatchNormDims> BatchNorm<D> {
         };
         let (running_mean, running_var, num_batches_tracked) = if config.track_running_stats {
             (
-                Some(Tensor::wrap(Raw::zeros([c], (device, dtype))?)),
-                Some(Tensor::wrap(Raw::ones([c], (device, dtype))?)),
-                Some(Tensor::wrap(Raw::zeros([], (device, DType::I64))?)),
+                Some(Raw::zeros([c], (device, dtype))?),
+                Some(Raw::ones([c], (device, dtype))?),
+                Some(Raw::zeros([], (device, DType::I64))?),
             )
         } else {
             (None, None, None)

@@ -504,7 +504,7 @@ impl TrainingFlag {
 
 /// Makes a parameter: a leaf that requires grad, holding `data`.
 pub fn parameter(data: ember_tensor::Tensor) -> Result<Tensor> {
-    Tensor::wrap(data).requires_grad_(true)
+    data.requires_grad_(true)
 }
 
 /// The same-device check a layer makes before using its parameter `param` (named `name`)

@@ -117,7 +117,7 @@ impl Replicate for Tensor {
         if let Some((_, copy)) = memo.tensors.iter().find(|(t, _)| t.same(self)) {
             return Ok(copy.clone());
         }
-        let copy = Tensor::wrap(self.data().copy()?);
+        let copy = self.data().copy()?;
         if self.requires_grad() {
             copy.requires_grad_(true)?;
         }

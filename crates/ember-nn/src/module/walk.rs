@@ -143,9 +143,9 @@ pub(crate) fn move_to(m: &dyn Module, target: &dyn ModuleTarget) -> Result<()> {
     }
     for (t, new, grad) in moved {
         t.set_grad(None)?;
-        t.set_data(new);
+        t.set_data(&new);
         if let Some(g) = grad {
-            t.set_grad(Some(&Tensor::wrap(g)))?;
+            t.set_grad(Some(&g))?;
         }
     }
     Ok(())

@@ -14,12 +14,12 @@ pub fn get_total_norm(
     error_if_nonfinite: bool,
 ) -> Result<Tensor> {
     let Some(first) = tensors.first() else {
-        return Ok(Tensor::wrap(Raw::scalar(0f32, Device::Cpu)?));
+        return Raw::scalar(0f32, Device::Cpu);
     };
     let device = first.device();
     let norms = tensors
         .iter()
-        .map(|t| Ok(t.data().norm_all(norm_type)?.to_device(device)?))
+        .map(|t| t.data().norm_all(norm_type)?.to_device(device))
         .collect::<Result<Vec<Raw>>>()?;
     let dtype = norms
         .iter()
@@ -39,7 +39,7 @@ pub fn get_total_norm(
             ),
         ).into());
     }
-    Ok(Tensor::wrap(total))
+    Ok(total)
 }
 
 /// Scales the gradients of `params` in place so that their total `norm_type`-norm is at

@@ -33,7 +33,7 @@ use ember_tensor::{Device, Scalar, Shape, Tensor as Raw};
 
 use super::Optimizer;
 use super::state::{f64_entry, read_bool, read_f64, scalar_of};
-use crate::{NnError, Result, StateDict, Tensor};
+use crate::{NnError, Result, StateDict};
 
 mod one_cycle;
 
@@ -119,18 +119,18 @@ fn check_values(
 }
 
 fn i64_entry(v: i64) -> Result<Raw> {
-    Ok(Raw::scalar(v, Device::Cpu)?)
+    Raw::scalar(v, Device::Cpu)
 }
 
 fn f64s_entry(v: &[f64]) -> Result<Raw> {
-    Ok(Raw::from_vec(v.to_vec(), [v.len()], Device::Cpu)?)
+    Raw::from_vec(v.to_vec(), [v.len()], Device::Cpu)
 }
 
 /// Named fields into a state dict (as [`Tensor`]s without history).
 fn to_state_dict(fields: Vec<(&str, Raw)>) -> StateDict {
     let mut dict: StateDict = fields
         .into_iter()
-        .map(|(k, t)| (k.to_string(), Tensor::wrap(t)))
+        .map(|(k, t)| (k.to_string(), t))
         .collect();
     dict.sort_keys(); // listed by name, as always
     dict
@@ -210,7 +210,7 @@ impl<'a> Fields<'a> {
             ));
             return Ok(vec![0.0; self.groups]);
         }
-        Ok(t.to_dtype(ember_tensor::DType::F64)?.to_vec::<f64>()?)
+        t.to_dtype(ember_tensor::DType::F64)?.to_vec::<f64>()
     }
 
     /// A count read with [`Fields::i64`] that must be positive.

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use ember_tensor::{Device, Scalar, Tensor as Raw};
 
 use super::{Groups, Hyper, ParamGroup, follow};
-use crate::{NnError, Result, StateDict, Tensor};
+use crate::{NnError, Result, StateDict};
 
 /// One parameter's optimizer state, as named tensors.
 pub(crate) trait ParamState: Sized {
@@ -39,15 +39,15 @@ pub(crate) trait ParamState: Sized {
 
 /// A fresh copy of `t` (never sharing `t`'s storage).
 fn owned(t: &Raw) -> Result<Raw> {
-    Ok(t.copy()?)
+    t.copy()
 }
 
 pub(super) fn f64_entry(v: f64) -> Result<Raw> {
-    Ok(Raw::scalar(v, Device::Cpu)?)
+    Raw::scalar(v, Device::Cpu)
 }
 
 pub(super) fn bool_entry(v: bool) -> Result<Raw> {
-    Ok(Raw::scalar(v, Device::Cpu)?)
+    Raw::scalar(v, Device::Cpu)
 }
 
 /// The hyperparameters of a group as named tensors.
@@ -211,20 +211,17 @@ impl<S: ParamState> Groups<S> {
             for (j, slot) in slots.iter().enumerate().take(group.params.len()) {
                 if let Some(s) = slot {
                     for (name, t) in s.entries()? {
-                        out.insert(
-                            format!("state.{}.{name}", next + j),
-                            Tensor::wrap(owned(&t)?),
-                        );
+                        out.insert(format!("state.{}.{name}", next + j), owned(&t)?);
                     }
                 }
             }
             let n = ids.len();
             out.insert(
                 format!("param_groups.{g}.params"),
-                Tensor::wrap(Raw::from_vec(ids, [n], Device::Cpu)?),
+                Raw::from_vec(ids, [n], Device::Cpu)?,
             );
             for (name, t) in group_entries(group)? {
-                out.insert(format!("param_groups.{g}.{name}"), Tensor::wrap(t));
+                out.insert(format!("param_groups.{g}.{name}"), t);
             }
             next += group.params.len();
         }

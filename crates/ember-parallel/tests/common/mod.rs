@@ -128,7 +128,7 @@ fn reference_forward(m: &Sequential, x: &Tensor, devices: usize) -> Tensor {
             kept = Some(
                 m.buffers()
                     .iter()
-                    .map(|b| b.detach().data().copy().map(Tensor::wrap).unwrap())
+                    .map(|b| b.detach().data().copy().unwrap())
                     .collect(),
             );
         }
@@ -137,7 +137,7 @@ fn reference_forward(m: &Sequential, x: &Tensor, devices: usize) -> Tensor {
     if let Some(kept) = kept {
         let _g = ember_autograd::no_grad();
         for (b, k) in m.buffers().iter().zip(kept) {
-            b.set_data(k.data());
+            b.set_data(&k.data());
         }
     }
     let refs: Vec<&Tensor> = outs.iter().collect();

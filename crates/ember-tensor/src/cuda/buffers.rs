@@ -15,8 +15,8 @@ use ember_device::driver::DevicePtr;
 
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
+use crate::raw::RawTensor;
 use crate::storage::{Storage, write_many_read_many};
-use crate::tensor::Tensor;
 
 /// One contiguous CUDA tensor's memory, as [`with_cuda_buffers`] lends it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -37,10 +37,24 @@ pub struct CudaBuffer {
 ///
 /// The buffers are given in the order of `reads` and `writes`.
 pub fn with_cuda_buffers<R>(
-    reads: &[&Tensor],
-    writes: &[&Tensor],
-    f: impl FnOnce(&[CudaBuffer], &[CudaBuffer]) -> Result<R>,
-) -> Result<R> {
+    reads: &[&crate::Tensor],
+    writes: &[&crate::Tensor],
+    f: impl FnOnce(&[CudaBuffer], &[CudaBuffer]) -> crate::Result<R>,
+) -> crate::Result<R> {
+    let reads: Vec<RawTensor> = reads.iter().map(|t| t.raw()).collect();
+    let writes: Vec<RawTensor> = writes.iter().map(|t| t.raw()).collect();
+    let reads: Vec<&RawTensor> = reads.iter().collect();
+    let writes: Vec<&RawTensor> = writes.iter().collect();
+    lend(&reads, &writes, f)?
+}
+
+/// [`with_cuda_buffers`] over the crate's untracked tensors: `f`'s own result (its error of
+/// any type) inside the lending's.
+fn lend<R, E>(
+    reads: &[&RawTensor],
+    writes: &[&RawTensor],
+    f: impl FnOnce(&[CudaBuffer], &[CudaBuffer]) -> std::result::Result<R, E>,
+) -> Result<std::result::Result<R, E>> {
     const OP: &str = "with_cuda_buffers";
     for (i, t) in reads.iter().chain(writes).enumerate() {
         if !t.device().is_cuda() {
@@ -88,7 +102,7 @@ pub fn with_cuda_buffers<R>(
     }
     let rc: Vec<_> = read_cells.iter().map(|(_, c)| *c).collect();
     let wc: Vec<_> = writes.iter().map(|t| t.cell()).collect();
-    let buffer = |t: &Tensor, s: &Storage| -> Result<CudaBuffer> {
+    let buffer = |t: &RawTensor, s: &Storage| -> Result<CudaBuffer> {
         match s {
             Storage::Cuda(c) => Ok(CudaBuffer {
                 ptr: c.ptr_at(t.storage_offset()),
@@ -113,11 +127,13 @@ pub fn with_cuda_buffers<R>(
             .zip(w.iter())
             .map(|(t, s)| buffer(t, s))
             .collect::<Result<Vec<_>>>()?;
-        let out = f(&rb, &wb)?;
-        let storages = r.iter().copied().chain(w.iter().map(|s| &**s));
-        for s in storages {
-            if let Storage::Cuda(c) = s {
-                c.record_stream(ember_device::cuda::current_stream(c.ordinal()));
+        let out = f(&rb, &wb);
+        if out.is_ok() {
+            let storages = r.iter().copied().chain(w.iter().map(|s| &**s));
+            for s in storages {
+                if let Storage::Cuda(c) = s {
+                    c.record_stream(ember_device::cuda::current_stream(c.ordinal()));
+                }
             }
         }
         Ok(out)

@@ -85,7 +85,7 @@ pub(crate) fn ctx(op: &'static str, ordinal: usize) -> Result<Arc<Ctx>> {
         return Ok(Arc::clone(c));
     }
     if !ember_device::cuda::is_available() {
-        return Err(crate::tensor::cuda_error(op, Device::Cuda(ordinal)));
+        return Err(crate::raw::cuda_error(op, Device::Cuda(ordinal)));
     }
     let driver = ember_device::cuda::driver()?;
     let count = driver.device_count();

@@ -15,7 +15,7 @@
 //! assert_eq!(loaded["w"].to_vec2::<f32>()?, vec![vec![1., 2.], vec![3., 4.]]);
 //! assert_eq!(loaded["b"].to_vec::<i64>()?, vec![7]);
 //! # std::fs::remove_dir_all(&dir).unwrap();
-//! # Ok::<(), ember_tensor::TensorError>(())
+//! # Ok::<(), ember_tensor::Error>(())
 //! ```
 
 use std::collections::BTreeMap;
@@ -28,6 +28,7 @@ use safetensors::SafeTensors;
 
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
+use crate::raw::RawTensor;
 use crate::storage::{CpuStorage, Storage};
 use crate::tensor::Tensor;
 
@@ -141,6 +142,17 @@ fn st_err(ctx: &Ctx<'_>, e: safetensors::SafeTensorError) -> TensorError {
 /// Tensors loaded from a file, by name, with the file's metadata.
 pub type Loaded = (BTreeMap<String, Tensor>, BTreeMap<String, String>);
 
+/// [`Loaded`] as parsed, before the tensors join the tape's type.
+type RawLoaded = (BTreeMap<String, RawTensor>, BTreeMap<String, String>);
+
+fn tracked((tensors, meta): RawLoaded) -> Loaded {
+    let tensors = tensors
+        .into_iter()
+        .map(|(k, t)| (k, Tensor::wrap(t)))
+        .collect();
+    (tensors, meta)
+}
+
 /// Loads every tensor of a safetensors file onto `device`, by name. Malformed files
 /// (truncated, corrupted or oversized headers, sizes beyond the file, unsupported dtypes,
 /// duplicate names) are errors naming the file and the problem.
@@ -154,7 +166,7 @@ pub fn load_with_metadata(path: impl AsRef<Path>, device: impl Into<Device>) -> 
     let path = path.as_ref();
     let ctx = Ctx { op: "load", path };
     let bytes = fs::read(path).map_err(|e| ctx.io("read", &e))?;
-    parse(&bytes, device, &ctx)
+    parse(&bytes, device, &ctx).map(tracked)
 }
 
 /// [`load_with_metadata`] from the bytes of a file.
@@ -164,7 +176,7 @@ pub fn load_from_bytes(bytes: &[u8], device: impl Into<Device>) -> Result<Loaded
         op: "load",
         path: Path::new("<bytes>"),
     };
-    parse(bytes, device, &ctx)
+    parse(bytes, device, &ctx).map(tracked)
 }
 
 /// One header entry as written in the file, before any checks.
@@ -175,7 +187,7 @@ struct RawInfo {
     data_offsets: (u64, u64),
 }
 
-fn parse(bytes: &[u8], device: &Device, ctx: &Ctx<'_>) -> Result<Loaded> {
+fn parse(bytes: &[u8], device: &Device, ctx: &Ctx<'_>) -> Result<RawLoaded> {
     let Some(prefix) = bytes.first_chunk::<PREFIX>() else {
         return Err(ctx.bad(format!(
             "file is truncated: expected at least {PREFIX} bytes for the header length, but found {}",
@@ -218,7 +230,7 @@ fn parse(bytes: &[u8], device: &Device, ctx: &Ctx<'_>) -> Result<Loaded> {
         let view = st.tensor(name).map_err(|e| st_err(ctx, e))?;
         let dtype = ember_dtype(&info.dtype).ok_or_else(|| ctx.bad("internal: dtype"))?;
         let storage = from_bytes(dtype, view.data(), name, ctx)?;
-        let t = Tensor::from_storage(Storage::Cpu(storage), view.shape().to_vec());
+        let t = RawTensor::from_storage(Storage::Cpu(storage), view.shape().to_vec());
         out.insert(name.clone(), t.to_device(device)?);
     }
     Ok((out, metadata))

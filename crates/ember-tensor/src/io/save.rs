@@ -11,6 +11,7 @@ use half::{bf16, f16};
 use super::safetensors::{CHECKSUM_HEAD, CHECKSUM_KEY, Ctx, DATA_CHECKSUM_KEY, PREFIX, st_name};
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
+use crate::raw::RawTensor;
 use crate::tensor::Tensor;
 
 // Note [Atomic save]:
@@ -68,7 +69,7 @@ const CHUNK: usize = 4 << 20;
 /// One tensor of a file being written: its name, dtype, shape and data offsets.
 struct Entry<'t> {
     name: String,
-    tensor: &'t Tensor,
+    tensor: &'t RawTensor,
     offsets: (u64, u64),
 }
 
@@ -80,8 +81,15 @@ struct Layout<'t> {
     checksum_at: usize,
 }
 
-fn layout<'t, S: AsRef<str>>(
+/// The tensors' data, by name, as the writer reads it.
+fn untracked<'t, S: AsRef<str>>(
     tensors: impl IntoIterator<Item = (S, &'t Tensor)>,
+) -> Vec<(S, RawTensor)> {
+    tensors.into_iter().map(|(n, t)| (n, t.raw())).collect()
+}
+
+fn layout<'t, S: AsRef<str>>(
+    tensors: impl IntoIterator<Item = (S, &'t RawTensor)>,
     metadata: &BTreeMap<String, String>,
     ctx: &Ctx<'_>,
 ) -> Result<Layout<'t>> {
@@ -169,7 +177,7 @@ impl From<TensorError> for Failure {
 /// Writes `t`'s elements as little-endian bytes, [`CHUNK`] bytes of elements at a time
 /// (copied to the host one chunk at a time from a flat view), hashing them as they go.
 fn write_tensor(
-    t: &Tensor,
+    t: &RawTensor,
     w: &mut impl Write,
     crc: &mut crc32fast::Hasher,
 ) -> std::result::Result<(), Failure> {
@@ -258,7 +266,8 @@ pub fn save_with_metadata<'t, S: AsRef<str>>(
 ) -> Result<()> {
     let path = path.as_ref();
     let ctx = Ctx { op: "save", path };
-    let lay = layout(tensors, metadata, &ctx)?;
+    let raws = untracked(tensors);
+    let lay = layout(raws.iter().map(|(n, t)| (n, t)), metadata, &ctx)?;
     let target = resolve_links(path, &ctx)?;
     let Some(file_name) = target.file_name() else {
         return Err(ctx.bad("expected a file path, but found no file name"));
@@ -391,7 +400,8 @@ pub fn save_to_bytes<'t, S: AsRef<str>>(
         op: "save",
         path: Path::new("<bytes>"),
     };
-    let lay = layout(tensors, metadata, &ctx)?;
+    let raws = untracked(tensors);
+    let lay = layout(raws.iter().map(|(n, t)| (n, t)), metadata, &ctx)?;
     let mut out = Vec::new();
     let crc = write_all_data(&lay, &mut out, &ctx)?;
     set_checksum(&mut out, PREFIX + lay.checksum_at, crc, &ctx)?;

@@ -1,16 +1,33 @@
-//! Op fronts, one file per family. Each front checks devices, infers dtype and shape,
-//! broadcasts and casts the inputs, and calls the storage's kernel (See Note [Dispatch]).
+//! The ops of the tensor core on autograd tensors: each runs the `ember-tensor` op on the
+//! data and, when recording, adds a node whose backward is written with `ember-tensor` ops
+//! (so it runs on every device the forward runs on).
 
-pub(crate) mod amp;
-pub(crate) mod binary;
-pub(crate) mod conv;
-pub(crate) mod conv_grad;
-pub(crate) mod index;
-pub(crate) mod inplace;
-pub(crate) mod loss;
-pub(crate) mod matmul;
-pub(crate) mod norm;
-pub(crate) mod optim;
-pub(crate) mod pool;
-pub(crate) mod reduce;
-pub(crate) mod unary;
+mod create;
+mod elementwise;
+mod index;
+mod linalg;
+mod loss;
+mod nn;
+mod norm;
+mod reduce;
+mod select;
+mod untracked;
+mod view;
+
+pub use select::r#where;
+
+use crate::RawTensor as Raw;
+
+use crate::autograd::error::Result;
+use crate::autograd::graph::BackwardFn;
+
+/// A backward closure for one input.
+pub(crate) fn bw1(f: impl FnMut(&Raw) -> Result<Raw> + Send + 'static) -> BackwardFn {
+    let mut f = f;
+    Box::new(move |g| Ok(vec![Some(f(g)?)]))
+}
+
+/// Zeros shaped, typed and placed like `t`.
+pub(crate) fn zeros_like(t: &Raw) -> Result<Raw> {
+    Ok(t.zeros_like()?)
+}

@@ -1,82 +1,25 @@
-//! Batch normalisation over the channel dim 1 of `[N, C, *]` as fused kernels
-//! (`backend_fused.rs`): training = one statistics kernel (per-channel mean and biased
-//! variance, and the running statistics' update) + one normalising kernel; eval = one
-//! normalising kernel with the running statistics; backward = one per-channel reduction
-//! (`Σ dy`, `Σ dy·x̂`: the bias and weight gradients) + one elementwise kernel for the input
-//! gradient. 16-bit inputs are read and written as such and computed in f32; the output has
-//! the input's dtype.
+//! `batch_norm` as one recorded op over the fused kernels of `ember-tensor`
+//! (`Tensor::batch_norm_forward` / `batch_norm_backward`), with PyTorch's node name
+//! `NativeBatchNormBackward0`.
+//!
+//! Note [Batch norm backward]: with `x̂ = (x - mean)·k` (`k = 1 / sqrt(var + eps)`), `M`
+//! elements per channel and `y = w·x̂ + b`: `∂L/∂b = Σ dy`, `∂L/∂w = Σ dy·x̂` (per channel),
+//! and, with batch statistics (training), `∂L/∂x = w·k·(dy - Σdy / M - x̂·Σ(dy·x̂) / M)` (the
+//! mean and variance depend on x); with running statistics they are constants and
+//! `∂L/∂x = dy·w·k`. The running statistics get no gradient.
 
-use crate::backend_fused::{BnBackward, BnStats};
-use crate::dtype::DType;
-use crate::error::{Result, TensorError};
-use crate::storage::{read_many, same, write_many_read};
-use crate::tensor::{Tensor, same_device};
-
-/// What [`Tensor::batch_norm_backward`] reads from [`Tensor::batch_norm_forward`]: the
-/// per-channel mean and inverse standard deviation of the batch (training), or the running
-/// mean and variance (eval), in the compute dtype.
-#[derive(Clone, Debug)]
-pub struct BatchNormSaved {
-    mean: Tensor,
-    v: Tensor,
-    is_var: bool,
-    eps: f64,
-    training: bool,
-}
-
-/// The gradients of [`Tensor::batch_norm_backward`]: input, weight, bias (each when asked).
-pub type BatchNormGrads = (Option<Tensor>, Option<Tensor>, Option<Tensor>);
-
-const OP: &str = "batch_norm";
-
-fn compute_dtype(d: DType) -> Result<DType> {
-    match d {
-        DType::F64 => Ok(DType::F64),
-        DType::F32 | DType::F16 | DType::Bf16 => Ok(DType::F32),
-        d => Err(TensorError::UnsupportedDType {
-            op: OP,
-            dtype: d,
-            hint: "batch_norm takes floating-point input",
-        }),
-    }
-}
-
-/// `t` contiguous from element 0 of its own storage (the fused kernels index operands from
-/// their storage's start): `t` itself when it already is, else a fresh copy.
-pub(crate) fn from_start(t: Tensor) -> Result<Tensor> {
-    if t.is_contiguous() && t.layout().offset() == 0 {
-        return Ok(t);
-    }
-    let fresh = Tensor::zeros(t.shape().clone(), (t.device(), t.dtype()))?;
-    fresh.copy_(&t)?;
-    Ok(fresh)
-}
-
-/// A per-channel vector `[C]` as the kernels read it: the compute dtype, contiguous from
-/// element 0 of its own storage (a fresh copy unless it already is).
-fn channel_vec(t: &Tensor, c: usize, cd: DType, what: &str) -> Result<Tensor> {
-    if t.dims() != [c] {
-        return Err(TensorError::ShapeMismatch {
-            op: OP,
-            msg: format!("expected {what} of shape [{c}], but got {}", t.shape()),
-        });
-    }
-    if t.dtype() == cd && t.is_contiguous() && t.layout().offset() == 0 {
-        return Ok(t.clone());
-    }
-    let fresh = Tensor::zeros([c], (t.device(), cd))?;
-    fresh.copy_(t)?;
-    Ok(fresh)
-}
+use crate::autograd::error::Result;
+use crate::autograd::graph::{BackwardFn, Saved, maybe_record};
+use crate::tensor::Tensor;
 
 impl Tensor {
-    /// `F.batch_norm` of `self` (`[N, C, *]`): normalised with the batch's statistics when
-    /// `training` (then `running_mean`/`running_var`, if given, are updated in place with
-    /// `momentum` and the unbiased variance, as PyTorch), with the running statistics
-    /// otherwise; then scaled by `weight` and shifted by `bias` (`[C]`). Returns the output
-    /// (`self`'s dtype and shape) and what [`Tensor::batch_norm_backward`] needs.
+    /// `F.batch_norm` over the channel dim 1 of `[N, C, *]`: with the batch's statistics
+    /// when `training` (updating `running_mean`/`running_var` in place, outside autograd,
+    /// with `momentum` and the unbiased variance), with the running statistics otherwise.
+    /// Output in `self`'s dtype (16-bit computed in f32). Backward as in Note [Batch norm
+    /// backward].
     #[allow(clippy::too_many_arguments)]
-    pub fn batch_norm_forward(
+    pub fn batch_norm(
         &self,
         running_mean: Option<&Tensor>,
         running_var: Option<&Tensor>,
@@ -85,187 +28,53 @@ impl Tensor {
         training: bool,
         momentum: f64,
         eps: f64,
-    ) -> Result<(Tensor, BatchNormSaved)> {
-        let _op = crate::profile::op1("native_batch_norm", self);
-        let mut all = vec![self];
-        all.extend(running_mean);
-        all.extend(running_var);
-        all.extend(weight);
-        all.extend(bias);
-        same_device(&all)?;
-        let cd = compute_dtype(self.dtype())?;
-        let dims = self.dims();
-        if dims.len() < 2 {
-            return Err(TensorError::invalid(
-                OP,
-                format!(
-                    "expected input [N, C, *] with at least 2 dims, found {}",
-                    self.shape()
-                ),
-            ));
-        }
-        let (n, c) = (dims[0], dims[1]);
-        let s: usize = dims[2..].iter().product();
-        let x = self.contiguous()?.reshape([n, c, s])?;
-        let w = weight
-            .map(|w| channel_vec(w, c, cd, "weight"))
-            .transpose()?;
-        let b = bias.map(|b| channel_vec(b, c, cd, "bias")).transpose()?;
-        let saved = if training {
-            if n * s <= 1 {
-                return Err(TensorError::invalid(
-                    OP,
-                    format!(
-                        "Expected more than 1 value per channel when training, got input size {}",
-                        self.shape()
-                    ),
-                ));
-            }
-            let lx = x.layout().clone();
-            let (mean, invstd) = match (running_mean, running_var) {
-                (Some(rm), Some(rv)) => {
-                    let direct = |t: &Tensor| {
-                        t.dims() == [c]
-                            && t.dtype() == cd
-                            && t.is_contiguous()
-                            && t.layout().offset() == 0
-                            && !same(t.cell(), x.cell())
-                    };
-                    let (tm, tv) = if direct(rm) && direct(rv) && !same(rm.cell(), rv.cell()) {
-                        (rm.clone(), rv.clone())
-                    } else {
-                        (
-                            channel_vec(rm, c, cd, "running_mean")?,
-                            channel_vec(rv, c, cd, "running_var")?,
-                        )
-                    };
-                    let r = write_many_read(&[tm.cell(), tv.cell()], x.cell(), |d, xs| {
-                        let [m, v] = d else {
-                            return Err(TensorError::invalid(OP, "two running statistics"));
-                        };
-                        xs.batch_norm_stats(&lx, Some((&mut **m, &mut **v)), momentum, eps)
-                    })?;
-                    if !same(tm.cell(), rm.cell()) {
-                        rm.copy_(&tm)?;
-                        rv.copy_(&tv)?;
-                    }
-                    r
+    ) -> Result<Tensor> {
+        let x = self.raw();
+        let (rm, rv) = (running_mean.map(Tensor::raw), running_var.map(Tensor::raw));
+        let (w, b) = (weight.map(Tensor::raw), bias.map(Tensor::raw));
+        let (y, saved) = x.batch_norm_forward(
+            rm.as_ref(),
+            rv.as_ref(),
+            w.as_ref(),
+            b.as_ref(),
+            training,
+            momentum,
+            eps,
+        )?;
+        let mut inputs = vec![self];
+        inputs.extend(weight);
+        inputs.extend(bias);
+        maybe_record("NativeBatchNormBackward0", y, &inputs, || {
+            const NAME: &str = "NativeBatchNormBackward0";
+            let need = [
+                self.requires_grad(),
+                weight.is_some_and(Tensor::requires_grad),
+                bias.is_some_and(Tensor::requires_grad),
+            ];
+            let (has_w, has_b) = (weight.is_some(), bias.is_some());
+            let sx = Saved::of(NAME, self)?;
+            let sw = weight.map(|w| Saved::of(NAME, w)).transpose()?;
+            let dtypes = (weight.map(Tensor::dtype), bias.map(Tensor::dtype));
+            let f: BackwardFn = Box::new(move |g| {
+                let x = sx.get()?;
+                let w = sw.as_ref().map(Saved::get).transpose()?;
+                let (gx, gw, gb) = x.batch_norm_backward(g, w.as_ref(), &saved, need)?;
+                let mut r = vec![gx];
+                if has_w {
+                    r.push(match (gw, dtypes.0) {
+                        (Some(t), Some(d)) => Some(t.to_dtype(d)?),
+                        (t, _) => t,
+                    });
                 }
-                (None, None) => x.cell().read().batch_norm_stats(&lx, None, momentum, eps)?,
-                _ => {
-                    return Err(TensorError::invalid(
-                        OP,
-                        "running_mean and running_var must be given together",
-                    ));
+                if has_b {
+                    r.push(match (gb, dtypes.1) {
+                        (Some(t), Some(d)) => Some(t.to_dtype(d)?),
+                        (t, _) => t,
+                    });
                 }
-            };
-            BatchNormSaved {
-                mean: Tensor::from_storage(mean, [c]),
-                v: Tensor::from_storage(invstd, [c]),
-                is_var: false,
-                eps,
-                training: true,
-            }
-        } else {
-            let (Some(rm), Some(rv)) = (running_mean, running_var) else {
-                return Err(TensorError::invalid(
-                    OP,
-                    "running_mean and running_var must be given when training is false",
-                ));
-            };
-            BatchNormSaved {
-                mean: channel_vec(rm, c, cd, "running_mean")?,
-                v: channel_vec(rv, c, cd, "running_var")?,
-                is_var: true,
-                eps,
-                training: false,
-            }
-        };
-        let mut cells = vec![x.cell(), saved.mean.cell(), saved.v.cell()];
-        cells.extend(w.as_ref().map(Tensor::cell));
-        cells.extend(b.as_ref().map(Tensor::cell));
-        let lx = x.layout().clone();
-        let (hw, hb) = (w.is_some(), b.is_some());
-        let y = read_many(&cells, |s| {
-            let st = BnStats {
-                mean: s[1],
-                v: s[2],
-                is_var: saved.is_var,
-                eps,
-            };
-            let wi = hw.then(|| s[3]);
-            let bi = hb.then(|| s[3 + usize::from(hw)]);
-            s[0].batch_norm_apply(&lx, &st, wi, bi)
-        })?;
-        let y = Tensor::from_storage(y, x.shape().clone()).reshape(self.shape())?;
-        Ok((y, saved))
-    }
-
-    /// The gradients of [`Tensor::batch_norm_forward`] for input `self` and upstream `grad`
-    /// (`self`'s shape): `need` says which of (input, weight, bias) to compute. The weight
-    /// and bias gradients are `Σ dy·x̂` and `Σ dy` per channel, in the compute dtype (f32,
-    /// f64 for f64 input); the input gradient has `self`'s dtype and shape.
-    pub fn batch_norm_backward(
-        &self,
-        grad: &Tensor,
-        weight: Option<&Tensor>,
-        saved: &BatchNormSaved,
-        need: [bool; 3],
-    ) -> Result<BatchNormGrads> {
-        let _op = crate::profile::op(
-            "native_batch_norm_backward",
-            &[grad.as_input(), self.as_input()],
-        );
-        let mut all = vec![self, grad];
-        all.extend(weight);
-        same_device(&all)?;
-        let cd = compute_dtype(self.dtype())?;
-        if grad.dims() != self.dims() || self.rank() < 2 {
-            return Err(TensorError::ShapeMismatch {
-                op: "batch_norm_backward",
-                msg: format!(
-                    "expected a gradient of the input's shape {}, but got {}",
-                    self.shape(),
-                    grad.shape()
-                ),
+                Ok(r)
             });
-        }
-        let dims = self.dims();
-        let (n, c) = (dims[0], dims[1]);
-        let s: usize = dims[2..].iter().product();
-        let x = self.contiguous()?.reshape([n, c, s])?;
-        let dy = from_start(grad.to_dtype(self.dtype())?.reshape([n, c, s])?)?;
-        let w = weight
-            .map(|w| channel_vec(w, c, cd, "weight"))
-            .transpose()?;
-        let b = BnBackward {
-            training: saved.training,
-            sums: need[1] || need[2],
-            need_input: need[0],
-        };
-        let mut cells = vec![dy.cell(), x.cell(), saved.mean.cell(), saved.v.cell()];
-        cells.extend(w.as_ref().map(Tensor::cell));
-        let lx = x.layout().clone();
-        let hw = w.is_some();
-        let (dx, sums) = read_many(&cells, |s| {
-            let st = BnStats {
-                mean: s[2],
-                v: s[3],
-                is_var: saved.is_var,
-                eps: saved.eps,
-            };
-            s[0].batch_norm_backward(s[1], &lx, &st, hw.then(|| s[4]), &b)
-        })?;
-        let dx = dx
-            .map(|d| Tensor::from_storage(d, x.shape().clone()).reshape(self.shape()))
-            .transpose()?;
-        let (gw, gb) = match sums {
-            Some((sd, sdx)) => (
-                need[1].then(|| Tensor::from_storage(sdx, [c])),
-                need[2].then(|| Tensor::from_storage(sd, [c])),
-            ),
-            None => (None, None),
-        };
-        Ok((dx, gw, gb))
+            Ok(f)
+        })
     }
 }

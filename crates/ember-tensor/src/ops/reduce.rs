@@ -1,224 +1,265 @@
-//! Reductions over all or chosen dims, with `keepdim`: sum, mean, prod, max/min (with
-//! indices), argmax/argmin, amax/amin, var/std with correction, logsumexp, norm, and the
-//! row-wise softmax/log_softmax.
-//!
-//! `sum`/`prod` of integers and bools give i64, as PyTorch; `mean`, `var`, `std`, `norm`,
-//! `softmax` need floating tensors (PyTorch's "could not infer output dtype" is an error
-//! here too); f16/bf16 compute in f32 and round once at the end. Composite reductions are
-//! built from the kernel reductions and elementwise ops, so every backend has them.
+//! Reductions, softmax and log-softmax. A reduced gradient is brought back over the
+//! reduced dims by unsqueezing them (when `keepdim` dropped them) and expanding. `sum`,
+//! `prod`, `logsumexp`, `norm`, `softmax` and `log_softmax` consult autocast (Note
+//! [Autocast hook]).
 
-use crate::dtype::DType;
-use crate::error::{Result, TensorError};
-use crate::op::ReduceOp;
-use crate::shape::{Dim, Dims, ReduceDims};
+use crate::{DType, Dim, RawTensor as Raw, ReduceDims};
+
+use crate::autograd::error::Result;
+use crate::autograd::graph::{Saved, maybe_record};
+use crate::autograd::mode::autocast_inputs;
+use crate::ops::bw1;
 use crate::tensor::Tensor;
 
+/// `g` (reduced over `dims`, kept or not) as a view broadcast to `shape`.
+fn unreduce(g: &Raw, dims: &[usize], keepdim: bool, shape: &[usize]) -> Result<Raw> {
+    let mut g = g.clone();
+    if !keepdim {
+        for &d in dims {
+            g = g.unsqueeze(d)?;
+        }
+    }
+    Ok(g.expand(shape)?)
+}
+
+/// Elements per output of a reduction over `dims` of `shape`.
+fn count(shape: &[usize], dims: &[usize]) -> usize {
+    dims.iter().map(|&d| shape[d]).product()
+}
+
 impl Tensor {
-    /// The sorted reduced dims for `dims` (`None` = all).
-    fn reduce_dims(&self, dims: Option<&dyn Dims>, op: &'static str) -> Result<Vec<usize>> {
-        if self.rank() == 0 {
-            // A scalar accepts dim 0 / -1 and reduces nothing.
-            if let Some(d) = dims {
-                d.indices(0, op)?;
+    /// The reduced dims, normalised (all for `()`; none for a scalar, whose one "dim" is
+    /// not a dim).
+    fn reduce_dims(&self, dims: &impl ReduceDims, op: &'static str) -> Result<Vec<usize>> {
+        match dims.dims() {
+            _ if self.rank() == 0 => {
+                if let Some(d) = dims.dims() {
+                    d.indices(0, op)?;
+                }
+                Ok(Vec::new())
             }
-            return Ok(Vec::new());
-        }
-        match dims {
             None => Ok((0..self.rank()).collect()),
-            Some(d) => d.indices(self.rank(), op),
+            Some(d) => Ok(d.indices(self.rank(), op)?),
         }
     }
 
-    fn reduce_op(&self, op: ReduceOp, dims: &[usize], keepdim: bool) -> Result<Tensor> {
-        let _op = crate::profile::op1(op.name(), self);
-        let s = self.with_storage(|s, l| s.reduce(op, l, dims))?;
-        let shape: Vec<usize> = self
-            .dims()
-            .iter()
-            .enumerate()
-            .filter_map(|(i, &d)| match (dims.contains(&i), keepdim) {
-                (false, _) => Some(d),
-                (true, true) => Some(1),
-                (true, false) => None,
-            })
-            .collect();
-        Ok(Tensor::from_storage(s, shape))
-    }
-
-    fn reduce_n(&self, dims: &[usize]) -> usize {
-        dims.iter().map(|&d| self.dims()[d]).product()
-    }
-
-    fn float_input(&self, op: &'static str) -> Result<Tensor> {
-        match self.dtype() {
-            DType::F16 | DType::Bf16 => self.to_dtype(DType::F32),
-            d if d.is_float() => Ok(self.clone()),
-            d => Err(TensorError::UnsupportedDType {
-                op,
-                dtype: d,
-                hint: "could not infer output dtype; input dtype must be floating point",
-            }),
-        }
-    }
-
-    /// Sum of all elements (a 0-dim tensor; i64 for integer and bool inputs); `sum(())`.
+    /// Sum over all elements; `sum(())`.
     pub fn sum_all(&self) -> Result<Tensor> {
         self.sum(())
     }
 
-    /// Sum over `dims` (`()` for all; see [`ReduceDims`] for `keepdim`).
+    /// Sum over `dims` (`()` for all; `(dims, true)` keeps them, see
+    /// [`ReduceDims`]).
     ///
     /// ```
     /// use ember_tensor::Tensor;
-    /// let t = Tensor::arange(0, 6, ())?.reshape([2, 3])?;
-    /// assert_eq!(t.sum(1)?.to_vec::<i64>()?, vec![3, 12]);
-    /// assert_eq!(t.sum(([0, 1], true))?.dims(), &[1, 1]);
-    /// # Ok::<(), ember_tensor::TensorError>(())
+    /// let t = Tensor::from_vec(vec![1f32, 2., 3., 4.], [2, 2], ())?;
+    /// assert_eq!(t.sum(())?.item::<f32>()?, 10.0);
+    /// assert_eq!(t.sum(0)?.to_vec::<f32>()?, vec![4.0, 6.0]);
+    /// assert_eq!(t.sum((1, true))?.dims(), vec![2, 1]);
+    /// # Ok::<(), ember_tensor::Error>(())
     /// ```
     pub fn sum(&self, dims: impl ReduceDims) -> Result<Tensor> {
-        let d = self.reduce_dims(dims.dims(), "sum")?;
-        self.reduce_op(ReduceOp::Sum, &d, dims.keepdim())
+        if let Some(c) = autocast_inputs("sum", [self])? {
+            return c[0].sum(dims);
+        }
+        let x = self.raw();
+        let (keepdim, all) = (dims.keepdim(), dims.dims().is_none());
+        let ds = self.reduce_dims(&dims, "sum")?;
+        let y = x.sum(dims)?;
+        let shape = x.dims().to_vec();
+        let name = if all { "SumBackward0" } else { "SumBackward1" };
+        maybe_record(name, y, &[self], || {
+            Ok(bw1(move |g| unreduce(g, &ds, keepdim, &shape)))
+        })
     }
 
-    /// Product of all elements; `prod(())`.
-    pub fn prod_all(&self) -> Result<Tensor> {
-        self.prod(())
-    }
-
-    /// Product over `dims`.
-    pub fn prod(&self, dims: impl ReduceDims) -> Result<Tensor> {
-        let d = self.reduce_dims(dims.dims(), "prod")?;
-        self.reduce_op(ReduceOp::Prod, &d, dims.keepdim())
-    }
-
-    /// Mean of all elements (floating tensors only); `mean(())`.
+    /// Mean over all elements; `mean(())`.
     pub fn mean_all(&self) -> Result<Tensor> {
         self.mean(())
     }
 
-    /// Mean over `dims` (floating tensors only).
+    /// Mean over `dims`.
     pub fn mean(&self, dims: impl ReduceDims) -> Result<Tensor> {
-        let d = self.reduce_dims(dims.dims(), "mean")?;
-        self.mean_impl(&d, dims.keepdim())
-    }
-
-    fn mean_impl(&self, dims: &[usize], keepdim: bool) -> Result<Tensor> {
-        let _op = crate::profile::op1("mean", self);
-        let x = self.float_input("mean")?;
-        let n = self.reduce_n(dims);
-        x.reduce_op(ReduceOp::Sum, dims, keepdim)?
-            .div(n as f64)?
-            .to_dtype(self.dtype())
-    }
-
-    /// Largest element (NaN if any element is NaN); an error for an empty tensor.
-    pub fn max_all(&self) -> Result<Tensor> {
-        let d = self.reduce_dims(None, "max")?;
-        self.reduce_op(ReduceOp::Max, &d, false)
-    }
-
-    /// Smallest element (NaN if any element is NaN); an error for an empty tensor.
-    pub fn min_all(&self) -> Result<Tensor> {
-        let d = self.reduce_dims(None, "min")?;
-        self.reduce_op(ReduceOp::Min, &d, false)
-    }
-
-    /// The one dim a `dim=`-only reduction (`max(dim)`, `argmax(dim)`) takes: `None` for
-    /// all (where `all` is allowed), an error naming the op for a list of several.
-    fn single_dim(
-        &self,
-        dims: &impl ReduceDims,
-        all_allowed: bool,
-        op: &'static str,
-    ) -> Result<Vec<usize>> {
-        let Some(given) = dims.dims() else {
-            if all_allowed {
-                return self.reduce_dims(None, op);
-            }
-            return Err(TensorError::invalid(
-                op,
-                "expected a dim (use max_all()/min_all() for all elements)",
-            ));
+        let x = self.raw();
+        let (keepdim, all) = (dims.keepdim(), dims.dims().is_none());
+        let ds = self.reduce_dims(&dims, "mean")?;
+        let y = x.mean(dims)?;
+        let shape = x.dims().to_vec();
+        let n = count(&shape, &ds) as f64;
+        let name = if all {
+            "MeanBackward0"
+        } else {
+            "MeanBackward1"
         };
-        let d = self.reduce_dims(Some(given), op)?;
-        let listed = given.indices(self.rank(), op)?.len();
-        if listed != 1 {
-            return Err(TensorError::invalid(
-                op,
-                format!("expected a single dim, found {listed}"),
-            ));
+        maybe_record(name, y, &[self], || {
+            Ok(bw1(move |g| unreduce(&g.div(n)?, &ds, keepdim, &shape)))
+        })
+    }
+
+    /// Product over all elements; `prod(())`.
+    pub fn prod_all(&self) -> Result<Tensor> {
+        self.prod(())
+    }
+
+    /// Product over `dims`. The gradient is exact with zeros among the factors.
+    pub fn prod(&self, dims: impl ReduceDims) -> Result<Tensor> {
+        if let Some(c) = autocast_inputs("prod", [self])? {
+            return c[0].prod(dims);
         }
-        Ok(d)
+        let keepdim = dims.keepdim();
+        let ds = self.reduce_dims(&dims, "prod")?;
+        let y = self.raw().prod(dims)?;
+        self.prod_like(y, ds, keepdim)
     }
 
-    /// Maxima along one dim and their indices (first occurrence), as `torch.max(x, dim)`:
-    /// `x.max_dim(1)`, `x.max_dim((1, true))`.
-    pub fn max_dim(&self, dim: impl ReduceDims) -> Result<(Tensor, Tensor)> {
-        let d = self.single_dim(&dim, false, "max")?;
-        Ok((
-            self.reduce_op(ReduceOp::Max, &d, dim.keepdim())?,
-            self.reduce_op(ReduceOp::ArgMax, &d, dim.keepdim())?,
-        ))
+    fn prod_like(&self, y: Raw, ds: Vec<usize>, keepdim: bool) -> Result<Tensor> {
+        let shape = self.raw().dims().to_vec();
+        maybe_record("ProdBackward1", y, &[self], || {
+            let sx = Saved::of("ProdBackward1", self)?;
+            Ok(bw1(move |g| {
+                let x = sx.get()?;
+                let g = unreduce(g, &ds, keepdim, &shape)?;
+                if ds.is_empty() {
+                    return Ok(g);
+                }
+                let zero = x.eq(0.0)?;
+                // Product of the non-zero factors, and how many zeros each output saw.
+                let nonzero = crate::raw::binary::r#where(&zero, 1.0, &x)?.to_dtype(x.dtype())?;
+                let pn = unreduce(&nonzero.prod((&ds[..], true))?, &ds, true, &shape)?;
+                let zeros = zero.to_dtype(DType::I64)?.sum((&ds[..], true))?;
+                let zeros = unreduce(&zeros, &ds, true, &shape)?;
+                // No zero: p / x. One zero: at the zero the others' product, else 0.
+                let none = pn.div(&x)?;
+                let one = crate::raw::binary::r#where(&zero, &pn, 0.0)?;
+                let some = crate::raw::binary::r#where(&zeros.eq(1)?, &one, 0.0)?;
+                let d = crate::raw::binary::r#where(&zeros.eq(0)?, &none, &some)?;
+                Ok(g.mul(&d)?)
+            }))
+        })
     }
 
-    /// Minima along one dim and their indices.
-    pub fn min_dim(&self, dim: impl ReduceDims) -> Result<(Tensor, Tensor)> {
-        let d = self.single_dim(&dim, false, "min")?;
-        Ok((
-            self.reduce_op(ReduceOp::Min, &d, dim.keepdim())?,
-            self.reduce_op(ReduceOp::ArgMin, &d, dim.keepdim())?,
-        ))
+    /// Largest element (the gradient is shared evenly among ties).
+    pub fn max_all(&self) -> Result<Tensor> {
+        self.extremum_all(true)
     }
 
-    /// Maximum over several dims (no indices), `torch.amax`.
+    /// Smallest element.
+    pub fn min_all(&self) -> Result<Tensor> {
+        self.extremum_all(false)
+    }
+
+    fn extremum_all(&self, max: bool) -> Result<Tensor> {
+        let x = self.raw();
+        let y = if max { x.max_all()? } else { x.min_all()? };
+        let name = if max { "MaxBackward1" } else { "MinBackward1" };
+        maybe_record(name, y.clone(), &[self], || {
+            let (sx, sy) = (Saved::of(name, self)?, Saved::new(name, &y));
+            Ok(bw1(move |g| {
+                let x = sx.get()?;
+                let hit = x.eq(&sy.get()?)?.to_dtype(g.dtype())?;
+                Ok(hit.mul(&g.div(&hit.sum_all()?)?)?)
+            }))
+        })
+    }
+
+    /// `amax` over `dims` (ties share the gradient evenly, as PyTorch).
     pub fn amax(&self, dims: impl ReduceDims) -> Result<Tensor> {
-        let d = self.reduce_dims(dims.dims(), "amax")?;
-        self.reduce_op(ReduceOp::Max, &d, dims.keepdim())
+        self.amaxmin(dims, true)
     }
 
-    /// Minimum over several dims, `torch.amin`.
+    /// `amin` over `dims`.
     pub fn amin(&self, dims: impl ReduceDims) -> Result<Tensor> {
-        let d = self.reduce_dims(dims.dims(), "amin")?;
-        self.reduce_op(ReduceOp::Min, &d, dims.keepdim())
+        self.amaxmin(dims, false)
     }
 
-    /// Index of the largest element of the flattened tensor; `argmax(())`.
-    pub fn argmax_all(&self) -> Result<Tensor> {
-        self.argmax(())
+    fn amaxmin(&self, dims: impl ReduceDims, max: bool) -> Result<Tensor> {
+        let x = self.raw();
+        let keepdim = dims.keepdim();
+        let ds = self.reduce_dims(&dims, if max { "amax" } else { "amin" })?;
+        let y = if max { x.amax(dims)? } else { x.amin(dims)? };
+        let shape = x.dims().to_vec();
+        let name = if max {
+            "AmaxBackward0"
+        } else {
+            "AminBackward0"
+        };
+        maybe_record(name, y.clone(), &[self], || {
+            let (sx, sy) = (Saved::of(name, self)?, Saved::new(name, &y));
+            Ok(bw1(move |g| {
+                let x = sx.get()?;
+                let yk = unreduce(&sy.get()?, &ds, keepdim, &shape)?;
+                let hit = x.eq(&yk)?.to_dtype(g.dtype())?;
+                let n = unreduce(&hit.sum((&ds[..], true))?, &ds, true, &shape)?;
+                let g = unreduce(g, &ds, keepdim, &shape)?;
+                Ok(hit.mul(&g)?.div(&n)?)
+            }))
+        })
     }
 
-    /// Indices of the maxima along one dim (`()`: of the flattened tensor).
+    /// Max along one dim with the indices, as `torch.max(x, dim)`: `x.max_dim(1)`,
+    /// `x.max_dim((1, true))` (the gradient goes to the index taken).
+    pub fn max_dim(&self, dim: impl ReduceDims) -> Result<(Tensor, Tensor)> {
+        self.extremum_dim(dim, true)
+    }
+
+    /// Min along one dim with the indices.
+    pub fn min_dim(&self, dim: impl ReduceDims) -> Result<(Tensor, Tensor)> {
+        self.extremum_dim(dim, false)
+    }
+
+    fn extremum_dim(&self, dim: impl ReduceDims, max: bool) -> Result<(Tensor, Tensor)> {
+        let x = self.raw();
+        let keepdim = dim.keepdim();
+        let op = if max { "max" } else { "min" };
+        let listed = dim.dims().map(|ds| ds.indices(x.rank(), op)).transpose()?;
+        let (v, i) = if max {
+            x.max_dim(dim)?
+        } else {
+            x.min_dim(dim)?
+        };
+        // The one dim (the core checked that exactly one was given).
+        let d = listed.and_then(|ds| ds.first().copied()).unwrap_or(0);
+        let name = if max { "MaxBackward0" } else { "MinBackward0" };
+        let shape = x.shape().clone();
+        let idx = i.clone();
+        let scalar = x.rank() == 0;
+        let values = maybe_record(name, v, &[self], || {
+            Ok(bw1(move |g| {
+                if scalar {
+                    return Ok(g.clone());
+                }
+                let (g, idx) = if keepdim {
+                    (g.clone(), idx.clone())
+                } else {
+                    (g.unsqueeze(d)?, idx.unsqueeze(d)?)
+                };
+                let z = Raw::zeros(shape.clone(), (g.device(), g.dtype()))?;
+                Ok(z.scatter_add(d, &idx, &g)?)
+            }))
+        })?;
+        Ok((values, Tensor::wrap(i)))
+    }
+
+    /// Index of the largest element along one dim (`()`: of the flattened tensor; not
+    /// differentiable).
     pub fn argmax(&self, dim: impl ReduceDims) -> Result<Tensor> {
-        let d = self.single_dim(&dim, true, "argmax")?;
-        self.reduce_op(ReduceOp::ArgMax, &d, dim.keepdim())
+        Ok(Tensor::wrap(self.raw().argmax(dim)?))
     }
 
-    /// Index of the smallest element of the flattened tensor; `argmin(())`.
-    pub fn argmin_all(&self) -> Result<Tensor> {
-        self.argmin(())
-    }
-
-    /// Indices of the minima along one dim (`()`: of the flattened tensor).
+    /// Index of the smallest element along one dim (`()`: of the flattened tensor).
     pub fn argmin(&self, dim: impl ReduceDims) -> Result<Tensor> {
-        let d = self.single_dim(&dim, true, "argmin")?;
-        self.reduce_op(ReduceOp::ArgMin, &d, dim.keepdim())
+        Ok(Tensor::wrap(self.raw().argmin(dim)?))
     }
 
-    fn var_impl(
-        &self,
-        dims: &[usize],
-        correction: f64,
-        keepdim: bool,
-        op: &'static str,
-    ) -> Result<Tensor> {
-        let _op = crate::profile::op1("var", self);
-        let x = self.float_input(op)?;
-        let n = self.reduce_n(dims) as f64;
-        let mean = x.reduce_op(ReduceOp::Sum, dims, true)?.div(n)?;
-        let d = x.sub(&mean)?;
-        d.mul(&d)?
-            .reduce_op(ReduceOp::Sum, dims, keepdim)?
-            .div((n - correction).max(0.0))
+    /// Flat index of the largest element.
+    pub fn argmax_all(&self) -> Result<Tensor> {
+        Ok(Tensor::wrap(self.raw().argmax_all()?))
+    }
+
+    /// Flat index of the smallest element.
+    pub fn argmin_all(&self) -> Result<Tensor> {
+        Ok(Tensor::wrap(self.raw().argmin_all()?))
     }
 
     /// Variance over `dims` with Bessel's correction (PyTorch's default).
@@ -226,15 +267,15 @@ impl Tensor {
         self.var_correction(dims, 1.0)
     }
 
-    /// Variance over `dims` with `correction` (1 = Bessel's; 0 = the population variance).
-    /// `n - correction <= 0` gives inf or NaN, as PyTorch.
+    /// Variance over `dims` with `correction` (1: unbiased, 0: the population variance).
     pub fn var_correction(&self, dims: impl ReduceDims, correction: f64) -> Result<Tensor> {
-        let d = self.reduce_dims(dims.dims(), "var")?;
-        self.var_impl(&d, correction, dims.keepdim(), "var")?
-            .to_dtype(self.dtype())
+        let keepdim = dims.keepdim();
+        let ds = self.reduce_dims(&dims, "var")?;
+        let y = self.raw().var_correction(dims, correction)?;
+        self.var_like("VarBackward0", y, ds, correction, keepdim, false)
     }
 
-    /// Variance of all elements with `correction`.
+    /// Variance over all elements with `correction`.
     pub fn var_all(&self, correction: f64) -> Result<Tensor> {
         self.var_correction((), correction)
     }
@@ -246,127 +287,146 @@ impl Tensor {
 
     /// Standard deviation over `dims` with `correction`.
     pub fn std_correction(&self, dims: impl ReduceDims, correction: f64) -> Result<Tensor> {
-        let d = self.reduce_dims(dims.dims(), "std")?;
-        self.var_impl(&d, correction, dims.keepdim(), "std")?
-            .sqrt()?
-            .to_dtype(self.dtype())
+        let keepdim = dims.keepdim();
+        let ds = self.reduce_dims(&dims, "std")?;
+        let y = self.raw().std_correction(dims, correction)?;
+        self.var_like("StdBackward0", y, ds, correction, keepdim, true)
     }
 
-    /// Standard deviation of all elements with `correction`.
+    /// Standard deviation over all elements with `correction`.
     pub fn std_all(&self, correction: f64) -> Result<Tensor> {
         self.std_correction((), correction)
     }
 
-    /// `log(sum(exp(x)))` over `dims`, computed stably (max subtracted first). Integer
-    /// inputs compute in f32.
+    /// `dvar/dx = 2 (x - mean) / (N - correction)`; `dstd = dvar / (2 std)`.
+    fn var_like(
+        &self,
+        name: &'static str,
+        y: Raw,
+        ds: Vec<usize>,
+        correction: f64,
+        keepdim: bool,
+        std: bool,
+    ) -> Result<Tensor> {
+        let shape = self.raw().dims().to_vec();
+        let n = count(&shape, &ds) as f64;
+        maybe_record(name, y.clone(), &[self], || {
+            let (sx, sy) = (Saved::of(name, self)?, Saved::new(name, &y));
+            Ok(bw1(move |g| {
+                let x = sx.get()?;
+                let centered = if ds.is_empty() {
+                    x.sub(&x)?
+                } else {
+                    x.sub(&x.mean((&ds[..], true))?)?
+                };
+                let g = unreduce(g, &ds, keepdim, &shape)?;
+                let mut d = centered.mul(2.0 / (n - correction))?;
+                if std {
+                    let s = unreduce(&sy.get()?, &ds, keepdim, &shape)?;
+                    d = d.div(&s.mul(2.0)?)?;
+                }
+                Ok(g.mul(&d)?)
+            }))
+        })
+    }
+
+    /// `log Σ exp` over `dims`.
     pub fn logsumexp(&self, dims: impl ReduceDims) -> Result<Tensor> {
-        let _op = crate::profile::op1("logsumexp", self);
-        let keepdim = dims.keepdim();
-        let d = self.reduce_dims(dims.dims(), "logsumexp")?;
-        let out_dtype = if self.dtype().is_float() {
-            self.dtype()
-        } else {
-            DType::F32
-        };
-        let x = match self.dtype() {
-            DType::F64 => self.clone(),
-            _ => self.to_dtype(DType::F32)?,
-        };
-        if self.reduce_n(&d) == 0 {
-            return x
-                .reduce_op(ReduceOp::Sum, &d, keepdim)?
-                .log()?
-                .to_dtype(out_dtype);
+        if let Some(c) = autocast_inputs("logsumexp", [self])? {
+            return c[0].logsumexp(dims);
         }
-        let m = x.reduce_op(ReduceOp::Max, &d, true)?;
-        // An infinite max would turn x - m into NaN; shift by 0 there instead.
-        let m = crate::r#where(&m.abs()?.eq(f64::INFINITY)?, 0.0, &m)?;
-        let s = x
-            .sub(&m)?
-            .exp()?
-            .reduce_op(ReduceOp::Sum, &d, keepdim)?
-            .log()?;
-        let m = if keepdim { m } else { m.reshape(s.shape())? };
-        s.add(&m)?.to_dtype(out_dtype)
+        let x = self.raw();
+        let keepdim = dims.keepdim();
+        let ds = self.reduce_dims(&dims, "logsumexp")?;
+        let y = x.logsumexp(dims)?;
+        let shape = x.dims().to_vec();
+        maybe_record("LogsumexpBackward0", y.clone(), &[self], || {
+            let (sx, sy) = (
+                Saved::of("LogsumexpBackward0", self)?,
+                Saved::new("LogsumexpBackward0", &y),
+            );
+            Ok(bw1(move |g| {
+                let yk = unreduce(&sy.get()?, &ds, keepdim, &shape)?;
+                let p = sx.get()?.sub(&yk)?.exp()?;
+                Ok(unreduce(g, &ds, keepdim, &shape)?.mul(&p)?)
+            }))
+        })
     }
 
-    /// The `p`-norm over `dims` (`f64::INFINITY` for the max-abs norm, 0 for the count of
-    /// non-zeros). Floating tensors only.
+    /// p-norm over `dims` (p > 0; at a zero norm the gradient is 0, as PyTorch).
     pub fn norm(&self, p: f64, dims: impl ReduceDims) -> Result<Tensor> {
-        let d = self.reduce_dims(dims.dims(), "norm")?;
-        self.norm_impl(p, &d, dims.keepdim())
+        if let Some(c) = autocast_inputs("norm", [self])? {
+            return c[0].norm(p, dims);
+        }
+        let x = self.raw();
+        let keepdim = dims.keepdim();
+        let ds = self.reduce_dims(&dims, "norm")?;
+        let y = x.norm(p, dims)?;
+        self.norm_like(y, p, ds, keepdim)
     }
 
-    /// The `p`-norm of all elements; `norm(p, ())`.
+    /// p-norm of all elements; `norm(p, ())`.
     pub fn norm_all(&self, p: f64) -> Result<Tensor> {
         self.norm(p, ())
     }
 
-    fn norm_impl(&self, p: f64, dims: &[usize], keepdim: bool) -> Result<Tensor> {
-        let _op = crate::profile::op1("linalg_vector_norm", self);
-        let x = self.float_input("norm")?;
-        let a = x.abs()?;
-        let r = if p == 2.0 {
-            a.mul(&a)?.reduce_op(ReduceOp::Sum, dims, keepdim)?.sqrt()?
-        } else if p == 1.0 {
-            a.reduce_op(ReduceOp::Sum, dims, keepdim)?
-        } else if p.is_infinite() {
-            let op = if p > 0.0 {
-                ReduceOp::Max
-            } else {
-                ReduceOp::Min
-            };
-            if self.reduce_n(dims) == 0 {
-                return Err(TensorError::invalid(
-                    "norm",
-                    "expected a non-empty input for the infinity norm",
-                ));
-            }
-            a.reduce_op(op, dims, keepdim)?
-        } else if p == 0.0 {
-            a.ne(0)?
-                .to_dtype(x.dtype())?
-                .reduce_op(ReduceOp::Sum, dims, keepdim)?
-        } else {
-            a.pow(p)?
-                .reduce_op(ReduceOp::Sum, dims, keepdim)?
-                .pow(1.0 / p)?
-        };
-        r.to_dtype(self.dtype())
+    fn norm_like(&self, y: Raw, p: f64, ds: Vec<usize>, keepdim: bool) -> Result<Tensor> {
+        let shape = self.raw().dims().to_vec();
+        maybe_record("NormBackward1", y.clone(), &[self], || {
+            let (sx, sy) = (
+                Saved::of("NormBackward1", self)?,
+                Saved::new("NormBackward1", &y),
+            );
+            Ok(bw1(move |g| {
+                let x = sx.get()?;
+                let yk = unreduce(&sy.get()?, &ds, keepdim, &shape)?;
+                let g = unreduce(g, &ds, keepdim, &shape)?;
+                // d‖x‖p/dx = x·|x|^(p-2) / ‖x‖^(p-1)
+                let d = if p == 1.0 {
+                    x.sign()?
+                } else if p == 2.0 {
+                    x.div(&yk)?
+                } else {
+                    x.mul(&x.abs()?.pow(p - 2.0)?)?.div(&yk.pow(p - 1.0)?)?
+                };
+                let d = crate::raw::binary::r#where(&yk.eq(0.0)?, 0.0, &d)?;
+                Ok(g.mul(&d)?)
+            }))
+        })
     }
 
-    /// Softmax along `dim`: `exp(x - max) / sum(exp(x - max))` (floating tensors only).
-    ///
-    /// ```
-    /// use ember_tensor::{Device, Tensor};
-    /// let x = Tensor::new(&[1000f32, 1000.], &Device::Cpu)?;
-    /// assert_eq!(x.softmax(0)?.to_vec::<f32>()?, vec![0.5, 0.5]);
-    /// # Ok::<(), ember_tensor::TensorError>(())
-    /// ```
+    /// Softmax along `dim`.
     pub fn softmax(&self, dim: impl Dim) -> Result<Tensor> {
-        let _op = crate::profile::op1("softmax", self);
-        self.softmax_op(dim, false)
-    }
-
-    /// `log(softmax(x))` along `dim`, computed as `x - max - log(sum(exp(x - max)))`.
-    pub fn log_softmax(&self, dim: impl Dim) -> Result<Tensor> {
-        let _op = crate::profile::op1("log_softmax", self);
-        self.softmax_op(dim, true)
-    }
-
-    /// Both softmaxes: one fused kernel per row (f16/bf16 computed in f32).
-    fn softmax_op(&self, dim: impl Dim, log: bool) -> Result<Tensor> {
-        let op = if log { "log_softmax" } else { "softmax" };
-        let x = self.float_input(op)?;
-        let dim = dim.index(x.rank(), op)?;
-        if x.numel() == 0 {
-            return Ok(self.clone());
+        if let Some(c) = autocast_inputs("softmax", [self])? {
+            return c[0].softmax(dim);
         }
-        // A 0-dim tensor is a row of one.
-        let x = if x.rank() == 0 { x.reshape([1])? } else { x };
-        let s = x.with_storage(|s, l| s.softmax(l, dim, log))?;
-        Tensor::from_storage(s, x.shape())
-            .reshape(self.shape())?
-            .to_dtype(self.dtype())
+        let x = self.raw();
+        let d = dim.index(x.rank(), "softmax")?;
+        let y = x.softmax(d)?;
+        maybe_record("SoftmaxBackward0", y.clone(), &[self], || {
+            let sy = Saved::new("SoftmaxBackward0", &y);
+            Ok(bw1(move |g| {
+                let y = sy.get()?;
+                let gy = g.mul(&y)?;
+                Ok(gy.sub(&y.mul(&gy.sum((d, true))?)?)?)
+            }))
+        })
+    }
+
+    /// Log-softmax along `dim`.
+    pub fn log_softmax(&self, dim: impl Dim) -> Result<Tensor> {
+        if let Some(c) = autocast_inputs("log_softmax", [self])? {
+            return c[0].log_softmax(dim);
+        }
+        let x = self.raw();
+        let d = dim.index(x.rank(), "log_softmax")?;
+        let y = x.log_softmax(d)?;
+        maybe_record("LogSoftmaxBackward0", y.clone(), &[self], || {
+            let sy = Saved::new("LogSoftmaxBackward0", &y);
+            Ok(bw1(move |g| {
+                let p = sy.get()?.exp()?;
+                Ok(g.sub(&p.mul(&g.sum((d, true))?)?)?)
+            }))
+        })
     }
 }

@@ -14,9 +14,9 @@ use super::{Generator, default_generator};
 use crate::cuda::PhiloxKernel;
 use crate::dtype::{DType, WithDType};
 use crate::error::{Result, TensorError};
+use crate::raw::{Options, RawTensor};
 use crate::shape::Shape;
 use crate::storage::{CpuStorage, Storage};
-use crate::tensor::{Options, Tensor};
 
 /// The generator an op uses: the one given, or the device's default.
 enum Gen<'a> {
@@ -73,15 +73,15 @@ fn fill<S: Sampler, T: WithDType>(
     g: &Generator,
     conv: impl Fn(S::Out) -> T + Sync,
     kernel: PhiloxKernel,
-) -> Result<Tensor> {
+) -> Result<RawTensor> {
     let (key, base) = g.reserve(counters::<S>(n));
     if let Device::Cuda(i) = g.device() {
         let ctx = crate::cuda::ctx("random", i)?;
         let st = crate::cuda::philox(&ctx, kernel, T::DTYPE, n, key, base)?;
-        return Ok(Tensor::from_storage(Storage::Cuda(st), shape));
+        return Ok(RawTensor::from_storage(Storage::Cuda(st), shape));
     }
     let st = CpuStorage::from_chunks(n, |r| samples(&s, key, base, r).map(&conv))?;
-    Ok(Tensor::from_storage(Storage::Cpu(st), shape))
+    Ok(RawTensor::from_storage(Storage::Cpu(st), shape))
 }
 
 /// f64 samples into f16 through f32, as the CUDA kernels convert (and the same on every
@@ -90,7 +90,7 @@ fn to_f16(v: f64) -> f16 {
     f16::from_f32(v as f32)
 }
 
-fn uniform(shape: Shape, o: Options, gen_: Option<&Generator>) -> Result<Tensor> {
+fn uniform(shape: Shape, o: Options, gen_: Option<&Generator>) -> Result<RawTensor> {
     let op = "rand";
     let dtype = o.dtype.unwrap_or(DType::F32);
     let (n, g) = prepare(op, &shape, o.device, gen_)?;
@@ -123,7 +123,7 @@ fn uniform(shape: Shape, o: Options, gen_: Option<&Generator>) -> Result<Tensor>
     }
 }
 
-fn normal(shape: Shape, o: Options, gen_: Option<&Generator>) -> Result<Tensor> {
+fn normal(shape: Shape, o: Options, gen_: Option<&Generator>) -> Result<RawTensor> {
     let op = "randn";
     let dtype = o.dtype.unwrap_or(DType::F32);
     let (n, g) = prepare(op, &shape, o.device, gen_)?;
@@ -183,7 +183,7 @@ fn integers(
     shape: Shape,
     o: Options,
     gen_: Option<&Generator>,
-) -> Result<Tensor> {
+) -> Result<RawTensor> {
     let op = "randint";
     let dtype = o.dtype.unwrap_or(DType::I64);
     if low >= high {
@@ -231,7 +231,7 @@ fn bernoulli(
     p: f64,
     o: Options,
     gen_: Option<&Generator>,
-) -> Result<Tensor> {
+) -> Result<RawTensor> {
     let dtype = o.dtype.unwrap_or(DType::Bool);
     let (n, g) = prepare(op, &shape, o.device, gen_)?;
     let k = PhiloxKernel::Bernoulli { p };
@@ -249,7 +249,7 @@ fn check_p(op: &'static str, p: f64, what: &str) -> Result<()> {
     }
 }
 
-impl Tensor {
+impl RawTensor {
     /// Uniform samples in `[0, 1)` (f32 unless told; f64, f16, bf16 too; integer dtypes are
     /// an error, as in PyTorch) from the device's default generator.
     ///
@@ -258,9 +258,9 @@ impl Tensor {
     /// let t = Tensor::rand([2, 3], DType::F64)?;
     /// assert!(t.to_vec::<f64>()?.iter().all(|x| (0.0..1.0).contains(x)));
     /// assert!(Tensor::rand([2], DType::I64).is_err());
-    /// # Ok::<(), ember_tensor::TensorError>(())
+    /// # Ok::<(), ember_tensor::Error>(())
     /// ```
-    pub fn rand(shape: impl Into<Shape>, opts: impl Into<Options>) -> Result<Tensor> {
+    pub fn rand(shape: impl Into<Shape>, opts: impl Into<Options>) -> Result<RawTensor> {
         uniform(shape.into(), opts.into(), None)
     }
 
@@ -269,13 +269,13 @@ impl Tensor {
         shape: impl Into<Shape>,
         opts: impl Into<Options>,
         generator: &Generator,
-    ) -> Result<Tensor> {
+    ) -> Result<RawTensor> {
         uniform(shape.into(), opts.into(), Some(generator))
     }
 
     /// Standard normal samples (f32 unless told; f64, f16, bf16 too) from the device's
     /// default generator.
-    pub fn randn(shape: impl Into<Shape>, opts: impl Into<Options>) -> Result<Tensor> {
+    pub fn randn(shape: impl Into<Shape>, opts: impl Into<Options>) -> Result<RawTensor> {
         normal(shape.into(), opts.into(), None)
     }
 
@@ -284,7 +284,7 @@ impl Tensor {
         shape: impl Into<Shape>,
         opts: impl Into<Options>,
         generator: &Generator,
-    ) -> Result<Tensor> {
+    ) -> Result<RawTensor> {
         normal(shape.into(), opts.into(), Some(generator))
     }
 
@@ -297,14 +297,14 @@ impl Tensor {
     /// assert_eq!(t.dtype(), DType::I64);
     /// assert!(t.to_vec::<i64>()?.iter().all(|x| (-2..3).contains(x)));
     /// assert!(Tensor::randint(0, 300, [1], DType::U8).is_err());
-    /// # Ok::<(), ember_tensor::TensorError>(())
+    /// # Ok::<(), ember_tensor::Error>(())
     /// ```
     pub fn randint(
         low: i64,
         high: i64,
         shape: impl Into<Shape>,
         opts: impl Into<Options>,
-    ) -> Result<Tensor> {
+    ) -> Result<RawTensor> {
         integers(low, high, shape.into(), opts.into(), None)
     }
 
@@ -315,28 +315,28 @@ impl Tensor {
         shape: impl Into<Shape>,
         opts: impl Into<Options>,
         generator: &Generator,
-    ) -> Result<Tensor> {
+    ) -> Result<RawTensor> {
         integers(low, high, shape.into(), opts.into(), Some(generator))
     }
 
     /// [`Tensor::rand`] with this tensor's shape, dtype and device.
-    pub fn rand_like(&self) -> Result<Tensor> {
-        Tensor::rand(self.shape(), (self.device(), self.dtype()))
+    pub fn rand_like(&self) -> Result<RawTensor> {
+        RawTensor::rand(self.shape(), (self.device(), self.dtype()))
     }
 
     /// [`Tensor::randn`] with this tensor's shape, dtype and device.
-    pub fn randn_like(&self) -> Result<Tensor> {
-        Tensor::randn(self.shape(), (self.device(), self.dtype()))
+    pub fn randn_like(&self) -> Result<RawTensor> {
+        RawTensor::randn(self.shape(), (self.device(), self.dtype()))
     }
 
     /// [`Tensor::rand_like`] from `generator`.
-    pub fn rand_like_with(&self, generator: &Generator) -> Result<Tensor> {
-        Tensor::rand_with(self.shape(), (self.device(), self.dtype()), generator)
+    pub fn rand_like_with(&self, generator: &Generator) -> Result<RawTensor> {
+        RawTensor::rand_with(self.shape(), (self.device(), self.dtype()), generator)
     }
 
     /// [`Tensor::randn_like`] from `generator`.
-    pub fn randn_like_with(&self, generator: &Generator) -> Result<Tensor> {
-        Tensor::randn_with(self.shape(), (self.device(), self.dtype()), generator)
+    pub fn randn_like_with(&self, generator: &Generator) -> Result<RawTensor> {
+        RawTensor::randn_with(self.shape(), (self.device(), self.dtype()), generator)
     }
 
     /// Independent Bernoulli(`p`) samples: 1 (true) with probability `p` (bool unless told;
@@ -345,7 +345,7 @@ impl Tensor {
         shape: impl Into<Shape>,
         p: f64,
         opts: impl Into<Options>,
-    ) -> Result<Tensor> {
+    ) -> Result<RawTensor> {
         check_p("bernoulli", p, "bernoulli")?;
         bernoulli("bernoulli", shape.into(), p, opts.into(), None)
     }
@@ -356,7 +356,7 @@ impl Tensor {
         p: f64,
         opts: impl Into<Options>,
         generator: &Generator,
-    ) -> Result<Tensor> {
+    ) -> Result<RawTensor> {
         check_p("bernoulli", p, "bernoulli")?;
         bernoulli("bernoulli", shape.into(), p, opts.into(), Some(generator))
     }
@@ -370,13 +370,13 @@ impl Tensor {
     /// let m = Tensor::dropout_mask([1000], 0.25, ())?;
     /// let kept = m.to_vec::<bool>()?.iter().filter(|&&k| k).count();
     /// assert!((650..850).contains(&kept));
-    /// # Ok::<(), ember_tensor::TensorError>(())
+    /// # Ok::<(), ember_tensor::Error>(())
     /// ```
     pub fn dropout_mask(
         shape: impl Into<Shape>,
         p: f64,
         opts: impl Into<Options>,
-    ) -> Result<Tensor> {
+    ) -> Result<RawTensor> {
         check_p("dropout", p, "dropout")?;
         bernoulli("dropout", shape.into(), 1.0 - p, opts.into(), None)
     }
@@ -387,7 +387,7 @@ impl Tensor {
         p: f64,
         opts: impl Into<Options>,
         generator: &Generator,
-    ) -> Result<Tensor> {
+    ) -> Result<RawTensor> {
         check_p("dropout", p, "dropout")?;
         bernoulli(
             "dropout",

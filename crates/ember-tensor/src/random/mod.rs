@@ -18,7 +18,7 @@
 //! let x = Tensor::rand_with([4], (), &g)?;
 //! g.set_state(&state);
 //! assert_eq!(x.to_vec::<f32>()?, Tensor::rand_with([4], (), &g)?.to_vec::<f32>()?);
-//! # Ok::<(), ember_tensor::TensorError>(())
+//! # Ok::<(), ember_tensor::Error>(())
 //! ```
 
 pub mod philox;
@@ -317,7 +317,7 @@ fn thread_cpu_generator() -> Option<Arc<Generator>> {
 /// .join()
 /// .expect("no panic")?;
 /// assert_eq!(random::get_rng_state(), before); // the process-wide generator did not move
-/// # Ok::<(), ember_tensor::TensorError>(())
+/// # Ok::<(), ember_tensor::Error>(())
 /// ```
 #[derive(Debug)]
 #[must_use = "the thread uses the generator only while the guard lives"]

@@ -13,6 +13,10 @@ crates/ember-bench/src/dist.rs).
   the gloo backend, 2 processes started by torch.multiprocessing.spawn (rendezvous on
   127.0.0.1), each training Linear(2000,1000)-ReLU-Linear(1000,100) with SGD (lr 0.01) and
   cross-entropy on 64 rows of a global batch of 128; samples/s of the global batch.
+- ddp_train_mlp_2000_1000_100_b128_2nodes: the same step on 2 nodes x 1 process on loopback:
+  two `torchrun --nnodes 2 --nproc-per-node 1 --node-rank R --master-addr 127.0.0.1` (gloo
+  over TCP on lo), each process on 64 rows; Ember's side is two `ember launch --nnodes 2`
+  (Note [Benchmark nodes] in crates/ember-bench/src/dist_nodes.rs).
 
 Both sides time alike: the calls per round come from the slower rank's first timed call, a
 barrier starts each of 5 rounds, a round's time is the slower rank's, and the median round
@@ -22,6 +26,7 @@ machine), for PyTorch through torch.set_num_threads and OMP_NUM_THREADS.
 Run by torch_side_by_side.py; by hand (in a Python with mpi4py / torch):
     mpirun -n 2 python3 bench/dist_side_by_side.py --mpi4py-rank all_reduce_mpi_1mib --out r.json
     python3 bench/dist_side_by_side.py --torch-ddp --threads 1 --out r.json
+    python3 bench/dist_side_by_side.py --torch-ddp-nodes --threads 1 --out r.json
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ ALL_REDUCE = {
     "all_reduce_mpi_256mib": 256 << 20,
 }
 DDP = "ddp_train_mlp_2000_1000_100_b128_2ranks"
+DDP_NODES = "ddp_train_mlp_2000_1000_100_b128_2nodes"
 RANKS = 2
 ROUNDS = 5
 ROUND_S = 0.2
@@ -112,15 +118,21 @@ def mpi4py_rank(name: str, out: str) -> None:
         Path(out).write_text(json.dumps(rec))
 
 
-def _ddp_rank(rank: int, world: int, port: int, threads: int, out: str) -> None:
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
+def _ddp_rank(rank: int, world: int, port: int | None, threads: int, out: str,
+              name: str = DDP) -> None:
+    """One rank of a DDP case; `port` None: under torchrun, whose variables say where."""
+    if port is not None:
+        os.environ["MASTER_ADDR"] = "127.0.0.1"
+        os.environ["MASTER_PORT"] = str(port)
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
     torch.set_num_threads(threads)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    if port is None:
+        dist.init_process_group("gloo")
+    else:
+        dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(2000, 1000), torch.nn.ReLU(),
                                 torch.nn.Linear(1000, 100))
@@ -144,7 +156,7 @@ def _ddp_rank(rank: int, world: int, port: int, threads: int, out: str) -> None:
 
     s = ranks_seconds_per_call(step, dist.barrier, max_all)
     if rank == 0:
-        rec = {"name": DDP, "value": 128 / s, "unit": "samples/s", "steps_per_s": 1 / s,
+        rec = {"name": name, "value": 128 / s, "unit": "samples/s", "steps_per_s": 1 / s,
                "ranks": world, "batch_per_rank": per_rank, "threads": threads,
                "torch": torch.__version__, "backend": "gloo"}
         Path(out).write_text(json.dumps(rec))
@@ -155,6 +167,32 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def torchrun_rank(threads: int, out: str) -> None:
+    """A rank started by torchrun (the 2-node case): rank and world from its variables."""
+    _ddp_rank(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), None, threads, out,
+              DDP_NODES)
+
+
+def torch_ddp_nodes(python: str, threads: int, out: str) -> None:
+    """Two torchrun launchers, node ranks 0 and 1, one process each, on loopback."""
+    port = free_port()
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), GLOO_SOCKET_IFNAME="lo")
+    procs = [subprocess.Popen([python, "-m", "torch.distributed.run", "--nnodes", "2",
+                               "--nproc-per-node", "1", "--node-rank", str(node),
+                               "--master-addr", "127.0.0.1", "--master-port", str(port),
+                               str(Path(__file__).resolve()), "--torchrun-rank",
+                               "--threads", str(threads), "--out", out],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for node in (0, 1)]
+    failed = []
+    for node, p in enumerate(procs):
+        text, _ = p.communicate(timeout=JOB_TIMEOUT_S)
+        if p.returncode != 0:
+            failed.append(f"node {node} ({p.returncode}):\n{text[-2000:]}")
+    if failed:
+        raise SystemExit("torchrun --nnodes 2 failed: " + "\n".join(failed))
 
 
 def torch_ddp(threads: int, out: str) -> None:
@@ -198,6 +236,15 @@ def run_torch_ddp(python: str, threads: int) -> dict:
     return rec
 
 
+def run_torch_ddp_nodes(python: str, threads: int) -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    rec, err = _run_job([python, str(Path(__file__).resolve()), "--torch-ddp-nodes",
+                         "--python", python, "--threads", str(threads)], env)
+    if err is not None:
+        raise SystemExit(f"the PyTorch DDP side of {DDP_NODES}: {err}")
+    return rec
+
+
 def mpi4py_unavailable(python: str) -> str | None:
     """None when `python` imports mpi4py against an MPI and mpirun is on PATH, else why not."""
     if shutil.which("mpirun") is None:
@@ -235,7 +282,11 @@ def note(name: str, ember: list[dict], other: list[dict]) -> str:
         return "; ".join(parts)
     one, vs = med(ember, "one_process_samples_per_s"), med(ember, "vs_one_process")
     one_threads = ember[0].get("one_process_threads") if ember else None
-    s = f"against PyTorch DDP (gloo), {RANKS} ranks x {threads} thread(s) on both sides"
+    if name == DDP_NODES:
+        s = (f"against PyTorch DDP (gloo) under torchrun --nnodes 2 on loopback; 2 nodes x 1 process "
+             f"x {threads} thread(s) on both sides, Ember's two ember launch --nnodes 2 over Open MPI's TCP")
+    else:
+        s = f"against PyTorch DDP (gloo), {RANKS} ranks x {threads} thread(s) on both sides"
     if one is not None and vs is not None:
         s += f"; Ember in one process at batch 128 ({one_threads} threads, no DDP): {one:.0f} samples/s, DDP {vs:.2f}x that"
     return s
@@ -245,6 +296,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mpi4py-rank", metavar="CASE", help="run as one rank of an all_reduce_mpi_* case")
     ap.add_argument("--torch-ddp", action="store_true", help="run the PyTorch DDP case (spawns its ranks)")
+    ap.add_argument("--torch-ddp-nodes", action="store_true",
+                    help="run the PyTorch 2-node DDP case (two torchrun --nnodes 2)")
+    ap.add_argument("--torchrun-rank", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--python", default=sys.executable, help="the interpreter with torch")
     ap.add_argument("--threads", type=int, default=default_rank_threads(), help="threads per rank")
     ap.add_argument("--out", required=True, help="where rank 0 writes its record (JSON)")
     args = ap.parse_args()
@@ -252,8 +307,12 @@ def main() -> None:
         mpi4py_rank(args.mpi4py_rank, args.out)
     elif args.torch_ddp:
         torch_ddp(args.threads, args.out)
+    elif args.torch_ddp_nodes:
+        torch_ddp_nodes(args.python, args.threads, args.out)
+    elif args.torchrun_rank:
+        torchrun_rank(args.threads, args.out)
     else:
-        sys.exit("give --mpi4py-rank CASE or --torch-ddp")
+        sys.exit("give --mpi4py-rank CASE, --torch-ddp or --torch-ddp-nodes")
 
 
 if __name__ == "__main__":

@@ -30,7 +30,8 @@ version), the format `cargo xtask bench --save` writes (see xtask/src/results.rs
 `cargo xtask bench-report` renders the saved files into docs/performance.md.
 
 The multi-process cases (`all_reduce_mpi_*` against MPI_Allreduce through mpi4py on the same
-Open MPI, `ddp_train_mlp_2000_1000_100_b128_2ranks` against PyTorch DDP over gloo; 2 ranks of
+Open MPI, `ddp_train_mlp_2000_1000_100_b128_2ranks` against PyTorch DDP over gloo, and
+`..._2nodes`, 2 nodes x 1 process on loopback, against torchrun --nnodes 2; 2 ranks of
 --rank-threads threads each on both sides) run their other side in processes of their own:
 see bench/dist_side_by_side.py. mpi4py is installed from PyPI into the same interpreter as
 torch when missing (unless --no-install); without it those rows say why and show Ember alone.
@@ -153,14 +154,36 @@ def _tiny():
     return (lambda: torch.add(a, b)), 1.0
 
 
-def _conv2d():
-    """A ResNet stage as Ember's `conv2d_f32_32x64x56x56` (CUDA only): 3x3, pad 1, 64 -> 64."""
-    import torch
+def _conv2d(backward: bool = False, amp: str | None = None) -> Callable:
+    """A ResNet stage as Ember's `conv2d_f32_32x64x56x56`: 3x3, pad 1, 64 -> 64, batch 32 x 56 x
+    56, in GFLOP/s. With `backward` (`conv2d_fwdbwd_*`) the forward and the input and weight
+    gradients of a fixed output gradient (three times the flops); with `amp` under autocast
+    (`*_bf16`)."""
 
-    x = torch.randn(32, 64, 56, 56, device=DEVICE)
-    w = torch.randn(64, 64, 3, 3, device=DEVICE)
-    flops = 2.0 * 32 * 64 * 56 * 56 * 64 * 9
-    return (lambda: torch.nn.functional.conv2d(x, w, padding=1)), flops
+    def setup():
+        import torch
+
+        x = torch.randn(32, 64, 56, 56, device=DEVICE, requires_grad=backward)
+        w = torch.randn(64, 64, 3, 3, device=DEVICE, requires_grad=backward)
+        gy = torch.randn(32, 64, 56, 56, device=DEVICE)
+        flops = 2.0 * 32 * 64 * 56 * 56 * 64 * 9
+
+        def fwd():
+            with _autocast(amp):
+                return torch.nn.functional.conv2d(x, w, padding=1)
+
+        if not backward:
+            return fwd, flops
+
+        def fwd_bwd():
+            y = fwd()
+            y.backward(gy.to(y.dtype))
+            x.grad = None
+            w.grad = None
+
+        return fwd_bwd, 3.0 * flops
+
+    return setup
 
 
 def _tiny_profiled():
@@ -283,11 +306,13 @@ def _forward(widths: tuple[int, ...], batch: int, amp: str | None = None) -> Cal
     return setup
 
 
-def _resnet18(train: bool, batch: int = 32) -> Callable:
+def _resnet18(train: bool, batch: int = 32, amp: str | None = None) -> Callable:
     """torchvision's ResNet-18 (1000 classes) at batch x 3 x 224 x 224, as Ember's
     `train_resnet18_b32` (one SGD step with momentum 0.9; samples/s) and `fwd_resnet18_b32`
-    (eval mode under `no_grad`; ms). PyTorch's defaults: cuDNN with TF32 for convolutions,
-    no `cudnn.benchmark`."""
+    (eval mode under `no_grad`; ms). With `amp`, the forward (and loss) under autocast, as
+    Ember's `*_bf16` and `*_f16` cases (f16 with a GradScaler, bf16 without: PyTorch's AMP
+    recipe). PyTorch's defaults: cuDNN with TF32 for convolutions, no `cudnn.benchmark`;
+    oneDNN on the CPU."""
 
     def setup():
         import torch
@@ -299,18 +324,26 @@ def _resnet18(train: bool, batch: int = 32) -> Callable:
             model.eval()
 
             def fwd():
-                with torch.no_grad():
+                with torch.no_grad(), _autocast(amp):
                     model(x)
 
             return fwd, 1.0
         y = torch.randint(0, 1000, (batch,), device=DEVICE)
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         loss_fn = torch.nn.CrossEntropyLoss()
+        scaler = torch.amp.GradScaler(DEVICE) if amp == "float16" else None
 
         def step():
             opt.zero_grad(set_to_none=True)
-            loss_fn(model(x), y).backward()
-            opt.step()
+            with _autocast(amp):
+                loss = loss_fn(model(x), y)
+            if scaler is None:
+                loss.backward()
+                opt.step()
+            else:
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
 
         return step, float(batch)
 
@@ -369,7 +402,16 @@ CASES: list[Case] = (
     + [Case("tiny_op_overhead", "us", False, _tiny, 1e6)]
     + [Case("profiler_on_tiny_op_overhead", "us", False, _tiny_profiled, 1e6)]
     + [Case("autograd_chain_1000", "us", False, _autograd_chain, 1e6 / CHAIN)]
-    + [Case("conv2d_f32_32x64x56x56", "GFLOP/s", True, _conv2d, 1e-9)]
+    + [Case("conv2d_f32_32x64x56x56", "GFLOP/s", True, _conv2d(), 1e-9)]
+    # The CPU's convolution cases (Ember's conv.rs): forward + backward, and both under
+    # autocast(cpu, bf16).
+    + [
+        Case(f"conv2d{kind}_f32_32x64x56x56{suffix}", "GFLOP/s", True,
+             _conv2d(kind == "_fwdbwd", amp), 1e-9, devices=("cpu",))
+        for kind in ("", "_fwdbwd")
+        for amp, suffix in ((None, ""), ("bfloat16", "_bf16"))
+        if kind or amp
+    ]
     + [
         Case("train_mlp_1000_512_10_b64", "samples/s", True, _train((1000, 512, 10), 64)),
         Case("train_mlp_2000_1000_100_b128", "samples/s", True, _train((2000, 1000, 100), 128)),
@@ -381,10 +423,21 @@ CASES: list[Case] = (
              _forward((10000, 5000, 2000, 10), 256), 1e3, peak_memory=True),
     ]
     + [
-        Case("train_resnet18_b32", "samples/s", True, _resnet18(True), peak_memory=True,
-             devices=("cuda",)),
-        Case("fwd_resnet18_b32", "ms", False, _resnet18(False), 1e3, peak_memory=True,
-             devices=("cuda",)),
+        Case("train_resnet18_b32", "samples/s", True, _resnet18(True), peak_memory=True),
+        Case("fwd_resnet18_b32", "ms", False, _resnet18(False), 1e3, peak_memory=True),
+        Case("train_resnet18_b8", "samples/s", True, _resnet18(True, 8), peak_memory=True,
+             devices=("cpu",)),
+    ]
+    # ResNet-18 under autocast(cpu, bf16), as Ember's resnet.rs runs it on the CPU.
+    + [
+        Case("train_resnet18_b8_bf16", "samples/s", True, _resnet18(True, 8, "bfloat16"),
+             peak_memory=True, devices=("cpu",)),
+        Case("train_resnet18_b32_bf16", "samples/s", True, _resnet18(True, 32, "bfloat16"),
+             peak_memory=True, devices=("cpu", "cuda")),
+        Case("train_resnet18_b32_f16", "samples/s", True, _resnet18(True, amp="float16"),
+             peak_memory=True, devices=("cuda",)),
+        Case("fwd_resnet18_b32_bf16", "ms", False, _resnet18(False, 32, "bfloat16"), 1e3,
+             peak_memory=True, devices=("cpu",)),
     ]
     # Under autocast: bf16 on the CPU and CUDA, f16 (with a GradScaler) on CUDA only, as
     # Ember's benchmark program runs them.
@@ -404,8 +457,8 @@ CASES: list[Case] = (
     # Several processes, the other side in bench/dist_side_by_side.py.
     + [Case(f"all_reduce_mpi_{size}", "GB/s", True, _no_setup, devices=("cpu",), external="mpi4py")
        for size in ("1kib", "64kib", "1mib", "16mib", "256mib")]
-    + [Case("ddp_train_mlp_2000_1000_100_b128_2ranks", "samples/s", True, _no_setup,
-            devices=("cpu",), external="torch")]
+    + [Case(f"ddp_train_mlp_2000_1000_100_b128_{shape}", "samples/s", True, _no_setup,
+            devices=("cpu",), external="torch") for shape in ("2ranks", "2nodes")]
 )
 
 
@@ -440,17 +493,24 @@ def torch_case(case: Case, threads: int) -> dict:
     else:
         for _ in range(min(iters, 64)):
             fn()
+    import resource
+
+    ru0, w0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
     for _ in range(max(rounds, 0)):
         t0 = time.perf_counter()
         for _ in range(iters):
             fn()
         samples.append((time.perf_counter() - t0) / iters)
+    ru1, wall = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter() - w0
     for stop in teardown:
         stop()
     s = statistics.median(samples)
     value = work / s * case.scale if case.higher_is_better else s * case.scale
     rec = {"name": case.name, "device": DEVICE, "threads": threads, "value": value,
            "unit": case.unit, "torch": torch.__version__}
+    if wall > 0:
+        # System time over wall time of the timed calls, as Ember's records carry it.
+        rec["sys_fraction"] = (ru1.ru_stime - ru0.ru_stime) / wall
     if case.peak_memory:
         rec["peak_memory_bytes"] = peak_memory_bytes(fn)
     return rec
@@ -748,6 +808,7 @@ def main() -> None:
             if case.external and external_why.get(case.external) is None:
                 py = str(venv_python()) if venv_python().exists() else sys.executable
                 t = (dist.run_mpi4py(py, case.name) if case.external == "mpi4py"
+                     else dist.run_torch_ddp_nodes(py, args.rank_threads) if case.name == dist.DDP_NODES
                      else dist.run_torch_ddp(py, args.rank_threads))
             elif not case.external and worker is not None:
                 t = worker.run(case.name)
@@ -786,6 +847,14 @@ def main() -> None:
             "h100_bound_us": rec.get("h100_bound_us"),
             "fraction_of_h100_bound": rec.get("fraction_of_h100_bound"),
         })
+        # System time over wall time of the timed calls, each side's median, where recorded.
+        for side, rnds, key in (("ember", ember_rounds, name), ("torch", torch_rounds, base)):
+            fr = [r["sys_fraction"] for rnd in rnds for r in rnd
+                  if r["name"] == key and r.get("sys_fraction") is not None]
+            if fr:
+                rows[-1][f"{side}_sys_fraction"] = statistics.median(fr)
+        if rec.get("conv_backend"):
+            rows[-1]["backend"] = f"conv:{rec['conv_backend']}"
         split = [k for k in ("steps_per_s_cpu_activity_only", "steps_per_s_cuda_activity_only")
                  if k in rec]
         if split:
@@ -848,7 +917,13 @@ def main() -> None:
         t = f"{r['torch']:10.2f}" if r["torch"] is not None else f"{'-':>10}"
         q = f"{r['ratio']:7.2f}" if r["ratio"] is not None else f"{'-':>7}"
         span = f"({r['ratio_min']:.2f}-{r['ratio_max']:.2f})" if r["ratio"] is not None else ""
-        print(f"{r['name']:<44} {r['unit']:<9} {r['ember']:10.2f} {t} {q}  {span:<13} {r['backend'] or ''}")
+        sys_share = ""
+        if r.get("ember_sys_fraction") is not None:
+            t_sys = r.get("torch_sys_fraction")
+            sys_share = f"  sys/wall {r['ember_sys_fraction']:.1%}" + (
+                f" (pytorch {t_sys:.1%})" if t_sys is not None else "")
+        print(f"{r['name']:<44} {r['unit']:<9} {r['ember']:10.2f} {t} {q}  {span:<13} "
+              f"{r['backend'] or ''}{sys_share}")
     print(f"\nratio > 1: Ember ahead (rates: Ember/PyTorch; times and memory: PyTorch/Ember); "
           f"{args.threads} threads, {args.rounds} alternating rounds, medians, on {args.device}.")
     for r in rows:

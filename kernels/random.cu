@@ -44,40 +44,9 @@
 // even; f16: through f32, half's from_f64 on x86-64 with F16C; bf16: nearest even on the
 // double's high word, half's bf16::from_f64 — both ember::from_f64; integer samples into
 // T as WithDType::from_i64: floats through f32 for f16/bf16, integers wrapping, bool != 0).
-#include "ember.cuh"
+#include "philox.cuh"
 
 namespace ember {
-
-using u32 = unsigned int;
-
-// ---- Philox4x32-10 --------------------------------------------------------------------------
-
-struct PhiloxWords {
-    u32 w0, w1, w2, w3;
-};
-
-// The four words of counter base + c: Philox4x32-10 of [lo32, hi32, 0, 0] under (key0, key1).
-__device__ __forceinline__ PhiloxWords philox_block(u32 key0, u32 key1, u64 base, u64 c) {
-    const u64 ctr = base + c;  // wrapping
-    u32 c0 = static_cast<u32>(ctr), c1 = static_cast<u32>(ctr >> 32), c2 = 0, c3 = 0;
-    u32 k0 = key0, k1 = key1;
-#pragma unroll
-    for (int r = 0; r < 10; ++r) {
-        if (r > 0) {
-            k0 += 0x9E3779B9u;
-            k1 += 0xBB67AE85u;
-        }
-        const u64 p0 = static_cast<u64>(0xD2511F53u) * c0;
-        const u64 p1 = static_cast<u64>(0xCD9E8D57u) * c2;
-        const u32 hi0 = static_cast<u32>(p0 >> 32), lo0 = static_cast<u32>(p0);
-        const u32 hi1 = static_cast<u32>(p1 >> 32), lo1 = static_cast<u32>(p1);
-        c0 = hi1 ^ c1 ^ k0;
-        c1 = lo1;
-        c2 = hi0 ^ c3 ^ k1;
-        c3 = lo0;
-    }
-    return PhiloxWords{c0, c1, c2, c3};
-}
 
 // ---- unit uniforms --------------------------------------------------------------------------
 

@@ -1,11 +1,17 @@
-//! `ember-gpu/bin/xtask gpu-session [--out DIR] [--budget SECONDS] [--filter CASES] [STEP...]`: Ember's GPU
-//! checks, run from an unpacked `cargo xtask gpu-bundle` on a machine with a GPU and no Rust
-//! toolchain. Steps (default all, in this order):
+//! `ember-gpu/bin/xtask gpu-session [--out DIR] [--budget SECONDS] [--filter CASES] [--host NAME]
+//! [STEP...]`: Ember's GPU checks, run from an unpacked `cargo xtask gpu-bundle` on a machine
+//! with a GPU and no Rust toolchain. Steps (default all, in this order):
 //!
-//! - `info`: `ember info --json`; without a real CUDA GPU the session says so and stops;
+//! - `info`: `ember info --json`; without a real CUDA GPU, or with one but a bundle without
+//!   its kernels, the session says so and stops;
 //! - `tests`: every suite of the bundle under `EMBER_GPU_TEST=1` (the real driver instead of
 //!   the emulator) and `EMBER_CUDNN_API=graph` (convolutions on cuDNN's graph API, no
-//!   fallback), with `EMBER_DATA_DIR` pointing at the bundle's `data/`;
+//!   fallback), with `EMBER_DATA_DIR` pointing at the bundle's `data/`; the `cudnn` suite a
+//!   second time under `EMBER_CUDNN_API=legacy`. Every test's outcome is recorded (Note
+//!   [Suite results are generated] in `suites.rs`): passed, failed and skipped (with the
+//!   reason) are counted apart, the summary lists each skipped and failed test, and
+//!   `DIR/results/<date>-<host>-cuda-suites.json` (`kind: "suites"`) holds the record that
+//!   `bench-report` renders;
 //! - `train`: `ember train --device cuda` for the MLP and the CNN;
 //! - `nccl`: a process group of world size 1 on the `nccl` backend running every collective
 //!   (the `nccl_group` suite's `world_size_one_runs_every_collective`), then `ember launch
@@ -20,8 +26,9 @@
 //!   so, where `compute-sanitizer` is not on `PATH`);
 //! - `ncu`: Nsight Compute's device time and DRAM bytes of every kernel of a few ResNet-18
 //!   training steps (`ember-bench --quick --filter train_resnet18_b32`), as CSV in
-//!   `ncu-resnet18.log`, to find where a step's device time goes; with `--filter`, of each
-//!   part's cases instead (`ncu-<part>.log`); skipped where `ncu` is not on `PATH`.
+//!   `ncu-resnet18.log`, to find where a step's device time goes; with `--ncu CASES`, of
+//!   each part's cases instead (else with `--filter`'s, when given) (`ncu-<part>.log`);
+//!   skipped where `ncu` is not on `PATH`.
 //!
 //! Each step has its own time limit, and no step starts after `--budget` seconds (default
 //! 540, so a session fits a 10-minute call). Logs go to `DIR` (default `session/` in the
@@ -34,6 +41,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use crate::gpu_bundle::BUNDLE_DIR;
+use crate::{results, suites};
 
 const STEPS: [&str; 7] = ["info", "tests", "train", "nccl", "bench", "sanitize", "ncu"];
 
@@ -44,6 +52,11 @@ struct Options {
     steps: Vec<String>,
     /// `--filter`: the side-by-side cases (comma-separated name parts); all when empty.
     filter: String,
+    /// `--host`: the machine's name in saved results (default: the GPU's name, as a slug).
+    host: Option<String>,
+    /// `--ncu`: the cases `ncu` profiles (comma-separated name parts); `--filter`'s, or the
+    /// ResNet-18 step, when empty.
+    ncu: String,
 }
 
 fn parse(args: &[String]) -> Result<Options, String> {
@@ -52,6 +65,8 @@ fn parse(args: &[String]) -> Result<Options, String> {
         budget: Duration::from_secs(540),
         steps: Vec::new(),
         filter: String::new(),
+        host: None,
+        ncu: String::new(),
     };
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -70,10 +85,18 @@ fn parse(args: &[String]) -> Result<Options, String> {
                     .ok_or("--filter needs case names (comma-separated parts)")?
                     .clone();
             }
+            "--host" => o.host = Some(it.next().ok_or("--host needs a name")?.clone()),
+            "--ncu" => {
+                o.ncu = it
+                    .next()
+                    .ok_or("--ncu needs case names (comma-separated parts)")?
+                    .clone();
+            }
             s if STEPS.contains(&s) => o.steps.push(s.to_string()),
             other => {
                 return Err(format!(
-                    "`gpu-session` takes --out DIR, --budget SECONDS, --filter CASES and steps {STEPS:?}; found {other:?}"
+                    "`gpu-session` takes --out DIR, --budget SECONDS, --filter CASES, --host NAME \
+                     --ncu CASES and steps {STEPS:?}; found {other:?}"
                 ));
             }
         }
@@ -130,6 +153,18 @@ impl Session {
     /// `limit` or when the budget runs out; records a summary line. Returns the exit code
     /// (124 on a timeout), or `None` when it did not run.
     fn step(&mut self, name: &str, limit_s: u64, cmd: &mut Command) -> Option<i32> {
+        self.step_to(name, limit_s, cmd, None)
+    }
+
+    /// [`Session::step`], with the command's standard output in `stdout` instead of the log
+    /// (which then holds its standard error).
+    fn step_to(
+        &mut self,
+        name: &str,
+        limit_s: u64,
+        cmd: &mut Command,
+        stdout: Option<&Path>,
+    ) -> Option<i32> {
         let left = self.left();
         if left < Duration::from_secs(10) {
             self.summary
@@ -147,12 +182,21 @@ impl Session {
             }
         };
         let err = log.try_clone().ok();
+        let out = match stdout.map(std::fs::File::create) {
+            None => Stdio::from(log),
+            Some(Ok(f)) => Stdio::from(f),
+            Some(Err(e)) => {
+                self.summary
+                    .push(format!("{name}: cannot create its output file: {e}"));
+                return None;
+            }
+        };
         eprintln!("==> {name} (limit {}s)", limit.as_secs());
         let t0 = Instant::now();
         let child = {
             use std::os::unix::process::CommandExt;
             cmd.stdin(Stdio::null())
-                .stdout(log)
+                .stdout(out)
                 .stderr(err.map_or_else(Stdio::null, Stdio::from))
                 .process_group(0)
                 .spawn()
@@ -289,6 +333,103 @@ fn on_path(program: &str) -> bool {
         .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(program).is_file()))
 }
 
+/// The suites of the bundle, each under `EMBER_GPU_TEST=1` with every test's outcome recorded
+/// (Note [Suite results are generated]): `cudnn` once per cuDNN API, the others on the graph
+/// API (a shape it cannot plan fails instead of running on the legacy API unseen). Adds each
+/// run's counts and its skipped and failed tests to the summary; returns the records.
+fn run_suites(s: &mut Session, suites: &[String], library_path: Option<&str>) -> Vec<Value> {
+    let mut records = Vec::new();
+    for t in suites {
+        let apis: &[&str] = if t == "cudnn" {
+            &["legacy", "graph"]
+        } else {
+            &["graph"]
+        };
+        for api in apis {
+            let exe = s.bundle.join("tests").join(t);
+            let mut cmd = s.command(&exe.to_string_lossy());
+            if let Some(p) = library_path {
+                cmd.env("LD_LIBRARY_PATH", p);
+            }
+            // libtest takes `-Z unstable-options` from a stable build where RUSTC_BOOTSTRAP
+            // is set when it runs (Note [Suite results are generated]).
+            cmd.env("EMBER_GPU_TEST", "1")
+                .env("EMBER_CUDNN_API", api)
+                .env("RUSTC_BOOTSTRAP", "1")
+                .args(suites::JSON_ARGS);
+            let (name, variant) = if apis.len() > 1 {
+                (format!("test-{t}-{api}"), Some(format!("EMBER_CUDNN_API={api}")))
+            } else {
+                (format!("test-{t}"), None)
+            };
+            let json = s.out.join(format!("{name}.jsonl"));
+            let t0 = Instant::now();
+            let rc = s.step_to(&name, 240, &mut cmd, Some(&json));
+            let Some(rc) = rc else { continue };
+            let exit = if rc == 124 {
+                "killed at its time limit".to_string()
+            } else {
+                format!("exit code {rc}")
+            };
+            let stream = std::fs::read_to_string(&json).unwrap_or_default();
+            let tests = suites::parse_libtest_json(&stream, &exit);
+            if tests.is_empty() {
+                s.summary.push(format!(
+                    "{name}: rc=1 no per-test outcomes (does the binary take {:?} with \
+                     RUSTC_BOOTSTRAP=1?); see {name}.log",
+                    suites::JSON_ARGS.join(" ")
+                ));
+            }
+            let command = format!(
+                "EMBER_GPU_TEST=1 EMBER_CUDNN_API={api} RUSTC_BOOTSTRAP=1 tests/{t} {}",
+                suites::JSON_ARGS.join(" ")
+            );
+            let record = suites::suite_record(
+                t,
+                variant.as_deref(),
+                &command,
+                Some(rc),
+                t0.elapsed().as_secs_f64(),
+                &tests,
+            );
+            s.summary.extend(suites::summary_lines(&record));
+            records.push(record);
+        }
+    }
+    records
+}
+
+/// The `kind: "suites"` results file of this session's `tests` step.
+fn suites_file(manifest: &Value, host: &str, args: &[String], records: Vec<Value>) -> Value {
+    serde_json::json!({
+        "schema": results::SCHEMA,
+        "kind": "suites",
+        "generator": suites::GENERATOR,
+        "date": results::today(),
+        "time": results::now_time(),
+        "host": host,
+        "device": "cuda",
+        "command": format!("{BUNDLE_DIR}/bin/xtask gpu-session {}", args.join(" ")),
+        "machine": results::machine(Some(&format!(
+            "the bundle of cargo xtask gpu-bundle ({}, built {})",
+            manifest["arch"].as_str().unwrap_or("?"),
+            manifest["built"].as_str().unwrap_or("?")
+        ))),
+        "ember": manifest["ember"].clone(),
+        "records": records,
+    })
+}
+
+/// Writes `doc` to `dir/<date>-<host>-<suffix>.json` (a free name) and returns the path.
+fn save_in(dir: &Path, doc: &Value, suffix: &str) -> Result<PathBuf, String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let field = |k: &str| doc[k].as_str().unwrap_or("unknown").to_string();
+    let path = results::file_name(dir, &field("date"), &field("host"), suffix);
+    let text = serde_json::to_string_pretty(doc).map_err(|e| e.to_string())?;
+    std::fs::write(&path, format!("{text}\n")).map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(path)
+}
+
 pub fn run(args: &[String]) -> Result<(), String> {
     let o = parse(args)?;
     let bundle = bundle_root()?;
@@ -346,6 +487,14 @@ pub fn run(args: &[String]) -> Result<(), String> {
     };
     eprint!("{smi_text}");
     let _ = std::fs::write(out.join("nvidia-smi.txt"), &smi_text);
+    // The machine's name in saved results: `--host`, else the GPU's name.
+    let host = o.host.clone().unwrap_or_else(|| {
+        smi_text
+            .lines()
+            .nth(1)
+            .and_then(|l| l.split(',').next())
+            .map_or_else(results::hostname, results::slug)
+    });
 
     for step in &o.steps {
         match step.as_str() {
@@ -369,15 +518,19 @@ pub fn run(args: &[String]) -> Result<(), String> {
                     ));
                     break;
                 }
+                if let Some(why) = v["cuda_kernels_missing"].as_str() {
+                    s.summary.push(format!(
+                        "info: rc=1 a GPU is here but this bundle cannot run on it: {why}"
+                    ));
+                    break;
+                }
             }
             "tests" => {
-                for t in &suites {
-                    let mut cmd = with_libs(s.command(&test(t)));
-                    // Convolutions on cuDNN's graph API only: a shape it cannot plan fails
-                    // the suite instead of running on the legacy API unseen.
-                    cmd.env("EMBER_GPU_TEST", "1")
-                        .env("EMBER_CUDNN_API", "graph");
-                    s.step(&format!("test-{t}"), 240, &mut cmd);
+                let records = run_suites(&mut s, &suites, library_path.as_deref());
+                let doc = suites_file(&manifest, host.as_str(), args, records);
+                match save_in(&out.join("results"), &doc, "cuda-suites") {
+                    Ok(p) => eprintln!("==> suite outcomes in {}", p.display()),
+                    Err(e) => s.summary.push(format!("tests: rc=1 cannot save the outcomes: {e}")),
                 }
             }
             "train" => {
@@ -430,6 +583,8 @@ pub fn run(args: &[String]) -> Result<(), String> {
                     "--rounds",
                     "3",
                     "--save",
+                    "--host",
+                    &host,
                 ])
                 .args(["--threads", &threads.to_string()]);
                 s.step("bench-side-by-side", 240, &mut sbs);
@@ -484,11 +639,12 @@ pub fn run(args: &[String]) -> Result<(), String> {
                     s.summary.push("ncu: not run (ncu is not on PATH)".into());
                     continue;
                 }
-                // The ResNet-18 step, or each `--filter` part's cases.
-                let cases: Vec<&str> = if o.filter.is_empty() {
+                // The ResNet-18 step, or each `--ncu` (else `--filter`) part's cases.
+                let parts = if o.ncu.is_empty() { &o.filter } else { &o.ncu };
+                let cases: Vec<&str> = if parts.is_empty() {
                     vec!["train_resnet18_b32"]
                 } else {
-                    o.filter.split(',').filter(|c| !c.is_empty()).collect()
+                    parts.split(',').filter(|c| !c.is_empty()).collect()
                 };
                 for case in cases {
                     let mut cmd = with_libs(s.command("ncu"));
@@ -503,6 +659,10 @@ pub fn run(args: &[String]) -> Result<(), String> {
                     ])
                     .arg(bin("ember-bench"))
                     .args(["--json", "--quick", "--device", "cuda", "--filter", case]);
+                    // The f32 step alone, not its autocast twins (`_f16`, `_bf16`).
+                    if parts.is_empty() {
+                        cmd.arg("--exact");
+                    }
                     let name = case.trim_start_matches("train_").trim_end_matches("_b32");
                     s.step(&format!("ncu-{name}"), 150, &mut cmd);
                 }
@@ -523,7 +683,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
         .map_err(|e| e.to_string())?
         .flatten()
         .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| n.ends_with(".log") || n.ends_with(".txt"))
+        .filter(|n| n.ends_with(".log") || n.ends_with(".txt") || n.ends_with(".jsonl"))
         .collect();
     let packed = Command::new("tar")
         .current_dir(&out)
@@ -533,7 +693,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
         .status()
         .is_ok_and(|st| st.success());
     if packed {
-        for l in logs.iter().filter(|n| n.ends_with(".log")) {
+        for l in logs.iter().filter(|n| !n.ends_with(".txt")) {
             let _ = std::fs::remove_file(out.join(l));
         }
     }
@@ -569,6 +729,17 @@ mod tests {
         assert!(parse(&["--filter".into()]).is_err());
         assert_eq!(parse(&[]).unwrap().steps.len(), STEPS.len());
         assert!(parse(&["bogus".into()]).is_err());
+        let o = parse(&[
+            "--host".into(),
+            "h100-lent".into(),
+            "--ncu".into(),
+            "softmax_ce".into(),
+            "ncu".into(),
+        ])
+        .unwrap();
+        assert_eq!(o.host.as_deref(), Some("h100-lent"));
+        assert_eq!((o.ncu.as_str(), o.steps.len()), ("softmax_ce", 1));
+        assert!(parse(&["--ncu".into()]).is_err());
         assert_eq!(
             parse(&["nccl".into()]).unwrap().steps,
             vec!["nccl".to_string()]

@@ -6,7 +6,10 @@
 //! fatbin of `cargo xtask kernels` (or the one `EMBER_KERNELS_FATBIN` names) and runs `cargo
 //! test --workspace` with `EMBER_GPU_TEST=1`, under which the device-generic suites (those
 //! `gpu_bundle::GPU_SUITES` lists: `cuda_ops`, `gradcheck`, `nn`, ...) use the real driver
-//! instead of the emulator and fail if it is missing.
+//! instead of the emulator and fail if it is missing, all of them on cuDNN's graph API
+//! (`EMBER_CUDNN_API=graph`), then the `cudnn` suite again on the legacy API. Only exit
+//! statuses are seen here: a test that skips (Note [Skipped tests]) is not told from one that
+//! passed; `gpu-session` records every test's outcome (Note [Suite results are generated]).
 
 use std::path::Path;
 
@@ -19,7 +22,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
     eprintln!("==> probing for a CUDA GPU (`ember info --json`, emulator off)");
     let out = cargo()
         .args([
-            "run", "-q", "--locked", "-p", "ember", "--", "info", "--json",
+            "run", "-q", "--locked", "-p", "ember-cli", "--", "info", "--json",
         ])
         .env_remove("EMBER_CUDA_EMULATOR")
         .env_remove("EMBER_CUDA_EMULATOR_MEMORY")
@@ -47,6 +50,10 @@ pub fn run(args: &[String]) -> Result<(), String> {
         );
         return Ok(());
     }
+    let parsed: serde_json::Value = serde_json::from_str(&info).unwrap_or_default();
+    if let Some(why) = parsed["cuda_kernels_missing"].as_str() {
+        return Err(format!("a GPU is present but `ember` cannot run on it: {why}"));
+    }
     let fatbin = std::env::var_os("EMBER_KERNELS_FATBIN")
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|| root().join("target/kernels/ember.fatbin"));
@@ -61,6 +68,16 @@ pub fn run(args: &[String]) -> Result<(), String> {
         cargo()
             .args(["test", "--workspace", "--locked"])
             .env("EMBER_GPU_TEST", "1")
+            .env("EMBER_CUDNN_API", "graph")
+            .env_remove("EMBER_CUDA_EMULATOR")
+            .env_remove("EMBER_CUDA_EMULATOR_MEMORY"),
+    )?;
+    run_step(
+        "cargo test -p ember-tensor --test cudnn (EMBER_GPU_TEST=1, EMBER_CUDNN_API=legacy)",
+        cargo()
+            .args(["test", "--locked", "-p", "ember-tensor", "--test", "cudnn"])
+            .env("EMBER_GPU_TEST", "1")
+            .env("EMBER_CUDNN_API", "legacy")
             .env_remove("EMBER_CUDA_EMULATOR")
             .env_remove("EMBER_CUDA_EMULATOR_MEMORY"),
     )?;

@@ -19,6 +19,8 @@
 //! - `gpu-bundle`: release binaries, test binaries, this program and the data in one archive
 //!   for a GPU machine without a Rust toolchain; `gpu-session` runs the GPU checks from it.
 //! - `mkl`: installs Intel MKL from PyPI into `target/mkl` (optional; the CPU GEMM then uses it).
+//! - `onednn`: installs oneDNN from PyPI into `target/onednn` (optional; CPU convolutions then
+//!   use it).
 
 mod bench;
 mod coverage;
@@ -27,8 +29,10 @@ mod gpu_session;
 mod gpu_test;
 mod kernels;
 mod mkl;
+mod onednn;
 mod report;
 mod results;
+mod suites;
 mod test;
 
 use std::path::PathBuf;
@@ -53,6 +57,7 @@ fn main() -> ExitCode {
         "gpu-test" => gpu_test::run(rest),
         "coverage" => coverage::run(rest),
         "mkl" => mkl::run(rest),
+        "onednn" => onednn::run(rest),
         "-h" | "--help" | "help" => {
             println!("{}", usage());
             Ok(())
@@ -82,9 +87,11 @@ fn usage() -> &'static str {
        gpu-test                  the tests on this machine's real GPUs (says so and runs nothing without one)\n  \
        gpu-bundle [--arch N] [--fatbin PATH] [--out FILE]\n                            \
        release binaries, GPU test suites, xtask, data and the side-by-side script in one archive\n  \
-       gpu-session [--out DIR] [--budget S] [info|tests|train|bench|sanitize...]\n                            \
-       from an unpacked bundle on a GPU machine (no Rust needed): the GPU checks and benchmarks\n  \
-       mkl                       install Intel MKL from PyPI into target/mkl (optional faster CPU GEMM)"
+       gpu-session [--out DIR] [--budget S] [--filter CASES] [--host NAME] [info|tests|train|nccl|bench|sanitize|ncu...]\n                            \
+       from an unpacked bundle on a GPU machine (no Rust needed): the GPU checks (every test's\n                            \
+       outcome recorded) and benchmarks\n  \
+       mkl                       install Intel MKL from PyPI into target/mkl (optional faster CPU GEMM)\n  \
+       onednn                    install oneDNN from PyPI into target/onednn (optional faster CPU convolutions)"
 }
 
 /// The workspace root (the parent of this crate's manifest directory).

@@ -8,6 +8,11 @@
 //! side-by-side runs), and links to the machine's earlier files.
 //! `--check` renders to memory and fails if the page on disk differs (`cargo xtask test`
 //! runs it, so the page never drifts from the saved files).
+//!
+//! Test-suite outcomes are rendered only from the records `gpu-session` generates (`kind:
+//! "suites"`, checked by `suites::validate`); a file whose `tables` report suite results by
+//! hand is refused, unless the table says it is `"unverified"` (why, in words), and it is
+//! then rendered under that warning (Note [Suite results are generated] in `suites.rs`).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -15,7 +20,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use crate::{results, root};
+use crate::{results, root, suites};
 
 /// The page this task writes.
 pub fn page_path() -> PathBuf {
@@ -29,6 +34,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
         _ => return Err(format!("`bench-report` takes only --check, found {args:?}")),
     };
     let files = results::load_all()?;
+    check_suite_results(&files)?;
     let page = render(&files);
     let path = page_path();
     if check {
@@ -48,6 +54,31 @@ pub fn run(args: &[String]) -> Result<(), String> {
         path.display(),
         files.len()
     );
+    Ok(())
+}
+
+/// Refuses suite results that were not generated (Note [Suite results are generated]): a
+/// `kind: "suites"` file must pass `suites::validate`, and a table in `tables` that reports
+/// tests passing or failing must say it is `"unverified"`.
+pub fn check_suite_results(files: &[(PathBuf, Value)]) -> Result<(), String> {
+    for (p, v) in files {
+        if text(v, "kind") == "suites" {
+            suites::validate(v).map_err(|e| format!("{}: {e}", p.display()))?;
+        }
+        for t in v["tables"].as_array().into_iter().flatten() {
+            let unverified = t["unverified"].as_str().is_some_and(|w| !w.trim().is_empty());
+            if suites::is_suite_table(t) && !unverified {
+                return Err(format!(
+                    "{}: the table {:?} reports test-suite results by hand; suite results come \
+                     from `gpu-session`'s generated record (a `kind: \"suites\"` file, every \
+                     test's outcome counted). Drop the table, or mark it \"unverified\" with \
+                     why, and it is rendered as such",
+                    p.display(),
+                    text(t, "title")
+                ));
+            }
+        }
+    }
     Ok(())
 }
 
@@ -247,6 +278,9 @@ fn extra_tables(out: &mut String, v: &Value) {
         let Some(cols) = t["columns"].as_array() else {
             continue;
         };
+        if let Some(why) = t["unverified"].as_str() {
+            let _ = writeln!(out, "**Written by hand, not generated; unverified:** {why}\n");
+        }
         let _ = writeln!(out, "{}\n", text(t, "title"));
         let cells = |row: &[Value]| -> String {
             row.iter()
@@ -356,10 +390,10 @@ pub fn render(files: &[(PathBuf, Value)]) -> String {
             }
             out.push('\n');
             let records = v["records"].as_array().map_or(&[][..], Vec::as_slice);
-            if text(v, "kind") == "side-by-side" {
-                side_by_side_table(&mut out, records);
-            } else {
-                ember_table(&mut out, records);
+            match text(v, "kind") {
+                "side-by-side" => side_by_side_table(&mut out, records),
+                "suites" => suites::render(&mut out, records),
+                _ => ember_table(&mut out, records),
             }
             out.push('\n');
             extra_tables(&mut out, v);
@@ -433,5 +467,46 @@ mod tests {
             "{page}"
         );
         assert!(page.ends_with("|\n"), "{page:?}");
+    }
+
+    #[test]
+    fn suite_results_written_by_hand_are_refused_or_marked() {
+        let table = json!({"title": "The GPU suites", "columns": ["step", "result"],
+                           "rows": [["tests: cudnn", "all passed (9 tests)"]]});
+        let doc = |t: Value| {
+            json!({
+                "schema": results::SCHEMA, "kind": "side-by-side", "date": "2026-01-01",
+                "host": "gpu", "device": "cuda", "command": "x", "records": [], "tables": [t]
+            })
+        };
+        let files = vec![(PathBuf::from("a/gpu.json"), doc(table.clone()))];
+        let e = check_suite_results(&files).unwrap_err();
+        assert!(e.contains("reports test-suite results by hand"), "{e}");
+        let mut marked = table;
+        marked["unverified"] = json!("the suites ran without recording skips");
+        let files = vec![(PathBuf::from("a/gpu.json"), doc(marked))];
+        check_suite_results(&files).unwrap();
+        let page = render(&files);
+        assert!(
+            page.contains("**Written by hand, not generated; unverified:** the suites ran"),
+            "{page}"
+        );
+        // A generated record renders; one whose counts were edited is refused.
+        let tests = suites::parse_libtest_json(
+            "{ \"type\": \"test\", \"name\": \"t\", \"event\": \"ok\", \"stdout\": \"ember-skip: why\\n\" }",
+            "exit 0",
+        );
+        let record = suites::suite_record("s", None, "tests/s", Some(0), 1.0, &tests);
+        let mut generated = doc(json!({}));
+        generated["kind"] = json!("suites");
+        generated["generator"] = json!(suites::GENERATOR);
+        generated["records"] = json!([record]);
+        let files = vec![(PathBuf::from("a/gpu-suites.json"), generated.clone())];
+        check_suite_results(&files).unwrap();
+        assert!(render(&files).contains("| `s` | 0 | 0 | 1 | 0 | 1 s |"));
+        generated["records"][0]["passed"] = json!(1);
+        generated["records"][0]["skipped"] = json!(0);
+        let files = vec![(PathBuf::from("a/gpu-suites.json"), generated)];
+        assert!(check_suite_results(&files).is_err());
     }
 }

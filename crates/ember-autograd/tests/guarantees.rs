@@ -54,7 +54,7 @@ test_device!(hook_changing_the_size_is_an_error, |d: &Device| {
 
 test_device!(hook_changing_the_device_is_an_error, |d: &Device| {
     if *d == Device::Cpu {
-        return;
+        ember_testing::skip!("a hook moving a gradient to another device needs a CUDA device");
     }
     let x = leaf(&[1.0, 2.0], &[2], d);
     x.register_hook(|g| Some(g.cpu().unwrap())).unwrap();

@@ -76,30 +76,36 @@ fn case_names() -> impl Iterator<Item = &'static str> {
 /// [Benchmark ranks]).
 pub fn run(opts: &Options, out: &mut Vec<Record>) -> Result<(), String> {
     let names: Vec<&str> = case_names().filter(|n| opts.wants(n)).collect();
-    if names.is_empty() || !opts.cpu() {
+    let nodes = opts.wants(crate::dist_nodes::DDP_NODES);
+    if (names.is_empty() && !nodes) || !opts.cpu() {
         return Ok(());
     }
-    if !group::mpi_built() {
+    if !group::mpi_built() && !names.is_empty() {
         eprintln!(
             "ember-bench: skipping {}: built without MPI support (build ember-bench with --features mpi; `cargo xtask bench` does when Open MPI is installed)",
             names.join(", ")
         );
-        return Ok(());
+        return crate::dist_nodes::run(opts, out, rank_threads());
     }
-    let one_process = if opts.wants(DDP) {
+    let one_process = if (opts.wants(DDP) || nodes) && group::mpi_built() {
         Some(one_process_samples_per_s(opts.quick)?)
     } else {
         None
     };
-    let Some(mut records) = launch_ranks()? else {
-        eprintln!(
-            "ember-bench: skipping {}: mpirun was not found (install Open MPI: Debian's openmpi-bin)",
-            names.join(", ")
-        );
-        return Ok(());
-    };
+    let mut records = Vec::new();
+    if !names.is_empty() {
+        match launch_ranks()? {
+            Some(r) => records.extend(r),
+            None => eprintln!(
+                "ember-bench: skipping {}: mpirun was not found (install Open MPI: Debian's openmpi-bin)",
+                names.join(", ")
+            ),
+        }
+    }
+    crate::dist_nodes::run(opts, &mut records, rank_threads())?;
     for r in &mut records {
-        if let (true, Some(one)) = (r.name == DDP, one_process) {
+        let ddp = r.name == DDP || r.name == crate::dist_nodes::DDP_NODES;
+        if let (true, Some(one)) = (ddp, one_process) {
             r.extra
                 .insert("one_process_samples_per_s".into(), one.into());
             r.extra.insert(
@@ -156,13 +162,14 @@ fn launch_ranks() -> Result<Option<Vec<Record>>, String> {
         ));
     }
     let text = text.map_err(|e| format!("rank 0 wrote no records to {}: {e}", file.display()))?;
-    let values: Vec<Value> = serde_json::from_str(&text)
+    records_of(&text).map(Some)
+}
+
+/// The records rank 0 wrote (a JSON array).
+pub(crate) fn records_of(text: &str) -> Result<Vec<Record>, String> {
+    let values: Vec<Value> = serde_json::from_str(text)
         .map_err(|e| format!("rank 0's records are not a JSON array: {e}"))?;
-    values
-        .iter()
-        .map(record_of)
-        .collect::<Result<_, _>>()
-        .map(Some)
+    values.iter().map(record_of).collect()
 }
 
 /// A record as rank 0 wrote it.
@@ -201,13 +208,18 @@ pub fn rank_main(opts: &Options, path: &Path) -> Result<(), String> {
     // others instead of hanging the benchmark.
     pg.set_timeout(Duration::from_secs(120));
     let mut records = Vec::new();
-    for (name, bytes) in ALL_REDUCE {
-        if opts.wants(name) {
-            records.push(all_reduce_case(&pg, name, bytes, opts.quick)?);
+    if crate::dist_nodes::is_nodes_rank() {
+        // A rank of the 2-node case runs it alone (Note [Benchmark nodes]).
+        records.push(ddp_case(&pg, opts.quick, crate::dist_nodes::DDP_NODES)?);
+    } else {
+        for (name, bytes) in ALL_REDUCE {
+            if opts.wants(name) {
+                records.push(all_reduce_case(&pg, name, bytes, opts.quick)?);
+            }
         }
-    }
-    if opts.wants(DDP) {
-        records.push(ddp_case(&pg, opts.quick)?);
+        if opts.wants(DDP) {
+            records.push(ddp_case(&pg, opts.quick, DDP)?);
+        }
     }
     if pg.rank() == 0 {
         let text = serde_json::to_string(&records).map_err(err)?;
@@ -326,7 +338,7 @@ fn sgd(params: Vec<Tensor>) -> Result<SGD, String> {
     .map_err(err)
 }
 
-fn ddp_case(pg: &ProcessGroup, quick: bool) -> Result<Record, String> {
+fn ddp_case(pg: &ProcessGroup, quick: bool, name: &str) -> Result<Record, String> {
     let ddp =
         DistributedDataParallel::new(seeded_model()?, pg, DdpOptions::default()).map_err(err)?;
     let mut opt = sgd(ddp.parameters())?;
@@ -334,7 +346,7 @@ fn ddp_case(pg: &ProcessGroup, quick: bool) -> Result<Record, String> {
     let (x, y) = batch(per_rank, 1 + pg.rank() as u64)?;
     let ns = ranks_ns_per_call(pg, quick, || sgd_step(&ddp, &mut opt, &x, &y))?;
     let steps = 1e9 / ns;
-    let mut r = record(DDP, Device::Cpu, steps * DDP_BATCH as f64, "samples/s");
+    let mut r = record(name, Device::Cpu, steps * DDP_BATCH as f64, "samples/s");
     r.extra.insert("ranks".into(), pg.world_size().into());
     r.extra.insert("batch_per_rank".into(), per_rank.into());
     r.extra.insert("steps_per_s".into(), steps.into());

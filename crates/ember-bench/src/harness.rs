@@ -132,6 +132,41 @@ pub fn ns_per_iter(rounds: usize, iters: usize, mut f: impl FnMut()) -> f64 {
     samples[samples.len() / 2]
 }
 
+/// The process's CPU time so far, in seconds: (user, system), from `getrusage`.
+pub fn cpu_times() -> (f64, f64) {
+    // SAFETY: `getrusage` fills the `rusage` it is given; a zeroed one is a valid start.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `ru` is a valid, writable `rusage`; RUSAGE_SELF is always accepted.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } != 0 {
+        return (0.0, 0.0);
+    }
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+    (secs(ru.ru_utime), secs(ru.ru_stime))
+}
+
+/// Wall, user and system time of `f` (seconds), for a record's `wall_s`, `user_s`, `sys_s`
+/// and `sys_fraction` (system time over wall time: page faults and other kernel work a
+/// case makes the OS do).
+pub fn with_times<R>(f: impl FnOnce() -> R) -> (R, [f64; 3]) {
+    let (u0, s0) = cpu_times();
+    let t = Instant::now();
+    let r = f();
+    let wall = t.elapsed().as_secs_f64();
+    let (u1, s1) = cpu_times();
+    (r, [wall, u1 - u0, s1 - s0])
+}
+
+/// Adds `wall_s`, `user_s`, `sys_s` and `sys_fraction` to a record's extras.
+pub fn insert_times(extra: &mut serde_json::Map<String, serde_json::Value>, t: [f64; 3]) {
+    let [wall, user, sys] = t;
+    extra.insert("wall_s".into(), wall.into());
+    extra.insert("user_s".into(), user.into());
+    extra.insert("sys_s".into(), sys.into());
+    if wall > 0.0 {
+        extra.insert("sys_fraction".into(), (sys / wall).into());
+    }
+}
+
 /// Print the records: one JSON array with `--json`, else an aligned table.
 pub fn report(opts: &Options, records: &[Record]) {
     if opts.json {

@@ -7,7 +7,9 @@
 
 mod alloc;
 mod autograd;
+mod conv;
 mod dist;
+mod dist_nodes;
 mod harness;
 mod matmul;
 mod nn;
@@ -29,6 +31,10 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // A launcher of the 2-node case (Note [Benchmark nodes] in dist_nodes.rs).
+    if let Some((node, port)) = dist_nodes::launcher_node() {
+        return dist_nodes::launcher_main(node, port);
+    }
     // A rank started by this program's multi-rank cases runs only those (Note [Benchmark
     // ranks] in dist.rs).
     if let Some(out) = dist::rank_output() {
@@ -47,12 +53,13 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     let mut records: Vec<Record> = Vec::new();
-    let suites: [Suite; 7] = [
+    let suites: [Suite; 8] = [
         alloc::run,
         matmul::run,
         autograd::run,
         tensor_ops::run,
         nn::run,
+        conv::run,
         resnet::run,
         dist::run,
     ];

@@ -11,10 +11,22 @@
 //!   step above what was allocated before it: weights, momentum, input). Target on an H100:
 //!   at least 0.9× PyTorch's rate, at most 1.1× its peak.
 //! - `fwd_resnet18_b32`: a forward in eval mode under `no_grad`, in ms, with its peak.
+//! - `train_resnet18_b32_f16`, `train_resnet18_b32_bf16` (CUDA): the training step under
+//!   autocast (mixed precision, `ember-amp`): the forward and the loss in an autocast region,
+//!   f16 with a `GradScaler` (`scale(loss).backward()`, `step`, `update`), bf16 without one,
+//!   as PyTorch's AMP recipe (the side-by-side script runs it so). Target: at least
+//!   PyTorch's AMP rate.
 //!
-//! Only on CUDA: on the 2-core CPU hosts a step takes seconds. On the emulated `cuda:0` the
-//! cases run at batch 2 × 3 × 32 × 32 (the records say `"emulated": true`, `batch` and
-//! `image`), so the path runs in CI and a real GPU measures the full size.
+//! On CUDA the cases run at batch 32; on the emulated `cuda:0` at batch 2 × 3 × 32 × 32 (the
+//! records say `"emulated": true`, `batch` and `image`), so the path runs in CI and a real
+//! GPU measures the full size.
+//!
+//! On the CPU: `train_resnet18_b8`, `train_resnet18_b32` and `fwd_resnet18_b32`, and the same
+//! under `autocast(cpu, bf16)` with `_bf16` appended (f32 weights, bf16 compute; the records
+//! say `"autocast": "bf16"`). Every CPU record carries the wall, user and system time of its
+//! timed calls (`wall_s`, `user_s`, `sys_s`, `sys_fraction`; a step whose buffers are
+//! faulted in afresh shows a large system share) and the convolution backend
+//! (`conv_backend`). With `--quick` they run at 64 × 64 images (`"image": 64`).
 
 use ember_device::{Device, cuda};
 use ember_nn::layers::{BatchNorm2d, Conv2d, Conv2dConfig, Linear, MaxPool2d, ReLU, Sequential};
@@ -23,7 +35,9 @@ use ember_nn::optim::{Optimizer, SGD, SgdOptions};
 use ember_nn::{Loss, Module, Tensor};
 use ember_tensor::{DType, MaxPool2dOptions, Size2};
 
-use crate::harness::{Options, Record};
+use ember_amp::{GradScaler, GradScalerOptions, autocast};
+
+use crate::harness::{Options, Record, insert_times, with_times};
 use crate::nn::{emulated_counts, err, insert_counts, mark_run, peak_of, record, time};
 
 /// A convolution without bias, as torchvision's `conv3x3`/`conv1x1`.
@@ -158,71 +172,163 @@ impl Module for ResNet18 {
     }
 }
 
-pub fn run(opts: &Options, out: &mut Vec<Record>) -> Result<(), String> {
-    if !opts.cuda() {
-        return Ok(());
+/// The cases of one device: (name, batch, train, autocast).
+fn cases(device: Device) -> Vec<(String, usize, bool, Option<DType>)> {
+    if device.is_cuda() {
+        return vec![
+            ("train_resnet18_b32".into(), 32, true, None),
+            ("fwd_resnet18_b32".into(), 32, false, None),
+            ("train_resnet18_b32_f16".into(), 32, true, Some(DType::F16)),
+            ("train_resnet18_b32_bf16".into(), 32, true, Some(DType::Bf16)),
+        ];
     }
-    let device = Device::Cuda(0);
-    let emulated = cuda::is_emulated();
-    let (batch, image) = if emulated { (2, 32) } else { (32, 224) };
-    for name in ["train_resnet18_b32", "fwd_resnet18_b32"] {
-        if !opts.wants(name) {
-            continue;
-        }
-        let model = ResNet18::new(1000)?;
-        model.to(device).map_err(err)?;
-        let x = Tensor::randn([batch, 3, image, image], (device, DType::F32)).map_err(err)?;
-        let (value, unit, peak, steps, counts) = if name.starts_with("train") {
-            model.train(true);
-            let y = Tensor::randint(0, 1000, [batch], (device, DType::I64)).map_err(err)?;
-            let loss_fn = CrossEntropyLoss::new();
-            let mut opt = SGD::new(
-                model.parameters(),
-                SgdOptions {
-                    lr: 0.01,
-                    momentum: 0.9,
-                    ..SgdOptions::default()
-                },
-            )
-            .map_err(err)?;
-            let mut step = || {
-                opt.zero_grad(true).map_err(err)?;
-                let loss = loss_fn
-                    .forward(&model.forward(&x).map_err(err)?, &y)
-                    .map_err(err)?;
-                loss.backward().map_err(err)?;
-                opt.step().map_err(err)
+    let mut v = Vec::new();
+    for amp in [None, Some(DType::Bf16)] {
+        for (base, batch, train) in [
+            ("train_resnet18_b8", 8, true),
+            ("train_resnet18_b32", 32, true),
+            ("fwd_resnet18_b32", 32, false),
+        ] {
+            let name = match amp {
+                None => base.to_string(),
+                Some(dt) => format!("{base}_{}", dt.name()),
             };
-            // The first step makes the momentum buffers; the peak is a step's after that.
-            step()?;
-            let peak = peak_of(device, &mut step)?;
-            let ns = time(device, opts.quick, &mut step)?;
-            let steps = 1e9 / ns;
-            let counts = emulated_counts(device, &mut step)?;
-            (steps * batch as f64, "samples/s", peak, Some(steps), counts)
-        } else {
-            model.train(false);
-            let _no_grad = ember_autograd::no_grad();
-            let mut fwd = || model.forward(&x).map(drop).map_err(err);
-            fwd()?;
-            let peak = peak_of(device, &mut fwd)?;
-            let ns = time(device, opts.quick, &mut fwd)?;
-            let counts = emulated_counts(device, &mut fwd)?;
-            (ns * 1e-6, "ms", peak, None, counts)
-        };
-        let mut r = record(name, device, value, unit);
-        if let Some(s) = steps {
-            r.extra.insert("steps_per_s".into(), s.into());
+            v.push((name, batch, train, amp));
         }
-        r.extra.insert("peak_memory_bytes".into(), peak.into());
-        mark_run(&mut r, opts.quick, emulated, batch);
-        if emulated {
-            r.extra.insert("image".into(), image.into());
+    }
+    v
+}
+
+pub fn run(opts: &Options, out: &mut Vec<Record>) -> Result<(), String> {
+    let mut devices = Vec::new();
+    if opts.cpu() {
+        devices.push(Device::Cpu);
+    }
+    if opts.cuda() {
+        devices.push(Device::Cuda(0));
+    }
+    for device in devices {
+        for (name, batch, train, amp) in cases(device) {
+            if !opts.wants(&name) {
+                continue;
+            }
+            let r = case(opts, device, &name, batch, train, amp)
+                .map_err(|e| format!("{name} on {device}: {e}"))?;
+            out.push(r);
         }
-        insert_counts(&mut r.extra, counts);
-        out.push(r);
     }
     Ok(())
+}
+
+fn case(
+    opts: &Options,
+    device: Device,
+    name: &str,
+    batch: usize,
+    train: bool,
+    amp: Option<DType>,
+) -> Result<Record, String> {
+    let emulated = device.is_cuda() && cuda::is_emulated();
+    let (batch, image) = if emulated {
+        (2, 32)
+    } else if opts.quick && !device.is_cuda() {
+        (batch.min(2), 64)
+    } else {
+        (batch, 224)
+    };
+    let model = ResNet18::new(1000)?;
+    model.to(device).map_err(err)?;
+    let x = Tensor::randn([batch, 3, image, image], (device, DType::F32)).map_err(err)?;
+    let region = || amp.map(|dt| autocast(device, dt)).transpose().map_err(err);
+    let (value, unit, peak, steps, counts, times) = if train {
+        model.train(true);
+        let y = Tensor::randint(0, 1000, [batch], (device, DType::I64)).map_err(err)?;
+        let loss_fn = CrossEntropyLoss::new();
+        let mut opt = SGD::new(
+            model.parameters(),
+            SgdOptions {
+                lr: 0.01,
+                momentum: 0.9,
+                ..SgdOptions::default()
+            },
+        )
+        .map_err(err)?;
+        // f16 needs loss scaling; bf16 (and f32) run with the scaler disabled, a
+        // pass-through.
+        let mut scaler = GradScaler::with_options(
+            device,
+            GradScalerOptions {
+                enabled: amp == Some(DType::F16),
+                ..Default::default()
+            },
+        )
+        .map_err(err)?;
+        let mut step = || {
+            opt.zero_grad(true).map_err(err)?;
+            let loss = {
+                let _region = region()?;
+                loss_fn
+                    .forward(&model.forward(&x).map_err(err)?, &y)
+                    .map_err(err)?
+            };
+            scaler.scale(&loss).map_err(err)?.backward().map_err(err)?;
+            scaler.step(&mut opt).map_err(err)?;
+            scaler.update().map_err(err)
+        };
+        // The first step makes the momentum buffers; the peak is a step's after that.
+        step()?;
+        let peak = peak_of(device, &mut step)?;
+        let (ns, times) = with_times(|| time(device, opts.quick, &mut step));
+        let steps = 1e9 / ns?;
+        let counts = emulated_counts(device, &mut step)?;
+        (
+            steps * batch as f64,
+            "samples/s",
+            peak,
+            Some(steps),
+            counts,
+            times,
+        )
+    } else {
+        model.train(false);
+        let _no_grad = ember_autograd::no_grad();
+        let mut fwd = || {
+            let _region = region()?;
+            model.forward(&x).map(drop).map_err(err)
+        };
+        fwd()?;
+        let peak = peak_of(device, &mut fwd)?;
+        let (ns, times) = with_times(|| time(device, opts.quick, &mut fwd));
+        let ns = ns?;
+        let counts = emulated_counts(device, &mut fwd)?;
+        (ns * 1e-6, "ms", peak, None, counts, times)
+    };
+    let mut r = record(name, device, value, unit);
+    if let Some(s) = steps {
+        r.extra.insert("steps_per_s".into(), s.into());
+    }
+    r.extra.insert("peak_memory_bytes".into(), peak.into());
+    mark_run(&mut r, opts.quick, emulated, batch);
+    if emulated || image != 224 {
+        r.extra.insert("image".into(), image.into());
+    }
+    if let Some(dt) = amp {
+        r.extra.insert("autocast".into(), dt.name().into());
+    }
+    if !device.is_cuda() {
+        insert_times(&mut r.extra, times);
+        r.extra.insert(
+            "conv_backend".into(),
+            ember_tensor::backends::mkldnn::conv_path(amp.unwrap_or(DType::F32))
+                .0
+                .into(),
+        );
+        if opts.quick {
+            r.extra.insert("batch".into(), batch.into());
+        }
+    }
+    insert_counts(&mut r.extra, counts);
+    Ok(r)
 }
 
 #[cfg(test)]

@@ -18,6 +18,10 @@ pub struct Info {
     pub cuda_available: bool,
     /// Why CUDA is not available; `None` when it is.
     pub cuda_unavailable_reason: Option<String>,
+    /// Why Ember cannot run on the available CUDA devices though the driver is there: its
+    /// kernels were not built into this program (Note [No fatbin] in `ember-kernels`);
+    /// `None` when it can, or without CUDA.
+    pub cuda_kernels_missing: Option<String>,
     /// Malformed Ember settings that were ignored, one line each naming the variable, what
     /// it takes and why it was ignored (`EMBER_CUDA_EMULATOR=abc`, ...); empty when none.
     pub ignored_settings: Vec<String>,
@@ -152,6 +156,7 @@ pub fn collect() -> Info {
         ember_version: env!("CARGO_PKG_VERSION"),
         cuda_available: available,
         cuda_unavailable_reason: cuda::unavailable_reason(),
+        cuda_kernels_missing: crate::train::CudaState::probe().kernels_missing,
         ignored_settings: ember_device::driver::emulator::EmulatorConfig::env_problems(),
         cuda_driver: driver.as_ref().map(|d| d.kind().name()),
         cuda_driver_version: driver.as_ref().map(|d| d.driver_version()),
@@ -328,6 +333,9 @@ impl Info {
         let _ = writeln!(s, "CUDA available:   {}", self.cuda_available);
         if let Some(r) = &self.cuda_unavailable_reason {
             let _ = writeln!(s, "  why not:        {r}");
+        }
+        if let Some(r) = &self.cuda_kernels_missing {
+            let _ = writeln!(s, "  but:            {r}");
         }
         for line in &self.ignored_settings {
             let _ = writeln!(s, "ignored setting:  {line}");

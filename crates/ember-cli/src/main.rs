@@ -19,20 +19,43 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Start N ranks of PROGRAM, as torchrun: each gets RANK, WORLD_SIZE, LOCAL_RANK,
-    /// LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT; output lines are prefixed with
-    /// `[rankR]:`; when a rank fails the others are ended and launch exits with its code.
-    /// Runs the ranks under mpirun when it is installed (the mpi backend needs it).
+    /// Start the ranks of PROGRAM on this node, as torchrun: each gets RANK (node_rank ·
+    /// nproc_per_node + LOCAL_RANK), WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK,
+    /// MASTER_ADDR, MASTER_PORT and TORCHELASTIC_RESTART_COUNT; output lines are prefixed
+    /// with `[rankR]:`; when a rank fails the others (on every node) are ended and launch
+    /// exits with its code, or starts them all again (--max-restarts). On one node the
+    /// ranks run under mpirun when it is installed (the mpi backend needs it).
     Launch {
         /// Ranks on this node.
         #[arg(long)]
         nproc_per_node: usize,
-        /// MASTER_ADDR for the ranks' rendezvous.
+        /// Nodes in the job: run `ember launch` on each, with its --node-rank.
+        #[arg(long, default_value_t = 1)]
+        nnodes: usize,
+        /// This node's rank (0..nnodes); node 0 serves the rendezvous store.
+        #[arg(long, default_value_t = 0)]
+        node_rank: usize,
+        /// Node 0's address (MASTER_ADDR).
         #[arg(long, default_value = "127.0.0.1")]
         master_addr: String,
-        /// MASTER_PORT for the ranks' rendezvous.
+        /// The rendezvous store's port on node 0 (MASTER_PORT).
         #[arg(long, default_value_t = 29500)]
         master_port: u16,
+        /// HOST:PORT of node 0: another spelling of --master-addr and --master-port.
+        #[arg(long)]
+        rdzv_endpoint: Option<String>,
+        /// The job's id, the same on every node (TORCHELASTIC_RUN_ID).
+        #[arg(long, default_value = "none")]
+        rdzv_id: String,
+        /// torchrun's rendezvous backend: `c10d` and `static` both mean node 0's store.
+        #[arg(long, default_value = "static", value_parser = ["static", "c10d"])]
+        rdzv_backend: String,
+        /// `join_timeout=SECONDS`: how long the nodes wait for each other (default 600).
+        #[arg(long)]
+        rdzv_conf: Option<String>,
+        /// Start every rank again this many times after a failure.
+        #[arg(long, default_value_t = 0)]
+        max_restarts: u32,
         /// The program and its arguments (after `--`).
         #[arg(last = true, required = true)]
         program: Vec<std::ffi::OsString>,
@@ -62,6 +85,10 @@ enum Command {
         /// The model.
         #[arg(long, value_enum, default_value_t = ModelKind::Mlp)]
         model: ModelKind,
+        /// The cnn's width: channels of its first convolution, twice as many in the second
+        /// [default: 16]. With --resume: the checkpoint's.
+        #[arg(long)]
+        width: Option<usize>,
         /// Seed for initialisation, the split and the data order [default: 0]. With
         /// --resume: the checkpoint's; another seed is an error.
         #[arg(long, allow_negative_numbers = true)]
@@ -237,13 +264,31 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Launch {
             nproc_per_node,
+            nnodes,
+            node_rank,
             master_addr,
             master_port,
+            rdzv_endpoint,
+            rdzv_id,
+            rdzv_backend: _,
+            rdzv_conf,
+            max_restarts,
             program,
         } => {
             let mut opts = ember_parallel::launch::LaunchOptions::new(nproc_per_node, program);
+            opts.nnodes = nnodes;
+            opts.node_rank = node_rank;
             opts.master_addr = master_addr;
             opts.master_port = master_port;
+            opts.run_id = rdzv_id;
+            opts.max_restarts = max_restarts;
+            let set = rdzv_endpoint
+                .map_or(Ok(()), |e| opts.set_rdzv_endpoint(&e))
+                .and_then(|()| rdzv_conf.map_or(Ok(()), |c| opts.set_rdzv_conf(&c)));
+            if let Err(e) = set {
+                eprintln!("ember launch: {e}");
+                return ExitCode::FAILURE;
+            }
             return match ember_parallel::launch::launch(&opts) {
                 Ok(out) => ExitCode::from(u8::try_from(out.code).unwrap_or(1)),
                 Err(e) => {
@@ -266,6 +311,7 @@ fn main() -> ExitCode {
             batch_size,
             lr,
             model,
+            width,
             seed,
             num_workers,
             save,
@@ -280,6 +326,7 @@ fn main() -> ExitCode {
                 batch_size,
                 lr,
                 model,
+                width,
                 seed,
                 num_workers,
                 save,

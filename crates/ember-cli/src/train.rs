@@ -40,7 +40,7 @@ mod run;
 mod setup;
 
 pub use checkpoint::{Checkpoint, FORMAT, read_checkpoint};
-pub use device::resolve_device;
+pub use device::{CudaState, choose_device, resolve_device};
 pub use model::build_model;
 pub use profile::{PROFILE_ACTIVE, PROFILE_SKIP, ProfileSummary};
 pub use setup::{format_duration, show};
@@ -56,13 +56,17 @@ pub const DEFAULT_LR: f64 = 2e-3;
 /// The seed of a run that does not give `--seed` (and does not resume).
 pub const DEFAULT_SEED: u64 = 0;
 
+/// Channels of the CNN's first convolution without `--width`.
+pub const DEFAULT_WIDTH: usize = 16;
+
 /// Which model `ember train` builds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ModelKind {
     /// 64 → 128 → ReLU → 10.
     Mlp,
-    /// Two 3×3 convolutions with ReLU and 2×2 max pooling, then a linear layer.
+    /// Two 3×3 convolutions (`--width` and twice as many channels) with ReLU and 2×2 max
+    /// pooling, then a linear layer.
     Cnn,
 }
 
@@ -140,6 +144,9 @@ pub struct TrainConfig {
     pub lr: Option<f64>,
     /// The model.
     pub model: ModelKind,
+    /// Channels of the CNN's first convolution (the second has twice as many):
+    /// [`DEFAULT_WIDTH`] when `None`; when resuming, the checkpoint's. The MLP ignores it.
+    pub width: Option<usize>,
     /// Seeds initialisation, the split and the data order: [`DEFAULT_SEED`] when `None`;
     /// when resuming, the checkpoint's, and `Some` other seed is an error.
     pub seed: Option<u64>,
@@ -165,6 +172,7 @@ impl Default for TrainConfig {
             batch_size: 64,
             lr: None,
             model: ModelKind::Mlp,
+            width: None,
             seed: None,
             val_fraction: 0.2,
             save: None,
@@ -196,6 +204,8 @@ pub struct TrainSummary {
     pub device_reason: String,
     /// The model.
     pub model: ModelKind,
+    /// The cnn's width (channels of its first convolution); `None` for the MLP.
+    pub width: Option<usize>,
     /// Epochs done in all (including those before a resume).
     pub epochs: usize,
     /// Epochs this run did.
@@ -282,15 +292,17 @@ pub fn train(cfg: &TrainConfig, progress: &mut dyn Progress) -> Result<TrainSumm
         .as_ref()
         .map_or((1, 0), |d| (d.group.world_size(), d.rank));
     setup::check_world(cfg, world)?;
-    let ckpt = cfg.resume.as_deref().map(read_checkpoint).transpose()?;
+    let (ckpt, fresh) = checkpoint::resume_from(cfg.resume.as_deref(), cfg.save.as_deref())?;
+    let mut notes: Vec<String> = fresh.into_iter().collect();
+    notes.iter().for_each(|n| progress.note(n));
     let seed = setup::seed(cfg, ckpt.as_ref())?;
     if let Some(c) = &ckpt {
         setup::check_resume(cfg, c)?;
     }
     ember_tensor::random::manual_seed(seed);
     let data = Data::load(cfg, seed, device, dist.as_ref().map(|d| (world, d.rank)))?;
-    let mut run = Run::build(cfg, device, dist.as_ref())?;
-    let mut notes = Vec::new();
+    let width = setup::width(cfg, ckpt.as_ref())?;
+    let mut run = Run::build(cfg, width, device, dist.as_ref())?;
     if let Some(c) = &ckpt {
         run.resume(c, cfg, progress, &mut notes)?;
     }
@@ -363,6 +375,7 @@ impl Report<'_> {
             device: device.to_string(),
             device_reason,
             model: cfg.model,
+            width: (cfg.model == ModelKind::Cnn).then_some(run.width),
             epochs: cfg.epochs,
             epochs_run: self.history.len(),
             final_loss: last.train_loss,

@@ -10,9 +10,9 @@
 //!   [Explicit groups]) and its own random generator, as a process has.
 //! - With the `mpi` feature, as the text runs it: `ember launch --nproc-per-node 2` starts
 //!   this test binary as two ranks, which run the example's `main` (rank and `LOCAL_RANK`
-//!   from the environment) and print their reports; on the CPU, and on two emulated GPUs
-//!   per process (`cuda:LOCAL_RANK`; the `mpi` backend stages their tensors through host
-//!   memory, as `ember train` does there).
+//!   from the environment) and print their reports; on the CPU over `mpi`, and on two
+//!   emulated GPUs per process (`cuda:LOCAL_RANK`) over `nccl`, the emulator's NCCL joining
+//!   the two processes.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -118,8 +118,7 @@ fn check(
 #[test]
 fn distributed_py_on_two_emulated_gpus_over_nccl() {
     if std::env::var_os("EMBER_GPU_TEST").is_some() {
-        eprintln!("skipped: ranks as threads need the emulator's NCCL");
-        return;
+        ember_testing::skip!("ranks as threads need the emulator's NCCL");
     }
     ember::cuda::use_emulator(ember::driver::emulator::EmulatorConfig::devices(2)).unwrap();
     let patience = Duration::from_secs(60);
@@ -220,12 +219,11 @@ fn distributed_py_under_ember_launch_on_the_cpu() {
 fn distributed_py_under_ember_launch_on_emulated_gpus() {
     let test = "distributed_py_under_ember_launch_on_emulated_gpus";
     if std::env::var_os("EMBER_GPU_TEST").is_some() && std::env::var_os(ROLE).is_none() {
-        eprintln!("skipped: {test} runs on the emulator");
-        return;
+        ember_testing::skip!("{test} runs on the emulator");
     }
     if let Some(reports) = launched(test, 29542, Some("2")) {
         // The reference runs in this process, on the emulator too.
         ember::cuda::use_emulator(ember::driver::emulator::EmulatorConfig::devices(2)).unwrap();
-        check(&reports, Device::Cuda, "mpi", Device::Cuda(0));
+        check(&reports, Device::Cuda, "nccl", Device::Cuda(0));
     }
 }

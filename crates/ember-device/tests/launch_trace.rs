@@ -91,10 +91,13 @@ const CHILDREN: usize = 6;
 const NAMES: usize = 40;
 
 /// In a child started by the test below (with the variable set): launches NAMES kernels with
-/// long names, each three times. Does nothing otherwise.
+/// long names, each three times. Otherwise skipped, said so with the line of Note [Skipped
+/// tests] (printed here: this crate's tests cannot depend on `ember-testing`, which
+/// depends on it).
 #[test]
 fn child_launches_many_kernels() {
     if std::env::var_os("EMBER_TRACE_TEST_CHILD").is_none() {
+        println!("ember-skip: runs only as a child of concurrent_processes_append_whole_lines");
         return;
     }
     let e = Emulator::new(EmulatorConfig::devices(1)).unwrap();

@@ -2,6 +2,7 @@
 //!
 //! - the **fatbin** `cargo xtask kernels` builds with nvcc (SASS for sm_75..sm_120 plus
 //!   compute_90 PTX), embedded when it existed at build time: [`fatbin`], [`has_fatbin`];
+//!   a real GPU with a build without it is Note [No fatbin] ([`kernels_missing`]);
 //! - the **same sources compiled for the CPU** against `kernels/emu/cuda_emu.h`, linked into
 //!   every build and handed to `ember-device`'s emulator by [`register_emulated`].
 //!
@@ -34,6 +35,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod attention;
 mod module;
 
 pub use module::{
@@ -51,8 +53,8 @@ use ember_device::driver::{DevicePtr, Driver, DriverKind, ModuleHandle};
 /// Errors of this crate.
 #[derive(Debug, thiserror::Error)]
 pub enum KernelsError {
-    /// The build did not find `target/kernels/ember.fatbin`.
-    #[error("this build has no CUDA kernels: run `cargo xtask kernels`")]
+    /// The build did not find `target/kernels/ember.fatbin` (Note [No fatbin]).
+    #[error("CUDA kernels were not built: run `cargo xtask kernels --install-nvcc`")]
     NoFatbin,
     /// A shape with more dimensions than the kernels index.
     #[error("{op}: {rank} dimensions, the CUDA kernels support at most {MAX_DIMS}")]
@@ -61,6 +63,14 @@ pub enum KernelsError {
         op: &'static str,
         /// The rank it was given.
         rank: usize,
+    },
+    /// A launch whose geometry the kernels cannot run (named with the op and why).
+    #[error("{op}: {detail}")]
+    InvalidLaunch {
+        /// The operation.
+        op: &'static str,
+        /// What is wrong.
+        detail: String,
     },
     /// A driver call failed.
     #[error(transparent)]
@@ -84,6 +94,7 @@ impl KernelsError {
         match self {
             KernelsError::NoFatbin => ember_device::ErrorKind::Unsupported,
             KernelsError::TooManyDims { .. } => ember_device::ErrorKind::Shape,
+            KernelsError::InvalidLaunch { .. } => ember_device::ErrorKind::InvalidArgument,
             KernelsError::Device(e) => e.kind(),
         }
     }
@@ -211,6 +222,41 @@ pub fn has_fatbin() -> bool {
     cfg!(ember_fatbin)
 }
 
+/// `EMBER_PRETEND_NO_KERNELS=1`: this process behaves as a build without its CUDA kernels on
+/// every driver, the emulator included (Note [No fatbin]), so that what a GPU machine
+/// without the fatbin sees can be tested where there is no GPU.
+pub const ENV_PRETEND_NO_KERNELS: &str = "EMBER_PRETEND_NO_KERNELS";
+
+// Note [No fatbin]: the kernels of a real GPU are the fatbin `cargo xtask kernels` builds
+// with nvcc, embedded when `build.rs` finds it; a checkout where it never ran builds and runs
+// everywhere, but has nothing to launch on a real GPU. `cuda::is_available()` stays the
+// driver's answer (as PyTorch's, which looks at the driver and the devices only); what can
+// run is asked apart, through `kernels_missing(driver kind)`: the emulator always has its
+// kernels (compiled for the CPU into every build), a real driver has them when this build
+// embeds the fatbin. `ember info` reports it (`cuda_kernels_missing`), `ember train
+// --device auto` then trains on the CPU and says why, an explicit `--device cuda` is an
+// error saying the same, and `load_module` refuses with the same words. The decision is
+// `kernels_present`, a pure function; `EMBER_PRETEND_NO_KERNELS=1` makes it say "absent"
+// on any driver, for the tests of these paths on machines without a GPU.
+
+/// Whether a process whose CUDA driver is of `kind` has Ember's kernels for it (Note [No
+/// fatbin]): never when `pretend_absent`; always on the emulator; on a real driver when the
+/// build has the fatbin.
+pub fn kernels_present(kind: DriverKind, has_fatbin: bool, pretend_absent: bool) -> bool {
+    !pretend_absent && (kind == DriverKind::Emulated || has_fatbin)
+}
+
+/// Whether `EMBER_PRETEND_NO_KERNELS=1` is set.
+fn pretend_absent() -> bool {
+    std::env::var_os(ENV_PRETEND_NO_KERNELS).is_some_and(|v| v == "1")
+}
+
+/// Why this process cannot launch Ember's kernels on the devices of a driver of `kind`
+/// ([`KernelsError::NoFatbin`], Note [No fatbin]), or `None` when it can.
+pub fn kernels_missing(kind: DriverKind) -> Option<KernelsError> {
+    (!kernels_present(kind, has_fatbin(), pretend_absent())).then_some(KernelsError::NoFatbin)
+}
+
 /// The embedded fatbin, copied once into 16-byte-aligned memory (`include_bytes!` promises no
 /// alignment and `cuModuleLoadData` wants it), or [`KernelsError::NoFatbin`].
 pub fn fatbin() -> Result<&'static [u8], KernelsError> {
@@ -311,13 +357,40 @@ pub fn register_emulated() -> usize {
 
 /// Load Ember's kernels as a module on `device`: the CPU-compiled kernels under the emulator
 /// (registering them first), the embedded fatbin on a real driver
-/// ([`KernelsError::NoFatbin`] when this build has none).
+/// ([`KernelsError::NoFatbin`] when this build has none, or under
+/// `EMBER_PRETEND_NO_KERNELS=1`: Note [No fatbin]).
 pub fn load_module(driver: &dyn Driver, device: usize) -> Result<ModuleHandle, KernelsError> {
+    if let Some(e) = kernels_missing(driver.kind()) {
+        return Err(e);
+    }
     match driver.kind() {
         DriverKind::Emulated => {
             register_emulated();
             Ok(driver.module_load(device, &[])?)
         }
         DriverKind::Real => Ok(driver.module_load(device, fatbin()?)?),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernels_are_present_on_the_emulator_and_with_the_fatbin() {
+        use DriverKind::{Emulated, Real};
+        assert!(kernels_present(Emulated, false, false));
+        assert!(kernels_present(Emulated, true, false));
+        assert!(kernels_present(Real, true, false));
+        assert!(!kernels_present(Real, false, false), "a GPU without the fatbin");
+        for kind in [Emulated, Real] {
+            for fatbin in [false, true] {
+                assert!(!kernels_present(kind, fatbin, true), "pretending");
+            }
+        }
+        assert_eq!(
+            KernelsError::NoFatbin.to_string(),
+            "CUDA kernels were not built: run `cargo xtask kernels --install-nvcc`"
+        );
     }
 }

@@ -156,6 +156,7 @@ fn index_select_case<T: Dt, I: Dt>(
     common::launch(d, *m, &name, GRID, BLOCK, 0, &mut args).unwrap();
     check_err(&err, bad, &what);
     if !bad.is_empty() {
+        // not a skip: with a bad index the error slot was the check; the output is undefined.
         return;
     }
     let got = out.to_vec();
@@ -208,6 +209,7 @@ fn gather_case<T: Dt, I: Dt>(
     common::launch(d, *m, &name, GRID, BLOCK, 0, &mut args).unwrap();
     check_err(&err, bad, &what);
     if !bad.is_empty() {
+        // not a skip: with a bad index the error slot was the check; the output is undefined.
         return;
     }
     for (o, g) in out.to_vec().iter().enumerate() {
@@ -287,6 +289,7 @@ fn scatter_add_case<T: Dt, I: Dt>(
     common::launch(d, *m, &name, GRID, BLOCK, 0, &mut args).unwrap();
     check_err(&err, bad, &what);
     if !bad.is_empty() {
+        // not a skip: with a bad index the error slot was the check; the output is undefined.
         return;
     }
     // Reference: sequential, in row-major order of idx; floats also as exact f64 sums with

@@ -130,7 +130,13 @@ fn host_out_of_memory_is_an_error() {
 #[test]
 fn cuda_without_a_driver_says_why() {
     if ember_device::cuda::is_available() {
-        return; // EMBER_CUDA_EMULATOR is set: covered by the emulator tests.
+        // The line of Note [Skipped tests] (this crate's tests cannot depend on
+        // `ember-testing`, which depends on it).
+        println!(
+            "ember-skip: CUDA is available here (EMBER_CUDA_EMULATOR or a real GPU); this \
+             checks the error of a machine without it"
+        );
+        return;
     }
     let err = ember_memory::allocator(Device::Cuda(0)).unwrap_err();
     assert!(matches!(err, MemoryError::Device(_)), "{err}");

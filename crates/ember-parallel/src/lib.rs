@@ -26,6 +26,7 @@ pub mod ddp;
 pub mod error;
 pub mod group;
 pub mod launch;
+mod rendezvous;
 pub mod sampler;
 pub mod store;
 mod tagged;

@@ -1,17 +1,31 @@
 //! [`TcpStore`]: the rendezvous key-value store on `MASTER_ADDR:MASTER_PORT`, as torchrun's
-//! `TCPStore`: rank 0 serves it, every rank (rank 0 included) is a client. `set`, `get`
-//! (waits until the key exists, at most the store's timeout) and `add` (an atomic counter).
-//! The `nccl` backend exchanges NCCL's unique id through it; it moves a few bytes once, so
-//! it is a thread per connection over blocking sockets.
+//! `TCPStore`: one process serves it (rank 0, or `ember launch` on node 0: Note [Agent
+//! store] in `launch.rs`), every rank is a client. `set`, `get` (waits until the key exists,
+//! at most the store's timeout), `add` (an atomic counter) and `check` (whether keys exist,
+//! without waiting). The `nccl` backend exchanges NCCL's unique id through it and the ranks
+//! meet there before and after joining NCCL (Note [Rendezvous barriers] in `rendezvous.rs`);
+//! it moves a few bytes a few times, so it is a thread per connection over blocking sockets.
+//!
+//! Note [Store binding]: as torch's `TCPStore`, the server listens on every interface of its
+//! host (`0.0.0.0:PORT`) unless told one address ([`TcpStore::serve`]): `MASTER_ADDR` names
+//! the host for the clients, which may reach it through another interface than the one the
+//! name resolves to there. Clients connect with retries until the store's timeout (the
+//! server may start after them), then fail naming the address. A client whose server ends
+//! (its process died) fails at its next call, or at once when it is waiting, saying that the
+//! store's owner closed the connection: never a hang.
+//!
+//! A store may carry a key prefix ([`TcpStore::with_prefix`], torch's `PrefixStore`): the
+//! workers of `ember launch` use `/worker/attempt_N/` so that the keys of a restarted
+//! attempt never meet those of the one before.
 //!
 //! Wire format, little-endian: a request is `op: u8`, `key_len: u32`, `key`, then for `set`
-//! `value_len: u64` and `value`, for `get` `timeout_ms: u64`, for `add` `delta: i64`. A
-//! reply is `status: u8` (0 ok, 1 timed out) and `value_len: u64`, `value` (`add` replies
-//! with the new count as 8 bytes).
+//! `value_len: u64` and `value`, for `get` `timeout_ms: u64`, for `add` `delta: i64`, for
+//! `check` nothing. A reply is `status: u8` (0 ok, 1 timed out or absent) and `value_len:
+//! u64`, `value` (`add` replies with the new count as 8 bytes).
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -23,6 +37,7 @@ use crate::error::dist_error;
 const OP_SET: u8 = 1;
 const OP_GET: u8 = 2;
 const OP_ADD: u8 = 3;
+const OP_CHECK: u8 = 4;
 const STATUS_OK: u8 = 0;
 const STATUS_TIMEOUT: u8 = 1;
 /// Longest key or value the server accepts (a store for ids, not for data).
@@ -37,10 +52,15 @@ pub struct TcpStore {
     timeout: Duration,
     conn: Mutex<TcpStream>,
     server: Option<Server>,
+    /// Prepended to every key (torch's `PrefixStore`).
+    prefix: String,
 }
 
 #[derive(Debug)]
 struct Server {
+    /// Where the listener is bound (`0.0.0.0:PORT` on every interface).
+    listen: SocketAddr,
+    /// A connectable address of the listener (loopback for `0.0.0.0`).
     addr: SocketAddr,
     stop: Arc<AtomicBool>,
 }
@@ -58,45 +78,82 @@ fn store_err(op: &str, msg: impl Into<String>) -> ember_autograd::Error {
 }
 
 fn io_err(op: &str, addr: SocketAddr, e: std::io::Error) -> ember_autograd::Error {
-    store_err(
-        op,
-        format!("the connection to the store at {addr} failed: {e}"),
-    )
+    use std::io::ErrorKind as K;
+    let msg = match e.kind() {
+        K::UnexpectedEof | K::ConnectionReset | K::BrokenPipe | K::ConnectionAborted => format!(
+            "the store at {addr} closed the connection ({e}): the process that serves it (rank 0, or `ember launch` on node 0) has ended"
+        ),
+        K::WouldBlock | K::TimedOut => {
+            format!("the store at {addr} did not answer in time ({e})")
+        }
+        _ => format!("the connection to the store at {addr} failed: {e}"),
+    };
+    store_err(op, msg)
 }
 
 impl TcpStore {
-    /// Connects to the store at `host:port`, first serving it there if `is_server` (port 0
-    /// picks a free port: see [`TcpStore::addr`]). Connecting retries until `timeout`, then
-    /// fails naming the address.
+    /// Connects to the store at `host:port`, first serving it on every interface at `port`
+    /// if `is_server` (Note [Store binding]; port 0 picks a free port: see
+    /// [`TcpStore::addr`]). Connecting retries until `timeout`, then fails naming the
+    /// address.
     pub fn new(host: &str, port: u16, is_server: bool, timeout: Duration) -> Result<TcpStore> {
-        let target = (host, port)
-            .to_socket_addrs()
-            .ok()
-            .and_then(|mut a| a.next())
-            .ok_or_else(|| {
-                store_err(
-                    "connect",
-                    format!("cannot resolve MASTER_ADDR {host:?} (port {port})"),
-                )
-            })?;
-        let server = if is_server {
-            Some(serve(target)?)
-        } else {
-            None
+        let target = resolve(host, port)?;
+        if is_server {
+            let server = listen(SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port))?;
+            // The server answers on every interface; its own client goes to the address
+            // asked for, on the port bound.
+            let addr = SocketAddr::new(target.ip(), server.addr.port());
+            return TcpStore::client_of(addr, timeout, Some(server));
+        }
+        TcpStore::client_of(target, timeout, None)
+    }
+
+    /// Serves the store on `bind` alone (one interface; port 0 picks a free port) and
+    /// connects to it.
+    pub fn serve(bind: SocketAddr, timeout: Duration) -> Result<TcpStore> {
+        let server = listen(bind)?;
+        let ip = match server.addr.ip() {
+            ip if ip.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
+            ip => ip,
         };
-        let addr = server.as_ref().map_or(target, |s| s.addr);
+        TcpStore::client_of(
+            SocketAddr::new(ip, server.addr.port()),
+            timeout,
+            Some(server),
+        )
+    }
+
+    fn client_of(addr: SocketAddr, timeout: Duration, server: Option<Server>) -> Result<TcpStore> {
         let conn = connect(addr, timeout)?;
         Ok(TcpStore {
             addr,
             timeout,
             conn: Mutex::new(conn),
             server,
+            prefix: String::new(),
         })
+    }
+
+    /// The same store with every key prefixed by `prefix` (torch's `PrefixStore`).
+    pub fn with_prefix(mut self, prefix: impl Into<String>) -> TcpStore {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// The key prefix ([`TcpStore::with_prefix`]; empty by default).
+    pub fn prefix(&self) -> &str {
+        &self.prefix
     }
 
     /// The store's address (the bound one when this store serves on port 0).
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The address the server listens on (`0.0.0.0:PORT` unless bound to one interface);
+    /// `None` for a client.
+    pub fn listen_addr(&self) -> Option<SocketAddr> {
+        self.server.as_ref().map(|s| s.listen)
     }
 
     /// `true` if this process serves the store.
@@ -111,37 +168,56 @@ impl TcpStore {
 
     /// Sets `key` to `value`, waking the ranks waiting for it.
     pub fn set(&self, key: &str, value: &[u8]) -> Result<()> {
-        let mut req = request(OP_SET, key);
+        let mut req = self.request(OP_SET, key);
         req.extend_from_slice(&(value.len() as u64).to_le_bytes());
         req.extend_from_slice(value);
-        self.call("set", &req).map(|_| ())
+        self.call("set", &req, Duration::ZERO).map(|_| ())
     }
 
     /// The value of `key`, waiting (at most the store's timeout) until some rank sets it.
     pub fn get(&self, key: &str) -> Result<Vec<u8>> {
-        let mut req = request(OP_GET, key);
-        let ms = u64::try_from(self.timeout.as_millis()).unwrap_or(u64::MAX);
-        req.extend_from_slice(&ms.to_le_bytes());
-        self.call("get", &req).and_then(|(status, v)| {
-            if status == STATUS_TIMEOUT {
-                Err(store_err(
-                    "get",
-                    format!(
-                        "key {key:?} was not set within {:?} (the store at {})",
-                        self.timeout, self.addr
-                    ),
-                ))
-            } else {
-                Ok(v)
-            }
+        self.get_within(key, self.timeout)
+    }
+
+    /// The value of `key`, waiting at most `wait` until some rank sets it.
+    pub fn get_within(&self, key: &str, wait: Duration) -> Result<Vec<u8>> {
+        self.wait_for(key, wait)?.ok_or_else(|| {
+            store_err(
+                "get",
+                format!(
+                    "key {key:?} was not set within {wait:?} (the store at {})",
+                    self.addr
+                ),
+            )
         })
+    }
+
+    /// The value of `key`, or `None` when no rank set it within `wait`.
+    pub fn wait_for(&self, key: &str, wait: Duration) -> Result<Option<Vec<u8>>> {
+        let mut req = self.request(OP_GET, key);
+        let ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
+        req.extend_from_slice(&ms.to_le_bytes());
+        let (status, v) = self.call("get", &req, wait)?;
+        Ok((status == STATUS_OK).then_some(v))
+    }
+
+    /// Whether every key of `keys` is set, without waiting (torch's `TCPStore.check`).
+    pub fn check(&self, keys: &[&str]) -> Result<bool> {
+        for key in keys {
+            let req = self.request(OP_CHECK, key);
+            let (status, _) = self.call("check", &req, Duration::ZERO)?;
+            if status != STATUS_OK {
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 
     /// Adds `delta` to the counter `key` (0 if unset) and returns the new value.
     pub fn add(&self, key: &str, delta: i64) -> Result<i64> {
-        let mut req = request(OP_ADD, key);
+        let mut req = self.request(OP_ADD, key);
         req.extend_from_slice(&delta.to_le_bytes());
-        let (_, v) = self.call("add", &req)?;
+        let (_, v) = self.call("add", &req, Duration::ZERO)?;
         let b: [u8; 8] = v
             .as_slice()
             .try_into()
@@ -149,10 +225,11 @@ impl TcpStore {
         Ok(i64::from_le_bytes(b))
     }
 
-    fn call(&self, op: &str, req: &[u8]) -> Result<(u8, Vec<u8>)> {
+    /// Sends `req` and reads the reply, which the server sends within `wait` (a `get`'s
+    /// wait; zero for the others) plus a margin: never longer.
+    fn call(&self, op: &str, req: &[u8], wait: Duration) -> Result<(u8, Vec<u8>)> {
         let mut conn = self.conn.lock().unwrap_or_else(PoisonError::into_inner);
-        // A reply may take the server's wait plus a margin; never longer.
-        let _ = conn.set_read_timeout(Some(self.timeout + Duration::from_secs(5)));
+        let _ = conn.set_read_timeout(Some(wait + self.timeout.min(REPLY_MARGIN)));
         conn.write_all(req).map_err(|e| io_err(op, self.addr, e))?;
         let mut status = [0u8; 1];
         conn.read_exact(&mut status)
@@ -160,13 +237,31 @@ impl TcpStore {
         let v = read_bytes(&mut *conn).map_err(|e| io_err(op, self.addr, e))?;
         Ok((status[0], v))
     }
+
+    fn request(&self, op: u8, key: &str) -> Vec<u8> {
+        let key = format!("{}{key}", self.prefix);
+        let mut r = vec![op];
+        r.extend_from_slice(&(key.len() as u32).to_le_bytes());
+        r.extend_from_slice(key.as_bytes());
+        r
+    }
 }
 
-fn request(op: u8, key: &str) -> Vec<u8> {
-    let mut r = vec![op];
-    r.extend_from_slice(&(key.len() as u32).to_le_bytes());
-    r.extend_from_slice(key.as_bytes());
-    r
+/// How long past its own wait a reply may take (a busy server, a slow network) before the
+/// client gives up; the store's timeout when shorter.
+const REPLY_MARGIN: Duration = Duration::from_secs(5);
+
+fn resolve(host: &str, port: u16) -> Result<SocketAddr> {
+    (host, port)
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut a| a.next())
+        .ok_or_else(|| {
+            store_err(
+                "connect",
+                format!("cannot resolve MASTER_ADDR {host:?} (port {port})"),
+            )
+        })
 }
 
 fn connect(addr: SocketAddr, timeout: Duration) -> Result<TcpStream> {
@@ -210,16 +305,25 @@ fn read_bytes(r: &mut impl Read) -> std::io::Result<Vec<u8>> {
     Ok(v)
 }
 
-fn serve(addr: SocketAddr) -> Result<Server> {
+fn listen(addr: SocketAddr) -> Result<Server> {
     let listener = TcpListener::bind(addr).map_err(|e| {
         store_err(
             "serve",
-            format!("cannot listen on {addr} (MASTER_ADDR:MASTER_PORT): {e}"),
+            format!(
+                "the server socket has failed to listen on {addr} (MASTER_PORT {}): {e}",
+                addr.port()
+            ),
         )
     })?;
-    let bound = listener
+    let listen = listener
         .local_addr()
         .map_err(|e| io_err("serve", addr, e))?;
+    let addr = match listen.ip() {
+        ip if ip.is_unspecified() => {
+            SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), listen.port())
+        }
+        _ => listen,
+    };
     let stop = Arc::new(AtomicBool::new(false));
     let map: Map = Arc::new((Mutex::new(HashMap::new()), Condvar::new()));
     let flag = stop.clone();
@@ -240,7 +344,7 @@ fn serve(addr: SocketAddr) -> Result<Server> {
             }
         })
         .map_err(|e| store_err("serve", format!("cannot start the store's thread: {e}")))?;
-    Ok(Server { addr: bound, stop })
+    Ok(Server { listen, addr, stop })
 }
 
 /// Serves one client until it disconnects.
@@ -287,6 +391,15 @@ fn handle(mut conn: TcpStream, map: &Map) -> std::io::Result<()> {
                         .unwrap_or_else(PoisonError::into_inner)
                         .0;
                 }
+            }
+            OP_CHECK => {
+                let g = lock.lock().unwrap_or_else(PoisonError::into_inner);
+                let status = if g.contains_key(&key) {
+                    STATUS_OK
+                } else {
+                    STATUS_TIMEOUT
+                };
+                (status, Vec::new())
             }
             OP_ADD => {
                 let mut d = [0u8; 8];

@@ -182,7 +182,7 @@ pub fn run_ranks_with(opts: &RunRanks) -> Result<RanksOutcome, String> {
             Ok(Some(s)) => break Some(s),
             Ok(None) if start.elapsed() > opts.timeout => {
                 timed_out = true;
-                crate::launch::terminate(&mut child, Duration::from_secs(3));
+                crate::launch::terminate_all([&mut child], Duration::from_secs(3));
                 break child.wait().ok();
             }
             Ok(None) => std::thread::sleep(Duration::from_millis(20)),

@@ -129,6 +129,7 @@ fn a_rank_that_skips_a_collective_makes_the_other_time_out() {
             // Skips the collective, and stays until rank 0 has given up (the job ends when
             // rank 0 exits, its broken group never finalized).
             std::thread::sleep(Duration::from_secs(30));
+            // not a skip: rank 1's part is to do nothing.
             return Ok(());
         }
         let t = Tensor::ones([4], ())?;

@@ -1,10 +1,13 @@
 //! Process groups over the `nccl` backend: 2 and 3 ranks as threads of one process, each on
 //! its emulated device (Note [Explicit groups]; the emulator's NCCL meets within one
 //! process), every collective against a naive reference in f64, the async forms, a timeout,
-//! bad input, world size 1, and DDP over an nccl group against one process.
+//! bad input, world size 1 with its failure paths, and DDP over an nccl group against one
+//! process.
 //!
-//! Under `EMBER_GPU_TEST=1` only the world-size-1 test runs, on the real `cuda:0` (the
-//! others need several devices in one process and say they are skipped).
+//! Under `EMBER_GPU_TEST=1` the ranks are on the real GPUs, one each: world size 1 and its
+//! failure paths run on a one-GPU machine; a test of N ranks needs N GPUs and, with fewer,
+//! skips and says so (Note [Skipped tests]). The wording of an aborted clique's error is
+//! the emulator's and is checked there only.
 #![allow(clippy::unwrap_used)]
 
 use std::sync::Arc;
@@ -20,7 +23,7 @@ use ember_parallel::group::{Backend, InitMethod, InitOptions, ProcessGroup, Redu
 use ember_parallel::store::TcpStore;
 use ember_parallel::{DdpOptions, DistributedDataParallel};
 use ember_tensor::{DType, Device};
-use ember_testing::{prepare, real_gpu_requested};
+use ember_testing::{prepare, real_gpu_requested, skip, skip_part};
 
 const DEVICES: usize = 3;
 const OPS: [ReduceOp; 5] = [
@@ -31,20 +34,29 @@ const OPS: [ReduceOp; 5] = [
     ReduceOp::Product,
 ];
 
-/// Installs the 3-device emulator; `false` (with a note) under `EMBER_GPU_TEST=1`, where
-/// the multi-rank tests do not run.
-fn emulated(test: &str) -> bool {
+/// Makes the devices of `world` ranks ready, `cuda:0` to `cuda:{world - 1}`: the 3-device
+/// emulator, or under `EMBER_GPU_TEST=1` the real GPUs (a missing GPU fails the test, as
+/// `ember_testing::prepare` has it). `Err(why)` when the machine has fewer real GPUs than
+/// ranks: the test skips.
+fn devices_for(world: usize) -> Result<(), String> {
     if real_gpu_requested() {
-        eprintln!("skipped: {test}: several ranks of one process need the emulator's NCCL");
-        return false;
+        prepare(Device::Cuda(0)).unwrap();
+        let n = cuda::device_count();
+        if n < world {
+            return Err(format!(
+                "{world} ranks need {world} CUDA devices, one each; this machine has {n} (the \
+                 emulated passes run it on the emulator's {DEVICES})"
+            ));
+        }
+        return Ok(());
     }
     if let Err(e) = cuda::use_emulator(EmulatorConfig::devices(DEVICES)) {
         assert!(
             cuda::is_emulated() && cuda::device_count() >= DEVICES,
-            "{test} needs {DEVICES} emulated devices: {e}"
+            "{world} ranks need {DEVICES} emulated devices: {e}"
         );
     }
-    true
+    Ok(())
 }
 
 fn opts(rank: usize, world: usize, store: Arc<TcpStore>, timeout: Duration) -> InitOptions {
@@ -230,22 +242,24 @@ fn every_collective(world: usize) {
 
 #[test]
 fn every_collective_on_two_ranks() {
-    if emulated("every_collective_on_two_ranks") {
-        every_collective(2);
+    if let Err(why) = devices_for(2) {
+        skip!("{why}");
     }
+    every_collective(2);
 }
 
 #[test]
 fn every_collective_on_three_ranks() {
-    if emulated("every_collective_on_three_ranks") {
-        every_collective(3);
+    if let Err(why) = devices_for(3) {
+        skip!("{why}");
     }
+    every_collective(3);
 }
 
 #[test]
 fn async_forms_complete_in_issue_order() {
-    if !emulated("async_forms_complete_in_issue_order") {
-        return;
+    if let Err(why) = devices_for(3) {
+        skip!("{why}");
     }
     let world = 3;
     ranks(world, Duration::from_secs(60), move |pg| {
@@ -296,8 +310,8 @@ fn async_forms_complete_in_issue_order() {
 
 #[test]
 fn a_rank_that_skips_a_collective_times_the_other_out() {
-    if !emulated("a_rank_that_skips_a_collective_times_the_other_out") {
-        return;
+    if let Err(why) = devices_for(2) {
+        skip!("{why}");
     }
     // Rank 0's timeout aborts its communicator (ncclCommAbort), which wakes its
     // communication thread (waiting in the emulator's NCCL for rank 1) and makes the
@@ -353,11 +367,14 @@ fn a_rank_that_skips_a_collective_times_the_other_out() {
     assert_eq!(destroyed, Ok(()));
     let (kind, msg, broken, _, destroyed) = out[1].clone();
     assert_eq!(kind, ErrorKind::Distributed);
-    assert!(
-        msg.contains("rank 1: nccl:barrier")
-            && msg.contains("communicator of rank 0 of this clique was aborted"),
-        "{msg}"
-    );
+    assert!(msg.contains("rank 1: nccl:barrier"), "{msg}");
+    if cuda::is_emulated() {
+        // The emulator's words for a clique one of whose communicators was aborted.
+        assert!(
+            msg.contains("communicator of rank 0 of this clique was aborted"),
+            "{msg}"
+        );
+    }
     assert!(broken);
     assert_eq!(destroyed, Ok(()));
     assert!(
@@ -369,8 +386,8 @@ fn a_rank_that_skips_a_collective_times_the_other_out() {
 
 #[test]
 fn mismatched_inputs_fail_on_every_rank() {
-    if !emulated("mismatched_inputs_fail_on_every_rank") {
-        return;
+    if let Err(why) = devices_for(2) {
+        skip!("{why}");
     }
     let out = ranks(2, Duration::from_secs(60), |pg| {
         let t = Tensor::zeros([3 + pg.rank()], (&Device::Cuda(pg.rank()), DType::F32)).unwrap();
@@ -391,8 +408,8 @@ fn mismatched_inputs_fail_on_every_rank() {
 
 #[test]
 fn cpu_tensors_and_other_devices_are_named_errors() {
-    if !emulated("cpu_tensors_and_other_devices_are_named_errors") {
-        return;
+    if let Err(why) = devices_for(3) {
+        skip!("{why}");
     }
     let out = ranks(2, Duration::from_secs(60), |pg| {
         let cpu = Tensor::zeros([2], (&Device::Cpu, DType::F32)).unwrap();
@@ -419,17 +436,9 @@ fn cpu_tensors_and_other_devices_are_named_errors() {
     }
 }
 
-/// World size 1 on `cuda:0` (the real GPU under `EMBER_GPU_TEST=1`): every collective, no
-/// store needed.
-#[test]
-fn world_size_one_runs_every_collective() {
-    let dev = if real_gpu_requested() {
-        prepare(Device::Cuda(0)).unwrap()
-    } else {
-        assert!(emulated("world_size_one_runs_every_collective"));
-        Device::Cuda(0)
-    };
-    let pg = ProcessGroup::new(
+/// A group of world size 1 on `cuda:{device}`, with no store.
+fn group_of_one(device: usize) -> ember_autograd::Result<ProcessGroup> {
+    ProcessGroup::new(
         InitOptions::new(
             Backend::Nccl,
             InitMethod::Explicit {
@@ -437,9 +446,17 @@ fn world_size_one_runs_every_collective() {
                 world_size: 1,
             },
         )
-        .with_device(0),
+        .with_device(device),
     )
-    .unwrap();
+}
+
+/// World size 1 on `cuda:0` (the real GPU under `EMBER_GPU_TEST=1`): every collective, no
+/// store needed.
+#[test]
+fn world_size_one_runs_every_collective() {
+    devices_for(1).unwrap();
+    let dev = Device::Cuda(0);
+    let pg = group_of_one(0).unwrap();
     for dtype in [DType::F32, DType::F16, DType::I32] {
         for op in OPS {
             let t = tensor(&data(0, 7), &[7], dtype, dev);
@@ -468,6 +485,82 @@ fn world_size_one_runs_every_collective() {
     }
     pg.barrier().unwrap();
     pg.destroy().unwrap();
+}
+
+/// The failure paths of one rank on `cuda:0` (the real GPU under `EMBER_GPU_TEST=1`): each
+/// bad argument, sync or async, is an error naming what was expected and what was found,
+/// and the group stays usable after it; a tensor on another device needs a second one.
+#[test]
+fn world_size_one_names_bad_arguments_and_stays_usable() {
+    devices_for(1).unwrap();
+    let dev = Device::Cuda(0);
+    let pg = group_of_one(0).unwrap();
+    let t = tensor(&data(0, 4), &[4], DType::F32, dev);
+    let zeros = |n: usize, dtype: DType, d: Device| Tensor::zeros([n], (&d, dtype)).unwrap();
+    let check = |r: ember_autograd::Result<()>, kind: ErrorKind, parts: &[&str]| {
+        let e = r.unwrap_err();
+        let msg = e.to_string();
+        assert_eq!(e.kind(), kind, "{msg}");
+        for p in parts {
+            assert!(msg.contains(p), "{p:?} not in {msg:?}");
+        }
+    };
+    check(
+        pg.all_reduce(&zeros(2, DType::F32, Device::Cpu), ReduceOp::Sum),
+        ErrorKind::DeviceMismatch,
+        &["rank 0: nccl:all_reduce", "found a tensor on cpu"],
+    );
+    check(
+        pg.broadcast(&t, 1),
+        ErrorKind::InvalidArgument,
+        &["nccl:broadcast", "src 1 is not a rank of a group of world size 1"],
+    );
+    check(
+        pg.broadcast_async(&t, 3).map(drop),
+        ErrorKind::InvalidArgument,
+        &["src 3 is not a rank"],
+    );
+    check(
+        pg.all_gather(&[zeros(4, DType::F32, dev), zeros(4, DType::F32, dev)], &t),
+        ErrorKind::InvalidArgument,
+        &["nccl:all_gather", "expected 1 outputs (one per rank), but found 2"],
+    );
+    check(
+        pg.all_gather(&[zeros(5, DType::F32, dev)], &t),
+        ErrorKind::Shape,
+        &["nccl:all_gather", "outputs[0] is", "[5]", "but expected"],
+    );
+    check(
+        pg.reduce_scatter(&t, &[zeros(4, DType::F16, dev)], ReduceOp::Sum),
+        ErrorKind::Shape,
+        &["nccl:reduce_scatter", "inputs[0] is", "float16"],
+    );
+    if cuda::device_count() >= 2 {
+        let other = zeros(2, DType::F32, Device::Cuda(1));
+        check(
+            pg.broadcast(&other, 0),
+            ErrorKind::DeviceMismatch,
+            &["communicator is on cuda:0, but found a tensor on cuda:1"],
+        );
+    } else {
+        skip_part("a tensor on cuda:1 needs a second CUDA device; this machine has 1");
+    }
+    // Nothing was enqueued by the refused calls: the group works on.
+    pg.all_reduce(&t, ReduceOp::Sum).unwrap();
+    assert_close(&values(&t), &data(0, 4), DType::F32, "after the errors");
+    pg.barrier().unwrap();
+    pg.destroy().unwrap();
+}
+
+/// A group asked for on a CUDA device the machine lacks is an error naming the device,
+/// not a panic or a hang.
+#[test]
+fn a_group_on_a_missing_device_is_a_named_error() {
+    devices_for(1).unwrap();
+    let n = cuda::device_count();
+    let e = group_of_one(n).unwrap_err();
+    let msg = e.to_string();
+    assert!(msg.contains(&format!("cuda:{n}")) || msg.contains(&n.to_string()), "{msg}");
 }
 
 // --- DDP over an nccl group ------------------------------------------------------------------
@@ -532,8 +625,8 @@ fn params(m: &dyn Module) -> Vec<Vec<f64>> {
 /// on the global batch of 2B.
 #[test]
 fn ddp_over_an_nccl_group_equals_one_process() {
-    if !emulated("ddp_over_an_nccl_group_equals_one_process") {
-        return;
+    if let Err(why) = devices_for(2) {
+        skip!("{why}");
     }
     let world = 2;
     // The models are made here, one after another (the generator is the process's): rank

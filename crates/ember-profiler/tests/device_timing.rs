@@ -25,8 +25,7 @@ fn profiled_cuda_steps_under_cupti_make_no_events() {
     if !activity_api_usable() {
         // Only on a GPU without a usable CUPTI; the emulator always has its own.
         assert!(!ember_device::cuda::is_emulated());
-        eprintln!("skipped: CUPTI cannot record here; events time the launches");
-        return;
+        ember_testing::skip!("CUPTI cannot record here; events time the launches");
     }
     let before = event_calls();
     let mut prof = profile(ProfileOptions::new().activities(both())).unwrap();
@@ -82,8 +81,7 @@ fn profiled_cuda_steps_reuse_their_timing_events() {
     let _serial = serial();
     let dev = ember_testing::prepare(Device::Cuda(0)).unwrap();
     if !ember_device::cuda::is_emulated() {
-        eprintln!("skipped: the event counts are the emulator's (a real GPU is the driver)");
-        return;
+        ember_testing::skip!("the event counts are the emulator's (a real GPU is the driver)");
     }
     let model = Model::new(&dev).unwrap();
     let mut opt = Adam::new(model.params(), AdamOptions::default()).unwrap();

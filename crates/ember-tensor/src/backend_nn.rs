@@ -95,8 +95,8 @@ impl Storage {
     }
 
     /// The input gradient `[N, C, H, W]` of conv2d from the output gradient (`self`) and
-    /// the weight, where the backend has a kernel for it (CUDA with cuDNN); `None` tells
-    /// the front to compose it from primitives (`ops/conv_grad.rs`).
+    /// the weight, where the backend has a kernel for it (the CPU, CUDA with cuDNN); `None`
+    /// tells the front to compose it from primitives (`ops/conv_grad.rs`).
     pub(crate) fn conv2d_backward_data(
         &self,
         ly: &Layout,
@@ -106,7 +106,9 @@ impl Storage {
         p: &Conv2dParams,
     ) -> Result<Option<Storage>> {
         match (self, w) {
-            (Storage::Cpu(_), Storage::Cpu(_)) => Ok(None),
+            (Storage::Cpu(dy), Storage::Cpu(w)) => Ok(Some(Storage::Cpu(
+                cpu::conv::conv2d_backward_data(dy, ly, w, lw, x_dims, p)?,
+            ))),
             (Storage::Cuda(dy), Storage::Cuda(w)) => {
                 Ok(cuda::conv2d_backward_data(dy, ly, w, lw, x_dims, p)?.map(Storage::Cuda))
             }
@@ -125,7 +127,9 @@ impl Storage {
         p: &Conv2dParams,
     ) -> Result<Option<Storage>> {
         match (self, x) {
-            (Storage::Cpu(_), Storage::Cpu(_)) => Ok(None),
+            (Storage::Cpu(dy), Storage::Cpu(x)) => Ok(Some(Storage::Cpu(
+                cpu::conv::conv2d_backward_filter(dy, ly, x, lx, w_dims, p)?,
+            ))),
             (Storage::Cuda(dy), Storage::Cuda(x)) => {
                 Ok(cuda::conv2d_backward_filter(dy, ly, x, lx, w_dims, p)?.map(Storage::Cuda))
             }

@@ -1,5 +1,8 @@
 //! `torch.backends`: process-wide switches of the libraries behind the CUDA backend, beside
-//! `precision.rs`'s `set_float32_matmul_precision` (cuBLAS).
+//! `precision.rs`'s `set_float32_matmul_precision` (cuBLAS), and of oneDNN behind the CPU's
+//! convolutions ([`mkldnn`]).
+
+pub mod mkldnn;
 
 /// `torch.backends.cudnn`: whether convolutions on CUDA go through cuDNN, and how. See Note
 /// [Convolutions on cuDNN] (`crates/ember-tensor/src/cuda/cudnn.rs`).

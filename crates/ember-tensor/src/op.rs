@@ -26,7 +26,7 @@ pub(crate) enum UnaryKind {
 /// An elementwise unary op.
 pub(crate) trait UnaryOpT: Send + Sync + 'static {
     const NAME: &'static str;
-    /// The CUDA kernel's base name (read by the CUDA backend, issue 4).
+    /// The CUDA kernel's base name: `cuda/ops.rs` launches `{KERNEL}_{dtype}`.
     #[allow(dead_code)]
     const KERNEL: &'static str;
     const KIND: UnaryKind;
@@ -51,7 +51,7 @@ pub(crate) trait BinaryOpT: Send + Sync + 'static {
     const NAME: &'static str;
     /// The in-place form's name (`add_`), as the profiler shows it.
     const INPLACE_NAME: &'static str;
-    /// The CUDA kernel's base name (read by the CUDA backend, issue 4).
+    /// The CUDA kernel's base name: `cuda/ops.rs` launches `{KERNEL}_{dtype}`.
     #[allow(dead_code)]
     const KERNEL: &'static str;
     /// `false` if the op refuses bool inputs (PyTorch's "Subtraction, the `-` operator,

@@ -352,9 +352,9 @@ fn matmul_precision_switch_and_int_matmul() {
 #[test]
 fn memory_is_counted_on_the_device_and_devices_exchange_tensors() {
     setup();
-    let Some(one) = second_gpu("memory_is_counted_on_the_device_and_devices_exchange_tensors")
-    else {
-        return;
+    let one = match ember_testing::prepare(Device::Cuda(1)) {
+        Ok(d) => d,
+        Err(s) => ember_testing::skip!("{s}"),
     };
     let before = ember_memory::memory_allocated(one).unwrap();
     let t = Tensor::zeros([1024], one).unwrap();

@@ -16,8 +16,9 @@
 //!   compare with f64 references at f32 tolerances.
 //! - The one case that is skipped is a second device the machine does not have: `cuda:1`
 //!   under `EMBER_GPU_TEST=1` on a single-GPU machine. The test then prints
-//!   `skipped: <test> on cuda:1: ...` (on stderr, shown with `--nocapture`) and returns;
-//!   the emulated passes run the same body on the emulator's `cuda:1`.
+//!   `ember-skip: <test> on cuda:1 ...` (or, where only its `cuda:1` part is left out,
+//!   `ember-skip-part: ...`; Note [Skipped tests]) and returns; the emulated passes run the
+//!   same body on the emulator's `cuda:1`.
 //!
 //! A test binary that uses this module therefore has the emulator as its CUDA driver (a
 //! process chooses its driver once); a test that needs CUDA to be absent belongs in a binary
@@ -123,8 +124,8 @@ pub fn devices() -> Vec<Device> {
 }
 
 /// The devices of a test that needs two CUDA devices: `cpu`, `cuda:0` and `cuda:1`; `cuda:1`
-/// is left out (after a `skipped:` line on stderr naming `test`) on a machine with a single
-/// real GPU under `EMBER_GPU_TEST=1`.
+/// is left out (after an `ember-skip-part:` line naming `test`, Note [Skipped tests]) on a
+/// machine with a single real GPU under `EMBER_GPU_TEST=1`.
 ///
 /// # Panics
 ///
@@ -135,7 +136,7 @@ pub fn devices_with_two_gpus(test: &str) -> Vec<Device> {
         .filter_map(|d| match prepare(d) {
             Ok(d) => Some(d),
             Err(s) => {
-                eprintln!("skipped: {test} on {s}");
+                crate::skip_part(format_args!("{test} on {s}"));
                 None
             }
         })
@@ -163,7 +164,8 @@ impl<E: std::fmt::Display> TestOutcome for Result<(), E> {
 /// Runs one test body on `device`, as the functions [`test_device!`](crate::test_device)
 /// stamps do: makes the device ready ([`prepare`]), calls `body(&device)`, and panics naming
 /// the test and the device when the body returns an error. A device whose absence is
-/// allowed prints `skipped: <test> on <device>: <why>` on stderr and returns.
+/// allowed ends the test as skipped: `ember-skip: <test> on <device> ...` (Note [Skipped
+/// tests]).
 ///
 /// # Panics
 ///
@@ -172,10 +174,7 @@ impl<E: std::fmt::Display> TestOutcome for Result<(), E> {
 pub fn run_on<R: TestOutcome>(test: &str, device: Device, body: impl FnOnce(&Device) -> R) {
     let device = match prepare(device) {
         Ok(d) => d,
-        Err(s) => {
-            eprintln!("skipped: {test} on {s}");
-            return;
-        }
+        Err(s) => crate::skip!("{test} on {s}"),
     };
     if let Err(e) = body(&device).into_outcome() {
         panic!("{test} failed on {device}: {e}");

@@ -10,10 +10,13 @@
 //!   tolerances ([`Tolerance::for_dtype`]), tensors on any device or slices of floats, and a
 //!   message naming the first mismatching index, both values and the greatest absolute and
 //!   relative differences. [`Close`] sets the tolerance, NaN handling and a context line.
-//! - **References.** [`reference`](mod@reference): the ops as direct f64 loops (softmax,
+//! - **References.** [`reference`](mod@reference): the ops as direct f64 loops (attention, softmax,
 //!   reductions' max and min, conv2d, pooling, cross-entropy, matmul, erf and friends,
 //!   strided layouts), shared by the kernel tests and the tensor tests.
 //! - **Data.** [`Lcg`] and [`rand_vec`]: deterministic inputs without an RNG crate.
+//! - **Skips, said so.** [`skip!`] ends a test that cannot run here with an
+//!   `ember-skip: <reason>` line, so that a runner counts it as skipped, not passed
+//!   ([`skip_part`] for a part of a test); Note [Skipped tests] in `skip.rs`.
 //!
 //! ```
 //! use ember_tensor::{Device, Result, Tensor};
@@ -33,6 +36,7 @@ mod data;
 mod device;
 mod macros;
 pub mod reference;
+mod skip;
 
 pub use close::{
     Close, Comparable, Compared, Mismatch, Tolerance, assert_close, assert_close_tol, is_close,
@@ -43,6 +47,7 @@ pub use device::{
     real_gpu_requested, run_on,
 };
 pub use ember_tensor::Device;
+pub use skip::{SKIP_LINE, SKIP_PART_LINE, Skip, report_skip, skip_line, skip_part};
 
 #[doc(hidden)]
 pub use paste as __paste;

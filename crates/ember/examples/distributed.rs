@@ -11,10 +11,10 @@
 //!   Backend::Nccl, InitMethod::Env).with_device(local_rank))`: rank and world size from the
 //!   variables `ember launch` (torchrun) sets, the communicator on `cuda:LOCAL_RANK`. Where
 //!   NCCL cannot serve, the `mpi` backend takes its place, as in `ember train` (Note
-//!   [Distributed training]): on the CPU (where PyTorch would take `gloo`), and on the
-//!   emulator across processes (its NCCL joins the devices of one process only, so the
-//!   tests also run the ranks as threads of one process over `nccl`, Note [Explicit
-//!   groups]).
+//!   [Distributed training]): on the CPU (where PyTorch would take `gloo`). On emulated
+//!   GPUs the ranks meet over the emulator's NCCL, which joins separate processes (Note
+//!   [NCCL across processes]); the tests also run the ranks as threads of one process
+//!   (Note [Explicit groups]).
 //! - `MyModel().cuda(local_rank)` is `model.to(Device::Cuda(local_rank))`.
 //! - `DDP(model, device_ids=[local_rank])` is `DistributedDataParallel::new(model, &group,
 //!   DdpOptions::default())`: the module is already on the rank's one device, which is all
@@ -263,9 +263,7 @@ pub fn main() -> Result<(), Error> {
     let device = if cuda::is_available() { Device::Cuda(local_rank) } else { Device::Cpu };
     // Initialize distributed process group: backend='nccl' where NCCL can join the ranks'
     // devices, else `mpi` (see the header).
-    let nccl = device.is_cuda()
-        && !cuda::is_emulated()
-        && cuda::driver().and_then(|d| d.nccl_version()).is_ok();
+    let nccl = device.is_cuda() && cuda::driver().and_then(|d| d.nccl_version()).is_ok();
     let backend = if nccl { Backend::Nccl } else { Backend::Mpi };
     let mut opts = InitOptions::new(backend, InitMethod::Env);
     if let Device::Cuda(d) = device {

@@ -40,6 +40,9 @@ pub struct Checkpoint {
     pub epoch: usize,
     /// The model it holds.
     pub model: ModelKind,
+    /// The CNN's width (its first convolution's output channels, read from the weights);
+    /// [`super::DEFAULT_WIDTH`] for the MLP.
+    pub width: usize,
     /// The seed of the run that wrote it: of the split and the data order.
     pub seed: u64,
     /// The share of the digits held out for validation.
@@ -62,6 +65,27 @@ fn bad(path: &Path, msg: impl std::fmt::Display) -> Error {
         ErrorKind::StateDict,
         format!("ember train --resume {}: {msg}", path.display()),
     )
+}
+
+/// The checkpoint of `--resume`, or `None` with a note when `--resume` names the `--save`
+/// path and nothing is there yet: the first attempt of a job that `ember launch
+/// --max-restarts` may start again with the same command line (Note [Restarts] in
+/// ember-parallel's `launch`) starts from scratch, a restarted one continues.
+pub(super) fn resume_from(
+    resume: Option<&Path>,
+    save: Option<&Path>,
+) -> Result<(Option<Checkpoint>, Option<String>), Error> {
+    match resume {
+        Some(p) if save == Some(p) && !p.exists() => Ok((
+            None,
+            Some(format!(
+                "no checkpoint at {} yet: starting from scratch (--resume names the --save path)",
+                p.display()
+            )),
+        )),
+        Some(p) => Ok((Some(read_checkpoint(p)?), None)),
+        None => Ok((None, None)),
+    }
 }
 
 /// Reads the checkpoint at `path` (the whole file checked against its checksum) and its
@@ -142,9 +166,18 @@ pub fn read_checkpoint(path: &Path) -> Result<Checkpoint, Error> {
     }
     let rng = rng_states(path, &state)?;
     let (model_state, optimizer_state) = split_states(path, &state)?;
+    // The CNN's width is its first convolution's output channels.
+    let width = match model {
+        ModelKind::Mlp => super::DEFAULT_WIDTH,
+        ModelKind::Cnn => model_state
+            .get("0.weight")
+            .and_then(|w| w.dims().first().copied())
+            .ok_or_else(|| bad(path, "a cnn checkpoint without the tensor model.0.weight"))?,
+    };
     Ok(Checkpoint {
         epoch,
         model,
+        width,
         seed,
         val_fraction,
         amp,
@@ -223,7 +256,7 @@ impl Checkpoint {
     /// The model and optimizer it holds, built on `device` and loaded (without touching the
     /// random generators): what a resume would train on.
     pub fn restore(&self, device: Device) -> Result<(Sequential, Adam), Error> {
-        let model = build_model(self.model, device)?;
+        let model = build_model(self.model, self.width, device)?;
         let mut opt = Adam::new(model.parameters(), AdamOptions::default())?;
         model.load_state_dict(&self.model_state)?;
         opt.load_state_dict(&self.optimizer_state)?;

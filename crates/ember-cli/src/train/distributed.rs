@@ -11,10 +11,11 @@ use ember_parallel::{Backend, InitMethod, ProcessGroup};
 /// through a `DistributedSampler` seeded with the run's seed, and `--batch-size` kept as the
 /// global batch (each rank takes `batch_size / N`, so one step sees as many samples as one
 /// process's). With CUDA each rank takes `cuda:LOCAL_RANK` and the group runs on the `nccl`
-/// backend, the ranks meeting at `MASTER_ADDR:MASTER_PORT`; where NCCL cannot serve it (no
-/// NCCL library, the emulator, whose NCCL joins the devices of one process only, or ranks
+/// backend, the ranks meeting at `MASTER_ADDR:MASTER_PORT` (the emulator's NCCL joins ranks
+/// of separate processes too); where NCCL cannot serve it (no NCCL library, or ranks
 /// started by `mpirun` without torchrun's variables) the `mpi` backend stages the CUDA
-/// tensors through host memory, and `device_reason` says why. On the CPU the group is
+/// tensors through host memory, and `device_reason` says why. Under `ember launch
+/// --max-restarts`, `--save P --resume P` continues a restarted job from its last epoch. On the CPU the group is
 /// `mpi`. Every rank validates (their weights are equal); rank 0 alone writes the
 /// checkpoint, and the command line prints on rank 0 only. The summary's `world_size` says
 /// how many processes trained, and `device_reason` which backend joined them.
@@ -31,8 +32,6 @@ fn backend_for(device: Device, init: InitMethod) -> (Backend, Option<String>) {
     }
     let why = if init != InitMethod::Env {
         "the ranks were started by mpirun without RANK/WORLD_SIZE/MASTER_ADDR (start them with `ember launch`)".to_string()
-    } else if cuda::is_emulated() {
-        "the emulator's NCCL joins the devices of one process only".to_string()
     } else {
         match cuda::driver().and_then(|d| d.nccl_version()) {
             Ok(_) => return (Backend::Nccl, None),

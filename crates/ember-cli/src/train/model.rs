@@ -7,8 +7,9 @@ use ember_nn::{Error, Module};
 use super::ModelKind;
 
 /// Builds the model on `device` (initialised from the seeded CPU generator, then moved, as
-/// `model = Net().to(device)` does in PyTorch).
-pub fn build_model(kind: ModelKind, device: Device) -> Result<Sequential, Error> {
+/// `model = Net().to(device)` does in PyTorch); `width` is the CNN's first convolution's
+/// channels.
+pub fn build_model(kind: ModelKind, width: usize, device: Device) -> Result<Sequential, Error> {
     let m = match kind {
         ModelKind::Mlp => Sequential::new()
             .add(Linear::new(64, 128, ())?)
@@ -20,14 +21,14 @@ pub fn build_model(kind: ModelKind, device: Device) -> Result<Sequential, Error>
                 ..Default::default()
             };
             Sequential::new()
-                .add(Conv2d::with_config(1, 16, 3, same, ())?)
+                .add(Conv2d::with_config(1, width, 3, same, ())?)
                 .add(ReLU::new())
                 .add(MaxPool2d::new(2))
-                .add(Conv2d::with_config(16, 32, 3, same, ())?)
+                .add(Conv2d::with_config(width, 2 * width, 3, same, ())?)
                 .add(ReLU::new())
                 .add(MaxPool2d::new(2))
                 .add(Flatten::new())
-                .add(Linear::new(32 * 2 * 2, 10, ())?)
+                .add(Linear::new(2 * width * 2 * 2, 10, ())?)
         }
     };
     m.to(device)?;

@@ -29,6 +29,8 @@ pub(super) struct Run {
     loss_fn: CrossEntropyLoss,
     device: Device,
     amp: Option<AmpDtype>,
+    /// The cnn's width (its first convolution's channels).
+    pub(super) width: usize,
     /// Ranks training together (1 alone).
     pub(super) world: usize,
     /// The first epoch this run trains (0, or the checkpoint's when resuming).
@@ -46,10 +48,11 @@ impl Run {
     /// and a scaler enabled for f16 only (f32 and bf16 get a disabled one, a pass-through).
     pub(super) fn build(
         cfg: &TrainConfig,
+        width: usize,
         device: Device,
         dist: Option<&Distributed>,
     ) -> Result<Run, Error> {
-        let model = Arc::new(build_model(cfg.model, device)?);
+        let model = Arc::new(build_model(cfg.model, width, device)?);
         let ddp = match dist {
             Some(d) => Some(DistributedDataParallel::new(
                 model.clone(),
@@ -74,6 +77,7 @@ impl Run {
             loss_fn: CrossEntropyLoss::new(),
             device,
             amp: cfg.amp,
+            width,
             world: dist.map_or(1, |d| d.group.world_size()),
             start_epoch: 0,
         })

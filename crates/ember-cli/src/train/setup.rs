@@ -5,7 +5,7 @@ use std::path::Path;
 
 use ember_nn::{Error, NnError};
 
-use super::{AmpDtype, Checkpoint, DEFAULT_SEED, TrainConfig};
+use super::{AmpDtype, Checkpoint, DEFAULT_SEED, DEFAULT_WIDTH, ModelKind, TrainConfig};
 
 /// A float as a person reads it: `0.002`, `1e300` (not 301 digits), `NaN`, `inf`.
 pub fn show(x: f64) -> String {
@@ -138,6 +138,26 @@ pub(super) fn seed(cfg: &TrainConfig, ckpt: Option<&Checkpoint>) -> Result<u64, 
         (Some(c), _) => Ok(c.seed),
         (None, s) => Ok(s.unwrap_or(DEFAULT_SEED)),
     }
+}
+
+/// The cnn's width: the checkpoint's when resuming (another `--width` is an error), else
+/// `--width` or [`DEFAULT_WIDTH`], at least 1.
+pub(super) fn width(cfg: &TrainConfig, ckpt: Option<&Checkpoint>) -> Result<usize, Error> {
+    let w = match (ckpt, cfg.width) {
+        (Some(c), Some(w)) if cfg.model == ModelKind::Cnn && w != c.width => {
+            return Err(invalid(format!(
+                "{} holds a cnn of width {}, but --width {w} was asked for",
+                resume_path(cfg),
+                c.width
+            )));
+        }
+        (Some(c), _) => c.width,
+        (None, w) => w.unwrap_or(DEFAULT_WIDTH),
+    };
+    if w == 0 {
+        return Err(invalid("expected --width of at least 1, found 0".to_string()));
+    }
+    Ok(w)
 }
 
 /// A checkpoint fits the run: the same model, split and precision, and epochs left to do.

@@ -13,7 +13,8 @@
 //! algorithm, alpha/beta and the buffers with a workspace) runs one
 //! ([`super::Driver::conv`]). Choosing among the algorithms (benchmark mode, determinism,
 //! what the workspace allocation allows) and caching the choice is the caller's business
-//! (`ember-tensor`'s CUDA backend): the seam stays one or two library calls per method.
+//! (`ember-tensor`'s CUDA backend). Behind the seam, the real driver's graph API keeps
+//! state of its own: the plans it makes per problem, cached, and which of them a run takes.
 //!
 //! Roles are fixed by the forward computation whatever the direction: `x` is the input
 //! `[n, c, h, w]`, `w` the filter `[k, c / groups, r, s]` (always packed), `y` the output

@@ -10,7 +10,11 @@
 //! `nccl.rs`). Two implementations exist:
 //!
 //! - [`real::RealDriver`]: cudarc's driver API with dynamic loading, over raw device
-//!   pointers. It is thin: each method is one or two checked driver calls.
+//!   pointers. Most methods are one or two checked driver calls; the library calls keep
+//!   state of their own: cuBLAS and cuDNN handles per device, NCCL communicators, CUPTI's
+//!   buffers, and for convolutions cuDNN's graph API with a plan cache and the rules that
+//!   choose which plans are made and which one runs (Note [cuDNN's graph API] in
+//!   `real/cudnn_graph.rs`).
 //! - [`emulator::Emulator`]: host memory behind tagged device addresses that are not
 //!   dereferenceable on the host (see Note [Tagged device addresses] in that module), streams,
 //!   events with wall-clock timing, several devices with configurable properties.
@@ -23,12 +27,14 @@
 //! ([`StreamHandle::DEFAULT`]) is each device's default (legacy) stream.
 
 mod activity;
+pub(crate) mod blas_handles;
 mod conv;
 pub mod emulator;
 mod nccl;
 pub mod real;
 
 pub use activity::{ActivityKind, ActivityRecord};
+pub use blas_handles::workspace_size;
 pub use conv::{
     ConvAlgoPerf, ConvBuffers, ConvDesc, ConvDirection, ConvProblem, ConvSearch, MAX_ALIGN,
     byte_alignment,

@@ -1,15 +1,18 @@
 //! [`RealDriver`]: the [`Driver`] seam on NVIDIA's driver through cudarc's raw bindings,
-//! loaded at run time (see `docs/cuda-without-gpu.md`); cuDNN convolutions in `real/cudnn.rs`.
+//! loaded at run time (see `docs/cuda-without-gpu.md`); cuDNN convolutions in `real/cudnn.rs`
+//! (the legacy API) and `real/cudnn_graph.rs` (the graph API, with its plan cache).
 //!
-//! Thin on purpose: every method makes the device's primary context current and issues one
-//! or two checked driver calls. Handles are the driver's own pointers as `u64`, kept in tables
-//! so that unknown or destroyed handles are [`DeviceError::InvalidHandle`] rather than
-//! undefined behaviour. [`StreamHandle::DEFAULT`] is the legacy null stream of the device the
+//! The driver API methods make the device's primary context current and issue one or two
+//! checked driver calls; the library calls keep state of their own (cuBLAS handles per
+//! device here, cuDNN's handles and graph plans, NCCL communicators, CUPTI's buffers in
+//! their modules). Handles are the driver's own pointers as `u64`, kept in tables so that
+//! unknown or destroyed handles are [`DeviceError::InvalidHandle`] rather than undefined
+//! behaviour. [`StreamHandle::DEFAULT`] is the legacy null stream of the device the
 //! operation names (the pointer's device for copies and memset, via
 //! `CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL`); stream-only calls on it cover every device.
 //! Primary contexts are retained at probe and never released: the driver is process-global.
-//! None of this can run on the development machines (no GPU); only [`RealDriver::probe`] is
-//! exercised there.
+//! Without a GPU only [`RealDriver::probe`] and the parts that are plain data (cuDNN's graph
+//! as data and its plan rules, CUPTI's record layouts) are exercised.
 
 use std::collections::HashMap;
 use std::ffi::{c_int, c_longlong, c_void};
@@ -53,8 +56,6 @@ struct Tables {
     modules: HashMap<u64, usize>,
     /// function → device
     functions: HashMap<u64, usize>,
-    /// device → cuBLAS handle
-    cublas: HashMap<usize, u64>,
     /// device → cuDNN handle, or why cuDNN cannot be used (probed once per device)
     cudnn: HashMap<usize, std::result::Result<u64, String>>,
     /// NCCL communicator → (device, rank, ranks)
@@ -71,6 +72,9 @@ pub struct RealDriver {
     /// Held across a cuDNN call and the `cudnnSetStream` before it: a handle serves one
     /// call at a time. It keeps the graph API's plans (Note [cuDNN's graph API]).
     cudnn_calls: Mutex<cudnn_graph::PlanCache>,
+    /// cuBLAS handles per (device, thread) and workspaces per (handle, stream): (device,
+    /// address, bytes). Note [cuBLAS handles].
+    blas: crate::driver::blas_handles::BlasHandles<(usize, DevicePtr, usize)>,
 }
 
 impl RealDriver {
@@ -139,6 +143,7 @@ impl RealDriver {
             devices,
             tables: Mutex::new(Tables::default()),
             cudnn_calls: Mutex::new(cudnn_graph::PlanCache::default()),
+            blas: Default::default(),
         })
     }
 
@@ -222,10 +227,14 @@ impl RealDriver {
         Ok(value)
     }
 
+    /// The calling thread's cuBLAS handle on `device` (Note [cuBLAS handles]).
     fn cublas(&self, device: usize) -> Result<cublas_sys::cublasHandle_t> {
-        if let Some(&h) = self.tables().cublas.get(&device) {
-            return Ok(h as cublas_sys::cublasHandle_t);
-        }
+        self.blas
+            .handle(device, || self.create_cublas(device))
+            .map(|h| h as cublas_sys::cublasHandle_t)
+    }
+
+    fn create_cublas(&self, device: usize) -> Result<u64> {
         self.bind(device)?;
         // SAFETY: only checks whether the library can be loaded.
         if !unsafe { cublas_sys::is_culib_present() } {
@@ -255,8 +264,43 @@ impl RealDriver {
                 ),
             });
         }
-        self.tables().cublas.insert(device, handle as u64);
-        Ok(handle)
+        Ok(handle as u64)
+    }
+
+    /// The workspace of `handle` on `stream` of `device`: (device, address, bytes),
+    /// allocated on first use with PyTorch's size (Note [cuBLAS handles]).
+    fn cublas_workspace(
+        &self,
+        device: usize,
+        handle: cublas_sys::cublasHandle_t,
+        stream: StreamHandle,
+    ) -> Result<(usize, DevicePtr, usize)> {
+        self.blas.workspace(handle as u64, stream, || {
+            let dev = self.bind(device)?;
+            let major = self.attribute(
+                dev,
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+            )?;
+            let config = std::env::var("CUBLAS_WORKSPACE_CONFIG").ok();
+            let bytes = crate::driver::workspace_size(config.as_deref(), major);
+            let mut ptr: sys::CUdeviceptr = 0;
+            // SAFETY: the out-pointer is a valid local; the device's context is current.
+            check("cuMemAlloc", unsafe { sys::cuMemAlloc_v2(&mut ptr, bytes) })?;
+            Ok((device, DevicePtr(ptr), bytes))
+        })
+    }
+
+    /// Frees the cuBLAS workspaces of a stream being destroyed.
+    fn free_cublas_workspaces(&self, stream: StreamHandle) {
+        for (device, ptr, _) in self.blas.release_stream(stream) {
+            if self.bind(device).is_ok() {
+                // SAFETY: `ptr` came from cuMemAlloc in `cublas_workspace` and left the
+                // table above, so nothing uses it again; the stream's work is done (the
+                // stream is being destroyed after its caller synchronised it, or cuMemFree
+                // waits for the device).
+                let _ = unsafe { sys::cuMemFree_v2(ptr.0) };
+            }
+        }
     }
 }
 

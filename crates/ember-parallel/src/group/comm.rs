@@ -266,7 +266,22 @@ fn duration_ns(t: Duration) -> u64 {
 impl Shared {
     /// Starts the communication thread; `make` builds the backend on it (MPI is
     /// initialized on the thread that calls it) and reports this rank and the world size.
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
     pub(crate) fn start<F>(opts: &InitOptions, make: F) -> Result<Arc<Shared>>
+    where
+        F: FnOnce() -> Result<Box<dyn Engine>> + Send + 'static,
+    {
+        Shared::start_within(opts, make, None)
+    }
+
+    /// [`Shared::start`], giving up on `make` at `init.0` with the error `init.1` makes
+    /// (NCCL's init blocks until every rank joined). The thread is then left to end with
+    /// the process: nothing can interrupt a blocked `ncclCommInitRank`.
+    pub(crate) fn start_within<F>(
+        opts: &InitOptions,
+        make: F,
+        init: Option<(Instant, &dyn Fn() -> ember_autograd::Error)>,
+    ) -> Result<Arc<Shared>>
     where
         F: FnOnce() -> Result<Box<dyn Engine>> + Send + 'static,
     {
@@ -322,9 +337,30 @@ impl Shared {
                     format!("cannot start the communication thread: {e}"),
                 )
             })?;
-        let ((rank, world_size), device, direct, abort) = match ready_rx.recv() {
+        let ready = match init {
+            None => ready_rx.recv().map_err(|_| false),
+            Some((deadline, _)) => ready_rx
+                .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+                .map_err(|e| e == mpsc::RecvTimeoutError::Timeout),
+        };
+        let ((rank, world_size), device, direct, abort) = match ready {
             Ok(r) => r?,
-            Err(_) => {
+            Err(true) => {
+                // The thread stays blocked in the backend's init; it is not joined.
+                let late = init.map(|(_, late)| late);
+                return Err(late.map_or_else(
+                    || {
+                        dist_error(
+                            ErrorKind::Distributed,
+                            None,
+                            "init_process_group",
+                            "the backend's initialization timed out",
+                        )
+                    },
+                    |late| late(),
+                ));
+            }
+            Err(false) => {
                 let _ = thread.join();
                 return Err(dist_error(
                     ErrorKind::Distributed,
@@ -366,6 +402,13 @@ impl Shared {
 
     pub(crate) fn broken(&self) -> Option<String> {
         lock(&self.broken).clone()
+    }
+
+    /// Marks the group broken for `why` and shuts it down (aborting the backend's
+    /// communicator): for a group whose rendezvous failed after the backend started.
+    pub(crate) fn abandon(&self, why: &str) {
+        lock(&self.broken).get_or_insert_with(|| why.to_string());
+        let _ = self.shutdown();
     }
 
     fn error(&self, kind: ErrorKind, op: &str, msg: impl Into<String>) -> ember_autograd::Error {

@@ -109,6 +109,7 @@ mod meta;
 #[cfg(feature = "mpi")]
 mod mpi;
 mod nccl;
+mod nccl_init;
 
 use std::str::FromStr;
 use std::sync::{Arc, Mutex};
@@ -125,6 +126,9 @@ pub(crate) use comm::Direct;
 pub use comm::Work;
 pub(crate) use comm::{Abort, Collective, Engine, EngineError, RunCtx, poll_until};
 pub use nccl::UNIQUE_ID_KEY;
+pub use nccl_init::{
+    AGENT_STORE_ENV, RESTART_COUNT_ENV, agent_store, attempt_prefix, rendezvous_until_id,
+};
 
 /// Which library runs a group's collectives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -318,8 +322,17 @@ pub fn init_process_group_with(opts: InitOptions) -> Result<ProcessGroup> {
 fn new_group(opts: &InitOptions) -> Result<ProcessGroup> {
     match opts.backend {
         Backend::Nccl => {
-            let setup = nccl::NcclSetup::resolve(opts)?;
-            let shared = comm::Shared::start(opts, nccl::NcclEngine::start(setup))?;
+            let joining = nccl_init::Joining::meet(nccl::NcclSetup::resolve(opts)?)?;
+            let late = || joining.init_late();
+            let shared = comm::Shared::start_within(
+                opts,
+                nccl::NcclEngine::start(&joining),
+                Some((joining.deadline, &late)),
+            )?;
+            if let Err(e) = joining.first_barrier() {
+                shared.abandon("the rendezvous after ncclCommInitRank failed");
+                return Err(e);
+            }
             Ok(ProcessGroup { shared })
         }
         #[cfg(feature = "mpi")]

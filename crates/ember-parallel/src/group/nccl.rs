@@ -4,14 +4,20 @@
 //! communication thread]).
 //!
 //! Note [NCCL rendezvous]: rank 0 makes the clique's id (`ncclGetUniqueId`) and sets it in
-//! the [`TcpStore`] under [`UNIQUE_ID_KEY`]; the other ranks get it (waiting at most the
-//! group's timeout), and every rank joins with `ncclCommInitRank` on its device. As in
-//! PyTorch, rank 0 serves the store on `MASTER_ADDR:MASTER_PORT` and every rank is a client;
-//! a store handed in with [`InitOptions::with_store`](super::InitOptions::with_store) is used
-//! as it is (one store per group: the key is fixed). The engine keeps the store for the
-//! group's life, so rank 0 serves it until every rank has read the id. A world of one needs
-//! no store. The id is not exchanged through MPI: with [`InitMethod::Mpi`] the backend says
-//! to start the ranks with `ember launch` (or torchrun) instead.
+//! the [`TcpStore`] under [`UNIQUE_ID_KEY`]; the other ranks get it, and every rank joins
+//! with `ncclCommInitRank` on its device. As in PyTorch, rank 0 serves the store on
+//! `MASTER_ADDR:MASTER_PORT` and every rank is a client, unless `ember launch` serves it
+//! (`TORCHELASTIC_USE_AGENT_STORE`, Note [Agent store] in `launch.rs`: then every rank is a
+//! client and the keys carry the attempt's prefix); a store handed in with
+//! [`InitOptions::with_store`](super::InitOptions::with_store) is used as it is (one store
+//! per group: the keys are fixed). Every wait of the rendezvous (connecting to the store,
+//! the other ranks reaching it, the id, `ncclCommInitRank` and the first barrier after it)
+//! ends at one deadline, the group's timeout after `init_process_group` was called, with an
+//! error naming the ranks that never came (Note [Rendezvous barriers] in `rendezvous.rs`;
+//! `nccl_init.rs`). The engine keeps the store for the group's life, so rank 0 serves it
+//! until every rank is done with it. A world of one needs no store. The id is not exchanged
+//! through MPI: with [`InitMethod::Mpi`] the backend says to start the ranks with `ember
+//! launch` (or torchrun) instead.
 //!
 //! Note [NCCL device]: a group's communicator is bound to one CUDA device for its life: the
 //! one given by [`InitOptions::with_device`](super::InitOptions::with_device), else
@@ -52,13 +58,13 @@ use std::time::Instant;
 
 use ember_autograd::{ErrorKind, Result};
 use ember_device::driver::{
-    Collective as NcclCall, Driver, NcclComm, NcclType, NcclUniqueId, ReduceOp as NcclOp,
-    StreamHandle,
+    Collective as NcclCall, Driver, NcclComm, NcclType, ReduceOp as NcclOp, StreamHandle,
 };
 use ember_device::{DeviceError, cuda};
 use ember_tensor::{CudaBuffer, DType, Device, Tensor as Raw, with_cuda_buffers};
 
 use super::meta::{META, compare, describe};
+use super::nccl_init::Joining;
 use super::{
     Abort, Collective, Engine, EngineError, InitMethod, InitOptions, ReduceOp, RunCtx, env_usize,
     poll_until,
@@ -70,21 +76,22 @@ use crate::store::TcpStore;
 /// The store key under which rank 0 publishes the clique's unique id.
 pub const UNIQUE_ID_KEY: &str = "nccl/unique_id";
 
-const INIT: &str = "init_process_group";
+pub(crate) const INIT: &str = "init_process_group";
 
-/// Where the ranks meet: a store handed in, or one on an address (rank 0 serves it).
-enum Rendezvous {
+/// Where the ranks meet: a store handed in, or one on an address (rank 0 serves it, or
+/// `ember launch` does: Note [Agent store] in `launch.rs`).
+pub(crate) enum Rendezvous {
     Store(Arc<TcpStore>),
     Addr(String, u16),
 }
 
-/// Everything [`NcclEngine::start`] needs, resolved on the calling thread.
+/// Everything the rendezvous and [`NcclEngine::start`] need, resolved on the calling thread.
 pub(crate) struct NcclSetup {
-    rank: usize,
-    size: usize,
-    device: usize,
-    rendezvous: Option<Rendezvous>,
-    timeout: std::time::Duration,
+    pub(crate) rank: usize,
+    pub(crate) size: usize,
+    pub(crate) device: usize,
+    pub(crate) rendezvous: Option<Rendezvous>,
+    pub(crate) timeout: std::time::Duration,
 }
 
 fn env_var(name: &str) -> Option<String> {
@@ -257,61 +264,20 @@ fn tensors(c: &Collective) -> Vec<Raw> {
 }
 
 impl NcclEngine {
-    /// The closure that joins the clique on the communication thread.
+    /// The closure that joins the clique on the communication thread, once the ranks met on
+    /// the store and hold the clique's id (`nccl_init.rs`).
     pub(crate) fn start(
-        setup: NcclSetup,
+        joining: &Joining,
     ) -> impl FnOnce() -> Result<Box<dyn Engine>> + Send + 'static {
+        let (rank, size, device, id) = (joining.rank, joining.size, joining.device, joining.id);
+        let store = joining.store.clone();
         move || {
-            let NcclSetup {
-                rank,
-                size,
-                device,
-                rendezvous,
-                timeout,
-            } = setup;
             let fail = |what: &str, e: &dyn std::fmt::Display| {
                 distributed(Some(rank), INIT, format!("{what}: {e}"))
             };
             // The thread is the group's: its current device is the communicator's.
             cuda::set_device(device).map_err(|e| fail("cannot select the device", &e))?;
             let driver = cuda::driver().map_err(|e| fail("no CUDA driver", &e))?;
-            let store = match rendezvous {
-                None => None,
-                Some(Rendezvous::Store(s)) => Some(s),
-                Some(Rendezvous::Addr(host, port)) => {
-                    Some(Arc::new(TcpStore::new(&host, port, rank == 0, timeout)?))
-                }
-            };
-            let id = if rank == 0 {
-                let id = driver
-                    .nccl_unique_id()
-                    .map_err(|e| fail("ncclGetUniqueId failed", &e))?;
-                if let Some(s) = &store {
-                    s.set(UNIQUE_ID_KEY, &id.0)?;
-                }
-                id
-            } else {
-                let s = store.as_ref().ok_or_else(|| {
-                    distributed(
-                        Some(rank),
-                        INIT,
-                        "no rendezvous store to get the NCCL id from",
-                    )
-                })?;
-                let bytes = s.get(UNIQUE_ID_KEY)?;
-                let id: [u8; NcclUniqueId::BYTES] = bytes.as_slice().try_into().map_err(|_| {
-                    distributed(
-                        Some(rank),
-                        INIT,
-                        format!(
-                            "the store's {UNIQUE_ID_KEY:?} holds {} bytes, not an NCCL unique id of {} (is another program using MASTER_PORT?)",
-                            bytes.len(),
-                            NcclUniqueId::BYTES
-                        ),
-                    )
-                })?;
-                NcclUniqueId(id)
-            };
             let comm = driver
                 .nccl_comm_init_rank(device, size, &id, rank)
                 .map_err(|e| fail(&format!("ncclCommInitRank on cuda:{device} failed"), &e))?;

@@ -1,6 +1,7 @@
 //! `conv2d` with PyTorch's arguments and checks: stride, padding (numbers, `"same"`,
 //! `"valid"`), dilation, groups, optional bias, batched `[N, C, H, W]` or unbatched
-//! `[C, H, W]` input. The kernel is im2col + GEMM (`cpu/conv.rs`).
+//! `[C, H, W]` input. The CPU kernels are in `cpu/conv/` (oneDNN where it loads, else
+//! im2col + GEMM).
 
 use crate::backend_nn::Conv2dParams;
 use crate::dtype::DType;

@@ -2,9 +2,10 @@
 //! [`Tensor::conv2d_backward_input`] and [`Tensor::conv2d_backward_weight`]. Autograd's
 //! `ConvolutionBackward0` calls them.
 //!
-//! Each asks the backend for a kernel first (CUDA with cuDNN: Note [Convolutions on
-//! cuDNN]); where there is none (the CPU, CUDA without cuDNN or for a shape cuDNN refuses)
-//! it composes the gradient from primitives.
+//! Each asks the backend for a kernel first (the CPU's: Note [Convolutions as products
+//! without a scatter], oneDNN where it loads; CUDA with cuDNN: Note [Convolutions on
+//! cuDNN]); where there is none (CUDA without cuDNN or for a shape cuDNN refuses) it
+//! composes the gradient from primitives.
 //!
 //! Note [Convolution backward]: the composite backward gathers the input patches with one `index_select` over the zero-padded input (the
 //! `im2col` matrix, indices built on the host), takes the weight gradient as

@@ -63,13 +63,14 @@ pub fn assert_matches_within(what: &str, cpu: &Tensor, gpu: &Tensor, slack: f64)
 /// products run in TF32 on a real GPU (the emulator's GEMM ignores the switch).
 pub static MATMUL_PRECISION: std::sync::RwLock<()> = std::sync::RwLock::new(());
 
-/// `cuda:1` where there is one; on a machine with a single real GPU, `None` after a
-/// `skipped:` line (the two-device paths still run on the emulator's two devices in CI).
+/// `cuda:1` where there is one; on a machine with a single real GPU, `None` after an
+/// `ember-skip-part:` line (Note [Skipped tests]; the two-device paths still run on the
+/// emulator's two devices in CI).
 pub fn second_gpu(test: &str) -> Option<Device> {
     match ember_testing::prepare(Device::Cuda(1)) {
         Ok(d) => Some(d),
         Err(s) => {
-            eprintln!("skipped: {test}'s cuda:1 part: {s}");
+            ember_testing::skip_part(format_args!("{test}'s cuda:1 part: {s}"));
             None
         }
     }

@@ -6,6 +6,7 @@
 //!
 //! They are written for clarity, not speed: the loops of the definitions, nothing fused.
 
+pub mod attention;
 pub mod conv;
 pub mod layout;
 pub mod loss;
@@ -15,6 +16,10 @@ pub mod reduce;
 pub mod softmax;
 pub mod unary;
 
+pub use attention::{
+    Attention, AttnCase, AttnData, AttnGrads, AttnMask, AttnOut, MaskKind, TorchCase,
+    assert_attn_close, attention, attention_grad, torch_cases,
+};
 pub use conv::{Conv2d, conv2d};
 pub use layout::{contiguous_strides, offset_of, span};
 pub use loss::{CrossEntropy, cross_entropy, cross_entropy_grad};

@@ -7,7 +7,7 @@ use std::time::Instant;
 use super::activity as act;
 use super::launch_trace::{self, record_host_wait};
 use super::{
-    Emulator, EventState, FunctionState, HOST_ALIGN, KernelLaunch, cudnn, device_of_address, gemm,
+    Emulator, EventState, FunctionState, HOST_ALIGN, KernelLaunch, cudnn, device_of_address,
     invalid_handle, kernel_name_ok, lookup_kernel, translate_for_kernel,
 };
 use crate::driver::{ActivityKind, ActivityRecord, Collective, NcclComm, NcclUniqueId};
@@ -274,7 +274,11 @@ impl Driver for Emulator {
 
     fn stream_destroy(&self, stream: StreamHandle) -> Result<()> {
         match self.handles().streams.remove(&stream.0) {
-            Some(_) => Ok(()),
+            Some(_) => {
+                // The stream's cuBLAS workspaces go with it (Note [cuBLAS handles]).
+                self.blas_handles.release_stream(stream);
+                Ok(())
+            }
             None => Err(invalid_handle("cuStreamDestroy", "stream", stream.0)),
         }
     }
@@ -535,8 +539,17 @@ impl Driver for Emulator {
             );
             ActivityRecord::kernel(name, device, [1; 3], [1; 3])
         };
-        self.activity
-            .run(describe, || gemm::gemm(&mut self.mem(), desc))
+        // The calling thread's handle, bound to the stream, with the (handle, stream)
+        // workspace: Note [cuBLAS handles], Note [Emulated cuBLAS].
+        let h = self
+            .blas_handles
+            .handle(device, || self.blas_create(device))?;
+        let workspace = self
+            .blas_handles
+            .workspace(h, stream, || Ok(Default::default()))?;
+        self.blas_set_stream(h, stream)?;
+        self.blas_set_workspace(h, workspace)?;
+        self.activity.run(describe, || self.blas_gemm(h, desc))
     }
 
     fn cudnn_version(&self, device: usize) -> Result<usize> {

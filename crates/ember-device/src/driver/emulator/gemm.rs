@@ -104,6 +104,18 @@ fn load(mem: &MemoryState, desc: &GemmDesc, ptr: DevicePtr, elements: usize) -> 
     })
 }
 
+/// Bytes that `C` spans (every batch's matrix), checked.
+pub(crate) fn c_bytes(desc: &GemmDesc) -> Result<usize> {
+    if desc.m == 0 || desc.n == 0 || desc.batch == 0 {
+        return Ok(0);
+    }
+    extent("C", desc.m, desc.n, desc.ldc, desc.stride_c, desc.batch)?
+        .checked_mul(element_size(desc.dtype))
+        .ok_or_else(|| {
+            DeviceError::driver("cublasGemmStridedBatchedEx", "CUBLAS_STATUS_INVALID_VALUE")
+        })
+}
+
 /// Run the GEMM described by `desc` on emulated memory.
 pub(crate) fn gemm(mem: &mut MemoryState, desc: &GemmDesc) -> Result<()> {
     let GemmDesc { m, n, k, batch, .. } = *desc;

@@ -26,6 +26,7 @@
 //! `stream_wait_event`) accept it as is: there is nothing pending on any device.
 
 mod activity;
+mod blas;
 mod config;
 mod conv;
 mod cudnn;
@@ -35,9 +36,12 @@ mod kernels;
 mod launch_trace;
 mod memory;
 mod nccl;
+mod nccl_clique;
+mod nccl_net;
 mod nccl_run;
 
 pub use activity::{EMULATED_CUPTI_VERSION, ENV_EMULATOR_CUPTI};
+pub use blas::thread_gemm_streams;
 pub use config::{
     DEFAULT_TOTAL_MEMORY, ENV_EMULATOR, ENV_EMULATOR_MEMORY, EmulatedDeviceConfig, EmulatorConfig,
     MAX_EMULATED_DEVICES, MAX_TOTAL_MEMORY, parse_size,
@@ -59,7 +63,7 @@ pub use nccl::{COLLECTIVE_TIMEOUT, EMULATED_NCCL_VERSION};
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::fmt;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use crate::driver::{DevicePtr, EventHandle, StreamHandle};
@@ -139,10 +143,16 @@ impl Translator<'_> {
 /// ```
 pub struct Emulator {
     config: EmulatorConfig,
-    memory: Mutex<MemoryState>,
+    /// Shared with the NCCL threads serving ranks of other processes.
+    memory: Arc<Mutex<MemoryState>>,
     handles: Mutex<Handles>,
-    nccl: nccl::NcclShared,
+    nccl: Arc<nccl_clique::NcclShared>,
     activity: activity::ActivityState,
+    /// The emulated cuBLAS library (Note [Emulated cuBLAS]).
+    blas: blas::EmulatedBlas,
+    /// Its handles per (device, thread) and workspaces per (handle, stream), as the real
+    /// driver keeps them (Note [cuBLAS handles]).
+    blas_handles: crate::driver::blas_handles::BlasHandles<blas::Workspace>,
 }
 
 impl fmt::Debug for Emulator {
@@ -162,12 +172,15 @@ impl Emulator {
     pub fn new(config: EmulatorConfig) -> Result<Emulator> {
         config.validate()?;
         let memory = MemoryState::new(config.devices.iter().map(|d| d.total_memory));
+        let memory = Arc::new(Mutex::new(memory));
         Ok(Emulator {
             config,
-            memory: Mutex::new(memory),
+            nccl: Arc::new(nccl_clique::NcclShared::new(memory.clone())),
+            memory,
             handles: Mutex::new(Handles::default()),
-            nccl: nccl::NcclShared::default(),
             activity: activity::ActivityState::default(),
+            blas: blas::EmulatedBlas::default(),
+            blas_handles: Default::default(),
         })
     }
 

@@ -4,8 +4,10 @@
 //!
 //! A communicator is one rank of a clique. Cliques are made by `nccl_comm_init_all` (every
 //! rank at once) or rank by rank with `nccl_comm_init_rank` from an id made by
-//! `nccl_unique_id` (the id names this process and a clique number; an id from another
-//! process is an error: emulated devices live in one process).
+//! `nccl_unique_id` (the id names this process, the emulator instance and a clique number;
+//! an id of another emulator instance of this process is an error). A rank of another
+//! process joins through the id's process, which runs the clique (Note [NCCL across
+//! processes] in `nccl_net.rs`).
 //!
 //! Each rank numbers the collectives it issues (0, 1, 2, ...). Issuing deposits the call
 //! under its number in the clique; the rank that completes a number (the last of the
@@ -29,19 +31,21 @@
 //! the handle is an error saying it was aborted) and aborts its whole clique: the calls
 //! deposited and not yet run are dropped, every rank waiting for one of the clique's
 //! collectives is woken with an error naming the rank that aborted, and a later collective
-//! on any of the clique's communicators fails the same way. Real NCCL leaves the other
+//! on any of the clique's communicators fails the same way. A rank of another process whose
+//! connection closes without `nccl_comm_destroy` (its process died) ends the clique the
+//! same way, the error naming it as lost. Real NCCL leaves the other
 //! ranks to notice a dead peer on their own (or hang until their own abort); failing them
 //! at once keeps a half-run collective from pairing with a later call of a rank that had
 //! skipped it, and nothing in the emulator waits past an abort.
 
 use std::cell::RefCell;
-use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Condvar, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, MutexGuard};
+use std::time::Duration;
 
 use super::Emulator;
-use super::nccl_run::{invalid, run};
+use super::nccl_clique::{Clique, CommState, Ended, State, Ticket, lookup};
+use super::nccl_net::{self, Link};
+use super::nccl_run::invalid;
 use crate::driver::{Collective, DevicePtr, NcclComm, NcclUniqueId, StreamHandle};
 use crate::error::{DeviceError, Result};
 
@@ -52,82 +56,6 @@ pub const EMULATED_NCCL_VERSION: i32 = 22304;
 pub const COLLECTIVE_TIMEOUT: Duration = Duration::from_secs(120);
 
 const ID_MAGIC: &[u8; 8] = b"EMBEREMU";
-
-/// Emulator instances, to keep one thread's group queue per emulator.
-static NEXT_INSTANCE: AtomicU64 = AtomicU64::new(1);
-
-#[derive(Debug, Clone, Copy)]
-struct CommState {
-    clique: u64,
-    rank: usize,
-    device: usize,
-}
-
-#[derive(Debug, Default)]
-struct Clique {
-    nranks: usize,
-    /// Ranks that joined (a rank's device), by rank.
-    members: BTreeMap<usize, usize>,
-    /// How many ranks ever joined: the clique (and its unique id) is dropped only once all
-    /// `nranks` joined and all left, so a rank that leaves before a slower one joins does
-    /// not take the id away from it.
-    joined: usize,
-    /// Per rank, the number of the next collective it issues.
-    issued: HashMap<usize, u64>,
-    /// Collectives waiting for ranks: number → rank → call.
-    pending: BTreeMap<u64, BTreeMap<usize, Collective>>,
-    /// Collectives that ran: number → (outcome, ranks yet to collect it).
-    done: HashMap<u64, (std::result::Result<(), DeviceError>, usize)>,
-    /// The rank whose communicator was aborted (`nccl_comm_abort`): the clique is unusable.
-    aborted_by: Option<usize>,
-}
-
-/// The error of `rank`'s call on a clique whose rank `by` aborted its communicator.
-fn clique_aborted(call: &'static str, by: usize, rank: usize) -> DeviceError {
-    DeviceError::Driver {
-        call,
-        code: "ncclInvalidUsage".into(),
-        detail: format!(
-            "the communicator of rank {by} of this clique was aborted (ncclCommAbort); rank {rank}'s collectives on the clique cannot complete"
-        ),
-    }
-}
-
-#[derive(Debug, Default)]
-struct State {
-    next: u64,
-    comms: HashMap<u64, CommState>,
-    cliques: HashMap<u64, Clique>,
-    /// Clique of a unique id made by `nccl_unique_id`.
-    ids: HashMap<u64, u64>,
-    /// Communicators released by `nccl_comm_abort`, for a clear error on later use.
-    aborted: std::collections::HashSet<u64>,
-}
-
-impl State {
-    fn issue(&mut self) -> u64 {
-        self.next += 1;
-        self.next
-    }
-}
-
-/// The emulator's NCCL state (one per [`Emulator`]).
-#[derive(Debug)]
-pub(crate) struct NcclShared {
-    instance: u64,
-    state: Mutex<State>,
-    ran: Condvar,
-}
-
-impl Default for NcclShared {
-    fn default() -> Self {
-        NcclShared {
-            instance: NEXT_INSTANCE.fetch_add(1, Ordering::Relaxed),
-            state: Mutex::new(State::default()),
-            ran: Condvar::new(),
-        }
-    }
-}
 
 #[derive(Debug)]
 struct Queued {
@@ -147,20 +75,54 @@ thread_local! {
     static GROUP: RefCell<Group> = RefCell::new(Group::default());
 }
 
-/// A deposited call: which clique and which collective number to wait for.
-#[derive(Debug, Clone, Copy)]
-struct Ticket {
-    clique: u64,
-    number: u64,
-    rank: usize,
+/// A communicator of this process: a rank of a clique run here, or one run by another
+/// process (Note [NCCL across processes]).
+#[derive(Debug, Clone)]
+enum Comm {
+    Local(CommState),
+    Remote(Arc<Link>),
+}
+
+impl Comm {
+    fn device(&self) -> usize {
+        match self {
+            Comm::Local(c) => c.device,
+            Comm::Remote(l) => l.device,
+        }
+    }
+
+    fn rank(&self) -> usize {
+        match self {
+            Comm::Local(c) => c.rank,
+            Comm::Remote(l) => l.rank,
+        }
+    }
+}
+
+/// A deposited call: a ticket of a clique run here, or a call sent to another process.
+enum Deposited {
+    Local(Ticket),
+    Remote(Arc<Link>, Collective),
 }
 
 impl Emulator {
     fn nccl_state(&self) -> MutexGuard<'_, State> {
-        self.nccl.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.nccl.state()
     }
 
     pub(super) fn nccl_unique_id_impl(&self) -> Result<NcclUniqueId> {
+        // Ranks of other processes join through this process (Note [NCCL across processes]).
+        if let Err(why) = self
+            .nccl
+            .hub
+            .get_or_init(|| nccl_net::serve(self.nccl.clone()))
+        {
+            return Err(DeviceError::Driver {
+                call: "ncclGetUniqueId",
+                code: "ncclSystemError".into(),
+                detail: why.clone(),
+            });
+        }
         let mut state = self.nccl_state();
         let clique = state.issue();
         let key = state.issue();
@@ -235,100 +197,75 @@ impl Emulator {
                 "the unique id was not made by the emulator's nccl_unique_id".into(),
             ));
         }
-        let pid = word(8..12) as u32;
+        let (pid, instance, key) = (word(8..12) as u32, word(12..20), word(20..28));
         if pid != std::process::id() {
-            return Err(DeviceError::Unsupported {
-                what: format!(
-                    "an NCCL communicator across processes (the unique id comes from process \
-                     {pid}, this is process {}; emulated devices belong to one process)",
-                    std::process::id()
-                ),
-                driver: "emulator",
-            });
+            let link = Link::join(pid, instance, key, nranks, rank, device)?;
+            let mut state = self.nccl_state();
+            let h = state.issue();
+            state.links.insert(h, Arc::new(link));
+            return Ok(NcclComm(h));
         }
-        if word(12..20) != self.nccl.instance {
+        if instance != self.nccl.instance {
             return Err(invalid(
                 CALL,
                 "the unique id was made by another emulator instance".into(),
             ));
         }
+        let c = self.nccl.join(key, nranks, rank, device, false)?;
         let mut state = self.nccl_state();
-        let clique = *state
-            .ids
-            .get(&word(20..28))
-            .ok_or_else(|| invalid(CALL, "unknown unique id".into()))?;
-        let c = state.cliques.entry(clique).or_insert_with(|| Clique {
-            nranks,
-            ..Clique::default()
-        });
-        if c.nranks != nranks {
-            return Err(invalid(
-                CALL,
-                format!(
-                    "rank {rank} says the clique has {nranks} ranks, an earlier rank said {}",
-                    c.nranks
-                ),
-            ));
-        }
-        if let Some(d) = c.members.get(&rank) {
-            return Err(invalid(
-                CALL,
-                format!("rank {rank} joined the clique already (on cuda:{d})"),
-            ));
-        }
-        if let Some((r, _)) = c.members.iter().find(|&(_, &d)| d == device) {
-            return Err(invalid(
-                CALL,
-                format!(
-                    "cuda:{device} is rank {r} of this clique already; rank {rank} needs another device"
-                ),
-            ));
-        }
-        c.members.insert(rank, device);
-        c.joined += 1;
         let h = state.issue();
-        state.comms.insert(
-            h,
-            CommState {
-                clique,
-                rank,
-                device,
-            },
-        );
+        state.comms.insert(h, c);
         Ok(NcclComm(h))
     }
 
-    fn comm(&self, call: &'static str, comm: NcclComm) -> Result<CommState> {
-        lookup(&self.nccl_state(), call, comm)
+    fn comm(&self, call: &'static str, comm: NcclComm) -> Result<Comm> {
+        let state = self.nccl_state();
+        if let Some(l) = state.links.get(&comm.0) {
+            return Ok(Comm::Remote(l.clone()));
+        }
+        lookup(&state, call, comm).map(Comm::Local)
     }
 
     pub(super) fn nccl_comm_info_impl(&self, comm: NcclComm) -> Result<(usize, usize, usize)> {
-        let c = self.comm("ncclCommCount", comm)?;
-        let state = self.nccl_state();
-        let nranks = state.cliques.get(&c.clique).map_or(0, |q| q.nranks);
-        Ok((c.device, c.rank, nranks))
+        match self.comm("ncclCommCount", comm)? {
+            Comm::Remote(l) => Ok((l.device, l.rank, l.nranks)),
+            Comm::Local(c) => {
+                let state = self.nccl_state();
+                let nranks = state.cliques.get(&c.clique).map_or(0, |q| q.nranks);
+                Ok((c.device, c.rank, nranks))
+            }
+        }
     }
 
     pub(super) fn nccl_comm_destroy_impl(&self, comm: NcclComm) -> Result<()> {
-        let mut state = self.nccl_state();
-        let c = lookup(&state, "ncclCommDestroy", comm)?;
-        state.comms.remove(&comm.0);
-        release(&mut state, c);
+        match self.comm("ncclCommDestroy", comm)? {
+            Comm::Remote(l) => {
+                self.nccl_state().links.remove(&comm.0);
+                l.close(false);
+            }
+            Comm::Local(c) => {
+                self.nccl_state().comms.remove(&comm.0);
+                self.nccl.leave(c, None);
+            }
+        }
         Ok(())
     }
 
     pub(super) fn nccl_comm_abort_impl(&self, comm: NcclComm) -> Result<()> {
-        let mut state = self.nccl_state();
-        let c = lookup(&state, "ncclCommAbort", comm)?;
-        state.comms.remove(&comm.0);
-        state.aborted.insert(comm.0);
-        if let Some(q) = state.cliques.get_mut(&c.clique) {
-            q.aborted_by.get_or_insert(c.rank);
-            q.pending.clear();
+        let c = self.comm("ncclCommAbort", comm)?;
+        {
+            let mut state = self.nccl_state();
+            state.comms.remove(&comm.0);
+            state.links.remove(&comm.0);
+            state.aborted.insert(comm.0);
         }
-        release(&mut state, c);
-        // Wake every waiter: those of this clique find it aborted (or gone).
-        self.nccl.ran.notify_all();
+        match c {
+            // Wakes this process's thread waiting on the link, and the clique's owner ends
+            // the clique for the other ranks.
+            Comm::Remote(l) => l.close(true),
+            // Wake every waiter: those of this clique find it aborted (or gone).
+            Comm::Local(c) => self.nccl.leave(c, Some(Ended::Aborted(c.rank))),
+        }
         Ok(())
     }
 
@@ -362,16 +299,18 @@ impl Emulator {
         }
         // Check every call before depositing any, so that a bad call does not leave the
         // clique's other ranks waiting for a partner that was never deposited.
-        for q in &batch {
-            self.check_collective(q.comm, q.stream, &q.op)?;
-        }
-        let tickets = batch
+        let comms = batch
             .iter()
-            .map(|q| self.deposit(q.comm, &q.op))
+            .map(|q| self.check_collective(q.comm, q.stream, &q.op))
+            .collect::<Result<Vec<_>>>()?;
+        let deposited = batch
+            .iter()
+            .zip(comms)
+            .map(|(q, c)| self.deposit(c, &q.op))
             .collect::<Result<Vec<_>>>()?;
         let mut first_err = None;
-        for t in tickets {
-            if let Err(e) = self.wait(t)
+        for d in deposited {
+            if let Err(e) = self.collect(d)
                 && first_err.is_none()
             {
                 first_err = Some(e);
@@ -386,7 +325,7 @@ impl Emulator {
         stream: StreamHandle,
         op: &Collective,
     ) -> Result<()> {
-        self.check_collective(comm, stream, op)?;
+        let c = self.check_collective(comm, stream, op)?;
         let instance = self.nccl.instance;
         let queued = GROUP.with(|g| {
             let mut g = g.borrow_mut();
@@ -405,8 +344,8 @@ impl Emulator {
         if queued {
             return Ok(());
         }
-        let ticket = self.deposit(comm, op)?;
-        self.wait(ticket)
+        let d = self.deposit(c, op)?;
+        self.collect(d)
     }
 
     /// Checks one rank's call on its own: the communicator, the stream's device, the root,
@@ -416,17 +355,17 @@ impl Emulator {
         comm: NcclComm,
         stream: StreamHandle,
         op: &Collective,
-    ) -> Result<()> {
+    ) -> Result<Comm> {
         let call = op.call();
         let c = self.comm(call, comm)?;
+        let (device, rank) = (c.device(), c.rank());
         if let Some(d) = self.stream_device(call, stream)?
-            && d != c.device
+            && d != device
         {
             return Err(invalid(
                 call,
                 format!(
-                    "the communicator's rank {} is on cuda:{}, but the stream belongs to cuda:{d}",
-                    c.rank, c.device
+                    "the communicator's rank {rank} is on cuda:{device}, but the stream belongs to cuda:{d}"
                 ),
             ));
         }
@@ -441,7 +380,7 @@ impl Emulator {
             n.checked_mul(size)
                 .ok_or_else(|| invalid(call, format!("{n} elements overflow")))
         };
-        let (send, recv) = buffer_sizes(op, c.rank, nranks);
+        let (send, recv) = buffer_sizes(op, rank, nranks);
         let mem = self.mem();
         for (name, ptr, n) in [("send", send.0, send.1), ("recv", recv.0, recv.1)] {
             let Some(n) = n else { continue };
@@ -450,153 +389,78 @@ impl Emulator {
                 continue;
             }
             match super::device_of_address(ptr) {
-                Some(d) if d == c.device => {}
+                Some(d) if d == device => {}
                 _ => {
                     return Err(invalid(
                         call,
                         format!(
-                            "{name} buffer {ptr:?} of rank {} is not memory of cuda:{}",
-                            c.rank, c.device
+                            "{name} buffer {ptr:?} of rank {rank} is not memory of cuda:{device}"
                         ),
                     ));
                 }
             }
             mem.slice(call, ptr, b)?;
         }
-        Ok(())
+        Ok(c)
     }
 
-    /// Deposit this rank's call; the rank that completes the collective runs it.
-    fn deposit(&self, comm: NcclComm, op: &Collective) -> Result<Ticket> {
-        let mut state = self.nccl_state();
-        let c = *state.comms.get(&comm.0).ok_or(DeviceError::InvalidHandle {
-            what: op.call(),
-            kind: "NCCL communicator",
-            handle: comm.0,
-        })?;
-        let clique = state
-            .cliques
-            .get_mut(&c.clique)
-            .ok_or_else(|| invalid(op.call(), "the communicator's clique is gone".into()))?;
-        if let Some(by) = clique.aborted_by {
-            return Err(clique_aborted(op.call(), by, c.rank));
+    /// Deposits this rank's call: in its clique here, or sent (with the send buffer's
+    /// bytes) to the process that runs the clique.
+    fn deposit(&self, c: Comm, op: &Collective) -> Result<Deposited> {
+        match c {
+            Comm::Local(c) => self.nccl.deposit(c, op, None).map(Deposited::Local),
+            Comm::Remote(l) => {
+                let (send, _) = buffer_sizes(op, l.rank, l.nranks);
+                let input = match send.1 {
+                    Some(n) if n > 0 => {
+                        let mem = self.mem();
+                        mem.slice(op.call(), send.0, n * op.dtype().size())?
+                            .to_vec()
+                    }
+                    _ => Vec::new(),
+                };
+                l.send(op, &input)?;
+                Ok(Deposited::Remote(l, *op))
+            }
         }
-        let number = {
-            let n = clique.issued.entry(c.rank).or_insert(0);
-            *n += 1;
-            *n - 1
-        };
-        let calls = clique.pending.entry(number).or_default();
-        calls.insert(c.rank, *op);
-        if calls.len() == clique.nranks {
-            let calls = clique.pending.remove(&number).unwrap_or_default();
-            let outcome = {
-                let mut mem = self.mem();
-                run(&mut mem, &calls, &clique.members, number)
-            };
-            clique.done.insert(number, (outcome, clique.nranks));
-            self.nccl.ran.notify_all();
-        }
-        Ok(Ticket {
-            clique: c.clique,
-            number,
-            rank: c.rank,
-        })
     }
 
-    /// Wait until the ticket's collective ran; its outcome.
-    fn wait(&self, t: Ticket) -> Result<()> {
-        let deadline = Instant::now() + COLLECTIVE_TIMEOUT;
-        let mut state = self.nccl_state();
-        loop {
-            let Some(clique) = state.cliques.get_mut(&t.clique) else {
-                return Err(invalid(
-                    "ncclGroupEnd",
-                    "the communicator's clique was destroyed while a collective waited".into(),
-                ));
-            };
-            if let Some((outcome, left)) = clique.done.get_mut(&t.number) {
-                let outcome = outcome.clone();
-                *left -= 1;
-                if *left == 0 {
-                    clique.done.remove(&t.number);
+    /// Waits for a deposited call to run; a rank of a remote clique writes what it
+    /// received into its recv buffer.
+    fn collect(&self, d: Deposited) -> Result<()> {
+        match d {
+            Deposited::Local(t) => self.nccl.wait(t).map(|_| ()),
+            Deposited::Remote(l, op) => {
+                let out = l.receive(op.call())?;
+                let (_, recv) = buffer_sizes(&op, l.rank, l.nranks);
+                match recv.1 {
+                    Some(n) if n > 0 => {
+                        let b = n * op.dtype().size();
+                        if out.len() != b {
+                            return Err(invalid(
+                                op.call(),
+                                format!(
+                                    "the clique's process sent {} bytes for rank {}, expected {b}",
+                                    out.len(),
+                                    l.rank
+                                ),
+                            ));
+                        }
+                        self.mem()
+                            .slice_mut(op.call(), recv.0, b)?
+                            .copy_from_slice(&out);
+                        Ok(())
+                    }
+                    _ => Ok(()),
                 }
-                return outcome;
             }
-            if let Some(by) = clique.aborted_by {
-                return Err(clique_aborted("ncclCollective", by, t.rank));
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                let arrived: Vec<usize> = clique
-                    .pending
-                    .get(&t.number)
-                    .map(|m| m.keys().copied().collect())
-                    .unwrap_or_default();
-                let missing: Vec<usize> = (0..clique.nranks)
-                    .filter(|r| !arrived.contains(r))
-                    .collect();
-                return Err(DeviceError::Driver {
-                    call: "ncclCollective",
-                    code: "ncclSystemError".into(),
-                    detail: format!(
-                        "rank {} waited {}s for collective #{} of ranks {missing:?}, which never \
-                         issued it (one thread driving several devices must use \
-                         nccl_group_start/nccl_group_end)",
-                        t.rank,
-                        COLLECTIVE_TIMEOUT.as_secs(),
-                        t.number
-                    ),
-                });
-            }
-            state = self
-                .nccl
-                .ran
-                .wait_timeout(state, deadline - now)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
         }
-    }
-}
-
-/// The state of a live communicator, or why there is none (unknown, or aborted).
-fn lookup(state: &State, call: &'static str, comm: NcclComm) -> Result<CommState> {
-    if let Some(c) = state.comms.get(&comm.0) {
-        return Ok(*c);
-    }
-    if state.aborted.contains(&comm.0) {
-        return Err(DeviceError::Driver {
-            call,
-            code: "ncclInvalidUsage".into(),
-            detail: format!(
-                "NCCL communicator {:#x} was aborted (ncclCommAbort) and cannot be used",
-                comm.0
-            ),
-        });
-    }
-    Err(DeviceError::InvalidHandle {
-        what: call,
-        kind: "NCCL communicator",
-        handle: comm.0,
-    })
-}
-
-/// Takes a released communicator's rank out of its clique, dropping the clique (and its
-/// id) once every rank joined and left.
-fn release(state: &mut State, c: CommState) {
-    let empty = state.cliques.get_mut(&c.clique).is_some_and(|q| {
-        q.members.remove(&c.rank);
-        q.members.is_empty() && q.joined >= q.nranks
-    });
-    if empty {
-        state.cliques.remove(&c.clique);
-        state.ids.retain(|_, clique| *clique != c.clique);
     }
 }
 
 /// `((send, send elements), (recv, recv elements))` that `rank` touches; `None` for a buffer
 /// the rank does not use.
-fn buffer_sizes(
+pub(super) fn buffer_sizes(
     op: &Collective,
     rank: usize,
     nranks: usize,

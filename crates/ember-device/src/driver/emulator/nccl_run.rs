@@ -1,8 +1,9 @@
 //! The host computation of the emulated NCCL's collectives (Note [Emulated NCCL] in
 //! `nccl.rs`): every rank's call checked against the others, inputs read, reduced in f64
-//! (integers in i64) in rank order, outputs written.
+//! (integers in i64) in rank order, outputs written. The buffers of ranks in other processes
+//! (Note [NCCL across processes] in `nccl_net.rs`) come and go as bytes.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use half::{bf16, f16};
 
@@ -140,12 +141,33 @@ fn slice_of(v: &Values, start: usize, len: usize) -> Values {
     }
 }
 
-/// Run collective `number` of a clique: `calls` holds every rank's call.
+/// The buffers of a collective's ranks in other processes: what they send, and (filled by
+/// [`run`]) what they receive, as bytes.
+#[derive(Debug, Default)]
+pub(super) struct RemoteBuffers<'a> {
+    /// The ranks whose buffers live in another process.
+    pub(super) ranks: Option<&'a BTreeSet<usize>>,
+    /// rank → its send buffer's bytes (for the ranks that send).
+    pub(super) inputs: HashMap<usize, Vec<u8>>,
+    /// rank → its recv buffer's new bytes (for the ranks that receive).
+    pub(super) outputs: HashMap<usize, Vec<u8>>,
+}
+
+impl RemoteBuffers<'_> {
+    fn has(&self, rank: usize) -> bool {
+        self.ranks.is_some_and(|r| r.contains(&rank))
+    }
+}
+
+/// Run collective `number` of a clique: `calls` holds every rank's call; the buffers of
+/// the ranks in `remote.ranks` are `remote.inputs`, and their results go to
+/// `remote.outputs`.
 pub(super) fn run(
     mem: &mut MemoryState,
     calls: &BTreeMap<usize, Collective>,
     members: &BTreeMap<usize, usize>,
     number: u64,
+    remote: &mut RemoteBuffers<'_>,
 ) -> std::result::Result<(), DeviceError> {
     let Some(first) = calls.values().next().copied() else {
         return Ok(());
@@ -176,24 +198,37 @@ pub(super) fn run(
     let dtype = first.dtype();
     let size = dtype.size();
     let count = first.count();
-    let read = |mem: &MemoryState, ptr: DevicePtr, n: usize| -> Result<Values> {
-        Ok(decode(dtype, mem.slice(call, ptr, n * size)?))
+    let read = |mem: &MemoryState, rank: usize, ptr: DevicePtr, n: usize| -> Result<Values> {
+        if !remote.has(rank) {
+            return Ok(decode(dtype, mem.slice(call, ptr, n * size)?));
+        }
+        match remote.inputs.get(&rank) {
+            Some(b) if b.len() == n * size => Ok(decode(dtype, b)),
+            other => Err(invalid(
+                call,
+                format!(
+                    "rank {rank} (another process) sent {} bytes, expected {}",
+                    other.map_or(0, Vec::len),
+                    n * size
+                ),
+            )),
+        }
     };
     // Read every input first, then write: in-place calls see the inputs.
-    let mut writes: Vec<(DevicePtr, Values)> = Vec::new();
+    let mut writes: Vec<(usize, DevicePtr, Values)> = Vec::new();
     match first {
         Collective::AllReduce { op, .. } => {
             let inputs = calls
-                .values()
-                .map(|c| match *c {
-                    Collective::AllReduce { send, .. } => read(mem, send, count),
+                .iter()
+                .map(|(&r, c)| match *c {
+                    Collective::AllReduce { send, .. } => read(mem, r, send, count),
                     _ => unreachable_kind(call),
                 })
                 .collect::<Result<Vec<_>>>()?;
             let out = reduce(op, &inputs);
-            for c in calls.values() {
+            for (&r, c) in calls {
                 if let Collective::AllReduce { recv, .. } = *c {
-                    writes.push((recv, out.clone()));
+                    writes.push((r, recv, out.clone()));
                 }
             }
         }
@@ -201,30 +236,30 @@ pub(super) fn run(
             let Some(Collective::Broadcast { send, .. }) = calls.get(&root).copied() else {
                 return unreachable_kind(call);
             };
-            let value = read(mem, send, count)?;
-            for c in calls.values() {
+            let value = read(mem, root, send, count)?;
+            for (&r, c) in calls {
                 if let Collective::Broadcast { recv, .. } = *c {
-                    writes.push((recv, value.clone()));
+                    writes.push((r, recv, value.clone()));
                 }
             }
         }
         Collective::Reduce { op, root, .. } => {
             let inputs = calls
-                .values()
-                .map(|c| match *c {
-                    Collective::Reduce { send, .. } => read(mem, send, count),
+                .iter()
+                .map(|(&r, c)| match *c {
+                    Collective::Reduce { send, .. } => read(mem, r, send, count),
                     _ => unreachable_kind(call),
                 })
                 .collect::<Result<Vec<_>>>()?;
             if let Some(Collective::Reduce { recv, .. }) = calls.get(&root).copied() {
-                writes.push((recv, reduce(op, &inputs)));
+                writes.push((root, recv, reduce(op, &inputs)));
             }
         }
         Collective::AllGather { .. } => {
             let mut all = Vec::with_capacity(nranks);
-            for c in calls.values() {
+            for (&r, c) in calls {
                 if let Collective::AllGather { send, .. } = *c {
-                    all.push(read(mem, send, count)?);
+                    all.push(read(mem, r, send, count)?);
                 }
             }
             let joined = match all.first() {
@@ -245,35 +280,41 @@ pub(super) fn run(
                         .collect(),
                 ),
             };
-            for c in calls.values() {
+            for (&r, c) in calls {
                 if let Collective::AllGather { recv, .. } = *c {
-                    writes.push((recv, joined.clone()));
+                    writes.push((r, recv, joined.clone()));
                 }
             }
         }
         Collective::ReduceScatter { op, .. } => {
             let inputs = calls
-                .values()
-                .map(|c| match *c {
-                    Collective::ReduceScatter { send, .. } => read(mem, send, count * nranks),
+                .iter()
+                .map(|(&r, c)| match *c {
+                    Collective::ReduceScatter { send, .. } => read(mem, r, send, count * nranks),
                     _ => unreachable_kind(call),
                 })
                 .collect::<Result<Vec<_>>>()?;
             let out = reduce(op, &inputs);
-            for (rank, c) in calls.iter() {
+            for (&rank, c) in calls {
                 if let Collective::ReduceScatter { recv, .. } = *c {
-                    writes.push((recv, slice_of(&out, rank * count, count)));
+                    writes.push((rank, recv, slice_of(&out, rank * count, count)));
                 }
             }
         }
     }
-    for (ptr, values) in writes {
+    for (rank, ptr, values) in writes {
         let n = match &values {
             Values::Float(v) => v.len(),
             Values::Int(v) => v.len(),
         };
-        let out = mem.slice_mut(call, ptr, n * size)?;
-        encode(dtype, &values, out);
+        if remote.has(rank) {
+            let mut out = vec![0u8; n * size];
+            encode(dtype, &values, &mut out);
+            remote.outputs.insert(rank, out);
+        } else {
+            let out = mem.slice_mut(call, ptr, n * size)?;
+            encode(dtype, &values, out);
+        }
     }
     Ok(())
 }

@@ -1,4 +1,6 @@
-//! `impl Driver for RealDriver`: one or two checked driver calls per method.
+//! `impl Driver for RealDriver`: the driver API and cuBLAS calls, most one or two checked
+//! calls per method; cuDNN, NCCL and CUPTI calls go to their modules (`cudnn.rs`,
+//! `cudnn_graph.rs`, `nccl.rs`, `cupti.rs`).
 
 use super::*;
 use crate::driver::{
@@ -217,6 +219,7 @@ impl Driver for RealDriver {
             });
         }
         self.tables().streams.remove(&stream.0);
+        self.free_cublas_workspaces(stream);
         // SAFETY: `s` is a live stream from `stream_create`, now removed from the table.
         check("cuStreamDestroy", unsafe { sys::cuStreamDestroy_v2(s) })
     }
@@ -449,10 +452,19 @@ impl Driver for RealDriver {
                 cublas_sys::cublasOperation_t::CUBLAS_OP_N
             }
         };
-        // SAFETY: `handle` belongs to this device; the stream is live and its pointer type is
-        // cast between the driver's and cuBLAS's identical CUstream_st declarations.
+        // The thread's own handle: bound to the stream, then given the (handle, stream)
+        // workspace (binding a stream resets it), Note [cuBLAS handles].
+        let (_, ws, ws_bytes) = self.cublas_workspace(device, handle, stream)?;
+        // SAFETY: `handle` belongs to this device and to this thread; the stream is live and
+        // its pointer type is cast between the driver's and cuBLAS's identical CUstream_st
+        // declarations.
         check_blas("cublasSetStream", unsafe {
             cublas_sys::cublasSetStream_v2(handle, s.cast())
+        })?;
+        // SAFETY: `ws` is a live allocation of `ws_bytes` on this device, used by this
+        // handle on this stream only.
+        check_blas("cublasSetWorkspace", unsafe {
+            cublas_sys::cublasSetWorkspace_v2(handle, ws.0 as *mut c_void, ws_bytes)
         })?;
         // SAFETY: alpha/beta point at locals of the compute type alive for the call; the
         // driver validates the matrices' device pointers, cuBLAS the dimensions.

@@ -342,7 +342,7 @@ fn state_dict_round_trip_and_errors(dev: &Device) -> Result<()> {
     let bad = |k: &str, v: V| other.clone().with(k, v);
     let tensor_unknown = other
         .clone()
-        .with("extra", Tensor::wrap(Raw::scalar(1f32, Device::Cpu)?));
+        .with("extra", Tensor::scalar(1f32, Device::Cpu)?);
     for (case, s, needle) in [
         ("empty", StateDict::new(), "source state dict is empty"),
         ("unknown tensor", tensor_unknown, "unexpected key \"extra\""),
@@ -388,22 +388,22 @@ fn state_dict_round_trip_and_errors(dev: &Device) -> Result<()> {
     }
     // The numbers as 0-dim tensors (how a checkpoint may keep them) load too.
     let as_tensors = StateDict::new()
-        .with("scale", Tensor::wrap(Raw::scalar(16f32, Device::Cpu)?))
+        .with("scale", Tensor::scalar(16f32, Device::Cpu)?)
         .with(
             "growth_factor",
-            Tensor::wrap(Raw::scalar(2f64, Device::Cpu)?),
+            Tensor::scalar(2f64, Device::Cpu)?,
         )
         .with(
             "backoff_factor",
-            Tensor::wrap(Raw::scalar(0.5f64, Device::Cpu)?),
+            Tensor::scalar(0.5f64, Device::Cpu)?,
         )
         .with(
             "growth_interval",
-            Tensor::wrap(Raw::scalar(9i64, Device::Cpu)?),
+            Tensor::scalar(9i64, Device::Cpu)?,
         )
         .with(
             "_growth_tracker",
-            Tensor::wrap(Raw::scalar(1i64, Device::Cpu)?),
+            Tensor::scalar(1i64, Device::Cpu)?,
         );
     scaler.load_state_dict(&as_tensors)?;
     assert_eq!(scaler.get_scale()?, 16.0);

@@ -50,7 +50,7 @@ fn conv(
 ) -> Result<Conv2d, String> {
     let config = Conv2dConfig {
         stride: Size2(stride, stride),
-        padding: Size2(padding, padding),
+        padding: Size2(padding, padding).into(),
         bias: false,
         ..Conv2dConfig::default()
     };

@@ -265,7 +265,7 @@ fn strided_and_broadcast_operands() {
     assert!(!xt.is_contiguous());
     let o = Conv2dOptions::new().padding(1);
     let (y, t) = Trace::of(|| xt.conv2d(&w, None, &o).unwrap());
-    assert_on_cudnn(&t, x.dims(), &[Forward], "strided");
+    assert_on_cudnn(&t, &x.dims(), &[Forward], "strided");
     if emulated() {
         assert!(
             !t.launched("cast_"),
@@ -279,7 +279,7 @@ fn strided_and_broadcast_operands() {
         .expand(y.dims().to_vec())
         .unwrap();
     let (gx, t) = Trace::of(|| aten::conv2d_backward_input(&ones, dims(&x), &w, &o).unwrap());
-    assert_on_cudnn(&t, x.dims(), &[BackwardData], "broadcast grad");
+    assert_on_cudnn(&t, &x.dims(), &[BackwardData], "broadcast grad");
     let dense = ones.contiguous().unwrap().to_device(CPU).unwrap();
     let wcpu = w.to_device(CPU).unwrap();
     within(1e-5, 12.0, "broadcast grad").assert(
@@ -301,7 +301,7 @@ fn views_at_odd_offsets_state_their_alignment() {
         let w = tensor(&[4, 3, 3, 2], 93, dtype, dev);
         let o = Conv2dOptions::new().padding(1);
         let (y, t) = Trace::of(|| x.conv2d(&w, None, &o).unwrap());
-        assert_on_cudnn(&t, x.dims(), &[Forward], "odd-offset forward");
+        assert_on_cudnn(&t, &x.dims(), &[Forward], "odd-offset forward");
         within(tol, 12.0, "odd-offset forward").assert(&values(&y), &values(&cpu_conv(&x, &w, &o)));
         let g = tensor(&y.dims(), 94, dtype, dev);
         let gview = Tensor::cat(&[&g, &g], 3)
@@ -309,7 +309,7 @@ fn views_at_odd_offsets_state_their_alignment() {
             .narrow(3, 1, y.dims()[3])
             .unwrap();
         let (gw, t) = Trace::of(|| aten::conv2d_backward_weight(&gview, &x, dims(&w), &o).unwrap());
-        assert_on_cudnn(&t, x.dims(), &[BackwardFilter], "odd-offset weight gradient");
+        assert_on_cudnn(&t, &x.dims(), &[BackwardFilter], "odd-offset weight gradient");
         let gcpu = gview.to_device(CPU).unwrap();
         let xcpu = x.to_device(CPU).unwrap();
         within(tol * 10.0, 12.0, "odd-offset weight gradient").assert(
@@ -317,7 +317,7 @@ fn views_at_odd_offsets_state_their_alignment() {
             &values(&aten::conv2d_backward_weight(&gcpu, &xcpu, dims(&w), &o).unwrap()),
         );
         let (gx, t) = Trace::of(|| aten::conv2d_backward_input(&gview, dims(&x), &w, &o).unwrap());
-        assert_on_cudnn(&t, x.dims(), &[BackwardData], "odd-offset input gradient");
+        assert_on_cudnn(&t, &x.dims(), &[BackwardData], "odd-offset input gradient");
         let wcpu = w.to_device(CPU).unwrap();
         within(tol * 10.0, 12.0, "odd-offset input gradient").assert(
             &values(&gx),
@@ -386,7 +386,7 @@ fn disabled_cudnn_takes_the_im2col_path() {
     let want = values(&cpu_conv(&x, &w, &o));
     within(1e-5, 18.0, "disabled").assert(&values(&y), &want);
     let (y2, t) = Trace::of(|| x.conv2d(&w, None, &o).unwrap());
-    assert_on_cudnn(&t, x.dims(), &[Forward], "enabled again");
+    assert_on_cudnn(&t, &x.dims(), &[Forward], "enabled again");
     within(1e-5, 18.0, "enabled again").assert(&values(&y2), &want);
 }
 
@@ -421,7 +421,7 @@ fn shapes_cudnn_refuses_fall_back_to_im2col_and_are_recorded() {
     within(1e-5, 27.0, "refused").assert(&values(&y.0), &values(&want));
     within(1e-5, 27.0, "refused").assert(&values(&y.1), &values(&want));
     // The record a real GPU's check reads (`assert_on_cudnn`) names the input.
-    let fell = fallbacks_naming(x.dims());
+    let fell = fallbacks_naming(&x.dims());
     assert!(
         fell.iter().any(|f| f.contains("NOT_SUPPORTED")),
         "{:?}",
@@ -444,7 +444,7 @@ fn asymmetric_padding_takes_the_im2col_path_and_is_recorded() {
     let cpu = cpu_conv(&x, &w, &same);
     within(1e-5, 24.0, "asymmetric").assert(&values(&y), &values(&cpu));
     assert!(
-        fallbacks_naming(x.dims())
+        fallbacks_naming(&x.dims())
             .iter()
             .any(|f| f.contains("asymmetric")),
         "{:?}",
@@ -473,7 +473,7 @@ fn benchmark_mode_searches_once_per_shape_and_picks_the_fastest() {
     cudnn::set_allow_tf32(tf32);
     cudnn::set_benchmark(false);
     for (i, t) in [&t0, &t1, &t2, &t3, &t4].into_iter().enumerate() {
-        assert_on_cudnn(t, x.dims(), &[Forward], &format!("benchmark call {i}"));
+        assert_on_cudnn(t, &x.dims(), &[Forward], &format!("benchmark call {i}"));
     }
     if emulated() {
         assert_eq!(
@@ -515,7 +515,7 @@ fn deterministic_mode_keeps_to_deterministic_algorithms() {
         )
     };
     let (free, t) = Trace::of(grads);
-    assert_on_cudnn(&t, x.dims(), &[BackwardData, BackwardFilter], "free");
+    assert_on_cudnn(&t, &x.dims(), &[BackwardData, BackwardFilter], "free");
     if emulated() {
         assert_eq!(
             (t.runs(BackwardData), t.runs(BackwardFilter)),
@@ -526,7 +526,7 @@ fn deterministic_mode_keeps_to_deterministic_algorithms() {
     let (det, t) = Trace::of(grads);
     let (det2, _) = Trace::of(grads);
     cudnn::set_deterministic(false);
-    assert_on_cudnn(&t, x.dims(), &[BackwardData, BackwardFilter], "deterministic");
+    assert_on_cudnn(&t, &x.dims(), &[BackwardData, BackwardFilter], "deterministic");
     if emulated() {
         assert_eq!(
             (t.runs(BackwardData), t.runs(BackwardFilter)),

@@ -21,7 +21,7 @@ pub fn run(gpu0: Device, gpu1: Device) -> Result<Vec<f64>> {
     println!("X = {big_x}\nY = {big_y}");
     if gpu0 != gpu1 {
         // Tensors on different devices are not combined: copy explicitly.
-        println!("X + Y: {}", big_x.add(&big_y).unwrap_err());
+        println!("X + Y: {}", big_x.add(&big_y).expect_err("two devices"));
     }
     let z = big_x.to(gpu1)?; // Z = X.cuda(1)
     println!("X = {big_x}\nZ = {z}\nY + Z = {}", big_y.add(&z)?);

@@ -60,7 +60,8 @@ fn peak_step(model: &LargeModel, x: &Tensor) -> Result<(u64, Vec<Vec<f32>>)> {
     model.call(x)?.square()?.mean_all()?.backward()?;
     let peak = memory::max_memory_allocated(x.device())? - base;
     let params = model.parameters();
-    Ok((peak, params.iter().map(|p| p.grad().unwrap().to_vec::<f32>()).collect::<Result<_>>()?))
+    let grads = params.iter().map(|p| p.grad().expect("backward() ran").to_vec::<f32>());
+    Ok((peak, grads.collect::<Result<_>>()?))
 }
 
 /// The chapter's first half on `device` (`second` as `cuda:1`): the peak memory of a step
@@ -83,7 +84,7 @@ pub fn run(device: Device, second: Device) -> Result<(u64, u64)> {
     model.to(device)?;
     let _output = model.call(&gpu_tensor)?; // works
     if device.is_cuda() {
-        println!("model(cpu_tensor): {}", model.call(&cpu_tensor).unwrap_err());
+        println!("model(cpu_tensor): {}", model.call(&cpu_tensor).expect_err("two devices"));
     }
 
     let pinned_tensor = cpu_tensor.pin_memory()?;
@@ -135,6 +136,9 @@ pub fn run(device: Device, second: Device) -> Result<(u64, u64)> {
     Ok((peak_plain, peak_ckpt))
 }
 
+/// An AMP run: the epoch losses, the model, and the last output and loss.
+type AmpRun = (Vec<f64>, LargeModel, Tensor, Tensor);
+
 /// The AMP loop on `LargeModel` for `num_epochs`: the epoch losses, the model, and the last
 /// output and loss.
 pub fn amp_train(
@@ -142,7 +146,7 @@ pub fn amp_train(
     loader: &DataLoader,
     device: Device,
     num_epochs: usize,
-) -> Result<(Vec<f64>, LargeModel, Tensor, Tensor)> {
+) -> Result<AmpRun> {
     let mut scaler = GradScaler::new(device)?.enabled(device.is_cuda()); // GradScaler()
     model.to(device)?;
     let mut optimizer = Adam::new(model.parameters(), 0.01)?;
@@ -165,15 +169,12 @@ pub fn amp_train(
         }
         losses.push(total / loader.len() as f64);
     }
-    let (outputs, loss) = last.unwrap();
+    let (outputs, loss) = last.ok_or_else(|| Error::invalid("amp_train", "no batches"))?;
     Ok((losses, model, outputs, loss))
 }
 
 /// The AMP loop for `epochs` on a learnable task, with and without checkpointing.
-pub fn run_amp(
-    device: Device,
-    epochs: usize,
-) -> Result<[(Vec<f64>, LargeModel, Tensor, Tensor); 2]> {
+pub fn run_amp(device: Device, epochs: usize) -> Result<[AmpRun; 2]> {
     let inputs = Tensor::randn([256, 32], ())?;
     let labels = inputs.mm(&Tensor::randn([32, 32], ())?)?.argmax(1)?;
     let data = Arc::new(TensorDataset::new(vec![inputs, labels])?);
@@ -282,7 +283,7 @@ pub fn run_pitfalls(device: Device) -> Result<(u64, f64, Result<()>)> {
     let kept = memory::memory_allocated(device)? - base;
 
     let (x, y) = (Tensor::randn([32, 100], device)?, Tensor::randint(0, 10, [32], device)?);
-    let grad = || model.weight.grad().unwrap().abs()?.sum_all()?.item::<f64>();
+    let grad = || model.weight.grad().expect("backward() ran").abs()?.sum_all()?.item::<f64>();
     criterion.forward(&model.call(&x)?, &y)?.backward()?;
     let once = grad()?;
     criterion.forward(&model.call(&x)?, &y)?.backward()?; // no zero_grad: they add up

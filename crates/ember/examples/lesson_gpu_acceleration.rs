@@ -96,8 +96,7 @@ pub fn run(device: Device, second: Device) -> Result<(Vec<f64>, f64)> {
         println!("{name}: {}", param.device());
     }
     let (train_loader, inputs, labels) = task_loader()?;
-    let mut optimizer = Adam::new(model.parameters(), 0.01)?;
-    let mut losses = vec![];
+    let (mut optimizer, mut losses) = (Adam::new(model.parameters(), 0.01)?, vec![]);
     for epoch in 0..5 {
         losses.push(train_epoch(&model, &train_loader, &mut optimizer)?);
         println!("Epoch {epoch}: Loss = {:.4}", losses[epoch]);
@@ -150,7 +149,8 @@ pub fn run_amp(device: Device, epochs: usize, iterations: usize) -> Result<Amp> 
             drop(autocast);
             assert_eq!((output.dtype(), loss.dtype()), (low, DType::F32));
             scaler.scale(&loss)?.backward()?; // backward pass with gradient scaling
-            assert!(model.parameters().iter().all(|p| p.grad().unwrap().dtype() == DType::F32));
+            let params = model.parameters();
+            assert!(params.iter().all(|p| p.grad().is_some_and(|g| g.dtype() == DType::F32)));
             scaler.step(&mut optimizer)?; // optimizer step with unscaling
             scaler.update()?;
             if batch_idx % 100 == 0 {
@@ -175,13 +175,13 @@ pub fn run_amp(device: Device, epochs: usize, iterations: usize) -> Result<Amp> 
     let scaled_loss = demo.scale(&loss)?; // loss * 65536
     assert_eq!(scaled_loss.item::<f64>()?, loss.item::<f64>()? * 65536.0);
     scaled_loss.backward()?;
-    let scaled = y.grad().unwrap().to_vec::<f32>()?;
+    let scaled = y.grad().expect("backward() ran").to_vec::<f32>()?;
     demo.unscale_(&mut sgd)?; // unscaled_grads = grads / scale_factor
-    let unscaled = y.grad().unwrap().to_vec::<f32>()?;
+    let unscaled = y.grad().expect("backward() ran").to_vec::<f32>()?;
     assert!(scaled.iter().zip(&unscaled).all(|(s, u)| s / 65536.0 == *u));
     let y32 = y.detach().requires_grad_(true)?; // the f32 gradients, without autocast
     F::cross_entropy(&x.mm(&y32)?, &target, ())?.backward()?;
-    let exact = y32.grad().unwrap().to_vec::<f32>()?;
+    let exact = y32.grad().expect("backward() ran").to_vec::<f32>()?;
     let largest = exact.iter().fold(0f32, |m, g| m.max(g.abs()));
     let diff = unscaled.iter().zip(&exact).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
     demo.step(&mut sgd)?;
@@ -246,7 +246,7 @@ pub fn benchmark_precision(
         device.cuda_index().map(|i| cuda::synchronize(Some(i))).transpose()?;
         let peak = memory::max_memory_allocated(device)? - base;
         results.push((name, start.elapsed().as_secs_f64(), peak));
-        println!("{name}: {:.3}s, peak memory {peak} bytes", results.last().unwrap().1);
+        println!("{name}: {:.3}s, peak memory {peak} bytes", results[results.len() - 1].1);
     }
     Ok(results)
 }
@@ -282,7 +282,7 @@ pub fn run_profiler(device: Device, log_dir: &Path) -> Result<Profiled> {
     let train_loader = DataLoader::new(data).batch_size(16).shuffle(true);
     let mut batches = train_loader.iter()?;
     let mut step = |optimizer: &mut Adam| -> Result<()> {
-        let batch = batches.next().unwrap()?;
+        let batch = batches.next().expect("enough batches")?;
         let loss = criterion.forward(&model.call(&batch[0].to(device)?)?, &batch[1].to(device)?)?;
         loss.backward()?;
         optimizer.step()?;
@@ -327,7 +327,7 @@ pub fn run_profiler(device: Device, log_dir: &Path) -> Result<Profiled> {
         (recorded.clone(), ember::profiler::tensorboard_trace_handler(log_dir, None));
     let on_ready = move |p: &ember::profiler::Profile| {
         let steps = p.events.iter().filter(|e| e.name.starts_with("ProfilerStep#"));
-        seen.lock().unwrap().push(steps.map(|e| e.name.clone()).collect());
+        seen.lock().expect("not poisoned").push(steps.map(|e| e.name.clone()).collect());
         handler(p)
     };
     let sched = schedule().skip_first(5).wait(1).warmup(2).active(3).repeat(2);
@@ -363,7 +363,7 @@ pub fn run_profiler(device: Device, log_dir: &Path) -> Result<Profiled> {
         rows.map(|e| (e.key.clone(), e.self_device_memory_usage)).collect();
     memory_events.sort_by_key(|e| std::cmp::Reverse(e.1)); // memory bottlenecks
     memory_events.truncate(5);
-    let recorded_steps = recorded.lock().unwrap().clone();
+    let recorded_steps = recorded.lock().expect("not poisoned").clone();
     Ok(Profiled { table, cuda_only_rows, recorded_steps, memory_table, memory_events })
 }
 

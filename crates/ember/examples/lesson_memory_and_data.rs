@@ -36,7 +36,7 @@ fn task(n: usize) -> Result<Arc<TensorDataset>> {
 }
 
 fn grads(model: &dyn Module) -> Result<Vec<Vec<f32>>> {
-    model.parameters().iter().map(|p| p.grad().unwrap().to_vec::<f32>()).collect()
+    model.parameters().iter().map(|p| p.grad().expect("backward() ran").to_vec::<f32>()).collect()
 }
 
 /// `train_with_memory_tracking` for one epoch: `(before, after)` bytes of each batch.
@@ -66,10 +66,14 @@ pub fn train_with_memory_tracking(
     Ok(seen)
 }
 
+/// The memory sections' findings: per-batch (allocated, reserved), the bytes
+/// `zero_grad(set_to_none=True)` freed, the error past the memory fraction.
+type MemoryRun = (Vec<(u64, u64)>, u64, Option<String>);
+
 /// The memory sections on `device`: the per-batch memory of the tracked epoch, the bytes
 /// `zero_grad(set_to_none=True)` freed after `zero_grad()` freed none, and the error of an
 /// allocation past `set_per_process_memory_fraction(0.8)` (CUDA).
-pub fn run_memory(device: Device) -> Result<(Vec<(u64, u64)>, u64, Option<String>)> {
+pub fn run_memory(device: Device) -> Result<MemoryRun> {
     let gb = |b: u64| b as f64 / 1e9;
     println!("Allocated: {:.2} GB", gb(memory::memory_allocated(device)?));
     println!("Reserved: {:.2} GB", gb(memory::memory_reserved(device)?));
@@ -96,7 +100,7 @@ pub fn run_memory(device: Device) -> Result<(Vec<(u64, u64)>, u64, Option<String
     plain.square()?.mean_all()?.backward()?;
     assert_eq!(grads(&ckpt)?, checkpointed); // the same gradients, recomputed
 
-    let batch = loader.iter()?.next().unwrap()?;
+    let batch = loader.iter()?.next().expect("a batch")?;
     let (data, target) = (batch[0].to(device)?, batch[1].to(device)?);
     let output = model.call(&data)?;
     let loss = criterion.forward(&output, &target)?;

@@ -64,23 +64,25 @@ impl Value {
             _ => {}
         }
         let digits = text.strip_prefix('-').unwrap_or(text);
-        if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) {
-            if let Ok(i) = text.parse::<i128>() {
-                return Value::Int(i);
-            }
+        if !digits.is_empty()
+            && digits.bytes().all(|b| b.is_ascii_digit())
+            && let Ok(i) = text.parse::<i128>()
+        {
+            return Value::Int(i);
         }
-        if text.starts_with('"') {
-            if let Ok(s) = serde_json::from_str::<String>(text) {
-                return Value::Str(s);
-            }
+        if text.starts_with('"')
+            && let Ok(s) = serde_json::from_str::<String>(text)
+        {
+            return Value::Str(s);
         }
         let numeric = text
             .bytes()
             .all(|b| b.is_ascii_digit() || matches!(b, b'-' | b'+' | b'.' | b'e' | b'E'));
-        if numeric && text.bytes().any(|b| b.is_ascii_digit()) {
-            if let Ok(f) = text.parse::<f64>() {
-                return Value::Float(f);
-            }
+        if numeric
+            && text.bytes().any(|b| b.is_ascii_digit())
+            && let Ok(f) = text.parse::<f64>()
+        {
+            return Value::Float(f);
         }
         Value::Str(text.to_string())
     }

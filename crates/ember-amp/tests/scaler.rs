@@ -389,22 +389,10 @@ fn state_dict_round_trip_and_errors(dev: &Device) -> Result<()> {
     // The numbers as 0-dim tensors (how a checkpoint may keep them) load too.
     let as_tensors = StateDict::new()
         .with("scale", Tensor::scalar(16f32, Device::Cpu)?)
-        .with(
-            "growth_factor",
-            Tensor::scalar(2f64, Device::Cpu)?,
-        )
-        .with(
-            "backoff_factor",
-            Tensor::scalar(0.5f64, Device::Cpu)?,
-        )
-        .with(
-            "growth_interval",
-            Tensor::scalar(9i64, Device::Cpu)?,
-        )
-        .with(
-            "_growth_tracker",
-            Tensor::scalar(1i64, Device::Cpu)?,
-        );
+        .with("growth_factor", Tensor::scalar(2f64, Device::Cpu)?)
+        .with("backoff_factor", Tensor::scalar(0.5f64, Device::Cpu)?)
+        .with("growth_interval", Tensor::scalar(9i64, Device::Cpu)?)
+        .with("_growth_tracker", Tensor::scalar(1i64, Device::Cpu)?);
     scaler.load_state_dict(&as_tensors)?;
     assert_eq!(scaler.get_scale()?, 16.0);
     assert_eq!(scaler.get_growth_interval(), 9);

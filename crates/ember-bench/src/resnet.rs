@@ -179,7 +179,12 @@ fn cases(device: Device) -> Vec<(String, usize, bool, Option<DType>)> {
             ("train_resnet18_b32".into(), 32, true, None),
             ("fwd_resnet18_b32".into(), 32, false, None),
             ("train_resnet18_b32_f16".into(), 32, true, Some(DType::F16)),
-            ("train_resnet18_b32_bf16".into(), 32, true, Some(DType::Bf16)),
+            (
+                "train_resnet18_b32_bf16".into(),
+                32,
+                true,
+                Some(DType::Bf16),
+            ),
         ];
     }
     let mut v = Vec::new();

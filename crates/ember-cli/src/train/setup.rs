@@ -155,7 +155,9 @@ pub(super) fn width(cfg: &TrainConfig, ckpt: Option<&Checkpoint>) -> Result<usiz
         (None, w) => w.unwrap_or(DEFAULT_WIDTH),
     };
     if w == 0 {
-        return Err(invalid("expected --width of at least 1, found 0".to_string()));
+        return Err(invalid(
+            "expected --width of at least 1, found 0".to_string(),
+        ));
     }
     Ok(w)
 }

@@ -1,7 +1,7 @@
 //! The checks a run makes before it trains: its options, the world it runs in, and a
 //! checkpoint it resumes from (Note [Resumable training]).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use ember_nn::{Error, NnError};
 
@@ -54,10 +54,13 @@ pub fn format_duration(seconds: f64) -> String {
 }
 
 /// The files a run reads and writes, checked before it starts: `--resume` must be a
-/// readable file, and `--save` must go to an existing, writable directory (a file there is
-/// replaced). Each error names its option.
+/// readable file (unless it names the `--save` path and nothing is there yet: the first
+/// attempt of a restartable job, which `checkpoint::resume_from` starts from scratch), and
+/// `--save` must go to an existing, writable directory (a file there is replaced). Each
+/// error names its option.
 pub(super) fn check_paths(cfg: &TrainConfig) -> Result<(), Error> {
-    if let Some(p) = &cfg.resume {
+    let first_attempt = |p: &PathBuf| cfg.save.as_ref() == Some(p) && !p.exists();
+    if let Some(p) = cfg.resume.as_ref().filter(|p| !first_attempt(p)) {
         if let Err(e) = std::fs::File::open(p) {
             return Err(invalid(format!(
                 "--resume {}: cannot read the checkpoint: {e}",

@@ -62,10 +62,9 @@ fn pytorch_reads_the_model_part_of_a_checkpoint() {
                 std::env::var_os("EMBER_REQUIRE_TORCH").is_none(),
                 "EMBER_REQUIRE_TORCH is set, but no Python imports torch and safetensors: {why}"
             );
-            eprintln!(
-                "skipped: no Python imports torch and safetensors ({why}); `cargo xtask torch-venv` makes target/bench-venv"
+            ember_testing::skip!(
+                "no Python imports torch and safetensors ({why}); `cargo xtask torch-venv` makes target/bench-venv"
             );
-            return;
         }
     };
     ember::manual_seed(0);

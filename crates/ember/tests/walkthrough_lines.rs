@@ -7,8 +7,8 @@
 //!
 //! The PyTorch texts are other people's work and are not in the repository: their code
 //! lines are named here by line ranges, and their counts recorded. Where the texts are at
-//! hand (`EMBER_WALKTHROUGH_TEXTS`, or the team's `/work/shared/reference`), the test
-//! recounts them from the ranges; `digits_cnn.py`, Ember's own, is always counted.
+//! hand (`EMBER_WALKTHROUGH_TEXTS` names their folder), the test recounts them from the
+//! ranges; `digits_cnn.py`, Ember's own, is always counted.
 
 use std::path::{Path, PathBuf};
 
@@ -255,9 +255,7 @@ fn pytorch_lines(dir: &Path, t: &Text) -> usize {
 }
 
 fn texts_dir() -> Option<PathBuf> {
-    let dir = std::env::var_os("EMBER_WALKTHROUGH_TEXTS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/work/shared/reference"));
+    let dir = PathBuf::from(std::env::var_os("EMBER_WALKTHROUGH_TEXTS")?);
     dir.join(D2L).exists().then_some(dir)
 }
 

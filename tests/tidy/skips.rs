@@ -155,7 +155,8 @@ fn the_return_check_sees_bare_returns_only() {
     let path = Path::new("crates/x/tests/t.rs");
     let text = "fn t() {\n    if a {\n        return;\n    }\n}\n";
     assert_eq!(unexplained_returns(path, text).len(), 1);
-    let why = format!("fn t() {{\n    if a {{\n        {NOT_A_SKIP} done\n        return;\n    }}\n}}\n");
+    let why =
+        format!("fn t() {{\n    if a {{\n        {NOT_A_SKIP} done\n        return;\n    }}\n}}\n");
     assert!(unexplained_returns(path, &why).is_empty());
     let empty = format!("fn t() {{\n        return; {NOT_A_SKIP}\n}}\n");
     assert_eq!(unexplained_returns(path, &empty).len(), 1);

@@ -358,7 +358,10 @@ fn run_suites(s: &mut Session, suites: &[String], library_path: Option<&str>) ->
                 .env("RUSTC_BOOTSTRAP", "1")
                 .args(suites::JSON_ARGS);
             let (name, variant) = if apis.len() > 1 {
-                (format!("test-{t}-{api}"), Some(format!("EMBER_CUDNN_API={api}")))
+                (
+                    format!("test-{t}-{api}"),
+                    Some(format!("EMBER_CUDNN_API={api}")),
+                )
             } else {
                 (format!("test-{t}"), None)
             };
@@ -530,7 +533,9 @@ pub fn run(args: &[String]) -> Result<(), String> {
                 let doc = suites_file(&manifest, host.as_str(), args, records);
                 match save_in(&out.join("results"), &doc, "cuda-suites") {
                     Ok(p) => eprintln!("==> suite outcomes in {}", p.display()),
-                    Err(e) => s.summary.push(format!("tests: rc=1 cannot save the outcomes: {e}")),
+                    Err(e) => s
+                        .summary
+                        .push(format!("tests: rc=1 cannot save the outcomes: {e}")),
                 }
             }
             "train" => {

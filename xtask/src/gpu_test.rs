@@ -22,7 +22,14 @@ pub fn run(args: &[String]) -> Result<(), String> {
     eprintln!("==> probing for a CUDA GPU (`ember info --json`, emulator off)");
     let out = cargo()
         .args([
-            "run", "-q", "--locked", "-p", "ember-cli", "--", "info", "--json",
+            "run",
+            "-q",
+            "--locked",
+            "-p",
+            "ember-cli",
+            "--",
+            "info",
+            "--json",
         ])
         .env_remove("EMBER_CUDA_EMULATOR")
         .env_remove("EMBER_CUDA_EMULATOR_MEMORY")
@@ -52,7 +59,9 @@ pub fn run(args: &[String]) -> Result<(), String> {
     }
     let parsed: serde_json::Value = serde_json::from_str(&info).unwrap_or_default();
     if let Some(why) = parsed["cuda_kernels_missing"].as_str() {
-        return Err(format!("a GPU is present but `ember` cannot run on it: {why}"));
+        return Err(format!(
+            "a GPU is present but `ember` cannot run on it: {why}"
+        ));
     }
     let fatbin = std::env::var_os("EMBER_KERNELS_FATBIN")
         .map(std::path::PathBuf::from)

@@ -66,7 +66,9 @@ pub fn check_suite_results(files: &[(PathBuf, Value)]) -> Result<(), String> {
             suites::validate(v).map_err(|e| format!("{}: {e}", p.display()))?;
         }
         for t in v["tables"].as_array().into_iter().flatten() {
-            let unverified = t["unverified"].as_str().is_some_and(|w| !w.trim().is_empty());
+            let unverified = t["unverified"]
+                .as_str()
+                .is_some_and(|w| !w.trim().is_empty());
             if suites::is_suite_table(t) && !unverified {
                 return Err(format!(
                     "{}: the table {:?} reports test-suite results by hand; suite results come \
@@ -279,7 +281,10 @@ fn extra_tables(out: &mut String, v: &Value) {
             continue;
         };
         if let Some(why) = t["unverified"].as_str() {
-            let _ = writeln!(out, "**Written by hand, not generated; unverified:** {why}\n");
+            let _ = writeln!(
+                out,
+                "**Written by hand, not generated; unverified:** {why}\n"
+            );
         }
         let _ = writeln!(out, "{}\n", text(t, "title"));
         let cells = |row: &[Value]| -> String {

@@ -187,10 +187,16 @@ pub fn validate(doc: &Value) -> Result<(), String> {
         for t in tests {
             let outcome = t["outcome"].as_str().unwrap_or("");
             if !["passed", "failed", "skipped"].contains(&outcome) {
-                return Err(format!("{name}: test {} has outcome {outcome:?}", t["name"]));
+                return Err(format!(
+                    "{name}: test {} has outcome {outcome:?}",
+                    t["name"]
+                ));
             }
             if outcome == "skipped" && t["reason"].as_str().is_none_or(str::is_empty) {
-                return Err(format!("{name}: skipped test {} gives no reason", t["name"]));
+                return Err(format!(
+                    "{name}: skipped test {} gives no reason",
+                    t["name"]
+                ));
             }
         }
     }
@@ -225,7 +231,10 @@ pub fn summary_lines(r: &Value) -> Vec<String> {
             _ => {}
         }
         for p in t["skipped_parts"].as_array().into_iter().flatten() {
-            lines.push(format!("    part skipped in {name}: {}", p.as_str().unwrap_or("")));
+            lines.push(format!(
+                "    part skipped in {name}: {}",
+                p.as_str().unwrap_or("")
+            ));
         }
     }
     lines
@@ -239,7 +248,8 @@ pub fn is_suite_table(t: &Value) -> bool {
         text.match_indices(w).any(|(at, _)| {
             let before = text[..at].chars().next_back();
             let after = text[at + w.len()..].chars().next();
-            before.is_none_or(|c| !c.is_alphanumeric()) && after.is_none_or(|c| !c.is_alphanumeric())
+            before.is_none_or(|c| !c.is_alphanumeric())
+                && after.is_none_or(|c| !c.is_alphanumeric())
         })
     };
     (word("passed") || word("failed")) && (text.contains("test") || text.contains("suite"))
@@ -264,7 +274,10 @@ pub fn render(out: &mut String, records: &[Value]) {
         );
     }
     let mut lists: [(&str, Vec<String>); 3] = [
-        ("Skipped (they ran nothing on the GPU; none counts as passed)", Vec::new()),
+        (
+            "Skipped (they ran nothing on the GPU; none counts as passed)",
+            Vec::new(),
+        ),
         ("Parts skipped in tests that passed", Vec::new()),
         ("Failed", Vec::new()),
     ];
@@ -280,9 +293,10 @@ pub fn render(out: &mut String, records: &[Value]) {
                 _ => {}
             }
             for p in t["skipped_parts"].as_array().into_iter().flatten() {
-                lists[1]
-                    .1
-                    .push(format!("- `{suite}` `{name}`: {}", p.as_str().unwrap_or("")));
+                lists[1].1.push(format!(
+                    "- `{suite}` `{name}`: {}",
+                    p.as_str().unwrap_or("")
+                ));
             }
         }
     }
@@ -340,8 +354,22 @@ garbage from a kernel's printf
     #[test]
     fn records_count_their_tests_and_are_checked() {
         let tests = parse_libtest_json(STREAM, "exit 101");
-        let r = suite_record("t", Some("EMBER_CUDNN_API=graph"), "tests/t", Some(101), 1.5, &tests);
-        assert_eq!((r["passed"].as_u64(), r["failed"].as_u64(), r["skipped"].as_u64()), (Some(1), Some(2), Some(2)));
+        let r = suite_record(
+            "t",
+            Some("EMBER_CUDNN_API=graph"),
+            "tests/t",
+            Some(101),
+            1.5,
+            &tests,
+        );
+        assert_eq!(
+            (
+                r["passed"].as_u64(),
+                r["failed"].as_u64(),
+                r["skipped"].as_u64()
+            ),
+            (Some(1), Some(2), Some(2))
+        );
         assert_eq!(run_name(&r), "t [EMBER_CUDNN_API=graph]");
         let doc = json!({"generator": GENERATOR, "records": [r.clone()]});
         validate(&doc).unwrap();
@@ -381,7 +409,10 @@ garbage from a kernel's printf
         let r = suite_record("cudnn", None, "tests/cudnn", Some(101), 2.0, &tests);
         let mut page = String::new();
         render(&mut page, &[r]);
-        assert!(page.contains("| `cudnn` | 1 | 2 | 2 | 101 | 2 s |"), "{page}");
+        assert!(
+            page.contains("| `cudnn` | 1 | 2 | 2 | 101 | 2 s |"),
+            "{page}"
+        );
         assert!(page.contains("- `cudnn` `a`: no second GPU"), "{page}");
         assert!(page.contains("- `cudnn` `d`: #[ignore]: slow"), "{page}");
         assert!(page.contains("Failed (2)"), "{page}");

@@ -180,6 +180,13 @@ pub struct AutocastOptions {
     pub cache_enabled: bool,
 }
 
+impl From<Device> for AutocastOptions {
+    /// `torch.autocast(device_type)`: [`AutocastOptions::new`].
+    fn from(device_type: Device) -> Self {
+        AutocastOptions::new(device_type)
+    }
+}
+
 impl AutocastOptions {
     /// An enabled region on `device_type`'s type with the default dtype and the cache on.
     pub fn new(device_type: impl Into<Device>) -> Self {
@@ -255,12 +262,15 @@ pub fn autocast(device_type: impl Into<Device>, dtype: DType) -> Result<Autocast
     autocast_with(AutocastOptions::new(device_type).dtype(dtype))
 }
 
-/// Enters an autocast region with all of PyTorch's options ([`AutocastOptions`]).
+/// Enters an autocast region with all of PyTorch's options ([`AutocastOptions`]), or with
+/// the device type's default dtype when given a device: `autocast_with(device)` is
+/// `with torch.autocast(device.type):` (f16 on CUDA, bf16 on the CPU).
 ///
 /// # Errors
 ///
 /// As [`autocast`]: an unsupported dtype is an error, and the thread's state is unchanged.
-pub fn autocast_with(opts: AutocastOptions) -> Result<AutocastGuard> {
+pub fn autocast_with(opts: impl Into<AutocastOptions>) -> Result<AutocastGuard> {
+    let opts = opts.into();
     let device_type = opts.device_type;
     let mut s = state();
     let dtype = match opts.dtype {
@@ -323,7 +333,7 @@ pub fn with_autocast<R>(
 /// # Errors
 ///
 /// As [`autocast_with`]; `f` is not run then.
-pub fn with_autocast_opts<R>(opts: AutocastOptions, f: impl FnOnce() -> R) -> Result<R> {
+pub fn with_autocast_opts<R>(opts: impl Into<AutocastOptions>, f: impl FnOnce() -> R) -> Result<R> {
     let _g = autocast_with(opts)?;
     Ok(f())
 }

@@ -18,4 +18,4 @@ pub use autocast::{
     AutocastGuard, AutocastOptions, autocast, autocast_with, get_autocast_dtype,
     is_autocast_enabled, with_autocast, with_autocast_opts,
 };
-pub use scaler::{GradScaler, GradScalerOptions, ScalerError, ScalerState};
+pub use scaler::{GradScaler, GradScalerOptions, ScalerError};

@@ -15,7 +15,7 @@
 //!
 //! let w = Tensor::from_vec(vec![1f32, 2.], [2], &Device::Cpu)?.requires_grad_(true)?;
 //! let mut opt = SGD::new(vec![w.clone()], SgdOptions { lr: 0.1, ..Default::default() })?;
-//! let mut scaler = GradScaler::new(Device::Cpu);
+//! let mut scaler = GradScaler::new(Device::Cpu)?;
 //! let loss = w.mul(&w)?.sum_all()?;
 //! scaler.scale(&loss)?.backward()?;        // grads are 65536 * 2w
 //! assert!(scaler.step(&mut opt)?);         // unscaled to 2w, no inf: stepped
@@ -40,11 +40,12 @@
 //! `unscale_` and its `step` of one iteration (a training loop borrows it; a moved one would
 //! look new to the scaler and be unscaled twice).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
 use ember_autograd::{Error, ErrorKind, Result, Tensor};
 use ember_nn::optim::Optimizer;
-use ember_tensor::{DType, Device, Scalar, Shape, Tensor as Raw};
+use ember_nn::{StateDict, Value};
+use ember_tensor::{DType, Device, Shape, Tensor as Raw};
 
 /// A scaler's error: the message, and the [`ErrorKind`] it is carried as in [`Error`].
 #[derive(Debug, Clone, PartialEq)]
@@ -81,11 +82,6 @@ pub const STATE_KEYS: [&str; 5] = [
     "growth_interval",
     "_growth_tracker",
 ];
-
-/// A [`GradScaler`]'s state: PyTorch's `state_dict()` keys ([`STATE_KEYS`]) to their values
-/// (`scale`, `growth_factor`, `backoff_factor` as floats; `growth_interval`,
-/// `_growth_tracker` as integers). Empty for a disabled scaler, as PyTorch's.
-pub type ScalerState = BTreeMap<String, Scalar>;
 
 /// The options of a [`GradScaler`] (PyTorch's constructor arguments and defaults).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -215,11 +211,34 @@ fn key<O: Optimizer + ?Sized>(optimizer: &O) -> usize {
 }
 
 impl GradScaler {
-    /// A scaler for gradients on `device`, with PyTorch's defaults
-    /// ([`GradScalerOptions::default`]: scale 2^16, growth ×2 every 2000 good steps,
-    /// backoff ×0.5).
-    pub fn new(device: Device) -> GradScaler {
-        GradScaler::build(device, GradScalerOptions::default())
+    /// `torch.amp.GradScaler(device)`: a scaler for gradients on `device`, with PyTorch's
+    /// defaults ([`GradScalerOptions::default`]: scale 2^16, growth ×2 every 2000 good
+    /// steps, backoff ×0.5), enabled on every device, the CPU included, as PyTorch's.
+    ///
+    /// The one rule for the CPU: enabled unless you say otherwise. bf16 (the CPU's autocast
+    /// dtype) has f32's range and needs no loss scaling, so a loop meant for both CUDA (f16)
+    /// and the CPU usually asks for `GradScaler::new(device)?.enabled(device.is_cuda())` —
+    /// the effect of the older `torch.cuda.amp.GradScaler()`, which disables itself without
+    /// CUDA. A disabled scaler passes everything through (`scale` returns the loss, `step`
+    /// steps). A `Result`, as its neighbours' constructors.
+    ///
+    /// ```
+    /// use ember_amp::GradScaler;
+    /// use ember_tensor::Device;
+    /// assert!(GradScaler::new(Device::Cpu)?.is_enabled());
+    /// let device = Device::Cpu;
+    /// assert!(!GradScaler::new(device)?.enabled(device.is_cuda()).is_enabled());
+    /// # Ok::<(), ember_autograd::Error>(())
+    /// ```
+    pub fn new(device: Device) -> Result<GradScaler> {
+        GradScaler::with_options(device, GradScalerOptions::default())
+    }
+
+    /// `self`, enabled or not (PyTorch's `enabled=`): a disabled scaler passes everything
+    /// through. Set it before the first `scale`.
+    pub fn enabled(mut self, enabled: bool) -> GradScaler {
+        self.enabled = enabled;
+        self
     }
 
     /// A scaler with `options`; an error names an option out of range (growth factor ≤ 1,
@@ -323,7 +342,7 @@ impl GradScaler {
     /// # use ember_tensor::Device;
     /// # let w = Tensor::from_vec(vec![3f32, 4.], [2], &Device::Cpu)?.requires_grad_(true)?;
     /// # let mut opt = SGD::new(vec![w.clone()], SgdOptions { lr: 0.1, ..Default::default() })?;
-    /// # let mut scaler = GradScaler::new(Device::Cpu);
+    /// # let mut scaler = GradScaler::new(Device::Cpu)?;
     /// scaler.scale(&w.mul(&w)?.sum_all()?)?.backward()?;
     /// scaler.unscale_(&mut opt)?;                       // the true gradients, 2w
     /// clip_grad_norm_(&[w.clone()], 1.0, 2.0)?;        // clip those
@@ -585,35 +604,26 @@ impl GradScaler {
         Ok(())
     }
 
-    /// The state with PyTorch's keys ([`STATE_KEYS`]); empty when disabled.
-    pub fn state_dict(&self) -> Result<ScalerState> {
+    /// The state with PyTorch's keys ([`STATE_KEYS`]), as plain values of a [`StateDict`]
+    /// (`scale`, `growth_factor`, `backoff_factor` floats; `growth_interval`,
+    /// `_growth_tracker` integers), the type every `state_dict()` in Ember returns; empty
+    /// when disabled, as PyTorch's.
+    pub fn state_dict(&self) -> Result<StateDict> {
         if !self.enabled {
-            return Ok(ScalerState::new());
+            return Ok(StateDict::new());
         }
-        Ok(ScalerState::from([
-            ("scale".to_string(), Scalar::Float(self.get_scale()?)),
-            (
-                "growth_factor".to_string(),
-                Scalar::Float(self.growth_factor),
-            ),
-            (
-                "backoff_factor".to_string(),
-                Scalar::Float(self.backoff_factor),
-            ),
-            (
-                "growth_interval".to_string(),
-                Scalar::Int(self.growth_interval),
-            ),
-            (
-                "_growth_tracker".to_string(),
-                Scalar::Int(self.get_growth_tracker()?),
-            ),
-        ]))
+        Ok(StateDict::new()
+            .with("scale", self.get_scale()?)
+            .with("growth_factor", self.growth_factor)
+            .with("backoff_factor", self.backoff_factor)
+            .with("growth_interval", self.growth_interval)
+            .with("_growth_tracker", self.get_growth_tracker()?))
     }
 
-    /// Loads a [`state_dict`](GradScaler::state_dict). Every key must be there with a valid
-    /// value, and no other key (nothing is changed otherwise). Disabled: nothing.
-    pub fn load_state_dict(&mut self, state: &ScalerState) -> Result<()> {
+    /// Loads a [`state_dict`](GradScaler::state_dict) (its values plain, or 0-dim tensors).
+    /// Every key must be there with a valid value, and no other key (nothing is changed
+    /// otherwise). Disabled: nothing.
+    pub fn load_state_dict(&mut self, state: &StateDict) -> Result<()> {
         if !self.enabled {
             return Ok(());
         }
@@ -625,40 +635,50 @@ impl GradScaler {
                 "The source state dict is empty, possibly because it was saved from a disabled instance of GradScaler.",
             ));
         }
-        if let Some(k) = state.keys().find(|k| !STATE_KEYS.contains(&k.as_str())) {
+        let mut keys = state.keys().chain(state.plain().map(|(k, _)| k));
+        if let Some(k) = keys.find(|k| !STATE_KEYS.contains(&k.as_str())) {
             return Err(err(
                 ErrorKind::StateDict,
                 OP,
                 format!("unexpected key {k:?}; a GradScaler state has the keys {STATE_KEYS:?}"),
             ));
         }
-        let get = |k: &str| {
-            state.get(k).copied().ok_or_else(|| {
-                err(
+        let get = |k: &str| -> Result<Value> {
+            if !state.contains_key(k) {
+                return Err(err(
                     ErrorKind::StateDict,
                     OP,
                     format!("missing key {k:?}; a GradScaler state has the keys {STATE_KEYS:?}"),
-                )
-            })
+                ));
+            }
+            state
+                .item::<Value>(k)
+                .map_err(|e| err(ErrorKind::StateDict, OP, e.to_string()))
         };
         let float = |k: &str| -> Result<f64> {
             match get(k)? {
-                Scalar::Float(v) => Ok(v),
-                Scalar::Int(v) => Ok(v as f64),
-                Scalar::Bool(_) => Err(err(
+                Value::Float(v) => Ok(v),
+                Value::Int(v) => Ok(v as f64),
+                other => Err(err(
                     ErrorKind::StateDict,
                     OP,
-                    format!("{k:?} must be a number, but is a bool"),
+                    format!("{k:?} must be a number, but is {other}"),
                 )),
             }
         };
         let int = |k: &str| -> Result<i64> {
             match get(k)? {
-                Scalar::Int(v) => Ok(v),
+                Value::Int(v) => i64::try_from(v).map_err(|_| {
+                    err(
+                        ErrorKind::StateDict,
+                        OP,
+                        format!("{k:?} is out of range: {v}"),
+                    )
+                }),
                 other => Err(err(
                     ErrorKind::StateDict,
                     OP,
-                    format!("{k:?} must be an integer, but is {other:?}"),
+                    format!("{k:?} must be an integer, but is {other}"),
                 )),
             }
         };

@@ -8,11 +8,11 @@
 
 use std::sync::OnceLock;
 
-use ember_amp::scaler::{GradScaler, GradScalerOptions, STATE_KEYS, ScalerState};
+use ember_amp::scaler::{GradScaler, GradScalerOptions, STATE_KEYS};
 use ember_autograd::{ErrorKind, Result};
-use ember_nn::Tensor;
 use ember_nn::optim::{Optimizer, SGD, SgdOptions, clip_grad_norm_};
-use ember_tensor::{DType, Device, Scalar, Tensor as Raw};
+use ember_nn::{StateDict, Tensor, Value as V};
+use ember_tensor::{DType, Device, Tensor as Raw};
 use ember_testing::test_device;
 use serde_json::Value;
 
@@ -161,11 +161,10 @@ fn matches_pytorch(dev: &Device) -> Result<()> {
     let got = scaler.state_dict()?;
     assert_eq!(got.len(), want.len());
     for (k, v) in want {
-        let g = got.get(k).unwrap();
-        match g {
-            Scalar::Float(x) => assert_eq!(*x, v.as_f64().unwrap(), "{k}"),
-            Scalar::Int(x) => assert_eq!(*x, v.as_i64().unwrap(), "{k}"),
-            Scalar::Bool(_) => panic!("{k} is a bool"),
+        match got.value(k).unwrap() {
+            V::Float(x) => assert_eq!(*x, v.as_f64().unwrap(), "{k}"),
+            V::Int(x) => assert_eq!(*x, i128::from(v.as_i64().unwrap()), "{k}"),
+            other => panic!("{k} is {other:?}"),
         }
     }
     Ok(())
@@ -177,7 +176,7 @@ test_device!(scaler_matches_pytorch, matches_pytorch);
 fn one_param_setup(dev: &Device, g: Vec<f32>) -> (Tensor, SGD, GradScaler) {
     let p = f32_param(vec![1.0; g.len()], &[g.len()], dev);
     let opt = sgd(std::slice::from_ref(&p), 0.5, 0.0);
-    let mut scaler = GradScaler::new(*dev);
+    let mut scaler = GradScaler::new(*dev).unwrap();
     scaler.scale(&scalar_loss(dev)).unwrap();
     let n = g.len();
     p.set_grad(Some(&Tensor::from_vec(g, [n], dev).unwrap()))
@@ -219,7 +218,7 @@ fn step_without_scale_is_an_error(dev: &Device) -> Result<()> {
     let p = f32_param(vec![1.0, 2.0], &[2], dev);
     let mut opt = sgd(std::slice::from_ref(&p), 0.5, 0.0);
     p.set_grad(Some(&Tensor::from_vec(vec![1f32, 1.], [2], dev)?))?;
-    let mut scaler = GradScaler::new(*dev);
+    let mut scaler = GradScaler::new(*dev)?;
     for e in [
         scaler.step(&mut opt).unwrap_err(),
         scaler.unscale_(&mut opt).unwrap_err(),
@@ -262,7 +261,7 @@ fn other_device_is_an_error(dev: &Device) -> Result<()> {
     } else {
         Device::Cpu
     };
-    let mut scaler = GradScaler::new(*dev);
+    let mut scaler = GradScaler::new(*dev)?;
     let e = scaler.scale(&scalar_loss(&other)).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::DeviceMismatch);
     scaler.scale(&scalar_loss(dev))?;
@@ -290,8 +289,15 @@ fn other_device_is_an_error(dev: &Device) -> Result<()> {
 }
 test_device!(other_device, other_device_is_an_error, [cuda]);
 
-fn state(pairs: &[(&str, Scalar)]) -> ScalerState {
-    pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect()
+fn state(pairs: &[(&str, V)]) -> StateDict {
+    pairs
+        .iter()
+        .fold(StateDict::new(), |d, (k, v)| d.with(*k, v.clone()))
+}
+
+/// A state dict's plain values, in order.
+fn values(d: &StateDict) -> Vec<(String, V)> {
+    d.plain().map(|(k, v)| (k.clone(), v.clone())).collect()
 }
 
 fn state_dict_round_trip_and_errors(dev: &Device) -> Result<()> {
@@ -300,81 +306,97 @@ fn state_dict_round_trip_and_errors(dev: &Device) -> Result<()> {
     scaler.step(&mut opt)?;
     scaler.update()?;
     let sd = scaler.state_dict()?;
-    assert_eq!(sd.keys().map(String::as_str).collect::<Vec<_>>(), {
-        let mut k = STATE_KEYS.to_vec();
-        k.sort_unstable();
-        k
-    });
-    assert_eq!(sd["scale"], Scalar::Float(65536.0));
-    assert_eq!(sd["_growth_tracker"], Scalar::Int(1));
-    assert_eq!(sd["growth_interval"], Scalar::Int(5));
+    // PyTorch's keys, as plain values (PyTorch's are Python numbers), no tensors.
+    assert_eq!(
+        sd.plain().map(|(k, _)| k.as_str()).collect::<Vec<_>>(),
+        STATE_KEYS
+    );
+    assert_eq!(sd.keys().count(), 0);
+    assert_eq!(sd.value("scale"), Some(&V::Float(65536.0)));
+    assert_eq!(sd.value("_growth_tracker"), Some(&V::Int(1)));
+    assert_eq!(sd.value("growth_interval"), Some(&V::Int(5)));
 
     // Loaded into a fresh scaler (before its first scale) and into a running one.
-    let mut fresh = GradScaler::new(*dev);
+    let mut fresh = GradScaler::new(*dev)?;
     fresh.load_state_dict(&sd)?;
-    assert_eq!(fresh.state_dict()?, sd);
+    assert_eq!(values(&fresh.state_dict()?), values(&sd));
     fresh.scale(&scalar_loss(dev))?;
-    assert_eq!(fresh.state_dict()?, sd);
-    let mut other = state(&[
-        ("scale", Scalar::Float(8.0)),
-        ("growth_factor", Scalar::Float(4.0)),
-        ("backoff_factor", Scalar::Float(0.25)),
-        ("growth_interval", Scalar::Int(3)),
-        ("_growth_tracker", Scalar::Int(2)),
+    assert_eq!(values(&fresh.state_dict()?), values(&sd));
+    let other = state(&[
+        ("scale", V::Float(8.0)),
+        ("growth_factor", V::Float(4.0)),
+        ("backoff_factor", V::Float(0.25)),
+        ("growth_interval", V::Int(3)),
+        ("_growth_tracker", V::Int(2)),
     ]);
     scaler.load_state_dict(&other)?;
-    assert_eq!(scaler.state_dict()?, other);
+    assert_eq!(values(&scaler.state_dict()?), values(&other));
     assert_eq!(scaler.get_growth_factor(), 4.0);
     assert_eq!(scaler.get_backoff_factor(), 0.25);
     assert_eq!(scaler.get_growth_interval(), 3);
 
     // Bad states: an error each, and the scaler keeps `other`.
     let mut missing = other.clone();
-    missing.remove("_growth_tracker");
-    let mut unknown = other.clone();
-    unknown.insert("scale_".into(), Scalar::Float(1.0));
-    let bad = |k: &str, v: Scalar| {
-        let mut s = other.clone();
-        s.insert(k.into(), v);
-        s
-    };
+    missing.remove_value("_growth_tracker");
+    let unknown = other.clone().with("scale_", 1.0);
+    let bad = |k: &str, v: V| other.clone().with(k, v);
+    let tensor_unknown = other
+        .clone()
+        .with("extra", Tensor::scalar(1f32, Device::Cpu)?);
     for (case, s, needle) in [
-        ("empty", ScalerState::new(), "source state dict is empty"),
+        ("empty", StateDict::new(), "source state dict is empty"),
+        ("unknown tensor", tensor_unknown, "unexpected key \"extra\""),
+        (
+            "string",
+            bad("scale", V::Str("big".into())),
+            "must be a number, but is \"big\"",
+        ),
         ("missing", missing, "missing key \"_growth_tracker\""),
         ("unknown", unknown, "unexpected key \"scale_\""),
-        ("negative scale", bad("scale", Scalar::Float(-1.0)), "scale"),
-        ("nan scale", bad("scale", Scalar::Float(f64::NAN)), "scale"),
+        ("negative scale", bad("scale", V::Float(-1.0)), "scale"),
+        ("nan scale", bad("scale", V::Float(f64::NAN)), "scale"),
         (
             "growth",
-            bad("growth_factor", Scalar::Float(0.5)),
+            bad("growth_factor", V::Float(0.5)),
             "growth factor",
         ),
         (
             "backoff",
-            bad("backoff_factor", Scalar::Float(1.5)),
+            bad("backoff_factor", V::Float(1.5)),
             "backoff factor",
         ),
         (
             "interval",
-            bad("growth_interval", Scalar::Int(0)),
+            bad("growth_interval", V::Int(0)),
             "growth interval",
         ),
         (
             "float interval",
-            bad("growth_interval", Scalar::Float(2.0)),
+            bad("growth_interval", V::Float(2.0)),
             "integer",
         ),
         (
             "tracker",
-            bad("_growth_tracker", Scalar::Int(7)),
+            bad("_growth_tracker", V::Int(7)),
             "_growth_tracker",
         ),
     ] {
         let e = scaler.load_state_dict(&s).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::StateDict, "{case}: {e}");
         assert!(e.to_string().contains(needle), "{case}: {e}");
-        assert_eq!(scaler.state_dict()?, other, "{case}");
+        assert_eq!(values(&scaler.state_dict()?), values(&other), "{case}");
     }
+    // The numbers as 0-dim tensors (how a checkpoint may keep them) load too.
+    let as_tensors = StateDict::new()
+        .with("scale", Tensor::scalar(16f32, Device::Cpu)?)
+        .with("growth_factor", Tensor::scalar(2f64, Device::Cpu)?)
+        .with("backoff_factor", Tensor::scalar(0.5f64, Device::Cpu)?)
+        .with("growth_interval", Tensor::scalar(9i64, Device::Cpu)?)
+        .with("_growth_tracker", Tensor::scalar(1i64, Device::Cpu)?);
+    scaler.load_state_dict(&as_tensors)?;
+    assert_eq!(scaler.get_scale()?, 16.0);
+    assert_eq!(scaler.get_growth_interval(), 9);
+    scaler.load_state_dict(&other)?;
     // Setters refuse what the constructor refuses.
     assert!(scaler.set_growth_factor(1.0).is_err());
     assert!(scaler.set_backoff_factor(0.0).is_err());
@@ -389,7 +411,6 @@ fn state_dict_round_trip_and_errors(dev: &Device) -> Result<()> {
         )
         .is_err()
     );
-    other.clear();
     Ok(())
 }
 test_device!(state_dict, state_dict_round_trip_and_errors);
@@ -418,7 +439,7 @@ fn disabled_is_a_pass_through(dev: &Device) -> Result<()> {
     scaler.update_with(3.0)?;
     assert_eq!(scaler.get_scale()?, 1.0);
     assert!(scaler.state_dict()?.is_empty());
-    scaler.load_state_dict(&ScalerState::new())?;
+    scaler.load_state_dict(&StateDict::new())?;
     Ok(())
 }
 test_device!(disabled, disabled_is_a_pass_through);
@@ -560,7 +581,7 @@ fn one_launch_per_device_and_dtype(dev: &Device) -> Result<()> {
         params.push(p);
     }
     let mut opt = sgd(&params, 0.5, 0.0);
-    let mut scaler = GradScaler::new(*dev);
+    let mut scaler = GradScaler::new(*dev)?;
     scaler.scale(&scalar_loss(dev))?;
     let before = thread_launch_counts();
     let waits_before: u64 = thread_host_waits().values().sum();
@@ -611,7 +632,7 @@ fn f16_gradients_are_refused(dev: &Device) -> Result<()> {
         &Tensor::from_vec(vec![2f32], [1], dev)?.to_dtype(DType::F16)?,
     ))?;
     let mut opt = sgd(std::slice::from_ref(&p), 0.5, 0.0);
-    let mut scaler = GradScaler::new(*dev);
+    let mut scaler = GradScaler::new(*dev)?;
     scaler.scale(&scalar_loss(dev))?;
     let e = scaler.unscale_(&mut opt).unwrap_err();
     assert!(
@@ -652,7 +673,7 @@ fn optimizer_is_object_safe_here() {
     // `step` takes `&mut dyn Optimizer` as training loops hold it.
     let p = f32_param(vec![1.0], &[1], &Device::Cpu);
     let mut opt: Box<dyn Optimizer> = Box::new(sgd(std::slice::from_ref(&p), 0.5, 0.0));
-    let mut scaler = GradScaler::new(Device::Cpu);
+    let mut scaler = GradScaler::new(Device::Cpu).unwrap();
     scaler.scale(&scalar_loss(&Device::Cpu)).unwrap();
     p.set_grad(Some(
         &Tensor::from_vec(vec![65536f32], [1], Device::Cpu).unwrap(),

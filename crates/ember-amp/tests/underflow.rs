@@ -52,7 +52,7 @@ fn train(dev: &Device, mode: Mode) -> Result<(Vec<f32>, f32, f32)> {
             ..Default::default()
         },
     )?;
-    let mut scaler = GradScaler::new(*dev);
+    let mut scaler = GradScaler::new(*dev)?;
     let (mut first, mut last) = (0.0, 0.0);
     for step in 0..STEPS {
         let pred = if mode == Mode::F32 {

@@ -19,8 +19,8 @@ use std::ffi::OsString;
 use std::process::{Command, ExitCode, Stdio};
 use std::time::Duration;
 
-use ember_parallel::launch::{self, LaunchOptions, Spawner};
 use ember_parallel::group;
+use ember_parallel::launch::{self, LaunchOptions, Spawner};
 
 use crate::dist::{RANKS_OUT_ENV, records_of};
 use crate::harness::{Options, Record};
@@ -98,10 +98,7 @@ pub fn run(opts: &Options, out: &mut Vec<Record>, rank_threads: usize) -> Result
         return Ok(());
     }
     let exe = std::env::current_exe().map_err(|e| format!("cannot find ember-bench: {e}"))?;
-    let file = std::env::temp_dir().join(format!(
-        "ember-bench-nodes-{}.json",
-        std::process::id()
-    ));
+    let file = std::env::temp_dir().join(format!("ember-bench-nodes-{}.json", std::process::id()));
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map_err(|e| format!("cannot find a free port: {e}"))?

@@ -28,7 +28,7 @@
 //! `cuda:0` the batches shrink to 4 rows (the records say `"emulated": true` and `batch`),
 //! so the path runs everywhere and a real GPU measures the full size.
 
-use ember_amp::{GradScaler, GradScalerOptions, autocast};
+use ember_amp::{GradScaler, autocast};
 use ember_device::{Device, cuda};
 use ember_nn::layers::{Linear, ReLU, Sequential};
 use ember_nn::loss::CrossEntropyLoss;
@@ -144,14 +144,9 @@ fn train_case(
     let loss_fn = CrossEntropyLoss::new();
     // f16 needs loss scaling (PyTorch's recipe); bf16 has f32's range and runs without:
     // its scaler is disabled, a pass-through.
-    let mut scaler = GradScaler::with_options(
-        device,
-        GradScalerOptions {
-            enabled: amp == Some(DType::F16),
-            ..Default::default()
-        },
-    )
-    .map_err(err)?;
+    let mut scaler = GradScaler::new(device)
+        .map_err(err)?
+        .enabled(amp == Some(DType::F16));
     let profiler = match profiling {
         Profiling::Off => None,
         Profiling::On | Profiling::CpuOnly | Profiling::CudaOnly | Profiling::CudaEventsOnly => {

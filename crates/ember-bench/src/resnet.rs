@@ -50,7 +50,7 @@ fn conv(
 ) -> Result<Conv2d, String> {
     let config = Conv2dConfig {
         stride: Size2(stride, stride),
-        padding: Size2(padding, padding),
+        padding: Size2(padding, padding).into(),
         bias: false,
         ..Conv2dConfig::default()
     };
@@ -58,7 +58,7 @@ fn conv(
 }
 
 fn bn(c: usize) -> Result<BatchNorm2d, String> {
-    BatchNorm2d::new_2d(c, ()).map_err(err)
+    BatchNorm2d::new(c, ()).map_err(err)
 }
 
 /// torchvision's `BasicBlock` (expansion 1).
@@ -179,7 +179,12 @@ fn cases(device: Device) -> Vec<(String, usize, bool, Option<DType>)> {
             ("train_resnet18_b32".into(), 32, true, None),
             ("fwd_resnet18_b32".into(), 32, false, None),
             ("train_resnet18_b32_f16".into(), 32, true, Some(DType::F16)),
-            ("train_resnet18_b32_bf16".into(), 32, true, Some(DType::Bf16)),
+            (
+                "train_resnet18_b32_bf16".into(),
+                32,
+                true,
+                Some(DType::Bf16),
+            ),
         ];
     }
     let mut v = Vec::new();

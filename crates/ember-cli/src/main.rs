@@ -73,14 +73,14 @@ enum Command {
         #[arg(long, default_value = "auto")]
         device: DeviceChoice,
         /// Passes over the training set (in all, when resuming).
-        #[arg(long, default_value_t = TrainConfig::default().epochs)]
+        #[arg(long, default_value_t = TrainConfig::default().epochs, allow_negative_numbers = true)]
         epochs: usize,
         /// Samples per step.
-        #[arg(long, default_value_t = TrainConfig::default().batch_size)]
+        #[arg(long, default_value_t = TrainConfig::default().batch_size, allow_negative_numbers = true)]
         batch_size: usize,
         /// Adam's learning rate [default: 0.002]. With --resume: overrides the
         /// checkpoint's (a note on stderr says so).
-        #[arg(long)]
+        #[arg(long, allow_negative_numbers = true)]
         lr: Option<f64>,
         /// The model.
         #[arg(long, value_enum, default_value_t = ModelKind::Mlp)]
@@ -91,10 +91,10 @@ enum Command {
         width: Option<usize>,
         /// Seed for initialisation, the split and the data order [default: 0]. With
         /// --resume: the checkpoint's; another seed is an error.
-        #[arg(long)]
+        #[arg(long, allow_negative_numbers = true)]
         seed: Option<u64>,
         /// Worker threads preparing batches ahead.
-        #[arg(long, default_value_t = 0)]
+        #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
         num_workers: usize,
         /// Write a checkpoint (model, optimizer, epoch, RNG state) here after every epoch.
         #[arg(long)]
@@ -196,6 +196,12 @@ fn train(cfg: TrainConfig, json: bool) -> ExitCode {
         bar: None,
         quiet: json || !rank_zero,
     };
+    // Options and files first: a bad --lr or an unreadable --resume fails before anything
+    // is printed, naming its option.
+    if let Err(e) = ember_cli::train::preflight(&cfg) {
+        eprintln!("error: {e}");
+        return ExitCode::FAILURE;
+    }
     let (device, why) = match ember_cli::train::resolve_device(cfg.device) {
         Ok(d) => d,
         Err(e) => {
@@ -226,10 +232,10 @@ fn train(cfg: TrainConfig, json: bool) -> ExitCode {
         return print_json("ember train", &summary);
     } else {
         println!(
-            "done: {} epoch(s) on {} in {:.1} s, {:.0} samples/s; final loss {:.4}, validation accuracy {:.2}% ({} samples); peak memory {}",
+            "done: {} epoch(s) on {} in {}, {:.0} samples/s; final loss {:.4}, validation accuracy {:.2}% ({} samples); peak memory {}",
             summary.epochs_run,
             summary.device,
-            summary.seconds,
+            ember_cli::train::format_duration(summary.seconds),
             summary.samples_per_sec,
             summary.final_loss,
             100.0 * summary.val_accuracy,

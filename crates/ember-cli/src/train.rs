@@ -43,6 +43,7 @@ pub use checkpoint::{Checkpoint, FORMAT, read_checkpoint};
 pub use device::{CudaState, choose_device, resolve_device};
 pub use model::build_model;
 pub use profile::{PROFILE_ACTIVE, PROFILE_SKIP, ProfileSummary};
+pub use setup::{format_duration, show};
 
 use data::Data;
 use distributed::Distributed;
@@ -273,10 +274,18 @@ impl Progress for Silent {
     fn epoch_end(&mut self, _: &EpochStats) {}
 }
 
-/// Trains as `cfg` says and returns the summary: the checks, the setup, the epochs (each
-/// validated and checkpointed), and the report.
-pub fn train(cfg: &TrainConfig, progress: &mut dyn Progress) -> Result<TrainSummary, Error> {
+/// The checks that need no device and no data, made before anything is printed or
+/// trained: the options' values (`--epochs`, `--batch-size`, `--lr`), and the files
+/// (`--resume` readable, `--save` writable), each error naming its option.
+pub fn preflight(cfg: &TrainConfig) -> Result<(), Error> {
     setup::check_options(cfg)?;
+    setup::check_paths(cfg)
+}
+
+/// Trains as `cfg` says and returns the summary: the checks ([`preflight`] first), the
+/// setup, the epochs (each validated and checkpointed), and the report.
+pub fn train(cfg: &TrainConfig, progress: &mut dyn Progress) -> Result<TrainSummary, Error> {
+    preflight(cfg)?;
     let (device, device_reason) = resolve_device(cfg.device)?;
     let (dist, device, device_reason) = Distributed::from_env(device, device_reason)?;
     let (world, rank) = dist

@@ -72,18 +72,33 @@ fn numbers(b: &[u8]) -> Vec<(usize, usize)> {
     out
 }
 
-/// Sets the recorded checksum to that of the (changed) data, so that what follows the
+/// Where the checksum's 8 hex digits are in a file Ember wrote (right after
+/// `{"__metadata__":{"ember.checksum":"`), if they are there.
+fn checksum_at(b: &[u8]) -> Option<usize> {
+    let head = format!(
+        "{{\"__metadata__\":{{\"{}\":\"",
+        ember::tensor::io::CHECKSUM_KEY
+    );
+    let at = 8 + head.len();
+    (b.len() >= at + 8 && &b[8..at] == head.as_bytes()).then_some(at)
+}
+
+/// The CRC-32 of the whole file with the checksum's digits read as `00000000`.
+fn file_crc(b: &[u8]) -> String {
+    let mut z = b.to_vec();
+    if let Some(at) = checksum_at(b) {
+        z[at..at + 8].copy_from_slice(b"00000000");
+    }
+    format!("{:08x}", crc32fast::hash(&z))
+}
+
+/// Sets the recorded checksum to that of the (changed) file, so that what follows the
 /// checksum (the optimizer's validation) is what the mutation reaches.
 fn fix_checksum(b: &mut [u8]) {
-    let n = 8 + header_len(b);
-    let key = format!("\"{}\":\"", ember::tensor::io::CHECKSUM_KEY);
-    let Some(at) = b[8..n].windows(key.len()).position(|w| w == key.as_bytes()) else {
-        // not a skip: a mutation that broke the key leaves nothing to fix.
-        return;
-    };
-    let at = 8 + at + key.len();
-    let crc = format!("{:08x}", crc32fast::hash(&b[n..]));
-    b[at..at + 8].copy_from_slice(crc.as_bytes());
+    if let Some(at) = checksum_at(b) {
+        let crc = file_crc(b);
+        b[at..at + 8].copy_from_slice(crc.as_bytes());
+    }
 }
 
 /// One mutation of `good`, and what it was (for the failure message).
@@ -156,7 +171,7 @@ fn mutate(good: &[u8], rng: &mut Rng) -> (Vec<u8>, String) {
                 (b"\"mlp\"", b"\"cnn\""),
                 (b"F32", b"U8 "),
                 (b"true", b"null"),
-                (b"ember-train-checkpoint-v2", b"ember-train-checkpoint-v1"),
+                (b"ember-train-checkpoint-v3", b"ember-train-checkpoint-v2"),
             ];
             let (from, to) = swaps[rng.below(swaps.len())];
             let hits: Vec<usize> = (8..data.saturating_sub(from.len()))
@@ -201,11 +216,9 @@ fn check(path: &Path, bytes: &[u8], device: Device) -> Result<(), String> {
     let ck = read_checkpoint(path).map_err(|e| e.to_string())?;
     let (model, opt) = ck.restore(device).map_err(|e| e.to_string())?;
     // Loaded: the checksum is there and matches these bytes.
-    let n = 8 + header_len(bytes);
-    let want = format!("{:08x}", crc32fast::hash(&bytes[n..]));
     assert_eq!(
-        ck.metadata.get(ember::tensor::io::CHECKSUM_KEY),
-        Some(&want),
+        ck.checksum,
+        file_crc(bytes),
         "a loaded checkpoint must carry its verified checksum"
     );
     // ... and the optimizer state is one its constructor would accept.

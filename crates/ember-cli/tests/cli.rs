@@ -287,12 +287,17 @@ fn train_auto_says_why_it_uses_the_cpu() {
 #[test]
 fn train_cnn_width_sets_its_channels() {
     let v = train_json(
-        &["--epochs", "1", "--model", "cnn", "--width", "8", "--device", "cpu"],
+        &[
+            "--epochs", "1", "--model", "cnn", "--width", "8", "--device", "cpu",
+        ],
         None,
     );
     assert_eq!(v["width"], 8);
     // conv 1→8 (3×3, bias), conv 8→16, linear 16·2·2→10.
-    assert_eq!(v["parameters"], 8 * 9 + 8 + 16 * 8 * 9 + 16 + 16 * 4 * 10 + 10);
+    assert_eq!(
+        v["parameters"],
+        8 * 9 + 8 + 16 * 8 * 9 + 16 + 16 * 4 * 10 + 10
+    );
     assert!(v["samples_per_sec"].as_f64().unwrap() > 0.0);
     let v = train_json(&["--epochs", "1", "--device", "cpu"], None);
     assert!(v["width"].is_null(), "{v}");

@@ -21,6 +21,8 @@ use ember::Device;
 use ember::parallel::store::TcpStore;
 use ember::parallel::{Backend, InitMethod, InitOptions, ProcessGroup};
 
+// Formatted as an example (examples/rustfmt.toml), not as a test.
+#[rustfmt::skip]
 #[path = "../../ember/examples/distributed.rs"]
 mod distributed;
 

@@ -39,7 +39,10 @@ fn info_keeps_cuda_available_and_says_the_kernels_were_not_built() {
     assert_eq!(v["cuda_kernels_missing"], MISSING);
     let text = String::from_utf8(ember(&["info"], true).stdout).unwrap();
     assert!(text.contains("CUDA available:   true"), "{text}");
-    assert!(text.contains(&format!("  but:            {MISSING}")), "{text}");
+    assert!(
+        text.contains(&format!("  but:            {MISSING}")),
+        "{text}"
+    );
     // With the kernels (the emulator's, compiled into every build), nothing is missing.
     let v = json(&ember(&["info", "--json"], false));
     assert!(v["cuda_kernels_missing"].is_null(), "{v}");

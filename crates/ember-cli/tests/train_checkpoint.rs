@@ -220,12 +220,13 @@ fn amp_runs_learn_as_well_as_f32() {
     }
 }
 
-/// The `scaler.*` metadata of the checkpoint at `path`.
-fn scaler_metadata(path: &str) -> Vec<(String, String)> {
+/// The `scaler.*` and `amp` values of the checkpoint at `path`.
+fn scaler_metadata(path: &str) -> Vec<(String, ember::Value)> {
     let ck = ember_cli::train::read_checkpoint(std::path::Path::new(path)).unwrap();
-    ck.metadata
-        .into_iter()
-        .filter(|(k, _)| k.starts_with("scaler.") || k == "amp")
+    ck.state
+        .plain()
+        .filter(|(k, _)| k.starts_with("scaler.") || *k == "amp")
+        .map(|(k, v)| (k.clone(), v.clone()))
         .collect()
 }
 
@@ -260,11 +261,14 @@ fn a_resumed_f16_run_carries_the_scaler() {
             * straight["train_samples"].as_u64().unwrap().div_ceil(64);
         let tracker = meta.iter().find(|(k, _)| k == "scaler._growth_tracker");
         assert_eq!(
-            tracker.map(|(_, v)| v.as_str()),
-            Some(batches.to_string().as_str()),
+            tracker.map(|(_, v)| v.clone()),
+            Some(ember::Value::Int(i128::from(batches))),
             "{meta:?}"
         );
-        assert!(meta.contains(&("amp".into(), "f16".into())), "{meta:?}");
+        assert!(
+            meta.contains(&("amp".into(), ember::Value::Str("f16".into()))),
+            "{meta:?}"
+        );
 
         // Another precision than the checkpoint's.
         for other in [&["--amp", "bf16"][..], &[]] {

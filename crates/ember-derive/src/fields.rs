@@ -165,6 +165,13 @@ fn mentions_tensor(tokens: TokenStream2) -> bool {
     })
 }
 
+/// Whether the type is `PhantomData<..>` (a marker that holds nothing: a replica makes a new
+/// one, whatever type parameter it names).
+pub(crate) fn is_phantom(ty: &Type) -> bool {
+    matches!(ty, Type::Path(p) if p.qself.is_none()
+        && p.path.segments.last().is_some_and(|s| s.ident == "PhantomData"))
+}
+
 /// Whether the type's tokens name one of the struct's type parameters.
 pub(crate) fn mentions_any(tokens: TokenStream2, params: &[Ident]) -> bool {
     !params.is_empty()

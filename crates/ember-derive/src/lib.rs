@@ -86,11 +86,11 @@
 //!         "head.weight", "head.bias",
 //!     ]
 //! );
-//! assert!(net.state_dict().contains_key("steps"));
+//! assert!(net.state_dict()?.contains_key("steps"));
 //! let y = net.call(&Tensor::randn([3, 4], ())?)?;
 //! assert_eq!(y.dims(), [3, 2]);
 //! let copy = net.replicate()?; // the same structure around new tensors
-//! assert_eq!(copy.state_dict().keys().collect::<Vec<_>>(), net.state_dict().keys().collect::<Vec<_>>());
+//! assert_eq!(copy.state_dict()?.keys().collect::<Vec<_>>(), net.state_dict()?.keys().collect::<Vec<_>>());
 //! assert!(!copy.scale.same(&net.scale));
 //! # Ok(()) }
 //! ```
@@ -172,6 +172,9 @@
 //!   Any `&'static str` expression works, with `self` in scope:
 //!   `#[module(name = self.kind)]`.
 //! - `#[module(no_replicate)]`: no `Replicate` impl (see [Replicas](#replicas)).
+//! - `#[module(no_display)]`: no `Display` impl. By default the derive writes one that
+//!   prints the module tree as PyTorch's `print(model)` does (`Module::describe`), so
+//!   `println!("{model}")` works; a struct with its own `Display` opts out.
 //! - `#[module(crate = ember::nn)]`: where the generated code finds `ember-nn`. By default
 //!   the derive reads the calling package's `Cargo.toml` (through `proc-macro-crate`): a
 //!   dependency on `ember-nn` (renamed or not) gives `::ember_nn`, else one on `ember`
@@ -258,7 +261,7 @@ use quote::{ToTokens, format_ident, quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::{Data, DeriveInput, Expr, Ident, LitStr};
 
-use fields::{Role, mentions_any, role};
+use fields::{Role, is_phantom, mentions_any, role};
 
 /// Implements `ModuleParts` and `Replicate` for a struct: see the [crate docs](crate) for
 /// what each field becomes and the attributes it reads (`#[param]`, `#[buffer]`,
@@ -277,6 +280,8 @@ struct StructOptions {
     krate: Option<syn::Path>,
     /// `#[module(no_replicate)]`: no `Replicate` impl.
     no_replicate: bool,
+    /// `#[module(no_display)]`: no `Display` impl (for a struct that has its own).
+    no_display: bool,
 }
 
 fn expand(input: &DeriveInput) -> syn::Result<TokenStream2> {
@@ -335,10 +340,13 @@ fn expand(input: &DeriveInput) -> syn::Result<TokenStream2> {
             }
         };
         let ty = &field.ty;
-        let generic = mentions_any(ty.to_token_stream(), &type_params);
+        // A `PhantomData<T>` holds no `T`: a replica makes a new one, with no bound on `T`.
+        let phantom = is_phantom(ty);
+        let generic = !phantom && mentions_any(ty.to_token_stream(), &type_params);
         let span = ty.span();
         let role = role(field)?;
         let (init, bound) = match role {
+            Role::Ignored if phantom => (quote!(::std::marker::PhantomData), quote!()),
             Role::Param | Role::Buffer | Role::Child => (
                 quote_spanned! {span=> #rt::Replicate::replicate_with(&self.#access, memo)? },
                 quote!(#ty: #rt::Replicate),
@@ -509,8 +517,21 @@ fn expand(input: &DeriveInput) -> syn::Result<TokenStream2> {
         }
     });
 
+    let display_impl = (!opts.no_display).then(|| {
+        quote! {
+            #[automatically_derived]
+            impl #impl_generics ::std::fmt::Display for #ident #ty_generics #where_tokens {
+                fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
+                    f.write_str(&#rt::Module::describe(self))
+                }
+            }
+        }
+    });
+
     Ok(quote! {
         #replicate_impl
+
+        #display_impl
 
         #[automatically_derived]
         impl #impl_generics #rt::ModuleParts for #ident #ty_generics #where_tokens {
@@ -536,6 +557,7 @@ fn struct_options(input: &DeriveInput) -> syn::Result<StructOptions> {
         name: None,
         krate: None,
         no_replicate: false,
+        no_display: false,
     };
     for attr in &input.attrs {
         if attr.path().is_ident("param") || attr.path().is_ident("buffer") {
@@ -563,12 +585,15 @@ fn struct_options(input: &DeriveInput) -> syn::Result<StructOptions> {
             } else if meta.path.is_ident("no_replicate") {
                 opts.no_replicate = true;
                 Ok(())
+            } else if meta.path.is_ident("no_display") {
+                opts.no_display = true;
+                Ok(())
             } else if meta.path.is_ident("skip") {
                 Err(meta.error("#[module(skip)] goes on a field, not on the struct"))
             } else {
                 Err(meta.error(
                     "unknown #[module(..)] option on a struct: expected `name = ..`, \
-                     `crate = ..` or `no_replicate`",
+                     `crate = ..`, `no_replicate` or `no_display`",
                 ))
             }
         })?;

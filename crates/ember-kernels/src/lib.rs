@@ -382,7 +382,10 @@ mod tests {
         assert!(kernels_present(Emulated, false, false));
         assert!(kernels_present(Emulated, true, false));
         assert!(kernels_present(Real, true, false));
-        assert!(!kernels_present(Real, false, false), "a GPU without the fatbin");
+        assert!(
+            !kernels_present(Real, false, false),
+            "a GPU without the fatbin"
+        );
         for kind in [Emulated, Real] {
             for fatbin in [false, true] {
                 assert!(!kernels_present(kind, fatbin, true), "pretending");

@@ -33,7 +33,7 @@
 //!     act: ReLU::new(),
 //!     fc2: Linear::new(8, 2, ())?,
 //! };
-//! let sd = model.state_dict();
+//! let sd = model.state_dict()?;
 //! let keys: Vec<&str> = sd.keys().map(String::as_str).collect();
 //! assert_eq!(keys, ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]);
 //! assert_eq!(model.call(&Tensor::randn([3, 4], ())?)?.dims(), [3, 2]);
@@ -59,9 +59,10 @@ pub use ember_derive::Module;
 pub use error::{Error, ErrorKind, NnError, Result};
 pub use loss::Loss;
 pub use module::{
-    ChildModules, ClonePlainField, DynReplicate, ForwardHook, ForwardPreHook, HookHandle,
-    IncompatibleKeys, Module, ModuleHooks, ModuleParts, ModuleTarget, ReplicaMemo, Replicate,
-    StateDict, TensorField, TrainingFlag, check_device, checkpoint, parameter, prefix_error,
+    ChildModules, ClonePlainField, DynReplicate, ForwardHook, ForwardPreHook, FromValue,
+    HookHandle, IncompatibleKeys, Module, ModuleHooks, ModuleParts, ModuleTarget, ReplicaMemo,
+    Replicate, StateDict, StateItem, TensorField, TrainingFlag, Value, check_device, checkpoint,
+    parameter, prefix_error,
 };
 
 /// What `#[derive(Module)]`'s generated code names, at one path whichever crate re-exports

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use ember_device::cuda;
 use ember_device::driver::emulator::EmulatorConfig;
 use ember_nn::layers::{
-    BatchNorm, BatchNormConfig, Embedding, LayerNorm, Linear, ReLU, Sequential,
+    BatchNorm1d, BatchNorm2d, BatchNormConfig, Embedding, LayerNorm, Linear, ReLU, Sequential,
 };
 use ember_nn::{Module, ModuleHooks, ModuleParts, NnError, Result, StateDict, Tensor};
 use ember_tensor::{DType, Device};
@@ -99,7 +99,7 @@ fn my_net(d: Device) -> MyNet {
         extra: None,
         head: Sequential::new()
             .add(Linear::new(4, 4, d).unwrap())
-            .add(BatchNorm::new_1d(4, d).unwrap())
+            .add(BatchNorm1d::new(4, d).unwrap())
             .add(ReLU::new()),
         shared_a: shared.clone(),
         shared_b: shared,
@@ -209,7 +209,7 @@ fn a_derived_model_has_pytorchs_names_order_and_print_out() {
     let _rng = rng_lock();
     let net = my_net(Device::Cpu);
     assert_eq!(names(net.named_parameters()), NAMED_PARAMETERS);
-    let sd = net.state_dict();
+    let sd = net.state_dict().unwrap();
     let keys: Vec<&str> = sd.keys().map(String::as_str).collect();
     assert_eq!(keys, STATE_DICT);
     assert_eq!(names(net.named_buffers()), NAMED_BUFFERS);
@@ -247,8 +247,13 @@ fn state_dict_round_trips_with_shared_keys_and_keeps_pytorchs_order() {
     let _rng = rng_lock();
     let a = my_net(Device::Cpu);
     let b = my_net(Device::Cpu);
-    b.load_state_dict(&a.state_dict()).unwrap();
-    for ((na, pa), (nb, pb)) in a.state_dict().iter().zip(b.state_dict().iter()) {
+    b.load_state_dict(&a.state_dict().unwrap()).unwrap();
+    for ((na, pa), (nb, pb)) in a
+        .state_dict()
+        .unwrap()
+        .iter()
+        .zip(b.state_dict().unwrap().iter())
+    {
         assert_eq!(na, nb);
         assert_eq!(
             pa.to_dtype(DType::F64).unwrap().to_vec::<f64>().unwrap(),
@@ -257,7 +262,7 @@ fn state_dict_round_trips_with_shared_keys_and_keeps_pytorchs_order() {
         );
     }
     // Every key is expected, the shared ones included.
-    let mut sd = a.state_dict();
+    let mut sd = a.state_dict().unwrap();
     sd.remove("shared_b.bias");
     let e = b.load_state_dict(&sd).unwrap_err().to_string();
     assert!(
@@ -284,7 +289,7 @@ fn to_moves_a_derived_model_by_value_by_reference_and_with_a_dtype() {
         let net = my_net(Device::Cpu);
         let held = net.parameters();
         net.to(d).unwrap();
-        for (n, t) in net.state_dict() {
+        for (n, t) in net.state_dict().unwrap() {
             assert_eq!(t.device(), d, "{n}");
         }
         assert!(held.iter().all(|p| p.device() == d), "moved in place");
@@ -581,7 +586,7 @@ fn batch_norm_momentum_none_keeps_a_cumulative_average() {
             momentum: None,
             ..BatchNormConfig::default()
         };
-        let bn = BatchNorm::with_config_1d(3, config, (d, DType::F64)).unwrap();
+        let bn = BatchNorm1d::with_config(3, config, (d, DType::F64)).unwrap();
         let mut y = None;
         for k in 0..3 {
             y = Some(bn.call(&batch(k, &[4, 3], d)).unwrap());
@@ -672,7 +677,7 @@ fn batch_norm_without_running_stats_uses_the_batch_in_eval_too() {
             track_running_stats: false,
             ..BatchNormConfig::default()
         };
-        let bn = BatchNorm::with_config_2d(2, config, (d, DType::F64)).unwrap();
+        let bn = BatchNorm2d::with_config(2, config, (d, DType::F64)).unwrap();
         {
             let _g = ember_autograd::no_grad();
             let w = ember_tensor::Tensor::from_vec(vec![0.5f64, 2.0], [2], d).unwrap();
@@ -684,7 +689,7 @@ fn batch_norm_without_running_stats_uses_the_batch_in_eval_too() {
         close(&bn.call(&x).unwrap(), &OUT, "train output");
         bn.eval();
         close(&bn.call(&x).unwrap(), &OUT, "eval output");
-        let keys: Vec<String> = bn.state_dict().keys().cloned().collect();
+        let keys: Vec<String> = bn.state_dict().unwrap().keys().cloned().collect();
         assert_eq!(keys, ["weight", "bias"]);
         assert!(bn.buffers().is_empty());
         assert_eq!(
@@ -699,9 +704,9 @@ fn batch_norm_without_running_stats_uses_the_batch_in_eval_too() {
         affine: false,
         ..BatchNormConfig::default()
     };
-    let bn = BatchNorm::with_config_1d(3, config, ()).unwrap();
+    let bn = BatchNorm1d::with_config(3, config, ()).unwrap();
     assert_eq!(bn.parameters().len(), 0);
-    let keys: Vec<String> = bn.state_dict().keys().cloned().collect();
+    let keys: Vec<String> = bn.state_dict().unwrap().keys().cloned().collect();
     assert_eq!(keys, ["running_mean", "running_var", "num_batches_tracked"]);
     assert_eq!(
         bn.describe(),

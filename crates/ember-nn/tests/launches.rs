@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use ember_device::cuda;
 use ember_device::driver::emulator::{EmulatorConfig, thread_host_waits, thread_launch_counts};
 use ember_nn::layers::{
-    BatchNorm, Conv2d, Conv2dConfig, Flatten, Linear, MaxPool2d, ReLU, Sequential,
+    BatchNorm2d, Conv2d, Conv2dConfig, Flatten, Linear, MaxPool2d, ReLU, Sequential,
 };
 use ember_nn::loss::{CrossEntropyLoss, Loss};
 use ember_nn::optim::{Adam, AdamOptions, Optimizer};
@@ -33,7 +33,7 @@ fn block(cin: usize, cout: usize, d: Device) -> Sequential {
             )
             .unwrap(),
         )
-        .add(BatchNorm::new_2d(cout, d).unwrap())
+        .add(BatchNorm2d::new(cout, d).unwrap())
         .add(ReLU::new())
         .add(MaxPool2d::new(2))
 }

@@ -6,8 +6,8 @@ use ember_autograd::{GradcheckOptions, gradcheck};
 use ember_device::cuda;
 use ember_device::driver::emulator::EmulatorConfig;
 use ember_nn::layers::{
-    BatchNorm, Conv2d, Conv2dConfig, Dropout, Embedding, Flatten, LayerNorm, Linear, MaxPool2d,
-    ReLU, Sequential,
+    BatchNorm1d, BatchNorm2d, Conv2d, Conv2dConfig, Dropout, Embedding, Flatten, LayerNorm, Linear,
+    MaxPool2d, ReLU, Sequential,
 };
 use ember_nn::loss::{BCEWithLogitsLoss, CrossEntropyLoss, Loss, MSELoss};
 use ember_nn::{Module, NnError, StateDict, Tensor};
@@ -84,7 +84,7 @@ fn parameters_have_pytorch_names_and_the_model_prints_like_pytorch() {
         m.describe(),
         "Sequential(\n  (0): Linear(in_features=4, out_features=8, bias=True)\n  (1): ReLU()\n  (2): Dropout(p=0.5, inplace=False)\n  (3): Linear(in_features=8, out_features=3, bias=True)\n)"
     );
-    let bn = Sequential::new().add(BatchNorm::new_1d(3, ()).unwrap());
+    let bn = Sequential::new().add(BatchNorm1d::new(3, ()).unwrap());
     let bufs: Vec<String> = bn.named_buffers().into_iter().map(|(n, _)| n).collect();
     assert_eq!(
         bufs,
@@ -129,7 +129,7 @@ fn to_moves_parameters_buffers_and_grads_in_place() {
     devices();
     let m = Sequential::new()
         .add(Linear::new(4, 2, ()).unwrap())
-        .add(BatchNorm::new_1d(2, ()).unwrap());
+        .add(BatchNorm1d::new(2, ()).unwrap());
     let held = m.parameters();
     let x = Tensor::randn([3, 4], ()).unwrap();
     m.forward(&x)
@@ -188,7 +188,7 @@ fn state_dict_round_trips_and_reports_bad_keys_by_name() {
     for d in devices() {
         let a = mlp(d);
         let b = mlp(Device::Cpu);
-        b.load_state_dict(&a.state_dict()).unwrap();
+        b.load_state_dict(&a.state_dict().unwrap()).unwrap();
         for ((na, pa), (nb, pb)) in a.named_parameters().iter().zip(b.named_parameters()) {
             assert_eq!(na, &nb);
             assert_eq!(
@@ -198,7 +198,7 @@ fn state_dict_round_trips_and_reports_bad_keys_by_name() {
             );
             assert_eq!(pa.to_vec::<f32>().unwrap(), pb.to_vec::<f32>().unwrap());
         }
-        let mut sd: StateDict = a.state_dict();
+        let mut sd: StateDict = a.state_dict().unwrap();
         sd.remove("3.bias");
         sd.insert("4.weight".into(), Tensor::zeros([1], ()).unwrap());
         sd.insert("0.weight".into(), Tensor::zeros([4, 4], ()).unwrap());
@@ -215,7 +215,10 @@ fn state_dict_round_trips_and_reports_bad_keys_by_name() {
             e.contains("size mismatch for 0.weight: copying a param with shape [4, 4] from checkpoint, the shape in current model is [8, 4]."),
             "{e}"
         );
-        sd.insert("0.weight".into(), a.state_dict()["0.weight"].clone());
+        sd.insert(
+            "0.weight".into(),
+            a.state_dict().unwrap()["0.weight"].clone(),
+        );
         let keys = b.load_state_dict_opts(&sd, false).unwrap();
         assert_eq!(keys.missing_keys, ["3.bias"]);
         assert_eq!(keys.unexpected_keys, ["4.weight"]);
@@ -267,7 +270,7 @@ fn batch_norm_matches_a_naive_reference_in_train_and_eval() {
         let (n, c, h, w) = (3, 2, 2, 2);
         let xv = values(n * c * h * w, 3, -2.0, 2.0);
         let x = tensor(xv.clone(), &[n, c, h, w], DType::F64, d);
-        let bn = BatchNorm::new_2d(c, (d, DType::F64)).unwrap();
+        let bn = BatchNorm2d::new(c, (d, DType::F64)).unwrap();
         let y = bn.forward(&x).unwrap().to_vec::<f64>().unwrap();
         let m = (n * h * w) as f64;
         for ch in 0..c {
@@ -310,7 +313,7 @@ fn batch_norm_matches_a_naive_reference_in_train_and_eval() {
                 .unwrap(),
             1
         );
-        let e = BatchNorm::new_1d(3, ())
+        let e = BatchNorm1d::new(3, ())
             .unwrap()
             .forward(&Tensor::ones([1, 3], ()).unwrap());
         assert!(
@@ -335,7 +338,7 @@ fn batch_norm_of_a_16_bit_input_keeps_its_dtype_and_computes_in_f32() {
                 .to_dtype(dt)
                 .unwrap();
             let xq = x16.to_vec::<f64>().unwrap();
-            let bn = BatchNorm::new_2d(c, (d, DType::F32)).unwrap();
+            let bn = BatchNorm2d::new(c, (d, DType::F32)).unwrap();
             let y = bn.forward(&x16).unwrap();
             assert_eq!(y.dtype(), dt);
             let y = y.to_vec::<f64>().unwrap();
@@ -406,7 +409,7 @@ fn layers_and_losses_pass_gradcheck() {
         let x = tensor(values(4 * 6, 11, -2.0, 2.0), &[4, 6], DType::F64, d);
         let ln = LayerNorm::new(&[6], o).unwrap();
         check_grad(|x| ln.forward(x), &x);
-        let bn = BatchNorm::new_1d(6, o).unwrap();
+        let bn = BatchNorm1d::new(6, o).unwrap();
         check_grad(|x| bn.forward(x), &x);
         let lin = Linear::new(6, 3, o).unwrap();
         check_grad(|x| lin.forward(x), &x);
@@ -691,7 +694,7 @@ fn a_failed_move_leaves_the_model_unchanged() {
     devices();
     let model = Sequential::new()
         .add(Linear::new(3, 4, ()).unwrap())
-        .add(BatchNorm::new_1d(4, ()).unwrap());
+        .add(BatchNorm1d::new(4, ()).unwrap());
     let x = Tensor::randn([5, 3], ()).unwrap();
     model
         .forward(&x)

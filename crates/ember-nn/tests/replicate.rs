@@ -14,8 +14,8 @@ mod common;
 
 use common::devices;
 use ember_nn::layers::{
-    AvgPool2d, BatchNorm, BatchNormConfig, Conv2d, Dropout, Embedding, Flatten, GELU, LayerNorm,
-    Linear, MaxPool2d, ReLU, Sequential, SiLU, Sigmoid, Tanh,
+    AvgPool2d, BatchNorm1d, BatchNorm2d, BatchNormConfig, Conv2d, Dropout, Embedding, Flatten,
+    GELU, LayerNorm, Linear, MaxPool2d, ReLU, Sequential, SiLU, Sigmoid, Tanh,
 };
 use ember_nn::{Module, ModuleHooks, ReplicaMemo, Replicate, Result, Tensor};
 use ember_tensor::{Approximate, DType, Device};
@@ -50,7 +50,7 @@ fn members(m: &dyn Module) -> Vec<(String, Tensor)> {
 /// original kept its values.
 fn check_replica(what: &str, orig: &dyn Module, copy: &dyn Module, input: Option<&Tensor>) {
     assert_eq!(copy.describe(), orig.describe(), "{what}: print-out");
-    let sd = |m: &dyn Module| m.state_dict().keys().cloned().collect::<Vec<_>>();
+    let sd = |m: &dyn Module| m.state_dict().unwrap().keys().cloned().collect::<Vec<_>>();
     assert_eq!(sd(copy), sd(orig), "{what}: state_dict keys");
     let names = |v: Vec<(String, Tensor)>| v.into_iter().map(|(n, _)| n).collect::<Vec<_>>();
     assert_eq!(
@@ -155,7 +155,7 @@ fn every_layer_replicates_with_tensors_of_its_own() {
     check_layer(
         "BatchNorm1d",
         |d| {
-            let bn = BatchNorm::new_1d(3, d)?;
+            let bn = BatchNorm1d::new(3, d)?;
             bn.call(&randn(&[4, 3], d))?; // running statistics that are not the defaults
             Ok(bn)
         },
@@ -169,7 +169,7 @@ fn every_layer_replicates_with_tensors_of_its_own() {
                 track_running_stats: false,
                 ..Default::default()
             };
-            BatchNorm::with_config_2d(2, config, d)
+            BatchNorm2d::with_config(2, config, d)
         },
         |d| randn(&[2, 2, 3, 3], d),
     );
@@ -214,7 +214,7 @@ fn every_layer_replicates_with_tensors_of_its_own() {
         |d| {
             let mut s = Sequential::new()
                 .add(Conv2d::new(1, 2, 3, d)?)
-                .add(BatchNorm::new_2d(2, d)?)
+                .add(BatchNorm2d::new(2, d)?)
                 .add(ReLU::new())
                 .add(Flatten::new());
             s.push(Box::new(Linear::new(8, 2, d)?));
@@ -303,7 +303,7 @@ fn net(d: Device) -> Result<Net> {
         pair: [Linear::new(4, 4, d)?, Linear::new(4, 4, d)?],
         head: Sequential::new()
             .add(Linear::new(4, 4, d)?)
-            .add(BatchNorm::new_1d(4, d)?)
+            .add(BatchNorm1d::new(4, d)?)
             .add(Dropout::new(0.2)?),
         shared_a: shared.clone(),
         shared_b: shared,

@@ -473,6 +473,13 @@ fn deliver_grad(
     original.set_grad(Some(&sum))
 }
 
+impl<M: Module + Replicate> std::fmt::Display for DataParallel<M> {
+    /// PyTorch's `print(model)` layout.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.describe())
+    }
+}
+
 impl<M: Module + Replicate> ModuleParts for DataParallel<M> {
     fn name(&self) -> &'static str {
         "DataParallel"

@@ -493,6 +493,13 @@ impl<M: Module> Drop for DistributedDataParallel<M> {
     }
 }
 
+impl<M: Module> std::fmt::Display for DistributedDataParallel<M> {
+    /// PyTorch's `print(model)` layout.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.describe())
+    }
+}
+
 impl<M: Module> ModuleParts for DistributedDataParallel<M> {
     fn name(&self) -> &'static str {
         "DistributedDataParallel"

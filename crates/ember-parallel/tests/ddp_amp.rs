@@ -79,7 +79,8 @@ fn scaled_ddp_matches_one_process() -> Result<()> {
     let ddp = DistributedDataParallel::new(mlp(7 + rank as u64)?, &pg, DdpOptions::default())?;
     let reference = mlp(7)?;
     let (mut opt, mut ref_opt) = (sgd(ddp.parameters())?, sgd(reference.parameters())?);
-    let (mut scaler, mut ref_scaler) = (GradScaler::new(Device::Cpu), GradScaler::new(Device::Cpu));
+    let (mut scaler, mut ref_scaler) =
+        (GradScaler::new(Device::Cpu)?, GradScaler::new(Device::Cpu)?);
     for s in 0..STEPS {
         opt.zero_grad(true)?;
         ref_opt.zero_grad(true)?;

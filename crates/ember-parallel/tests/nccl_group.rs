@@ -513,7 +513,10 @@ fn world_size_one_names_bad_arguments_and_stays_usable() {
     check(
         pg.broadcast(&t, 1),
         ErrorKind::InvalidArgument,
-        &["nccl:broadcast", "src 1 is not a rank of a group of world size 1"],
+        &[
+            "nccl:broadcast",
+            "src 1 is not a rank of a group of world size 1",
+        ],
     );
     check(
         pg.broadcast_async(&t, 3).map(drop),
@@ -523,7 +526,10 @@ fn world_size_one_names_bad_arguments_and_stays_usable() {
     check(
         pg.all_gather(&[zeros(4, DType::F32, dev), zeros(4, DType::F32, dev)], &t),
         ErrorKind::InvalidArgument,
-        &["nccl:all_gather", "expected 1 outputs (one per rank), but found 2"],
+        &[
+            "nccl:all_gather",
+            "expected 1 outputs (one per rank), but found 2",
+        ],
     );
     check(
         pg.all_gather(&[zeros(5, DType::F32, dev)], &t),
@@ -560,7 +566,10 @@ fn a_group_on_a_missing_device_is_a_named_error() {
     let n = cuda::device_count();
     let e = group_of_one(n).unwrap_err();
     let msg = e.to_string();
-    assert!(msg.contains(&format!("cuda:{n}")) || msg.contains(&n.to_string()), "{msg}");
+    assert!(
+        msg.contains(&format!("cuda:{n}")) || msg.contains(&n.to_string()),
+        "{msg}"
+    );
 }
 
 // --- DDP over an nccl group ------------------------------------------------------------------

@@ -194,6 +194,9 @@ static PROFILING: AtomicBool = AtomicBool::new(false);
 /// # Ok::<(), ember_profiler::ProfilerError>(())
 /// ```
 pub fn profile(options: ProfileOptions) -> Result<Profiler> {
+    if let Some(s) = &options.schedule {
+        s.check()?;
+    }
     if PROFILING
         .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
         .is_err()

@@ -569,7 +569,14 @@ fn schedule_hands_each_cycle_to_the_handler_and_tensorboard_files_appear() {
     let mut prof = profile(
         ProfileOptions::new()
             .activities([ProfilerActivity::Cpu])
-            .schedule(schedule(1, 1, 1, 2, 2).unwrap())
+            .schedule(
+                schedule()
+                    .skip_first(1)
+                    .wait(1)
+                    .warmup(1)
+                    .active(2)
+                    .repeat(2),
+            )
             .on_trace_ready(move |p| {
                 let steps = p
                     .events
@@ -686,7 +693,7 @@ fn bad_input_gives_errors_not_panics() {
     let mut idle = profile(
         ProfileOptions::new()
             .activities([ProfilerActivity::Cpu])
-            .schedule(schedule(100, 0, 0, 1, 1).unwrap()),
+            .schedule(schedule().skip_first(100).active(1).repeat(1)),
     )
     .unwrap();
     idle.step().unwrap();

@@ -1,6 +1,6 @@
 #![allow(clippy::unwrap_used)]
-//! `io::save` as a checkpoint writer: the data's checksum, verified on load (Note
-//! [Checkpoint checksum]); saving through a symbolic link; stale temporary files of killed
+//! `io::save` as a checkpoint writer: the file's checksum (header, metadata and data),
+//! verified on load (Note [Checkpoint checksum]); saving through a symbolic link; stale temporary files of killed
 //! saves removed (Note [Stale temporary files]); tensors of any device streamed.
 
 use std::collections::BTreeMap;
@@ -51,6 +51,23 @@ fn data_start(bytes: &[u8]) -> usize {
     8 + u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize
 }
 
+/// Where the checksum's 8 hex digits are: right after `"ember.checksum":"`, the header's
+/// first metadata entry.
+fn checksum_at(bytes: &[u8]) -> usize {
+    let head = b"{\"__metadata__\":{\"ember.checksum\":\"";
+    assert_eq!(&bytes[8..8 + head.len()], head);
+    8 + head.len()
+}
+
+/// The CRC-32 of a whole file with its checksum digits read as `00000000`, computed here
+/// independently of the library.
+fn file_crc(bytes: &[u8]) -> String {
+    let mut zeroed = bytes.to_vec();
+    let at = checksum_at(bytes);
+    zeroed[at..at + 8].copy_from_slice(b"00000000");
+    format!("{:08x}", crc32fast::hash(&zeroed))
+}
+
 fn saved_and_loaded_with_a_verified_checksum(device: &Device) {
     let dir = tmp_dir(&format!("crc-{device}"));
     let path = dir.join("m.safetensors");
@@ -58,8 +75,10 @@ fn saved_and_loaded_with_a_verified_checksum(device: &Device) {
     save(&ts, &path);
     let bytes = std::fs::read(&path).unwrap();
     let (loaded, meta) = io::load_with_metadata(&path, device).unwrap();
-    let want = format!("{:08x}", crc32fast::hash(&bytes[data_start(&bytes)..]));
+    let want = file_crc(&bytes);
     assert_eq!(meta.get(io::CHECKSUM_KEY), Some(&want));
+    let at = checksum_at(&bytes);
+    assert_eq!(&bytes[at..at + 8], want.as_bytes());
     for (name, t) in &ts {
         let l = &loaded[name];
         assert_eq!(l.device(), *device);
@@ -82,7 +101,7 @@ fn saved_and_loaded_with_a_verified_checksum(device: &Device) {
         assert!(msg.contains("m.safetensors"), "{msg}");
         assert!(msg.contains("checksum mismatch"), "{msg}");
         assert!(msg.contains(&want), "{msg}");
-        let found = format!("{:08x}", crc32fast::hash(&bad[data_start(&bad)..]));
+        let found = file_crc(&bad);
         assert!(msg.contains(&found), "{msg}");
         assert!(matches!(e, TensorError::File { op: "load", .. }));
     }
@@ -93,9 +112,115 @@ test_device!(
     saved_and_loaded_with_a_verified_checksum
 );
 
+/// `{"a": f32 [2], "seed": ..}` as Ember writes it.
+fn file_with_seed(seed: &str) -> Vec<u8> {
+    let a = Tensor::from_vec(vec![1.5f32, -2.0], [2], Device::Cpu).unwrap();
+    let meta = BTreeMap::from([("seed".to_string(), seed.to_string())]);
+    io::save_to_bytes([("a", &a)], &meta).unwrap()
+}
+
+/// Replaces the one occurrence of `from` in `bytes` by `to` (of the same length: the
+/// header's length and every offset stay valid, so only the checksum can tell).
+fn edit(bytes: &[u8], from: &str, to: &str) -> Vec<u8> {
+    assert_eq!(from.len(), to.len());
+    let text = String::from_utf8_lossy(bytes).into_owned();
+    assert_eq!(text.matches(from).count(), 1, "{from} in {text}");
+    let at = text.find(from).unwrap();
+    let mut out = bytes.to_vec();
+    out[at..at + to.len()].copy_from_slice(to.as_bytes());
+    out
+}
+
+#[test]
+fn a_dtype_edited_in_the_header_is_refused() {
+    let good = file_with_seed("7");
+    assert!(io::load_from_bytes(&good, Device::Cpu).is_ok());
+    // F32 -> I32: 4 bytes an element either way, so the file is well-formed and, without
+    // the header in the checksum, loaded the float bits as integers.
+    let bad = edit(&good, "\"dtype\":\"F32\"", "\"dtype\":\"I32\"");
+    let e = io::load_from_bytes(&bad, Device::Cpu)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("checksum mismatch"), "{e}");
+    assert!(e.contains("corrupted or was edited"), "{e}");
+    assert!(
+        e.contains(&file_crc(&good)) && e.contains(&file_crc(&bad)),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_metadata_value_edited_is_refused() {
+    let good = file_with_seed("7");
+    let (_, meta) = io::load_from_bytes(&good, Device::Cpu).unwrap();
+    assert_eq!(meta["seed"], "7");
+    let bad = edit(&good, "\"seed\":\"7\"", "\"seed\":\"8\"");
+    let e = io::load_from_bytes(&bad, Device::Cpu)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("checksum mismatch"), "{e}");
+    // The checksum's own digits edited: refused as well.
+    let at = checksum_at(&good);
+    let mut bad = good.clone();
+    bad[at] = if bad[at] == b'0' { b'1' } else { b'0' };
+    let e = io::load_from_bytes(&bad, Device::Cpu)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("checksum mismatch"), "{e}");
+}
+
+#[test]
+fn a_header_rewritten_by_another_tool_is_refused() {
+    // The same entries, the checksum no longer first (as a tool re-serialising the JSON
+    // with its keys sorted leaves it, "arch" before "ember.checksum"): the checksum cannot
+    // be checked, so the file is refused.
+    let a = Tensor::from_vec(vec![1.5f32, -2.0], [2], Device::Cpu).unwrap();
+    let meta = BTreeMap::from([("arch".to_string(), "mlp".to_string())]);
+    let good = io::save_to_bytes([("a", &a)], &meta).unwrap();
+    let (tensors, meta) = io::load_from_bytes(&good, Device::Cpu).unwrap();
+    let data = tensors["a"].to_vec::<f32>().unwrap();
+    let data: Vec<u8> = data.iter().flat_map(|x| x.to_le_bytes()).collect();
+    let view =
+        safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![2], &data).unwrap();
+    let meta: std::collections::HashMap<String, String> = meta.into_iter().collect();
+    let bytes = safetensors::serialize([("a", view)], Some(meta)).unwrap();
+    let e = io::load_from_bytes(&bytes, Device::Cpu)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("not the header's first entry"), "{e}");
+}
+
+#[test]
+fn files_of_the_data_only_checksum_still_load_and_are_checked() {
+    // Files of earlier Ember versions: `ember.crc32` over the data section alone.
+    let data: Vec<u8> = [1.5f32, -2.0]
+        .iter()
+        .flat_map(|x| x.to_le_bytes())
+        .collect();
+    let file = |crc: u32| {
+        let view =
+            safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![2], &data).unwrap();
+        let meta = std::collections::HashMap::from([(
+            io::DATA_CHECKSUM_KEY.to_string(),
+            format!("{crc:08x}"),
+        )]);
+        safetensors::serialize([("w", view)], Some(meta)).unwrap()
+    };
+    let crc = crc32fast::hash(&data);
+    let (t, _) = io::load_from_bytes(&file(crc), Device::Cpu).unwrap();
+    assert_eq!(t["w"].to_vec::<f32>().unwrap(), vec![1.5, -2.0]);
+    let e = io::load_from_bytes(&file(crc ^ 1), Device::Cpu)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("checksum mismatch") && e.contains("of the data"),
+        "{e}"
+    );
+}
+
 #[test]
 fn files_without_a_checksum_still_load_and_a_bad_one_is_an_error() {
-    // As PyTorch's `safetensors.torch.save_file` writes: no `ember.crc32`.
+    // As PyTorch's `safetensors.torch.save_file` writes: no checksum.
     let data: Vec<u8> = [1.5f32, -2.0]
         .iter()
         .flat_map(|x| x.to_le_bytes())
@@ -119,8 +244,11 @@ fn files_without_a_checksum_still_load_and_a_bad_one_is_an_error() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("expected 8 hex digits"), "{e}");
-    // A caller's value for the key is replaced by the computed one.
-    let meta = BTreeMap::from([(io::CHECKSUM_KEY.to_string(), "00000000".to_string())]);
+    // A caller's value for either key is replaced by the computed one.
+    let meta = BTreeMap::from([
+        (io::CHECKSUM_KEY.to_string(), "00000000".to_string()),
+        (io::DATA_CHECKSUM_KEY.to_string(), "00000000".to_string()),
+    ]);
     let again = io::save_to_bytes([("w", &w)], &meta).unwrap();
     assert_eq!(again, good);
 }

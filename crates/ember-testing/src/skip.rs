@@ -42,7 +42,11 @@ impl<E> Skip for Result<(), E> {
 
 /// `reason` on one line (a skip line must not be split).
 fn one_line(reason: &dyn Display) -> String {
-    reason.to_string().split_whitespace().collect::<Vec<_>>().join(" ")
+    reason
+        .to_string()
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// The line that records a skipped test: `ember-skip: <reason>`.

@@ -84,9 +84,7 @@ impl Module for MyModel {
 pub fn dataset() -> Result<Arc<dyn Dataset>, Error> {
     let _own = ember::tensor::random::ThreadGenerator::with_seed(0);
     let inputs = Tensor::randn([SAMPLES, FEATURES], ())?;
-    let labels = inputs
-        .mm(&Tensor::randn([FEATURES, CLASSES], ())?)?
-        .argmax(1)?;
+    let labels = inputs.mm(&Tensor::randn([FEATURES, CLASSES], ())?)?.argmax(1)?;
     Ok(Arc::new(TensorDataset::new(vec![inputs, labels])?))
 }
 
@@ -120,21 +118,11 @@ pub struct RankReport {
 }
 
 fn weights(model: &dyn Module) -> Result<Vec<Vec<f32>>, Error> {
-    model
-        .parameters()
-        .iter()
-        .map(|p| p.to_vec::<f32>())
-        .collect()
+    model.parameters().iter().map(|p| p.to_vec::<f32>()).collect()
 }
 
 fn sgd(params: Vec<Tensor>) -> Result<SGD, Error> {
-    SGD::new(
-        params,
-        SgdOptions {
-            lr: LR,
-            ..Default::default()
-        },
-    )
+    SGD::new(params, SgdOptions { lr: LR, ..Default::default() })
 }
 
 /// The text's program on one rank of `group`, training on `device` (the rank's
@@ -154,21 +142,12 @@ pub fn run(group: &ProcessGroup, device: Device, epochs: u64) -> Result<RankRepo
     // broadcast to every rank.
     let model = DistributedDataParallel::new(model, group, DdpOptions::default())?;
     let wrapped = weights(&model)?;
-    let param_devices = model
-        .parameters()
-        .iter()
-        .map(|p| p.device().to_string())
-        .collect();
+    let param_devices = model.parameters().iter().map(|p| p.device().to_string()).collect();
 
     // Use DistributedSampler for data loading.
-    let sampler = Arc::new(DistributedSampler::with_replicas(
-        dataset.as_ref(),
-        world_size,
-        rank,
-    )?);
-    let loader = DataLoader::new(Arc::clone(&dataset))
-        .sampler(sampler.clone())
-        .batch_size(BATCH_SIZE);
+    let sampler = Arc::new(DistributedSampler::with_replicas(dataset.as_ref(), world_size, rank)?);
+    let loader =
+        DataLoader::new(Arc::clone(&dataset)).sampler(sampler.clone()).batch_size(BATCH_SIZE);
 
     // The training loop: DDP averages the gradients over the ranks during backward.
     let mut optimizer = sgd(model.parameters())?;
@@ -281,11 +260,7 @@ pub fn main() -> Result<(), Error> {
             .into());
         }
     };
-    let device = if cuda::is_available() {
-        Device::Cuda(local_rank)
-    } else {
-        Device::Cpu
-    };
+    let device = if cuda::is_available() { Device::Cuda(local_rank) } else { Device::Cpu };
     // Initialize distributed process group: backend='nccl' where NCCL can join the ranks'
     // devices, else `mpi` (see the header).
     let nccl = device.is_cuda() && cuda::driver().and_then(|d| d.nccl_version()).is_ok();

@@ -44,7 +44,37 @@
 //!   schedules, `key_averages` tables, Chrome/TensorBoard traces, memory timelines.
 //!
 //! - [`prelude`] — what a training loop uses, in one `use ember::prelude::*`.
-//! - [`io`] — `save`/`load` of state dicts (safetensors); [`half`] — `f16` and `bf16`.
+//! - [`save`] and [`load`] — one checkpoint of everything (`torch.save` of a dict): a
+//!   [`StateDict`] nesting the model's, the optimizer's, the scaler's and a scheduler's
+//!   states with plain values (epoch, step, config), as safetensors with a checksum;
+//!   [`io`] for the rest; [`half`] — `f16` and `bf16`.
+//! - [`manual_seed`] — seeds everything a run draws from: every device's default
+//!   generator, and so initialisation, dropout, `random_split` and the `DataLoader`'s
+//!   shuffle (`torch.manual_seed`).
+//!
+//! ```
+//! use ember::prelude::*;
+//! manual_seed(0);
+//! let model = Sequential::new().add(Linear::new(4, 2, ())?);
+//! let mut opt = Adam::new(model.parameters(), AdamOptions::default())?;
+//! let mut scaler = GradScaler::new(Device::Cpu)?;
+//! let path = std::env::temp_dir().join(format!("ember-lib-doc-{}.safetensors", std::process::id()));
+//! // torch.save({"model": ..., "optimizer": ..., "scaler": ..., "epoch": 3}, path)
+//! let state = StateDict::new()
+//!     .with("model", model.state_dict()?)
+//!     .with("optimizer", opt.state_dict()?)
+//!     .with("scaler", scaler.state_dict()?)
+//!     .with("epoch", 3);
+//! ember::save(&state, &path)?;
+//! // ckpt = torch.load(path); model.load_state_dict(ckpt["model"]); ...
+//! let ckpt = ember::load(&path, Device::Cpu)?;
+//! model.load_state_dict(&ckpt.sub("model"))?;
+//! opt.load_state_dict(&ckpt.sub("optimizer"))?;
+//! scaler.load_state_dict(&ckpt.sub("scaler"))?;
+//! assert_eq!(ckpt.item::<usize>("epoch")?, 3);
+//! # std::fs::remove_file(&path).ok();
+//! # Ok::<(), ember::Error>(())
+//! ```
 //!
 //! [`Error`] is the one error of all of these: every call returns [`Result`], and
 //! [`Error::kind`] says what went wrong ([`ErrorKind::OutOfMemory`], `DeviceMismatch`,
@@ -72,26 +102,44 @@ pub use ember_autograd::{
     set_grad_enabled, r#where,
 };
 pub use ember_device::{Device, DeviceError, cuda, driver, trace, try_all_gpus, try_gpu};
-pub use ember_nn::{data, io, optim};
-pub use ember_tensor::{Approximate, DType, Options, Reduction, backends};
+pub use ember_nn::io::{load, save};
+pub use ember_nn::{FromValue, StateDict, Value, data, io, optim};
+pub use ember_tensor::random::manual_seed;
+pub use ember_tensor::{Approximate, DType, Options, Reduction, Scalar, backends};
 /// `f16` and `bf16` (the `half` crate Ember uses), for reading 16-bit tensors:
 /// `x.to_vec::<ember::half::bf16>()`.
 pub use half;
 
-/// What a training loop uses: `use ember::prelude::*;`.
+/// What a training loop uses, in one `use ember::prelude::*;`: tensors and devices, the
+/// common layers and losses, the optimizers and schedulers, the data pipeline, mixed
+/// precision, state dicts and their values, `manual_seed`, the grad modes, and the modules
+/// `nn`, `F` (`nn.functional`), `optim`, `data`, `amp`, `cuda`, `memory`, `profiler`.
 ///
 /// ```
 /// use ember::prelude::*;
-/// let model = nn::Sequential::new().add(nn::Linear::new(4, 2, ())?);
+/// manual_seed(0);
+/// let model = Sequential::new().add(Linear::new(4, 2, ())?);
 /// let x = Tensor::randn([3, 4], ())?;
 /// let loss = F::cross_entropy(&model.forward(&x)?, &Tensor::from_vec(vec![0i64, 1, 1], [3], ())?, ())?;
 /// loss.backward()?;
 /// # Ok::<(), ember::Error>(())
 /// ```
 pub mod prelude {
-    pub use crate::nn::{self, Loss, Module, Replicate, functional as F};
-    pub use crate::optim::Optimizer;
-    pub use crate::{DType, Device, Error, ErrorKind, Result, Tensor, no_grad};
+    pub use crate::amp::{self, GradScaler, autocast};
+    pub use crate::data::{self, DataLoader, Dataset, TensorDataset, random_split};
+    pub use crate::nn::{
+        self, AvgPool2d, BCEWithLogitsLoss, BatchNorm1d, BatchNorm2d, BatchNorm3d, Conv2d,
+        CrossEntropyLoss, Dropout, Embedding, Flatten, GELU, LayerNorm, Linear, Loss, MSELoss,
+        MaxPool2d, Module, ReLU, Replicate, Sequential, SiLU, Sigmoid, Tanh, functional as F,
+    };
+    pub use crate::optim::{
+        self, Adam, AdamOptions, AdamW, AdamWOptions, LrScheduler, Optimizer, SGD, SgdOptions,
+        clip_grad_norm_,
+    };
+    pub use crate::{
+        DType, Device, Error, ErrorKind, Result, Scalar, StateDict, Tensor, Value, cuda,
+        enable_grad, inference_mode, manual_seed, memory, no_grad, profiler,
+    };
 }
 
 /// The tensor core without a tape (`ember-tensor`): dtypes, shapes, the eager
@@ -201,7 +249,7 @@ pub mod nn {
     pub use ember_nn::{
         __derive, ChildModules, ClonePlainField, ForwardHook, ForwardPreHook, HookHandle,
         IncompatibleKeys, Module, ModuleHooks, ModuleParts, ModuleTarget, NnError, ReplicaMemo,
-        Replicate, StateDict, TensorField, TrainingFlag, checkpoint, parameter,
+        Replicate, StateDict, StateItem, TensorField, TrainingFlag, Value, checkpoint, parameter,
     };
     pub use ember_nn::{functional, init};
 }

@@ -65,7 +65,7 @@ fn one_error_classifies_every_layer() {
         let e = a.sum(()).unwrap().backward();
         assert_eq!(e.unwrap_err().kind(), ErrorKind::Autograd);
         let model = Linear::new(3, 2, d)?;
-        let mut sd = model.state_dict();
+        let mut sd = model.state_dict()?;
         sd.remove("bias");
         let e = model.load_state_dict(&sd).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::StateDict, "{e}");
@@ -204,12 +204,12 @@ fn io_load_feeds_load_state_dict() {
         let dir = std::env::temp_dir().join(format!("ember-api-io-{}-{d}", std::process::id()));
         std::fs::create_dir_all(&dir)?;
         let path = dir.join("m.safetensors");
-        ember::io::save(&model.state_dict(), &path)?;
+        ember::io::save(&model.state_dict()?, &path)?;
         let copy = Linear::new(4, 3, d)?;
         copy.load_state_dict(&ember::io::load(&path, d)?)?;
-        for (k, v) in model.state_dict() {
+        for (k, v) in model.state_dict()? {
             assert_eq!(
-                copy.state_dict()[&k].to_vec::<f32>()?,
+                copy.state_dict()?[&k].to_vec::<f32>()?,
                 v.to_vec::<f32>()?,
                 "{k}"
             );

@@ -2,6 +2,8 @@
 //! The walk-throughs' DataParallel loop (`examples/data_parallel.rs`) on two emulated GPUs:
 //! it runs, and its losses equal the same epoch on one device.
 
+// Formatted as an example (examples/rustfmt.toml), not as a test.
+#[rustfmt::skip]
 #[path = "../examples/data_parallel.rs"]
 mod data_parallel;
 

@@ -1,36 +1,37 @@
 //! The checkpoints of `ember train --save`: what they hold, and reading them back with every
 //! check a resume needs (Note [Train checkpoint]).
 //!
-//! Note [Train checkpoint]: a checkpoint is one safetensors file: the model's `state_dict`
-//! under `model.`, the optimizer's under `optimizer.`, and metadata — `format`
-//! ([`FORMAT`]), `epoch`, `model`, `seed` (of the train/validation split and the data
-//! order), `val_fraction` (of the split), the random generators' states (`rng.cpu`,
-//! `rng.cuda:0`, ...), `amp` (`bf16`, `f16`; absent for f32 training) with the
-//! `GradScaler`'s state under `scaler.` (`scaler.scale`, `scaler._growth_tracker`, ...: its
-//! `state_dict` keys, present for f16), and the CRC-32 of the data (`ember.crc32`, Note [Checkpoint checksum]
-//! in `ember-tensor`). [`read_checkpoint`] refuses a file without the checksum (every
-//! file of this format has one) and a file whose metadata does not parse;
-//! [`Checkpoint::restore`] loads the state into a fresh model and optimizer, whose
-//! `load_state_dict` checks names, shapes and the optimizer's hyperparameters and step
-//! counts as its constructor checks arguments. So a corrupted file is an error value, never
-//! a resumed run on bad state.
+//! Note [Train checkpoint]: a checkpoint is one [`StateDict`] saved with `ember::save`
+//! (one safetensors file, Note [Checkpoint file] in `ember-nn`): the model's `state_dict`
+//! under `model.`, the optimizer's under `optimizer.`, the `GradScaler`'s under `scaler.`
+//! (`scaler.scale`, `scaler._growth_tracker`, ...: its `state_dict` keys, present for f16
+//! alone), and plain values — `format` ([`FORMAT`]), `epoch`, `arch` (`mlp`, `cnn`), `seed`
+//! (of the train/validation split and the data order), `val_fraction` (of the split), `amp`
+//! (`bf16`, `f16`; absent for f32 training), the random generators' states (`rng.cpu.seed`,
+//! `rng.cpu.offset`, `rng.cuda:0.seed`, ...) — in the file's metadata, with the CRC-32 of
+//! the whole file, header and metadata included (`ember.checksum`, Note [Checkpoint
+//! checksum] in `ember-tensor`): an edited dtype or seed is refused, not resumed.
+//! [`read_checkpoint`] refuses a file without the checksum (every file of this format has
+//! one), a file of an older format (v2's checksum covered the data alone), and a file whose
+//! values are missing or of the wrong type; [`Checkpoint::restore`] loads the state into a
+//! fresh model and optimizer, whose `load_state_dict` checks names, shapes and the
+//! optimizer's hyperparameters and step counts as its constructor checks arguments. So a
+//! corrupted file is an error value, never a resumed run on bad state.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 
-use ember_amp::{GradScaler, ScalerState};
+use ember_amp::GradScaler;
 use ember_autograd::ErrorKind;
 use ember_device::{Device, cuda};
 use ember_nn::layers::Sequential;
 use ember_nn::optim::{Adam, AdamOptions, Optimizer};
-use ember_nn::{Error, Module, StateDict};
-use ember_tensor::Scalar;
+use ember_nn::{Error, Module, StateDict, Value};
 use ember_tensor::random::{GeneratorState, default_generator};
 
 use super::{AmpDtype, ModelKind, build_model};
 
 /// The `format` metadata of the checkpoints this version writes and reads.
-pub const FORMAT: &str = "ember-train-checkpoint-v2";
+pub const FORMAT: &str = "ember-train-checkpoint-v3";
 
 /// A checkpoint of `ember train --save`, read and checked, not yet applied.
 #[derive(Debug)]
@@ -48,11 +49,13 @@ pub struct Checkpoint {
     pub val_fraction: f64,
     /// The autocast dtype it was trained in (`None`: f32).
     pub amp: Option<AmpDtype>,
-    /// The file's metadata, as written.
-    pub metadata: BTreeMap<String, String>,
+    /// The CRC-32 its header records (verified).
+    pub checksum: String,
+    /// Everything it holds, as loaded: the tensors and the plain values.
+    pub state: StateDict,
     model_state: StateDict,
     optimizer_state: StateDict,
-    scaler_state: ScalerState,
+    scaler_state: StateDict,
     rng: Vec<(Device, GeneratorState)>,
 }
 
@@ -85,28 +88,43 @@ pub(super) fn resume_from(
     }
 }
 
-/// Reads the checkpoint at `path` (the data checked against its checksum) and parses its
-/// metadata; the tensors are checked by [`Checkpoint::restore`].
+/// Reads the checkpoint at `path` (the whole file checked against its checksum) and its
+/// values; the tensors are checked by [`Checkpoint::restore`].
 pub fn read_checkpoint(path: &Path) -> Result<Checkpoint, Error> {
-    let (tensors, meta) = ember_nn::io::load_with_metadata(path, Device::Cpu)?;
-    match meta.get("format").map(String::as_str) {
-        Some(FORMAT) => {}
-        Some("ember-train-checkpoint-v1") => {
-            return Err(bad(
-                path,
-                "a checkpoint of an older Ember (format v1, without a checksum); start a new run",
-            ));
-        }
-        other => {
+    let (tensors, meta) = ember_nn::io::load_with_metadata(path, Device::Cpu)
+        .map_err(|e| Error::new(e.kind(), format!("ember train --resume: {e}")))?;
+    let mut state = tensors;
+    for (k, v) in &meta {
+        state.set(k.clone(), Value::from_metadata(v));
+    }
+    match state.value("format") {
+        Some(Value::Str(f)) if f == FORMAT => {}
+        Some(Value::Str(f)) if f.starts_with("ember-train-checkpoint-v") => {
             return Err(bad(
                 path,
                 format!(
-                    "not an `ember train` checkpoint (expected format {FORMAT}, found {other:?})"
+                    "a checkpoint of an older Ember (format {f}, whose checksum does not cover its header and metadata); this version reads {FORMAT}: start a new run"
+                ),
+            ));
+        }
+        Some(other) => {
+            return Err(bad(
+                path,
+                format!(
+                    "not an `ember train` checkpoint (expected format {FORMAT}, found {other})"
+                ),
+            ));
+        }
+        None => {
+            return Err(bad(
+                path,
+                format!(
+                    "not an `ember train` checkpoint: its metadata has no \"format\" (expected {FORMAT})"
                 ),
             ));
         }
     }
-    if !meta.contains_key(ember_tensor::io::CHECKSUM_KEY) {
+    let Some(checksum) = meta.get(ember_tensor::io::CHECKSUM_KEY).cloned() else {
         return Err(bad(
             path,
             format!(
@@ -114,11 +132,40 @@ pub fn read_checkpoint(path: &Path) -> Result<Checkpoint, Error> {
                 ember_tensor::io::CHECKSUM_KEY
             ),
         ));
+    };
+    let field = |key: &str| state.item::<Value>(key).map_err(|e| bad(path, e));
+    let parse_err = |key: &str, v: &Value| bad(path, format!("bad {key} {v} in its metadata"));
+    let epoch: usize = state.item("epoch").map_err(|e| bad(path, e))?;
+    let model = match field("arch")? {
+        Value::Str(s) if s == "mlp" => ModelKind::Mlp,
+        Value::Str(s) if s == "cnn" => ModelKind::Cnn,
+        other => return Err(parse_err("arch", &other)),
+    };
+    let seed: u64 = state.item("seed").map_err(|e| bad(path, e))?;
+    let val_fraction = state
+        .item::<f64>("val_fraction")
+        .ok()
+        .filter(|f| (0.0..=1.0).contains(f))
+        .ok_or_else(|| bad(path, "bad or missing val_fraction in its metadata"))?;
+    let amp = match state.value("amp") {
+        None => None,
+        Some(Value::Str(s)) if s == "bf16" => Some(AmpDtype::Bf16),
+        Some(Value::Str(s)) if s == "f16" => Some(AmpDtype::F16),
+        Some(other) => return Err(parse_err("amp", other)),
+    };
+    let scaler_state = state.sub("scaler");
+    if (amp == Some(AmpDtype::F16)) == scaler_state.is_empty() {
+        return Err(bad(
+            path,
+            format!(
+                "its metadata has amp {:?} and {} scaler.* keys: an f16 checkpoint holds the GradScaler's state, others none",
+                amp.map(AmpDtype::as_str),
+                scaler_state.len()
+            ),
+        ));
     }
-    let (epoch, model, seed, val_fraction, amp) = run_fields(path, &meta)?;
-    let scaler_state = scaler_state(path, &meta, amp)?;
-    let rng = rng_states(path, &meta)?;
-    let (model_state, optimizer_state) = split_states(path, &tensors)?;
+    let rng = rng_states(path, &state)?;
+    let (model_state, optimizer_state) = split_states(path, &state)?;
     // The CNN's width is its first convolution's output channels.
     let width = match model {
         ModelKind::Mlp => super::DEFAULT_WIDTH,
@@ -134,7 +181,8 @@ pub fn read_checkpoint(path: &Path) -> Result<Checkpoint, Error> {
         seed,
         val_fraction,
         amp,
-        metadata: meta,
+        checksum,
+        state,
         model_state,
         optimizer_state,
         scaler_state,
@@ -142,110 +190,48 @@ pub fn read_checkpoint(path: &Path) -> Result<Checkpoint, Error> {
     })
 }
 
-/// The metadata fields of the run: epoch, model, seed, validation share and precision.
-fn run_fields(
-    path: &Path,
-    meta: &BTreeMap<String, String>,
-) -> Result<(usize, ModelKind, u64, f64, Option<AmpDtype>), Error> {
-    let field = |key: &str| -> Result<&String, Error> {
-        meta.get(key)
-            .ok_or_else(|| bad(path, format!("no {key} in its metadata")))
-    };
-    let parse_err = |key: &str, v: &str| bad(path, format!("bad {key} {v:?} in its metadata"));
-    let e = field("epoch")?;
-    let epoch: usize = e.parse().map_err(|_| parse_err("epoch", e))?;
-    let model = match field("model")?.as_str() {
-        "mlp" => ModelKind::Mlp,
-        "cnn" => ModelKind::Cnn,
-        other => return Err(parse_err("model", other)),
-    };
-    let s = field("seed")?;
-    let seed: u64 = s.parse().map_err(|_| parse_err("seed", s))?;
-    let v = field("val_fraction")?;
-    let val_fraction: f64 = v
-        .parse()
-        .ok()
-        .filter(|f: &f64| (0.0..=1.0).contains(f))
-        .ok_or_else(|| parse_err("val_fraction", v))?;
-    let amp = match meta.get("amp").map(String::as_str) {
-        None => None,
-        Some("bf16") => Some(AmpDtype::Bf16),
-        Some("f16") => Some(AmpDtype::F16),
-        Some(other) => return Err(parse_err("amp", other)),
-    };
-    Ok((epoch, model, seed, val_fraction, amp))
-}
-
-/// The `GradScaler`'s state under `scaler.` (present for f16 alone).
-fn scaler_state(
-    path: &Path,
-    meta: &BTreeMap<String, String>,
-    amp: Option<AmpDtype>,
-) -> Result<ScalerState, Error> {
-    let parse_err = |key: &str, v: &str| bad(path, format!("bad {key} {v:?} in its metadata"));
-    let mut scaler_state = ScalerState::new();
-    for (k, v) in meta {
-        if let Some(key) = k.strip_prefix("scaler.") {
-            // Integers stay integers (growth_interval, _growth_tracker); the scaler's
-            // load_state_dict checks keys, types and ranges.
-            let value = match v.parse::<i64>() {
-                Ok(i) => Scalar::Int(i),
-                Err(_) => Scalar::Float(v.parse().map_err(|_| parse_err(k, v))?),
-            };
-            scaler_state.insert(key.to_string(), value);
-        }
-    }
-    if (amp == Some(AmpDtype::F16)) == scaler_state.is_empty() {
-        return Err(bad(
-            path,
-            format!(
-                "its metadata has amp {:?} and {} scaler.* keys: an f16 checkpoint holds the GradScaler's state, others none",
-                amp.map(AmpDtype::as_str),
-                scaler_state.len()
-            ),
-        ));
-    }
-    Ok(scaler_state)
-}
-
-/// The random generators' states (`rng.cpu`, `rng.cuda:0`, ...).
-fn rng_states(
-    path: &Path,
-    meta: &BTreeMap<String, String>,
-) -> Result<Vec<(Device, GeneratorState)>, Error> {
+/// The random generators' states (`rng.cpu.seed`, `rng.cpu.offset`, `rng.cuda:0.seed`,
+/// ...), for the devices this process has.
+fn rng_states(path: &Path, state: &StateDict) -> Result<Vec<(Device, GeneratorState)>, Error> {
     let mut rng = Vec::new();
     for device in rng_devices() {
-        let Some(s) = meta.get(&format!("rng.{device}")) else {
+        let key = format!("rng.{device}");
+        if !state.contains_key(&format!("{key}.seed")) {
             continue;
+        }
+        let read = |part: &str| {
+            state
+                .item::<u64>(&format!("{key}.{part}"))
+                .map_err(|e| bad(path, e))
         };
-        let state = s
-            .split_once(':')
-            .and_then(|(a, b)| {
-                Some(GeneratorState {
-                    seed: a.parse().ok()?,
-                    offset: b.parse().ok()?,
-                })
-            })
-            .ok_or_else(|| bad(path, format!("bad generator state {s:?} for {device}")))?;
-        rng.push((device, state));
+        rng.push((
+            device,
+            GeneratorState {
+                seed: read("seed")?,
+                offset: read("offset")?,
+            },
+        ));
     }
     Ok(rng)
 }
 
 /// The model's and the optimizer's state dicts, from the tensors under `model.` and
-/// `optimizer.`.
-fn split_states(path: &Path, tensors: &StateDict) -> Result<(StateDict, StateDict), Error> {
-    let (mut model_state, mut optimizer_state) = (StateDict::new(), StateDict::new());
-    for (k, v) in tensors {
-        if let Some(rest) = k.strip_prefix("model.") {
-            model_state.insert(rest.to_string(), v.clone());
-        } else if let Some(rest) = k.strip_prefix("optimizer.") {
-            optimizer_state.insert(rest.to_string(), v.clone());
-        } else {
-            return Err(bad(path, format!("unexpected tensor {k:?}")));
-        }
+/// `optimizer.`; a tensor elsewhere is an error.
+fn split_states(path: &Path, state: &StateDict) -> Result<(StateDict, StateDict), Error> {
+    if let Some(k) = state
+        .keys()
+        .find(|k| !(k.starts_with("model.") || k.starts_with("optimizer.")))
+    {
+        return Err(bad(path, format!("unexpected tensor {k:?}")));
     }
-    Ok((model_state, optimizer_state))
+    let tensors_of = |prefix: &str| -> StateDict {
+        state
+            .sub(prefix)
+            .iter()
+            .map(|(k, t)| (k.clone(), t.clone()))
+            .collect()
+    };
+    Ok((tensors_of("model"), tensors_of("optimizer")))
 }
 
 impl Checkpoint {
@@ -287,40 +273,24 @@ pub(super) fn save_checkpoint(
     epoch: usize,
     (model, opt, amp, scaler): (&dyn Module, &dyn Optimizer, Option<AmpDtype>, &GradScaler),
 ) -> Result<(), Error> {
-    let mut tensors = StateDict::new();
-    for (k, v) in model.state_dict() {
-        tensors.insert(format!("model.{k}"), v);
-    }
-    for (k, v) in opt.state_dict()? {
-        tensors.insert(format!("optimizer.{k}"), v);
-    }
-    let mut meta = BTreeMap::new();
-    meta.insert("format".to_string(), FORMAT.to_string());
-    meta.insert("epoch".to_string(), epoch.to_string());
-    meta.insert("model".to_string(), kind.as_str().to_string());
-    meta.insert("seed".to_string(), split.0.to_string());
-    meta.insert("val_fraction".to_string(), split.1.to_string());
+    let mut state = StateDict::new()
+        .with("format", FORMAT)
+        .with("epoch", epoch)
+        .with("arch", kind.as_str())
+        .with("seed", split.0)
+        .with("val_fraction", split.1)
+        .with("model", model.state_dict()?)
+        .with("optimizer", opt.state_dict()?)
+        .with("scaler", scaler.state_dict()?);
     if let Some(a) = amp {
-        meta.insert("amp".to_string(), a.as_str().to_string());
-    }
-    for (k, v) in scaler.state_dict()? {
-        let v = match v {
-            Scalar::Int(i) => i.to_string(),
-            // `{}` of an f64 reads back exactly.
-            Scalar::Float(f) => f.to_string(),
-            Scalar::Bool(b) => b.to_string(),
-        };
-        meta.insert(format!("scaler.{k}"), v);
+        state.put("amp", a.as_str());
     }
     for device in rng_devices() {
         let st = default_generator(device).get_state();
-        meta.insert(
-            format!("rng.{device}"),
-            format!("{}:{}", st.seed, st.offset),
-        );
+        state.put(format!("rng.{device}.seed"), st.seed);
+        state.put(format!("rng.{device}.offset"), st.offset);
     }
-    ember_nn::io::save_with_metadata(&tensors, &meta, path)?;
-    Ok(())
+    ember_nn::io::save(&state, path)
 }
 
 fn rng_devices() -> Vec<Device> {

@@ -96,7 +96,8 @@ pub fn resolve_device(choice: DeviceChoice) -> Result<(Device, String), Error> {
 mod tests {
     use super::*;
 
-    const NO_KERNELS: &str = "CUDA kernels were not built: run `cargo xtask kernels --install-nvcc`";
+    const NO_KERNELS: &str =
+        "CUDA kernels were not built: run `cargo xtask kernels --install-nvcc`";
 
     fn state(available: bool, kernels: bool, devices: usize) -> CudaState {
         CudaState {
@@ -110,7 +111,10 @@ mod tests {
     #[test]
     fn auto_takes_the_gpu_only_with_its_kernels() {
         let (d, why) = choose_device(DeviceChoice::Auto, &state(true, true, 1)).unwrap();
-        assert_eq!((d, why.as_str()), (Device::Cuda(0), "--device auto: CUDA is available (GPU 0)"));
+        assert_eq!(
+            (d, why.as_str()),
+            (Device::Cuda(0), "--device auto: CUDA is available (GPU 0)")
+        );
         let (d, why) = choose_device(DeviceChoice::Auto, &state(true, false, 1)).unwrap();
         assert_eq!(d, Device::Cpu);
         assert_eq!(
@@ -119,7 +123,10 @@ mod tests {
         );
         let (d, why) = choose_device(DeviceChoice::Auto, &state(false, false, 0)).unwrap();
         assert_eq!(d, Device::Cpu);
-        assert!(why.contains("CUDA is not available (no CUDA driver library)"), "{why}");
+        assert!(
+            why.contains("CUDA is not available (no CUDA driver library)"),
+            "{why}"
+        );
     }
 
     #[test]
@@ -130,12 +137,21 @@ mod tests {
             (Device::Cuda(1), "--device cuda:1 (GPU 1)".to_string())
         );
         let e = choose_device(cuda1, &state(true, false, 2)).unwrap_err();
-        assert_eq!(e, format!("--device cuda:1 was asked for, but {NO_KERNELS}"));
+        assert_eq!(
+            e,
+            format!("--device cuda:1 was asked for, but {NO_KERNELS}")
+        );
         let e = choose_device(cuda1, &state(true, true, 1)).unwrap_err();
         assert!(e.contains("there are 1 CUDA device(s)"), "{e}");
         let e = choose_device(cuda1, &state(false, false, 0)).unwrap_err();
-        assert!(e.contains("CUDA is not available: no CUDA driver library"), "{e}");
+        assert!(
+            e.contains("CUDA is not available: no CUDA driver library"),
+            "{e}"
+        );
         let cpu = DeviceChoice::Exact(Device::Cpu);
-        assert_eq!(choose_device(cpu, &state(true, false, 1)).unwrap().0, Device::Cpu);
+        assert_eq!(
+            choose_device(cpu, &state(true, false, 1)).unwrap().0,
+            Device::Cpu
+        );
     }
 }

@@ -59,7 +59,13 @@ impl RunProfiler {
                 .activities(activities)
                 .record_shapes(true)
                 .profile_memory(true)
-                .schedule(schedule(PROFILE_SKIP, 0, 1, PROFILE_ACTIVE, 1)?)
+                .schedule(
+                    schedule()
+                        .skip_first(PROFILE_SKIP)
+                        .warmup(1)
+                        .active(PROFILE_ACTIVE)
+                        .repeat(1),
+                )
                 .on_trace_ready(move |p| {
                     let path = ember_profiler::write_tensorboard_trace(p, &out, None)?;
                     seen.lock()

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use ember_amp::{GradScaler, GradScalerOptions};
+use ember_amp::GradScaler;
 use ember_autograd::Tensor;
 use ember_device::Device;
 use ember_nn::layers::Sequential;
@@ -17,7 +17,7 @@ use super::checkpoint::{self, Checkpoint};
 use super::data::Data;
 use super::distributed::Distributed;
 use super::profile::RunProfiler;
-use super::setup::{invalid, resume_path};
+use super::setup::{invalid, resume_path, show};
 use super::{AmpDtype, DEFAULT_LR, EpochStats, Progress, TrainConfig, build_model};
 
 /// The model and the state that steps it.
@@ -68,13 +68,7 @@ impl Run {
                 ..Default::default()
             },
         )?;
-        let scaler = GradScaler::with_options(
-            device,
-            GradScalerOptions {
-                enabled: cfg.amp == Some(AmpDtype::F16),
-                ..Default::default()
-            },
-        )?;
+        let scaler = GradScaler::new(device)?.enabled(cfg.amp == Some(AmpDtype::F16));
         Ok(Run {
             model,
             ddp,
@@ -123,7 +117,9 @@ impl Run {
                 g.lr = lr;
             }
             let note = format!(
-                "--lr {lr} overrides the learning rate {old} of the checkpoint {}",
+                "--lr {} overrides the learning rate {} of the checkpoint {}",
+                show(lr),
+                show(old),
                 resume_path(cfg)
             );
             progress.note(&note);
@@ -206,7 +202,7 @@ impl Run {
             "the training loss became {l} at epoch {}, batch {} of {of}; stopping (the learning rate {} may be too high){saved}",
             epoch + 1,
             batch + 1,
-            self.lr()
+            show(self.lr())
         ))
     }
 

@@ -1,9 +1,21 @@
 //! The checks a run makes before it trains: its options, the world it runs in, and a
 //! checkpoint it resumes from (Note [Resumable training]).
 
+use std::path::{Path, PathBuf};
+
 use ember_nn::{Error, NnError};
 
 use super::{AmpDtype, Checkpoint, DEFAULT_SEED, DEFAULT_WIDTH, ModelKind, TrainConfig};
+
+/// A float as a person reads it: `0.002`, `1e300` (not 301 digits), `NaN`, `inf`.
+pub fn show(x: f64) -> String {
+    let a = x.abs();
+    if a != 0.0 && a.is_finite() && !(1e-4..1e16).contains(&a) {
+        format!("{x:e}")
+    } else {
+        format!("{x}")
+    }
+}
 
 /// An `ember train` error saying `msg`.
 pub(super) fn invalid(msg: String) -> Error {
@@ -21,9 +33,88 @@ pub(super) fn check_options(cfg: &TrainConfig) -> Result<(), Error> {
     if let Some(lr) = cfg.lr
         && !(lr > 0.0 && lr.is_finite())
     {
-        return Err(invalid(format!("expected a positive --lr, found {lr}")));
+        return Err(invalid(format!(
+            "expected a positive --lr, found {}",
+            show(lr)
+        )));
     }
     Ok(())
+}
+
+/// A duration as a person reads it: `42 ms` under a second (never `0.0 s`), `3.2 s`,
+/// `95 s`.
+pub fn format_duration(seconds: f64) -> String {
+    if seconds < 1.0 {
+        format!("{:.0} ms", seconds * 1e3)
+    } else if seconds < 60.0 {
+        format!("{seconds:.1} s")
+    } else {
+        format!("{seconds:.0} s")
+    }
+}
+
+/// The files a run reads and writes, checked before it starts: `--resume` must be a
+/// readable file (unless it names the `--save` path and nothing is there yet: the first
+/// attempt of a restartable job, which `checkpoint::resume_from` starts from scratch), and
+/// `--save` must go to an existing, writable directory (a file there is replaced). Each
+/// error names its option.
+pub(super) fn check_paths(cfg: &TrainConfig) -> Result<(), Error> {
+    let first_attempt = |p: &PathBuf| cfg.save.as_ref() == Some(p) && !p.exists();
+    if let Some(p) = cfg.resume.as_ref().filter(|p| !first_attempt(p)) {
+        if let Err(e) = std::fs::File::open(p) {
+            return Err(invalid(format!(
+                "--resume {}: cannot read the checkpoint: {e}",
+                p.display()
+            )));
+        }
+        if p.is_dir() {
+            return Err(invalid(format!(
+                "--resume {}: is a directory, expected a checkpoint file written by --save",
+                p.display()
+            )));
+        }
+    }
+    if let Some(p) = &cfg.save {
+        check_writable("--save", p)?;
+    }
+    Ok(())
+}
+
+/// An error naming `option` unless a file can be written at `path`: its directory exists
+/// and takes a new file (tried with a probe file, removed at once), and `path` is not a
+/// directory.
+fn check_writable(option: &str, path: &Path) -> Result<(), Error> {
+    let shown = path.display();
+    if path.is_dir() {
+        return Err(invalid(format!(
+            "{option} {shown}: is a directory, expected a file path"
+        )));
+    }
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => std::path::PathBuf::from("."),
+    };
+    if !dir.is_dir() {
+        return Err(invalid(format!(
+            "{option} {shown}: the directory {} does not exist; create it first",
+            dir.display()
+        )));
+    }
+    let probe = dir.join(format!(".ember-write-check-{}", std::process::id()));
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&probe)
+    {
+        Ok(_) => {
+            let _ = std::fs::remove_file(&probe);
+            Ok(())
+        }
+        Err(e) => Err(invalid(format!(
+            "{option} {shown}: cannot write in {}: {e}",
+            dir.display()
+        ))),
+    }
 }
 
 /// `--batch-size` is the global batch: it must divide over the `world` ranks.
@@ -67,7 +158,9 @@ pub(super) fn width(cfg: &TrainConfig, ckpt: Option<&Checkpoint>) -> Result<usiz
         (None, w) => w.unwrap_or(DEFAULT_WIDTH),
     };
     if w == 0 {
-        return Err(invalid("expected --width of at least 1, found 0".to_string()));
+        return Err(invalid(
+            "expected --width of at least 1, found 0".to_string(),
+        ));
     }
     Ok(w)
 }

@@ -1,5 +1,7 @@
 //! [`Dataset`], [`TensorDataset`] and [`default_collate`].
 
+use std::sync::Arc;
+
 use ember_tensor::Device;
 
 use crate::Tensor;
@@ -33,6 +35,33 @@ pub trait Dataset: Send + Sync {
             .map(|&i| self.get(i))
             .collect::<Result<Vec<_>>>()?;
         default_collate(samples)
+    }
+}
+
+/// What takes a dataset ([`DataLoader::new`](super::DataLoader::new),
+/// [`random_split`](super::random_split)): a dataset by value (`DataLoader::new(ds)`, as
+/// PyTorch's `DataLoader(ds)`), or one already shared (`Arc<TensorDataset>`,
+/// `Arc<dyn Dataset>`).
+pub trait IntoDataset {
+    /// The dataset, shared.
+    fn into_dataset(self) -> Arc<dyn Dataset>;
+}
+
+impl<D: Dataset + 'static> IntoDataset for D {
+    fn into_dataset(self) -> Arc<dyn Dataset> {
+        Arc::new(self)
+    }
+}
+
+impl<D: Dataset + 'static> IntoDataset for Arc<D> {
+    fn into_dataset(self) -> Arc<dyn Dataset> {
+        self
+    }
+}
+
+impl IntoDataset for Arc<dyn Dataset> {
+    fn into_dataset(self) -> Arc<dyn Dataset> {
+        self
     }
 }
 

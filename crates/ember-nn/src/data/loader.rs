@@ -15,7 +15,7 @@ use ember_tensor::Device;
 use ember_tensor::random::ThreadGenerator;
 use ember_tensor::random::philox::{key_of, philox4x32_10};
 
-use super::dataset::Dataset;
+use super::dataset::{Dataset, IntoDataset};
 use super::sampler::Sampler;
 use crate::Tensor;
 use crate::error::{NnError, Result};
@@ -202,10 +202,11 @@ impl fmt::Debug for DataLoader {
 }
 
 impl DataLoader {
-    /// A loader over `dataset` with the default options.
-    pub fn new(dataset: Arc<dyn Dataset>) -> DataLoader {
+    /// A loader over `dataset` (by value, as PyTorch's `DataLoader(ds)`, or already in an
+    /// `Arc`) with the default options.
+    pub fn new(dataset: impl IntoDataset) -> DataLoader {
         DataLoader {
-            dataset,
+            dataset: dataset.into_dataset(),
             batch_size: 1,
             shuffle: false,
             seed: None,

@@ -9,6 +9,8 @@
 //!   and yield them in order (each with its own seeded generator and [`get_worker_info`]),
 //!   pinned batches, a custom collate function, and a [`Sampler`] choosing each epoch's
 //!   indices (PyTorch's `sampler=`; `ember-parallel`'s `DistributedSampler` is one).
+//! - [`Subset`], [`ConcatDataset`], [`random_split`] (counts or fractions, drawn from the
+//!   default generator): PyTorch's dataset utilities.
 //! - [`digits`]: the 8x8 handwritten digits that scikit-learn distributes (1797 samples),
 //!   embedded in the crate.
 //!
@@ -38,10 +40,12 @@ mod dataset;
 pub mod digits;
 mod loader;
 mod sampler;
+mod split;
 
-pub use dataset::{Dataset, TensorDataset, check_index, default_collate};
+pub use dataset::{Dataset, IntoDataset, TensorDataset, check_index, default_collate};
 pub use loader::{
     CollateFn, DataLoader, DataLoaderIter, WorkerInfo, WorkerInitFn, get_worker_info,
     shuffled_indices, worker_base_seed,
 };
 pub use sampler::Sampler;
+pub use split::{ConcatDataset, SplitLengths, Subset, random_split, random_split_with};

@@ -51,6 +51,13 @@ impl Sequential {
     }
 }
 
+impl std::fmt::Display for Sequential {
+    /// PyTorch's `print(model)`: `Sequential(\n  (0): Linear(...)\n  ...\n)`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.describe())
+    }
+}
+
 impl ModuleParts for Sequential {
     fn name(&self) -> &'static str {
         "Sequential"

@@ -1,5 +1,5 @@
 //! Layers (`torch.nn`): `Linear`, activations, `Dropout`, `Sequential`, `Flatten`,
-//! `Embedding`, `LayerNorm`, `BatchNorm1d`/`BatchNorm2d`, `Conv2d`, pooling.
+//! `Embedding`, `LayerNorm`, `BatchNorm1d`/`2d`/`3d`, `Conv2d`, pooling.
 //!
 //! Constructors take PyTorch's arguments plus `opts` (`()` for f32 on the cpu, a `Device`,
 //! a `DType`, or `(DType, Device)`), as `device=` and `dtype=` in PyTorch. Initialisation is
@@ -25,12 +25,17 @@ mod pool;
 
 pub use activation::{GELU, ReLU, SiLU, Sigmoid, Tanh};
 pub use container::Sequential;
-pub use conv::{Conv2d, Conv2dConfig};
+pub use conv::{Conv2d, Conv2dConfig, PaddingArg};
 pub use dropout::Dropout;
 pub use embedding::Embedding;
+/// Sizes and padding as the layers take them (`1`, `(1, 2)`, `Padding::Same`).
+pub use ember_tensor::{Padding, Size2};
 pub use flatten::Flatten;
 pub use linear::Linear;
-pub use norm::{BatchNorm, BatchNorm1d, BatchNorm2d, BatchNormConfig, LayerNorm};
+pub use norm::{
+    BatchNorm, BatchNorm1d, BatchNorm2d, BatchNorm3d, BatchNormConfig, BatchNormDims, Dims1, Dims2,
+    Dims3, LayerNorm,
+};
 pub use pool::{AvgPool2d, MaxPool2d};
 
 use ember_tensor::{DType, Options};

@@ -1,4 +1,6 @@
-//! `LayerNorm`, `BatchNorm1d`/`BatchNorm2d`.
+//! `LayerNorm`, `BatchNorm1d`/`BatchNorm2d`/`BatchNorm3d`.
+
+use std::marker::PhantomData;
 
 use ember_tensor::{DType, Options, Tensor as Raw};
 
@@ -90,7 +92,7 @@ fn join(dims: &[usize]) -> String {
         .join(", ")
 }
 
-/// `BatchNorm1d`/`BatchNorm2d`'s options beyond `num_features`, with PyTorch's defaults.
+/// `BatchNorm1d`/`2d`/`3d`'s options beyond `num_features`, with PyTorch's defaults.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct BatchNormConfig {
     /// Added to the variance before the square root (`1e-5`).
@@ -116,16 +118,74 @@ impl Default for BatchNormConfig {
     }
 }
 
-/// Batch normalisation over the channel dimension 1 (`torch.nn.BatchNorm1d`/`2d`).
+/// Which inputs a batch norm takes: [`BatchNorm1d`] (`[N, C]` or `[N, C, L]`),
+/// [`BatchNorm2d`] (`[N, C, H, W]`), [`BatchNorm3d`] (`[N, C, D, H, W]`).
+pub trait BatchNormDims: std::fmt::Debug + Send + Sync + 'static {
+    /// The layer's name, as PyTorch prints it (`BatchNorm2d`).
+    const NAME: &'static str;
+    /// The input ranks it takes.
+    const RANKS: &'static [usize];
+    /// Those inputs' shapes, for messages.
+    const SHAPES: &'static str;
+}
+
+/// [`BatchNorm1d`]'s inputs: `[N, C]` or `[N, C, L]`.
+#[derive(Clone, Copy, Debug)]
+pub struct Dims1;
+/// [`BatchNorm2d`]'s inputs: `[N, C, H, W]`.
+#[derive(Clone, Copy, Debug)]
+pub struct Dims2;
+/// [`BatchNorm3d`]'s inputs: `[N, C, D, H, W]`.
+#[derive(Clone, Copy, Debug)]
+pub struct Dims3;
+
+impl BatchNormDims for Dims1 {
+    const NAME: &'static str = "BatchNorm1d";
+    const RANKS: &'static [usize] = &[2, 3];
+    const SHAPES: &'static str = "2D or 3D input [N, C] or [N, C, L]";
+}
+impl BatchNormDims for Dims2 {
+    const NAME: &'static str = "BatchNorm2d";
+    const RANKS: &'static [usize] = &[4];
+    const SHAPES: &'static str = "4D input [N, C, H, W]";
+}
+impl BatchNormDims for Dims3 {
+    const NAME: &'static str = "BatchNorm3d";
+    const RANKS: &'static [usize] = &[5];
+    const SHAPES: &'static str = "5D input [N, C, D, H, W]";
+}
+
+/// `torch.nn.BatchNorm1d`: input `[N, C]` or `[N, C, L]`.
+pub type BatchNorm1d = BatchNorm<Dims1>;
+/// `torch.nn.BatchNorm2d`: input `[N, C, H, W]`.
+pub type BatchNorm2d = BatchNorm<Dims2>;
+/// `torch.nn.BatchNorm3d`: input `[N, C, D, H, W]`.
+pub type BatchNorm3d = BatchNorm<Dims3>;
+
+/// Batch normalisation over the channel dimension 1: [`BatchNorm1d`], [`BatchNorm2d`],
+/// [`BatchNorm3d`], three types (`BatchNorm2d::new(16, ())`), one per input rank, as
+/// PyTorch's three classes. An input of another rank is an error naming the layer
+/// (`BatchNorm2d: expected 4D input [N, C, H, W] ...`), as PyTorch's.
 ///
 /// In training, with the batch's statistics (biased variance), and, when it tracks running
 /// statistics, updating the running mean and the (unbiased) running variance with
 /// `momentum` (or a cumulative average when `momentum` is `None`); in eval, with the running
-/// statistics, or with the batch's when it tracks none. `BatchNorm1d` takes `[N, C]` or
-/// `[N, C, L]`, `BatchNorm2d` takes `[N, C, H, W]`.
+/// statistics, or with the batch's when it tracks none.
+///
+/// ```
+/// use ember_nn::layers::{BatchNorm1d, BatchNorm2d};
+/// use ember_nn::{Module, Tensor};
+/// let bn = BatchNorm2d::new(16, ())?;
+/// assert_eq!(bn.call(&Tensor::randn([2, 16, 4, 4], ())?)?.dims(), [2, 16, 4, 4]);
+/// let e = bn.call(&Tensor::randn([2, 16], ())?).unwrap_err().to_string();
+/// assert!(e.contains("BatchNorm2d: expected 4D input [N, C, H, W]"), "{e}");
+/// assert_eq!(format!("{bn}"), "BatchNorm2d(16, eps=1e-05, momentum=0.1, affine=True, bias=True, track_running_stats=True)");
+/// # let _ = BatchNorm1d::new(16, ())?;
+/// # Ok::<(), ember_nn::Error>(())
+/// ```
 #[derive(Debug, Module)]
-#[module(name = self.name)]
-pub struct BatchNorm {
+#[module(name = D::NAME)]
+pub struct BatchNorm<D: BatchNormDims> {
     /// Scale per channel, starts at 1 (absent when not `affine`).
     #[param]
     pub weight: Option<Tensor>,
@@ -145,45 +205,25 @@ pub struct BatchNorm {
     num_features: usize,
     #[module(skip)]
     config: BatchNormConfig,
-    ranks: &'static [usize],
-    name: &'static str,
+    dims: PhantomData<D>,
     training: TrainingFlag,
     hooks: ModuleHooks,
 }
 
-/// `torch.nn.BatchNorm1d`: input `[N, C]` or `[N, C, L]`.
-pub type BatchNorm1d = BatchNorm;
-/// `torch.nn.BatchNorm2d`: input `[N, C, H, W]`.
-pub type BatchNorm2d = BatchNorm;
-
-impl BatchNorm {
-    /// `BatchNorm1d(num_features)`: eps 1e-5, momentum 0.1, affine, tracking running
-    /// statistics.
-    pub fn new_1d(num_features: usize, opts: impl Into<Options>) -> Result<Self> {
-        Self::with_config_1d(num_features, BatchNormConfig::default(), opts)
-    }
-
-    /// `BatchNorm2d(num_features)`, with the same defaults.
-    pub fn new_2d(num_features: usize, opts: impl Into<Options>) -> Result<Self> {
-        Self::with_config_2d(num_features, BatchNormConfig::default(), opts)
-    }
-
-    /// `BatchNorm1d(num_features, eps, momentum, affine, track_running_stats)`.
-    pub fn with_config_1d(
-        num_features: usize,
-        config: BatchNormConfig,
-        opts: impl Into<Options>,
-    ) -> Result<Self> {
-        Self::build("BatchNorm1d", &[2, 3], num_features, config, opts)
+impl<D: BatchNormDims> BatchNorm<D> {
+    /// `BatchNorm2d(num_features)` (and `1d`, `3d`): eps 1e-5, momentum 0.1, affine,
+    /// tracking running statistics.
+    pub fn new(num_features: usize, opts: impl Into<Options>) -> Result<Self> {
+        Self::with_config(num_features, BatchNormConfig::default(), opts)
     }
 
     /// `BatchNorm2d(num_features, eps, momentum, affine, track_running_stats)`.
-    pub fn with_config_2d(
+    pub fn with_config(
         num_features: usize,
         config: BatchNormConfig,
         opts: impl Into<Options>,
     ) -> Result<Self> {
-        Self::build("BatchNorm2d", &[4], num_features, config, opts)
+        Self::build(num_features, config, opts)
     }
 
     /// With a chosen `eps` and `momentum` (the weight of the new batch in the running
@@ -194,7 +234,7 @@ impl BatchNorm {
             momentum: Some(momentum),
             ..self.config
         };
-        check_config(self.name, &config)?;
+        check_config(D::NAME, &config)?;
         self.config = config;
         Ok(self)
     }
@@ -204,13 +244,8 @@ impl BatchNorm {
         self.config
     }
 
-    fn build(
-        name: &'static str,
-        ranks: &'static [usize],
-        c: usize,
-        config: BatchNormConfig,
-        opts: impl Into<Options>,
-    ) -> Result<Self> {
+    fn build(c: usize, config: BatchNormConfig, opts: impl Into<Options>) -> Result<Self> {
+        let name = D::NAME;
         check_config(name, &config)?;
         let (dtype, device) = float_options(name, opts)?;
         let (weight, bias) = if config.affine {
@@ -238,8 +273,7 @@ impl BatchNorm {
             num_batches_tracked,
             num_features: c,
             config,
-            ranks,
-            name,
+            dims: PhantomData,
             training: TrainingFlag::default(),
             hooks: ModuleHooks::default(),
         })
@@ -280,19 +314,26 @@ fn check_config(name: &'static str, c: &BatchNormConfig) -> Result<()> {
     Ok(())
 }
 
-impl Module for BatchNorm {
+impl<D: BatchNormDims> Module for BatchNorm<D> {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let dims = x.dims();
-        if !self.ranks.contains(&dims.len()) || dims[1] != self.num_features {
-            let want = if self.ranks == [4] {
-                "[N, C, H, W]"
-            } else {
-                "[N, C] or [N, C, L]"
-            };
+        if !D::RANKS.contains(&dims.len()) {
             return Err(NnError::invalid(
-                self.name,
+                D::NAME,
                 format!(
-                    "expected input {want} with C = {}, found shape {}",
+                    "expected {} (got {}D input of shape {})",
+                    D::SHAPES,
+                    dims.len(),
+                    x.shape()
+                ),
+            )
+            .into());
+        }
+        if dims[1] != self.num_features {
+            return Err(NnError::invalid(
+                D::NAME,
+                format!(
+                    "expected input with {} channels (dim 1), found shape {}",
                     self.num_features,
                     x.shape()
                 ),
@@ -306,7 +347,7 @@ impl Module for BatchNorm {
         .into_iter()
         .find_map(|(n, t)| t.as_ref().map(|t| (n, t)))
         {
-            check_device(self.name, pname, p, x)?;
+            check_device(D::NAME, pname, p, x)?;
         }
         let training = self.training.get();
         // PyTorch's `bn_training`: batch statistics in training, and in eval too when there

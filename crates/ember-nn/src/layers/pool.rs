@@ -14,9 +14,44 @@ pub struct MaxPool2d {
 }
 
 impl MaxPool2d {
-    /// Pooling with a `kernel` (stride defaults to the kernel size).
+    /// `nn.MaxPool2d(kernel_size)`: stride the kernel size, no padding, dilation 1, floor
+    /// mode; PyTorch's keyword arguments are builder methods:
+    /// `MaxPool2d::new(3).stride(2).padding(1)` is `nn.MaxPool2d(3, stride=2, padding=1)`.
+    ///
+    /// ```
+    /// use ember_nn::layers::MaxPool2d;
+    /// use ember_nn::{Module, Tensor};
+    /// let pool = MaxPool2d::new(3).stride(2).padding(1);
+    /// assert_eq!(pool.call(&Tensor::randn([1, 2, 8, 8], ())?)?.dims(), [1, 2, 4, 4]);
+    /// assert_eq!(pool.to_string(), "MaxPool2d(kernel_size=(3, 3), stride=(2, 2), padding=(1, 1))");
+    /// # Ok::<(), ember_nn::Error>(())
+    /// ```
     pub fn new(kernel: impl Into<Size2>) -> Self {
         Self::with_options(MaxPool2dOptions::new(kernel))
+    }
+
+    /// `stride=`: a number or a pair.
+    pub fn stride(mut self, stride: impl Into<Size2>) -> Self {
+        self.opts = self.opts.stride(stride);
+        self
+    }
+
+    /// `padding=`: a number or a pair (at most half the kernel).
+    pub fn padding(mut self, padding: impl Into<Size2>) -> Self {
+        self.opts = self.opts.padding(padding);
+        self
+    }
+
+    /// `dilation=`: a number or a pair.
+    pub fn dilation(mut self, dilation: impl Into<Size2>) -> Self {
+        self.opts = self.opts.dilation(dilation);
+        self
+    }
+
+    /// `ceil_mode=`.
+    pub fn ceil_mode(mut self, on: bool) -> Self {
+        self.opts = self.opts.ceil_mode(on);
+        self
     }
 
     /// Pooling with all of PyTorch's options.
@@ -53,9 +88,34 @@ pub struct AvgPool2d {
 }
 
 impl AvgPool2d {
-    /// Pooling with a `kernel` (stride defaults to the kernel size).
+    /// `nn.AvgPool2d(kernel_size)`: stride the kernel size, no padding; the keyword
+    /// arguments are builder methods (`AvgPool2d::new(2).stride(1).padding(1)`).
     pub fn new(kernel: impl Into<Size2>) -> Self {
         Self::with_options(AvgPool2dOptions::new(kernel))
+    }
+
+    /// `stride=`: a number or a pair.
+    pub fn stride(mut self, stride: impl Into<Size2>) -> Self {
+        self.opts = self.opts.stride(stride);
+        self
+    }
+
+    /// `padding=`: a number or a pair (at most half the kernel).
+    pub fn padding(mut self, padding: impl Into<Size2>) -> Self {
+        self.opts = self.opts.padding(padding);
+        self
+    }
+
+    /// `ceil_mode=`.
+    pub fn ceil_mode(mut self, on: bool) -> Self {
+        self.opts = self.opts.ceil_mode(on);
+        self
+    }
+
+    /// `count_include_pad=`.
+    pub fn count_include_pad(mut self, on: bool) -> Self {
+        self.opts = self.opts.count_include_pad(on);
+        self
     }
 
     /// Pooling with all of PyTorch's options.

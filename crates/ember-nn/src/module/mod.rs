@@ -16,6 +16,7 @@ mod fields;
 mod hooks;
 mod replicate;
 mod state_dict;
+mod value;
 mod walk;
 
 use std::sync::Arc;
@@ -30,7 +31,17 @@ pub use fields::{ChildModules, TensorField};
 pub use hooks::{ForwardHook, ForwardPreHook, HookHandle, ModuleHooks};
 pub(crate) use replicate::replicate_arc;
 pub use replicate::{ClonePlainField, DynReplicate, ReplicaMemo, Replicate};
-pub use state_dict::StateDict;
+pub use state_dict::{StateDict, StateItem};
+pub use value::{FromValue, Value};
+
+/// A module behind a reference or a box prints as PyTorch's `print(model)`
+/// ([`Module::describe`]); `#[derive(Module)]` writes the same `Display` for each module
+/// type.
+impl std::fmt::Display for dyn Module + '_ {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.describe())
+    }
+}
 
 /// What [`Module::load_state_dict_opts`] did not match, when not strict.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -326,15 +337,18 @@ pub trait Module: ModuleParts + Send + Sync + std::fmt::Debug + std::any::Any {
     /// Parameters and buffers by dotted name, detached (they share storage with the module),
     /// in PyTorch's order: each module's parameters, then its buffers, then its children's,
     /// depth first. As in PyTorch, a tensor shared by two modules appears under both names.
-    fn state_dict(&self) -> StateDict {
-        walk::state_entries(
+    /// A `Result`, as every `state_dict()` in Ember (optimizers', schedulers', the
+    /// `GradScaler`'s), though a module's cannot fail: one type to nest into a checkpoint
+    /// ([`StateDict::with`]).
+    fn state_dict(&self) -> Result<StateDict> {
+        Ok(walk::state_entries(
             self.local_parameters(),
             self.local_buffers(),
             self.named_children(),
         )
         .into_iter()
         .map(|(n, t)| (n, t.detach()))
-        .collect()
+        .collect())
     }
 
     /// Copies `state` into the parameters and buffers (strict: every key must match and
@@ -363,7 +377,7 @@ pub trait Module: ModuleParts + Send + Sync + std::fmt::Debug + std::any::Any {
                 Some(_) => {}
             }
         }
-        for name in state.keys() {
+        for name in state.keys().chain(state.plain().map(|(k, _)| k)) {
             if !own.iter().any(|(n, _)| n == name) {
                 keys.unexpected_keys.push(name.clone());
             }

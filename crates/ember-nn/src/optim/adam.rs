@@ -76,6 +76,24 @@ impl Default for AdamWOptions {
     }
 }
 
+option_setters!(AdamOptions {
+    lr: f64,
+    betas: (f64, f64),
+    eps: f64,
+    weight_decay: f64,
+    amsgrad: bool,
+    maximize: bool,
+});
+
+option_setters!(AdamWOptions {
+    lr: f64,
+    betas: (f64, f64),
+    eps: f64,
+    weight_decay: f64,
+    amsgrad: bool,
+    maximize: bool,
+});
+
 fn adam_defaults(o: AdamOptions, decoupled_weight_decay: bool) -> ParamGroup {
     ParamGroup {
         params: Vec::new(),
@@ -178,8 +196,8 @@ pub struct AdamW {
 impl Adam {
     /// Adam over `params` (one group). Errors on invalid hyperparameters with PyTorch's
     /// messages (`Adam: Invalid beta parameter at index 0: 1`).
-    pub fn new(params: Vec<Tensor>, options: AdamOptions) -> Result<Adam> {
-        Adam::with_groups(vec![ParamGroupSpec::new(params)], options)
+    pub fn new(params: Vec<Tensor>, options: impl Into<AdamOptions>) -> Result<Adam> {
+        Adam::with_groups(vec![ParamGroupSpec::new(params)], options.into())
     }
 
     /// Adam over several groups, each overriding some of `options`.
@@ -192,8 +210,8 @@ impl Adam {
 
 impl AdamW {
     /// AdamW over `params` (one group).
-    pub fn new(params: Vec<Tensor>, options: AdamWOptions) -> Result<AdamW> {
-        AdamW::with_groups(vec![ParamGroupSpec::new(params)], options)
+    pub fn new(params: Vec<Tensor>, options: impl Into<AdamWOptions>) -> Result<AdamW> {
+        AdamW::with_groups(vec![ParamGroupSpec::new(params)], options.into())
     }
 
     /// AdamW over several groups, each overriding some of `options`.

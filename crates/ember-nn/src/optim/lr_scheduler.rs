@@ -231,6 +231,7 @@ impl<'a> Fields<'a> {
         let unexpected: Vec<String> = self
             .dict
             .keys()
+            .chain(self.dict.plain().map(|(k, _)| k))
             .filter(|k| !self.used.contains(k.as_str()))
             .cloned()
             .collect();

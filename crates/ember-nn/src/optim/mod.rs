@@ -45,6 +45,30 @@
 //! tensor is not contiguous, or shares storage with another tensor of the step, takes the
 //! per-op path too ([`MultiTensor::admits`]).
 
+/// Builder setters named after the fields of an optimizer's options, and `From<f64>` as
+/// the learning rate: `Adam::new(params, 1e-3)` is `Adam(params, lr=1e-3)`, and
+/// `SgdOptions::from(0.1).momentum(0.9)` is `lr=0.1, momentum=0.9`.
+macro_rules! option_setters {
+    ($ty:ident { $($field:ident: $t:ty),* $(,)? }) => {
+        impl $ty {
+            $(
+                #[doc = concat!("Sets `", stringify!($field), "`.")]
+                pub fn $field(mut self, $field: $t) -> $ty {
+                    self.$field = $field;
+                    self
+                }
+            )*
+        }
+
+        impl From<f64> for $ty {
+            /// The defaults with this learning rate.
+            fn from(lr: f64) -> $ty {
+                $ty { lr, ..<$ty>::default() }
+            }
+        }
+    };
+}
+
 mod adam;
 mod clip;
 pub mod lr_scheduler;

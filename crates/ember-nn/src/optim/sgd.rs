@@ -42,6 +42,15 @@ impl Default for SgdOptions {
     }
 }
 
+option_setters!(SgdOptions {
+    lr: f64,
+    momentum: f64,
+    dampening: f64,
+    weight_decay: f64,
+    nesterov: bool,
+    maximize: bool,
+});
+
 impl SgdOptions {
     fn defaults(&self) -> ParamGroup {
         ParamGroup {
@@ -98,8 +107,8 @@ impl ParamState for SgdState {
 impl SGD {
     /// SGD over `params` (one group). Errors on invalid hyperparameters, with PyTorch's
     /// messages (`SGD: Invalid learning rate: -1`), and on an empty parameter list.
-    pub fn new(params: Vec<Tensor>, options: SgdOptions) -> Result<SGD> {
-        SGD::with_groups(vec![ParamGroupSpec::new(params)], options)
+    pub fn new(params: Vec<Tensor>, options: impl Into<SgdOptions>) -> Result<SGD> {
+        SGD::with_groups(vec![ParamGroupSpec::new(params)], options.into())
     }
 
     /// SGD over several groups, each overriding some of `options`.

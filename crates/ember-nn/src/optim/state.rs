@@ -253,6 +253,8 @@ impl<S: ParamState> Groups<S> {
                 None => unexpected.push(key.clone()),
             }
         }
+        // Plain values have no place in an optimizer's dict (its numbers are 0-dim tensors).
+        unexpected.extend(sd.plain().map(|(k, _)| k.clone()));
         if group_entries.len() != self.groups.len()
             || group_entries.keys().any(|&g| g >= self.groups.len())
         {
@@ -307,6 +309,8 @@ impl<S: ParamState> Groups<S> {
             };
             let param = groups[g].params[j].data();
             let mut named = BTreeMap::new();
+            // Entries there but of the wrong shape: reported as mismatched, not missing too.
+            let mut misshapen = Vec::new();
             for (key, name, t) in entries {
                 let Some(&name) = S::NAMES.iter().find(|n| **n == name) else {
                     unexpected.push(key.clone());
@@ -316,6 +320,7 @@ impl<S: ParamState> Groups<S> {
                     named.insert(name, owned(&t)?);
                 } else if t.dims() != param.dims() {
                     mismatched.push((key.clone(), t.shape().clone(), param.shape().clone()));
+                    misshapen.push(name);
                 } else {
                     let moved = follow(t.clone(), &param)?;
                     let moved = if moved.shares_storage(&t) {
@@ -332,7 +337,12 @@ impl<S: ParamState> Groups<S> {
                     state[g][j] = Some(s);
                 }
                 Err(lacking) => {
-                    missing.extend(lacking.into_iter().map(|n| format!("state.{id}.{n}")));
+                    missing.extend(
+                        lacking
+                            .into_iter()
+                            .filter(|n| !misshapen.contains(n))
+                            .map(|n| format!("state.{id}.{n}")),
+                    );
                 }
             }
         }

@@ -77,7 +77,7 @@ pub fn residual_mlp() -> Result<Sequential> {
 pub fn conv_bn() -> Result<Sequential> {
     Ok(Sequential::new()
         .add(Conv2d::new(2, 4, 3, ())?)
-        .add(BatchNorm2d::new_2d(4, ())?)
+        .add(BatchNorm2d::new(4, ())?)
         .add(ReLU::new())
         .add(Flatten::new())
         .add(Linear::new(4 * 3 * 3, 3, ())?))
@@ -87,7 +87,7 @@ pub fn conv_bn() -> Result<Sequential> {
 fn pair(make: fn() -> Result<Sequential>) -> (Sequential, Sequential) {
     let a = make().unwrap();
     let b = make().unwrap();
-    b.load_state_dict(&a.state_dict()).unwrap();
+    b.load_state_dict(&a.state_dict().unwrap()).unwrap();
     a.to(cuda0()).unwrap();
     b.to(cuda0()).unwrap();
     (a, b)
@@ -313,7 +313,7 @@ pub fn training_is_repeatable(devices: usize) {
     let loss = CrossEntropyLoss::new();
     let run = || -> Vec<f64> {
         let m = conv_bn().unwrap();
-        m.load_state_dict(&init.state_dict()).unwrap();
+        m.load_state_dict(&init.state_dict().unwrap()).unwrap();
         m.to(cuda0()).unwrap();
         let dp = wrap(m);
         let options = AdamOptions {

@@ -38,8 +38,18 @@ pub const MAX_HEADER_BYTES: u64 = 100_000_000;
 /// Bytes of the little-endian header-length prefix.
 pub(super) const PREFIX: usize = 8;
 
-/// The metadata key of the data section's CRC-32 (Note [Checkpoint checksum]).
-pub const CHECKSUM_KEY: &str = "ember.crc32";
+/// The metadata key of the file's CRC-32 (Note [Checkpoint checksum]): of the whole file,
+/// length prefix, header (metadata included) and data, with this key's 8 hex digits read
+/// as `00000000`.
+pub const CHECKSUM_KEY: &str = "ember.checksum";
+
+/// The metadata key of the CRC-32 of the data section alone, which Ember wrote before the
+/// header was covered too; still verified when a file has it, never written.
+pub const DATA_CHECKSUM_KEY: &str = "ember.crc32";
+
+/// How every header Ember writes begins: the checksum is the first metadata entry, so its
+/// 8 hex digits sit at a known offset (Note [Checkpoint checksum]).
+pub(super) const CHECKSUM_HEAD: &str = "{\"__metadata__\":{\"ember.checksum\":\"";
 
 /// The safetensors name of a dtype (`F32`, `BF16`, `BOOL`, ...).
 pub(super) fn st_name(d: DType) -> &'static str {
@@ -210,7 +220,10 @@ fn parse(bytes: &[u8], device: &Device, ctx: &Ctx<'_>) -> Result<RawLoaded> {
         .into_iter()
         .collect();
     if let Some(expected) = metadata.get(CHECKSUM_KEY) {
-        verify_checksum(expected, &bytes[PREFIX + n as usize..], ctx)?;
+        verify_file_checksum(expected, bytes, ctx)?;
+    } else if let Some(expected) = metadata.get(DATA_CHECKSUM_KEY) {
+        let found = crc32fast::hash(&bytes[PREFIX + n as usize..]);
+        verify_checksum(DATA_CHECKSUM_KEY, expected, found, "data", avail - n, ctx)?;
     }
     let mut out = BTreeMap::new();
     for (name, info) in &entries {
@@ -223,22 +236,60 @@ fn parse(bytes: &[u8], device: &Device, ctx: &Ctx<'_>) -> Result<RawLoaded> {
     Ok((out, metadata))
 }
 
-/// Checks the data section against the CRC-32 the header records (Note [Checkpoint
-/// checksum]).
-fn verify_checksum(expected: &str, data: &[u8], ctx: &Ctx<'_>) -> Result<()> {
+/// The CRC-32 of a whole file with the checksum's 8 digits, at `at`, read as `00000000`
+/// (Note [Checkpoint checksum]).
+pub(super) fn file_crc(bytes: &[u8], at: usize) -> u32 {
+    let mut h = crc32fast::Hasher::new();
+    h.update(&bytes[..at]);
+    h.update(b"00000000");
+    h.update(&bytes[at + 8..]);
+    h.finalize()
+}
+
+/// Checks the whole file against the CRC-32 its header records under [`CHECKSUM_KEY`]
+/// (Note [Checkpoint checksum]): a changed byte anywhere, a tensor's dtype or shape or a
+/// metadata value included, is refused.
+fn verify_file_checksum(expected: &str, bytes: &[u8], ctx: &Ctx<'_>) -> Result<()> {
+    let at = PREFIX + CHECKSUM_HEAD.len();
+    let placed = bytes
+        .get(PREFIX..at + 9)
+        .is_some_and(|h| h.starts_with(CHECKSUM_HEAD.as_bytes()) && h[h.len() - 1] == b'"');
+    if !placed {
+        return Err(ctx.bad(format!(
+            "metadata {CHECKSUM_KEY:?} is not the header's first entry, where Ember writes it: the header was rewritten (by another tool?) and the checksum cannot be checked"
+        )));
+    }
+    let found = file_crc(bytes, at);
+    verify_checksum(
+        CHECKSUM_KEY,
+        expected,
+        found,
+        "file",
+        bytes.len() as u64,
+        ctx,
+    )
+}
+
+/// Compares the CRC-32 the header records under `key` with the one `found` over `what`.
+fn verify_checksum(
+    key: &str,
+    expected: &str,
+    found: u32,
+    what: &str,
+    len: u64,
+    ctx: &Ctx<'_>,
+) -> Result<()> {
     let parsed = (expected.len() == 8 && expected.bytes().all(|b| b.is_ascii_hexdigit()))
         .then(|| u32::from_str_radix(expected, 16).ok())
         .flatten();
     let Some(want) = parsed else {
         return Err(ctx.bad(format!(
-            "metadata {CHECKSUM_KEY:?} is {expected:?}, expected 8 hex digits (corrupted header?)"
+            "metadata {key:?} is {expected:?}, expected 8 hex digits (corrupted header?)"
         )));
     };
-    let found = crc32fast::hash(data);
     if found != want {
         return Err(ctx.bad(format!(
-            "checksum mismatch: the header records CRC-32 {want:08x} of the data, but the {} data bytes have {found:08x} (the file is corrupted)",
-            data.len()
+            "checksum mismatch: the header records CRC-32 {want:08x} of the {what}, but the {len} {what} bytes have {found:08x} (the file is corrupted or was edited)"
         )));
     }
     Ok(())

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use half::{bf16, f16};
 
-use super::safetensors::{CHECKSUM_KEY, Ctx, PREFIX, st_name};
+use super::safetensors::{CHECKSUM_HEAD, CHECKSUM_KEY, Ctx, DATA_CHECKSUM_KEY, PREFIX, st_name};
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
 use crate::raw::RawTensor;
@@ -46,15 +46,21 @@ use crate::tensor::Tensor;
 
 // Note [Checkpoint checksum]:
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// safetensors has no checksum, so a flipped byte in the data loads silently. Every file
-// Ember writes records the CRC-32 (IEEE, the `crc32fast` crate) of its whole data section
-// (all bytes after the header) in the header's metadata, under `ember.crc32`, as 8
-// lowercase hex digits. The CRC is computed while the data is written: the header goes out
-// first with `00000000` at a known offset, and that placeholder is overwritten once the
-// data is through (the header's length does not change). `load` recomputes the CRC when
-// the key is present and refuses a mismatch, naming the file and both values; files
-// without the key (PyTorch's, other tools') load as before. A metadata value given for the
-// key by the caller is replaced by the computed one.
+// safetensors has no checksum, so a flipped byte loads silently. Every file Ember writes
+// records the CRC-32 (IEEE, the `crc32fast` crate) of the whole file — the length prefix,
+// the header with every tensor's dtype, shape and offsets and all the metadata, and the
+// data — in the header's metadata under `ember.checksum`, as 8 lowercase hex digits, which
+// are read as `00000000` for the sum. The header always begins
+// `{"__metadata__":{"ember.checksum":"`, so those digits sit at a known offset. The CRC is
+// computed while the file is written: the header goes out with `00000000` there, and the
+// placeholder is overwritten once the data is through (the header's length does not
+// change). `load` recomputes the CRC when the key is present and refuses a mismatch,
+// naming the file and both values: an F32 tensor's dtype edited to I32 (same size) or a
+// metadata value changed (a run's seed) is refused, not resumed. A header rewritten by
+// another tool (the key elsewhere) is refused too: its checksum cannot be checked. Files
+// without the key (PyTorch's, other tools') load as before; files of earlier Ember
+// versions carry `ember.crc32`, the CRC of the data section alone, still verified. A
+// metadata value given for either key by the caller is dropped (the computed one wins).
 
 /// Bytes of elements copied to the host and written at a time (a few MiB: few copies per
 /// tensor, even from a GPU, and a small peak).
@@ -121,13 +127,11 @@ fn layout<'t, S: AsRef<str>>(
     }
 
     let json = |s: &str| serde_json::to_string(s).map_err(|e| ctx.bad(format!("header: {e}")));
-    let mut h = String::from("{\"__metadata__\":{");
-    h.push_str(&json(CHECKSUM_KEY)?);
-    h.push_str(":\"");
+    let mut h = String::from(CHECKSUM_HEAD);
     let checksum_at = h.len();
     h.push_str("00000000\"");
     for (k, v) in metadata {
-        if k == CHECKSUM_KEY {
+        if k == CHECKSUM_KEY || k == DATA_CHECKSUM_KEY {
             continue;
         }
         h.push(',');
@@ -214,13 +218,16 @@ fn write_tensor(
     Ok(())
 }
 
-/// Streams the header and the data to `w`, returning the CRC-32 of the data.
+/// Streams the header and the data to `w`, returning the CRC-32 of all of it, the
+/// checksum's placeholder `00000000` included (Note [Checkpoint checksum]).
 fn write_all_data(lay: &Layout<'_>, w: &mut impl Write, ctx: &Ctx<'_>) -> Result<u32> {
     let io = |e: std::io::Error| ctx.io("write", &e);
-    w.write_all(&(lay.header.len() as u64).to_le_bytes())
-        .map_err(io)?;
+    let prefix = (lay.header.len() as u64).to_le_bytes();
+    w.write_all(&prefix).map_err(io)?;
     w.write_all(&lay.header).map_err(io)?;
     let mut crc = crc32fast::Hasher::new();
+    crc.update(&prefix);
+    crc.update(&lay.header);
     for e in &lay.entries {
         write_tensor(e.tensor, w, &mut crc).map_err(|f| match f {
             Failure::Tensor(t) => t,

@@ -356,7 +356,10 @@ fn max_lanes<C: AttnFloat>(x: &[C]) -> C {
             *l = if v > *l { v } else { *l };
         }
     }
-    lanes.iter().chain(rest).fold(C::NEG_INF, |m, &v| if v > m { v } else { m })
+    lanes
+        .iter()
+        .chain(rest)
+        .fold(C::NEG_INF, |m, &v| if v > m { v } else { m })
 }
 
 /// `x = exp(x - m)` in place, and the sum of the results (in [`LANES`] lanes).

@@ -309,7 +309,12 @@ fn views_at_odd_offsets_state_their_alignment() {
             .narrow(3, 1, y.dims()[3])
             .unwrap();
         let (gw, t) = Trace::of(|| aten::conv2d_backward_weight(&gview, &x, dims(&w), &o).unwrap());
-        assert_on_cudnn(&t, &x.dims(), &[BackwardFilter], "odd-offset weight gradient");
+        assert_on_cudnn(
+            &t,
+            &x.dims(),
+            &[BackwardFilter],
+            "odd-offset weight gradient",
+        );
         let gcpu = gview.to_device(CPU).unwrap();
         let xcpu = x.to_device(CPU).unwrap();
         within(tol * 10.0, 12.0, "odd-offset weight gradient").assert(
@@ -526,7 +531,12 @@ fn deterministic_mode_keeps_to_deterministic_algorithms() {
     let (det, t) = Trace::of(grads);
     let (det2, _) = Trace::of(grads);
     cudnn::set_deterministic(false);
-    assert_on_cudnn(&t, &x.dims(), &[BackwardData, BackwardFilter], "deterministic");
+    assert_on_cudnn(
+        &t,
+        &x.dims(),
+        &[BackwardData, BackwardFilter],
+        "deterministic",
+    );
     if emulated() {
         assert_eq!(
             (t.runs(BackwardData), t.runs(BackwardFilter)),

@@ -26,7 +26,7 @@ use crate::{cargo, kernels, results, root, run_step};
 /// The test suites that take `EMBER_GPU_TEST=1`: (package, test target). Every suite whose
 /// tests run on `cuda:0` is here, unless [`NOT_BUNDLED`] says why not (the bundle names a
 /// suite by its test target, so two targets of one name cannot both travel).
-pub const GPU_SUITES: [(&str, &str); 26] = [
+pub const GPU_SUITES: [(&str, &str); 27] = [
     ("ember-tensor", "cuda_ops"),
     ("ember-tensor", "activation_bwd"),
     ("ember-tensor", "batch_norm"),
@@ -53,6 +53,7 @@ pub const GPU_SUITES: [(&str, &str); 26] = [
     ("ember-profiler", "device_timing"),
     ("ember-parallel", "nccl_group"),
     ("ember", "walkthroughs"),
+    ("ember-nn", "pytorch_surface"),
 ];
 
 /// Suites with device tests that the bundle leaves out, and why.

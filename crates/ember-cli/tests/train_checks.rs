@@ -168,9 +168,11 @@ fn numbers_print_as_a_person_reads_them() {
 /// the file stays well-formed, only the checksum can tell.
 fn edit(path: &Path, from: &str, to: &str) {
     let mut bytes = std::fs::read(path).unwrap();
-    let text = String::from_utf8_lossy(&bytes).into_owned();
-    let at = text
-        .find(from)
+    // Searched in the bytes: the header's length before it need not be UTF-8, and a lossy
+    // decoding would shift the offsets.
+    let at = bytes
+        .windows(from.len())
+        .position(|w| w == from.as_bytes())
         .unwrap_or_else(|| panic!("{from} not in the header"));
     bytes[at..at + to.len()].copy_from_slice(to.as_bytes());
     std::fs::write(path, bytes).unwrap();

@@ -50,7 +50,11 @@ fn random_pairs(device: &Device) -> Result<()> {
                 // |d| / allowed in [0.1, 10] (log-uniform), either sign; every 7th exact.
                 let allowed = o.atol + (o.rtol * b).abs();
                 let ratio = 10f64.powf(s);
-                if i % 7 == 0 { b } else { b + ratio * allowed * s.signum() }
+                if i % 7 == 0 {
+                    b
+                } else {
+                    b + ratio * allowed * s.signum()
+                }
             })
             .collect();
         let (ta, tb) = (
@@ -77,7 +81,10 @@ fn random_pairs(device: &Device) -> Result<()> {
                 vb[i]
             );
         }
-        assert!(decided > n / 2 && trues > 10 && trues + 10 < decided, "{dtype}: {decided} decided, {trues} close");
+        assert!(
+            decided > n / 2 && trues > 10 && trues + 10 < decided,
+            "{dtype}: {decided} decided, {trues} close"
+        );
         let all_close = got.iter().all(|&c| c);
         assert_eq!(ta.allclose(&tb, o)?, all_close);
         assert!(tb.allclose(&tb, o)?, "{dtype}: a tensor is close to itself");
@@ -121,12 +128,18 @@ fn nan_and_infinities(device: &Device) -> Result<()> {
     // to inf even with an infinite atol.
     let x = Tensor::new(&[inf, inf, f64::NAN, 1.0], device)?;
     let y = Tensor::new(&[inf, -inf, f64::NAN, inf], device)?;
-    assert_eq!(x.isclose(&y, ())?.to_vec::<bool>()?, [true, false, false, false]);
+    assert_eq!(
+        x.isclose(&y, ())?.to_vec::<bool>()?,
+        [true, false, false, false]
+    );
     assert_eq!(
         x.isclose(&y, (1e-5, inf, true))?.to_vec::<bool>()?,
         [true, false, true, false]
     );
-    assert!(!x.allclose(&x, ())?, "NaN is not close to itself by default");
+    assert!(
+        !x.allclose(&x, ())?,
+        "NaN is not close to itself by default"
+    );
     assert!(x.allclose(&x, (1e-5, 1e-8, true))?);
     Ok(())
 }
@@ -148,7 +161,10 @@ fn broadcasting(device: &Device) -> Result<()> {
     // [3] against [2, 1]: the result is [2, 3].
     let t = row.isclose(&col, (0.0, 0.6))?;
     assert_eq!(t.dims(), [2, 3]);
-    assert_eq!(t.to_vec2::<bool>()?, [[false, true, false], [false, false, false]]);
+    assert_eq!(
+        t.to_vec2::<bool>()?,
+        [[false, true, false], [false, false, false]]
+    );
     assert!(a.allclose(&a.add(1e-7)?, ())?);
     assert!(!a.allclose(&row, ())?);
     assert!(
@@ -161,7 +177,13 @@ fn broadcasting(device: &Device) -> Result<()> {
     assert!(at.allclose(&expect, (0.0, 0.0))?);
     assert!(at.equal(&expect)?);
     let e = a.isclose(&Tensor::ones([4], device)?, ()).unwrap_err();
-    assert!(matches!(e.downcast_ref::<TensorError>(), Some(TensorError::Broadcast { .. })), "{e}");
+    assert!(
+        matches!(
+            e.downcast_ref::<TensorError>(),
+            Some(TensorError::Broadcast { .. })
+        ),
+        "{e}"
+    );
     Ok(())
 }
 test_device!(broadcasting, broadcasting);
@@ -171,14 +193,31 @@ test_device!(broadcasting, broadcasting);
 fn integers_bool_and_errors(device: &Device) -> Result<()> {
     let a = Tensor::new(&[100i64, -5, 7, 0], device)?;
     let b = Tensor::new(&[101i64, -5, 9, 1], device)?;
-    assert_eq!(a.isclose(&b, ())?.to_vec::<bool>()?, [false, true, false, false]);
-    assert_eq!(a.isclose(&b, (0.01, 0.0))?.to_vec::<bool>()?, [true, true, false, false]);
-    assert_eq!(a.isclose(&b, (0.0, 1.0))?.to_vec::<bool>()?, [true, true, false, true]);
+    assert_eq!(
+        a.isclose(&b, ())?.to_vec::<bool>()?,
+        [false, true, false, false]
+    );
+    assert_eq!(
+        a.isclose(&b, (0.01, 0.0))?.to_vec::<bool>()?,
+        [true, true, false, false]
+    );
+    assert_eq!(
+        a.isclose(&b, (0.0, 1.0))?.to_vec::<bool>()?,
+        [true, true, false, true]
+    );
     for dtype in [DType::I32, DType::U8] {
         let (x, y) = (a.abs()?.to_dtype(dtype)?, b.abs()?.to_dtype(dtype)?);
-        assert_eq!(x.isclose(&y, (0.0, 1.0))?.to_vec::<bool>()?, [true, true, false, true], "{dtype}");
+        assert_eq!(
+            x.isclose(&y, (0.0, 1.0))?.to_vec::<bool>()?,
+            [true, true, false, true],
+            "{dtype}"
+        );
         // 0 and 1 as u8: |0 - 1| is 1, not a wrapped 255.
-        assert_eq!(x.isclose(&y, (0.0, 2.0))?.to_vec::<bool>()?, [true; 4], "{dtype}");
+        assert_eq!(
+            x.isclose(&y, (0.0, 2.0))?.to_vec::<bool>()?,
+            [true; 4],
+            "{dtype}"
+        );
     }
     let t = Tensor::new(&[true, false, true], device)?;
     let f = Tensor::new(&[true, true, false], device)?;
@@ -191,14 +230,21 @@ fn integers_bool_and_errors(device: &Device) -> Result<()> {
     assert!(
         matches!(
             e.downcast_ref::<TensorError>(),
-            Some(TensorError::DTypeMismatch { expected: DType::F32, found: DType::F64, .. })
+            Some(TensorError::DTypeMismatch {
+                expected: DType::F32,
+                found: DType::F64,
+                ..
+            })
         ),
         "{e}"
     );
     assert!(x32.allclose(&Tensor::new(&[1i64], device)?, ()).is_err());
     for (o, name) in [((-1.0, 0.0), "rtol"), ((0.0, f64::NAN), "atol")] {
         let e = x32.isclose(&x32, o).unwrap_err().to_string();
-        assert!(e.contains(&format!("{name} must be greater than or equal to zero")), "{e}");
+        assert!(
+            e.contains(&format!("{name} must be greater than or equal to zero")),
+            "{e}"
+        );
     }
     Ok(())
 }
@@ -210,7 +256,10 @@ fn equal(device: &Device) -> Result<()> {
     assert!(a.equal(&a.copy()?)?);
     assert!(!a.equal(&a.add(1e-3)?)?);
     assert!(!a.equal(&a.reshape([4])?)?, "another shape is false");
-    assert!(!a.equal(&Tensor::from_slice(&[1f32, 2.], [2], device)?)?, "no broadcasting");
+    assert!(
+        !a.equal(&Tensor::from_slice(&[1f32, 2.], [2], device)?)?,
+        "no broadcasting"
+    );
     assert!(!a.equal(&Tensor::from_slice(&[1f32, 2.], [1, 2], device)?)?);
     assert!(a.equal(&Tensor::from_slice(&[1i64, 2, 3, 4], [2, 2], device)?)?);
     assert!(a.to_dtype(DType::F16)?.equal(&a.to_dtype(DType::F64)?)?);
@@ -228,19 +277,26 @@ test_device!(equal, equal);
 /// same device").
 #[test]
 fn across_devices() {
-    ember_testing::run_on("across_devices", Device::Cuda(0), |d: &Device| -> Result<()> {
-        let g = Tensor::ones([2], d)?;
-        let c = Tensor::ones([2], Device::Cpu)?;
-        for e in [
-            g.isclose(&c, ()).map(drop).unwrap_err(),
-            g.allclose(&c, ()).map(drop).unwrap_err(),
-            g.equal(&c).map(drop).unwrap_err(),
-        ] {
-            assert!(
-                matches!(e.downcast_ref::<TensorError>(), Some(TensorError::DeviceMismatch { .. })),
-                "{e}"
-            );
-        }
-        Ok(())
-    });
+    ember_testing::run_on(
+        "across_devices",
+        Device::Cuda(0),
+        |d: &Device| -> Result<()> {
+            let g = Tensor::ones([2], d)?;
+            let c = Tensor::ones([2], Device::Cpu)?;
+            for e in [
+                g.isclose(&c, ()).map(drop).unwrap_err(),
+                g.allclose(&c, ()).map(drop).unwrap_err(),
+                g.equal(&c).map(drop).unwrap_err(),
+            ] {
+                assert!(
+                    matches!(
+                        e.downcast_ref::<TensorError>(),
+                        Some(TensorError::DeviceMismatch { .. })
+                    ),
+                    "{e}"
+                );
+            }
+            Ok(())
+        },
+    );
 }

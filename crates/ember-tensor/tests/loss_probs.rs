@@ -36,7 +36,11 @@ fn matches_reference_forward_and_backward(device: &Device) {
     let mut case = 0u64;
     for shape in shapes {
         let unbatched = shape.len() == 1;
-        let (n, c) = if unbatched { (1, shape[0]) } else { (shape[0], shape[1]) };
+        let (n, c) = if unbatched {
+            (1, shape[0])
+        } else {
+            (shape[0], shape[1])
+        };
         let l: usize = shape.iter().skip(2).product();
         for (di, dtype) in FLOAT_DTYPES.into_iter().enumerate() {
             for (weighted, eps, red) in [
@@ -54,12 +58,18 @@ fn matches_reference_forward_and_backward(device: &Device) {
                 let pv = probs(n, c, l, case ^ 3);
                 let t = make(&pv, shape, dtype, ((case + di as u64) % 3) as u8, device);
                 let tv = values(&t);
-                let w = Tensor::from_vec(rand_vec(c, case ^ 9).iter().map(|v| v + 1.5).collect(), [c], device)
-                    .unwrap()
-                    .to_dtype(dtype)
-                    .unwrap();
+                let w = Tensor::from_vec(
+                    rand_vec(c, case ^ 9).iter().map(|v| v + 1.5).collect(),
+                    [c],
+                    device,
+                )
+                .unwrap()
+                .to_dtype(dtype)
+                .unwrap();
                 let wv = values(&w);
-                let mut o = CrossEntropyOptions::new().reduction(red).label_smoothing(eps);
+                let mut o = CrossEntropyOptions::new()
+                    .reduction(red)
+                    .label_smoothing(eps);
                 if weighted {
                     o = o.weight(&w);
                 }
@@ -67,7 +77,12 @@ fn matches_reference_forward_and_backward(device: &Device) {
                 let loss = x.cross_entropy(&t, &o).unwrap();
                 assert_eq!(loss.dtype(), dtype, "{what}");
                 let want_dims: Vec<usize> = match red {
-                    Reduction::None => shape.iter().enumerate().filter(|&(i, _)| i != usize::from(!unbatched)).map(|(_, &d)| d).collect(),
+                    Reduction::None => shape
+                        .iter()
+                        .enumerate()
+                        .filter(|&(i, _)| i != usize::from(!unbatched))
+                        .map(|(_, &d)| d)
+                        .collect(),
                     _ => vec![],
                 };
                 assert_eq!(loss.dims(), want_dims, "{what}");
@@ -80,8 +95,14 @@ fn matches_reference_forward_and_backward(device: &Device) {
                 let want = reference::cross_entropy_probs(&xv, (n, c, l), &tv, &r);
                 within(tol(dtype) * 4.0, 1.0, &format!("forward {what}")).assert(&loss, &want);
 
-                let gv: Vec<f64> = rand_vec(loss.numel(), case ^ 11).iter().map(|v| v + 0.25).collect();
-                let g = Tensor::from_vec(gv, loss.dims(), device).unwrap().to_dtype(dtype).unwrap();
+                let gv: Vec<f64> = rand_vec(loss.numel(), case ^ 11)
+                    .iter()
+                    .map(|v| v + 0.25)
+                    .collect();
+                let g = Tensor::from_vec(gv, loss.dims(), device)
+                    .unwrap()
+                    .to_dtype(dtype)
+                    .unwrap();
                 let gv = values(&g);
                 loss.mul(&g).unwrap().sum_all().unwrap().backward().unwrap();
                 let dx = x.grad().unwrap();
@@ -106,7 +127,9 @@ fn one_hot_and_target_gradient(device: &Device) {
     let one_hot = Tensor::from_vec(vec![0f64, 0., 1., 1., 0., 0.], [2, 3], device).unwrap();
     for eps in [0.0, 0.3] {
         for red in [Reduction::None, Reduction::Sum, Reduction::Mean] {
-            let o = CrossEntropyOptions::new().reduction(red).label_smoothing(eps);
+            let o = CrossEntropyOptions::new()
+                .reduction(red)
+                .label_smoothing(eps);
             let a = x.cross_entropy(&one_hot, &o).unwrap();
             let b = x.cross_entropy(&idx, &o).unwrap();
             within(1e-12, 1.0, "one-hot = index").assert(&a, &values(&b));
@@ -116,7 +139,9 @@ fn one_hot_and_target_gradient(device: &Device) {
     // = -(ln 1/4 + ln 3/4) / 2 = ln 4 - ln 3 / 2.
     let x1 = Tensor::from_vec(vec![0f64, 3f64.ln()], [2], device).unwrap();
     let half = Tensor::full([2], 0.5, (device, DType::F64)).unwrap();
-    let l = x1.cross_entropy(&half, &CrossEntropyOptions::new()).unwrap();
+    let l = x1
+        .cross_entropy(&half, &CrossEntropyOptions::new())
+        .unwrap();
     assert_eq!(l.dims(), Vec::<usize>::new());
     assert!((l.item::<f64>().unwrap() - (4f64.ln() - 3f64.ln() / 2.0)).abs() < 1e-12);
 
@@ -126,10 +151,15 @@ fn one_hot_and_target_gradient(device: &Device) {
         .unwrap()
         .requires_grad_(true)
         .unwrap();
-    let o = CrossEntropyOptions::new().weight(&w).label_smoothing(eps).reduction(Reduction::Sum);
+    let o = CrossEntropyOptions::new()
+        .weight(&w)
+        .label_smoothing(eps)
+        .reduction(Reduction::Sum);
     x.cross_entropy(&t, &o).unwrap().backward().unwrap();
     let logp = values(&x.log_softmax(1).unwrap());
-    let want: Vec<f64> = (0..6).map(|i| -(1.0 - eps) * [1., 2., 0.5][i % 3] * logp[i]).collect();
+    let want: Vec<f64> = (0..6)
+        .map(|i| -(1.0 - eps) * [1., 2., 0.5][i % 3] * logp[i])
+        .collect();
     within(1e-12, 1.0, "d loss / d target").assert(&t.grad().unwrap(), &want);
 }
 test_device!(one_hot_and_target_gradient, one_hot_and_target_gradient);
@@ -140,7 +170,9 @@ fn empty_and_promotion(device: &Device) {
     let x = Tensor::zeros([0, 3], device).unwrap();
     let l = x.cross_entropy(&x, &CrossEntropyOptions::new()).unwrap();
     assert!(l.item::<f32>().unwrap().is_nan());
-    let s = x.cross_entropy(&x, &CrossEntropyOptions::new().reduction(Reduction::Sum)).unwrap();
+    let s = x
+        .cross_entropy(&x, &CrossEntropyOptions::new().reduction(Reduction::Sum))
+        .unwrap();
     assert_eq!(s.item::<f32>().unwrap(), 0.0);
     let xh = Tensor::from_vec(vec![1f32, 2., 3.], [1, 3], (device, DType::F16)).unwrap();
     let t = Tensor::from_vec(vec![0f32, 0., 1.], [1, 3], device).unwrap();
@@ -160,18 +192,35 @@ fn errors(device: &Device) {
     let e = err(&Tensor::zeros([3, 2], device).unwrap(), &o);
     assert_eq!(e.kind(), ember_tensor::ErrorKind::InvalidArgument, "{e}");
     let e = e.to_string();
-    assert!(e.contains("class probabilities shaped like the input [2, 3]") && e.contains("[3, 2]"), "{e}");
+    assert!(
+        e.contains("class probabilities shaped like the input [2, 3]") && e.contains("[3, 2]"),
+        "{e}"
+    );
     let e = err(&Tensor::zeros([2, 3], (device, DType::I64)).unwrap(), &o).to_string();
-    assert!(e.contains("Expected floating point type for target with class probabilities, got torch.int64"), "{e}");
+    assert!(
+        e.contains(
+            "Expected floating point type for target with class probabilities, got torch.int64"
+        ),
+        "{e}"
+    );
     let t = Tensor::full([2, 3], 1.0 / 3.0, device).unwrap();
     let e = err(&t, &CrossEntropyOptions::new().ignore_index(0)).to_string();
-    assert!(e.contains("ignore_index is not supported for floating point target"), "{e}");
+    assert!(
+        e.contains("ignore_index is not supported for floating point target"),
+        "{e}"
+    );
     let w = Tensor::ones([2], device).unwrap();
     let e = err(&t, &CrossEntropyOptions::new().weight(&w)).to_string();
     assert!(e.contains("for all 3 classes") && e.contains("[2]"), "{e}");
     let e = err(&t, &CrossEntropyOptions::new().label_smoothing(-0.1)).to_string();
-    assert!(e.contains("label_smoothing must be between 0.0 and 1.0"), "{e}");
+    assert!(
+        e.contains("label_smoothing must be between 0.0 and 1.0"),
+        "{e}"
+    );
     let s = Tensor::scalar(1f32, device).unwrap();
-    assert!(s.cross_entropy(&s, &o).is_err(), "a 0-D input has no class dim");
+    assert!(
+        s.cross_entropy(&s, &o).is_err(),
+        "a 0-D input has no class dim"
+    );
 }
 test_device!(errors, errors);

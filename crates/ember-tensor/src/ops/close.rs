@@ -21,12 +21,10 @@ impl Tensor {
     /// assert_eq!(a.isclose(&b, (0.1, 0.0, true))?.to_vec::<bool>()?, vec![true; 4]);
     /// # Ok::<(), ember_tensor::Error>(())
     /// ```
-    pub fn isclose(
-        &self,
-        other: &Tensor,
-        opts: impl Into<IscloseOptions>,
-    ) -> Result<Tensor> {
-        Ok(Tensor::wrap(self.raw().isclose(&other.raw(), &opts.into())?))
+    pub fn isclose(&self, other: &Tensor, opts: impl Into<IscloseOptions>) -> Result<Tensor> {
+        Ok(Tensor::wrap(
+            self.raw().isclose(&other.raw(), &opts.into())?,
+        ))
     }
 
     /// `torch.allclose(self, other, rtol, atol, equal_nan)`: whether

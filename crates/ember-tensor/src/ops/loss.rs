@@ -166,7 +166,11 @@ impl Tensor {
     /// none), not by the weights; `ignore_index` must stay negative (it has no meaning for
     /// probabilities). Composed of recorded ops, so autograd differentiates it with respect
     /// to `x`, and to `target` where that requires grad.
-    fn cross_entropy_probs(&self, target: &Tensor, opts: &CrossEntropyOptions<'_>) -> Result<Tensor> {
+    fn cross_entropy_probs(
+        &self,
+        target: &Tensor,
+        opts: &CrossEntropyOptions<'_>,
+    ) -> Result<Tensor> {
         const OP: &str = "cross_entropy";
         let (xs, ts) = (self.shape(), target.shape());
         if !self.dtype().is_float() {

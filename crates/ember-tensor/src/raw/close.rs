@@ -121,8 +121,8 @@ impl RawTensor {
             });
         }
         for (name, v) in [("rtol", o.rtol), ("atol", o.atol)] {
-            // `!(v >= 0)` also refuses NaN.
-            if !(v >= 0.0) {
+            // NaN is refused too.
+            if v.is_nan() || v < 0.0 {
                 return Err(TensorError::invalid(
                     "isclose",
                     format!("{name} must be greater than or equal to zero, but got {v}"),
@@ -145,7 +145,9 @@ impl RawTensor {
         let allowed = b.mul(o.rtol)?.abs()?.add(o.atol)?;
         let actual = a.sub(&b)?.abs()?;
         // A finite error only: `1` and `inf` are not close although `inf <= inf`.
-        let within = actual.le(&allowed)?.logical_and(&actual.ne(f64::INFINITY)?)?;
+        let within = actual
+            .le(&allowed)?
+            .logical_and(&actual.ne(f64::INFINITY)?)?;
         close.logical_or(&within)
     }
 

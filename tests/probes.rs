@@ -333,15 +333,56 @@ const CASES: &[Case] = &[
                 .map(drop)
         }
     ),
+    // A target of the input's shape holds class probabilities (accepted); a floating target
+    // of another shape is neither probabilities nor class indices.
     case!(
-        "cross_entropy with float class targets of another shape",
+        "cross_entropy with a float target of another shape",
         InvalidArgument,
-        "Expected target size [2], got [3] (Ember: class-probability targets are not supported)",
+        "Expected target size [2], got [3] (read as class indices)",
         |d| {
             t23(d)?
                 .cross_entropy(
                     &Tensor::zeros([3], d)?,
                     &ember::autograd::CrossEntropyOptions::new(),
+                )
+                .map(drop)
+        }
+    ),
+    case!(
+        "cross_entropy with class probabilities of another shape",
+        InvalidArgument,
+        "0D or 1D target tensor expected, multi-target not supported (read as class indices)",
+        |d| {
+            t23(d)?
+                .cross_entropy(
+                    &Tensor::full([3, 2], 0.5, d)?,
+                    &ember::autograd::CrossEntropyOptions::new(),
+                )
+                .map(drop)
+        }
+    ),
+    case!(
+        "cross_entropy with integer class probabilities",
+        InvalidArgument,
+        "Expected floating point type for target with class probabilities, got Long",
+        |d| {
+            t23(d)?
+                .cross_entropy(
+                    &Tensor::zeros([2, 3], (d, DType::I64))?,
+                    &ember::autograd::CrossEntropyOptions::new(),
+                )
+                .map(drop)
+        }
+    ),
+    case!(
+        "cross_entropy with class probabilities and ignore_index 0",
+        InvalidArgument,
+        "ignore_index is not supported for floating point target",
+        |d| {
+            t23(d)?
+                .cross_entropy(
+                    &Tensor::full([2, 3], 0.5, d)?,
+                    &ember::autograd::CrossEntropyOptions::new().ignore_index(0),
                 )
                 .map(drop)
         }

@@ -249,6 +249,8 @@ pub fn batch_norm(
 
 /// `F.cross_entropy(x, target, weight=, ignore_index=, reduction=, label_smoothing=)`:
 /// `()` for PyTorch's defaults, or [`CrossEntropyOptions`] (by value or reference).
+/// `target` holds class indices (i64/i32), or class probabilities (floating, of `x`'s
+/// shape; the mean is then over rows, not weights, as PyTorch).
 pub fn cross_entropy<'a>(
     x: &Tensor,
     target: &Tensor,

@@ -15,7 +15,8 @@ pub trait Loss: Send + Sync + std::fmt::Debug {
 }
 
 /// Cross-entropy of unnormalised scores `[N, C]` (or `[C]`, or `[N, C, d...]`) at class
-/// indices (`torch.nn.CrossEntropyLoss`), fused and numerically stable.
+/// indices, fused and numerically stable, or against class probabilities (a floating target
+/// of the input's shape; `ignore_index` must then stay negative) (`torch.nn.CrossEntropyLoss`).
 #[derive(Debug, Clone)]
 pub struct CrossEntropyLoss {
     /// Per-class weights `[C]`, if any.

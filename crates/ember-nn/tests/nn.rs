@@ -633,6 +633,30 @@ fn losses_match_naive_references() {
             .sum::<f64>()
             / 2.0;
         assert!((ce - want).abs() < 1e-12);
+        // Class probabilities: one-hot rows are the indices; soft rows with a weight and
+        // label smoothing are -Σ w_c·((1 - ε)·p_c + ε/C)·logp_c, averaged over rows.
+        let one_hot = tensor(vec![0., 0., 1., 1., 0., 0.], &[2, 3], DType::F64, d);
+        let ce_p = CrossEntropyLoss::new().forward(&x, &one_hot).unwrap();
+        assert!((ce_p.item::<f64>().unwrap() - want).abs() < 1e-12);
+        let (pv, wv, eps) = ([0.1, 0.6, 0.3, 0.5, 0.5, 0.0], [1.0, 2.0, 0.5], 0.2);
+        let loss = CrossEntropyLoss {
+            weight: Some(tensor(wv.to_vec(), &[3], DType::F64, d)),
+            label_smoothing: eps,
+            ..CrossEntropyLoss::new()
+        };
+        let soft = tensor(pv.to_vec(), &[2, 3], DType::F64, d);
+        let got = loss.forward(&x, &soft).unwrap().item::<f64>().unwrap();
+        let want: f64 = (0..2)
+            .map(|r| {
+                let row = &xv[r * 3..r * 3 + 3];
+                let lse = row.iter().map(|v| v.exp()).sum::<f64>().ln();
+                -(0..3)
+                    .map(|k| wv[k] * ((1.0 - eps) * pv[r * 3 + k] + eps / 3.0) * (row[k] - lse))
+                    .sum::<f64>()
+            })
+            .sum::<f64>()
+            / 2.0;
+        assert!((got - want).abs() < 1e-12, "{got} vs {want}");
     }
 }
 

@@ -66,6 +66,7 @@ pub use layout::Layout;
 pub use ops::r#where;
 pub use precision::{MatmulPrecision, matmul_precision, set_float32_matmul_precision};
 pub use profile::torch_type_name;
+pub use raw::close::IscloseOptions;
 pub use raw::conv::{Conv2dOptions, Padding, Size2};
 pub use raw::loss::{CrossEntropyOptions, NllLossOptions, Reduction};
 pub use raw::optim::{FusedAdamOptions, FusedSgdOptions};

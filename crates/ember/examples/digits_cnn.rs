@@ -60,7 +60,7 @@ fn evaluate(model: &Net, loader: &DataLoader, device: Device) -> Result<f64> {
         let batch = batch?;
         let (x, y) = (batch[0].to(device)?, batch[1].to(device)?);
         let hits = model.call(&x)?.argmax(1)?.eq(&y)?;
-        correct += hits.to_dtype(DType::F64)?.sum_all()?.item::<f64>()?;
+        correct += hits.to_dtype(DType::F64)?.sum(())?.item::<f64>()?;
     }
     Ok(correct / loader.dataset().len() as f64)
 }

@@ -57,7 +57,7 @@ impl Module for LargeModel {
 fn peak_step(model: &LargeModel, x: &Tensor) -> Result<(u64, Vec<Vec<f32>>)> {
     let base = memory::memory_allocated(x.device())?;
     memory::reset_peak_memory_stats(x.device())?;
-    model.call(x)?.square()?.mean_all()?.backward()?;
+    model.call(x)?.square()?.mean(())?.backward()?;
     let peak = memory::max_memory_allocated(x.device())? - base;
     let params = model.parameters();
     let grads = params.iter().map(|p| p.grad().expect("backward() ran").to_vec::<f32>());
@@ -197,7 +197,7 @@ pub fn run_profiler(device: Device, out: &Path) -> Result<(String, usize)> {
     let opts = ProfileOptions::new().activities(activities);
     let mut prof = profile(opts.record_shapes(true).profile_memory(true))?;
     for _ in 0..10 {
-        model.call(&inputs)?.sum_all()?.backward()?;
+        model.call(&inputs)?.sum(())?.backward()?;
     }
     prof.stop()?;
     let table = prof.key_averages()?.table("cuda_time_total", 10)?;
@@ -236,7 +236,7 @@ pub fn run_memory_history(device: Device, out: &Path) -> Result<(PathBuf, u64, u
     model.to(device)?;
     let data = TensorDataset::new(vec![Tensor::randn([64, 32], ())?])?;
     for batch in DataLoader::new(data).batch_size(16).iter()? {
-        model.call(&batch?[0].to(device)?)?.sum_all()?.backward()?;
+        model.call(&batch?[0].to(device)?)?.sum(())?.backward()?;
     }
     let (snapshot, history) = (memory::memory_snapshot(device)?, memory::memory_history(device)?);
     let (allocated, reserved) =
@@ -283,7 +283,7 @@ pub fn run_pitfalls(device: Device) -> Result<(u64, f64, Result<()>)> {
     let kept = memory::memory_allocated(device)? - base;
 
     let (x, y) = (Tensor::randn([32, 100], device)?, Tensor::randint(0, 10, [32], device)?);
-    let grad = || model.weight.grad().expect("backward() ran").abs()?.sum_all()?.item::<f64>();
+    let grad = || model.weight.grad().expect("backward() ran").abs()?.sum(())?.item::<f64>();
     criterion.forward(&model.call(&x)?, &y)?.backward()?;
     let once = grad()?;
     criterion.forward(&model.call(&x)?, &y)?.backward()?; // no zero_grad: they add up

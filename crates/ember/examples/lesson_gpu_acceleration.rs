@@ -106,7 +106,7 @@ pub fn run(device: Device, second: Device) -> Result<(Vec<f64>, f64)> {
     let predictions = model.call(&inputs.to(device)?)?;
     assert!(predictions.grad_fn_name().is_none());
     let hits = predictions.argmax(1)?.eq(&labels.to(device)?)?.to_dtype(DType::F32)?;
-    Ok((losses, hits.mean_all()?.item::<f64>()?))
+    Ok((losses, hits.mean(())?.item::<f64>()?))
 }
 
 /// What [`run_amp`] measured: the AMP and BF16 loops' epoch losses, the AMP loop's scaler,

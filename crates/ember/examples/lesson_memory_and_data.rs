@@ -93,11 +93,11 @@ pub fn run_memory(device: Device) -> Result<MemoryRun> {
     let ckpt = CheckpointedModel { layers: layers.collect::<Result<_>>()? };
     ckpt.to(device)?;
     let x = Tensor::randn([256, 64], device)?;
-    ckpt.call(&x)?.square()?.mean_all()?.backward()?;
+    ckpt.call(&x)?.square()?.mean(())?.backward()?;
     let checkpointed = grads(&ckpt)?;
     ckpt.zero_grad(true)?;
     let plain = ckpt.layers.iter().try_fold(x, |x, l| l.call(&x))?;
-    plain.square()?.mean_all()?.backward()?;
+    plain.square()?.mean(())?.backward()?;
     assert_eq!(grads(&ckpt)?, checkpointed); // the same gradients, recomputed
 
     let batch = loader.iter()?.next().expect("a batch")?;
@@ -126,7 +126,7 @@ pub fn run_memory(device: Device) -> Result<MemoryRun> {
         good_example.push(loss.detach()); // none
     }
     let refs: Vec<&Tensor> = good_example.iter().collect();
-    let total_loss = Tensor::stack(&refs, 0)?.mean_all()?.item::<f64>()?; // one
+    let total_loss = Tensor::stack(&refs, 0)?.mean(())?.item::<f64>()?; // one
     let bad = bad_example.iter().sum::<f64>() / bad_example.len() as f64;
     assert!((total_loss - bad).abs() <= 1e-5 * bad);
 

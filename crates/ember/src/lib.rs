@@ -21,7 +21,7 @@
 //! let x = Tensor::ones([2, 3], (&Device::Cpu, DType::F32))?.requires_grad_(true)?;
 //! let y = x.matmul(&x.t()?)?;
 //! assert_eq!(y.to_vec::<f32>()?, vec![3.0, 3.0, 3.0, 3.0]);
-//! y.sum_all()?.backward()?;
+//! y.sum(())?.backward()?;
 //! assert_eq!(x.grad().unwrap().to_vec::<f32>()?, vec![4.0; 6]);
 //! # Ok::<(), ember::Error>(())
 //! ```
@@ -155,7 +155,7 @@ pub mod tensor {
 /// use ember::autograd::Tensor;
 /// use ember::Device;
 /// let x = Tensor::from_vec(vec![1f32, 2.], [2], &Device::Cpu)?.requires_grad_(true)?;
-/// x.mul(&x)?.sum_all()?.backward()?;
+/// x.mul(&x)?.sum(())?.backward()?;
 /// assert_eq!(x.grad().unwrap().to_vec::<f32>()?, vec![2., 4.]);
 /// # Ok::<(), ember::Error>(())
 /// ```

@@ -13,8 +13,8 @@
 //! as stable as the forward. Mean reduction divides by `Σ_i valid_i·w_{t_i}`, as the
 //! forward does. For `nll_loss` (input already log-probabilities) it is `-a_ij` with ε = 0.
 
-use crate::raw::loss::{CrossEntropyOptions, NllLossOptions};
-use crate::{DType, RawTensor as Raw, Reduction};
+use crate::raw::loss::{CrossEntropyOptions, NllLossOptions, check_smoothing};
+use crate::{DType, RawTensor as Raw, Reduction, TensorError};
 
 use crate::autograd::error::Result;
 use crate::autograd::graph::{Saved, maybe_record};
@@ -113,11 +113,27 @@ impl Tensor {
     }
 
     /// `torch.nn.functional.cross_entropy` of scores (`[C]`, `[N, C]` or `[N, C, d...]`)
-    /// at class indices `target`, with weights, `ignore_index`, label smoothing and
-    /// reduction; backward is fused (Note [Cross-entropy backward]).
+    /// at class indices `target` (i64 or i32, the input's shape without the class dim),
+    /// with weights, `ignore_index`, label smoothing and reduction; backward is fused
+    /// (Note [Cross-entropy backward]). A floating `target` of the input's shape holds
+    /// class probabilities instead (Note [Class-probability targets]).
+    ///
+    /// ```
+    /// use ember_tensor::{CrossEntropyOptions, Tensor};
+    /// let x = Tensor::from_vec(vec![0f64, 0., 0., 1., 2., 3.], [2, 3], ())?;
+    /// let probs = Tensor::from_vec(vec![1f64, 0., 0., 0., 0., 1.], [2, 3], ())?;
+    /// let classes = Tensor::new(&[0i64, 2], ())?;
+    /// let o = CrossEntropyOptions::new();
+    /// let (a, b) = (x.cross_entropy(&probs, &o)?, x.cross_entropy(&classes, &o)?);
+    /// assert!((a.item::<f64>()? - b.item::<f64>()?).abs() < 1e-12); // one-hot = indices
+    /// # Ok::<(), ember_tensor::Error>(())
+    /// ```
     pub fn cross_entropy(&self, target: &Tensor, opts: &CrossEntropyOptions<'_>) -> Result<Tensor> {
         if let Some(c) = autocast_inputs("cross_entropy", [self])? {
             return c[0].cross_entropy(target, opts);
+        }
+        if target.dtype().is_float() || (self.rank() > 0 && self.dims() == target.dims()) {
+            return self.cross_entropy_probs(target, opts);
         }
         let x = self.raw();
         let t = target.raw();
@@ -141,5 +157,111 @@ impl Tensor {
                 Ok(x.cross_entropy_backward(&t, &o, &saved, g)?)
             }))
         })
+    }
+
+    /// Note [Class-probability targets]: as PyTorch's `cross_entropy_loss_prob_target`, a
+    /// floating `target` shaped like the scores `x` gives per row `-Σ_c w_c·y_c·logp_c`
+    /// with `logp = log_softmax(x)` over the class dim and `y = (1 - ε)·target + ε/C` under
+    /// label smoothing ε. `Mean` divides the sum by the number of rows (`numel / C`, NaN for
+    /// none), not by the weights; `ignore_index` must stay negative (it has no meaning for
+    /// probabilities). Composed of recorded ops, so autograd differentiates it with respect
+    /// to `x`, and to `target` where that requires grad.
+    fn cross_entropy_probs(
+        &self,
+        target: &Tensor,
+        opts: &CrossEntropyOptions<'_>,
+    ) -> Result<Tensor> {
+        const OP: &str = "cross_entropy";
+        let (xs, ts) = (self.shape(), target.shape());
+        if !self.dtype().is_float() {
+            return Err(TensorError::UnsupportedDType {
+                op: OP,
+                dtype: self.dtype(),
+                hint: "the input must hold floating-point scores",
+            }
+            .into());
+        }
+        if self.rank() == 0 {
+            return Err(TensorError::ShapeMismatch {
+                op: OP,
+                msg: format!(
+                    "expected input of shape [C], [N, C] or [N, C, d1, ...], but got a 0-D input (target {ts})"
+                ),
+            }
+            .into());
+        }
+        if !target.dtype().is_float() {
+            return Err(TensorError::invalid(
+                OP,
+                format!(
+                    "Expected floating point type for target with class probabilities, got {} (a target of the input's shape {xs} holds class probabilities; class indices have the input's shape without the class dim)",
+                    target.dtype()
+                ),
+            )
+            .into());
+        }
+        if xs != ts {
+            return Err(TensorError::invalid(
+                OP,
+                format!(
+                    "expected a target of class probabilities shaped like the input {xs}, or class indices of dtype torch.int64 or torch.int32, but got a {} target of shape {ts}",
+                    target.dtype()
+                ),
+            )
+            .into());
+        }
+        if opts.nll.ignore_index >= 0 {
+            return Err(TensorError::invalid(
+                OP,
+                format!(
+                    "ignore_index is not supported for floating point target (got ignore_index {})",
+                    opts.nll.ignore_index
+                ),
+            )
+            .into());
+        }
+        check_smoothing(opts.label_smoothing)?;
+        let class_dim = usize::from(self.rank() > 1);
+        let c = self.dims()[class_dim];
+        let eps = opts.label_smoothing;
+        let logp = self.log_softmax(class_dim)?;
+        let y = if eps > 0.0 {
+            target.mul(1.0 - eps)?.add(eps / c as f64)?
+        } else {
+            target.clone()
+        };
+        let mut terms = logp.mul(&y)?;
+        if let Some(w) = opts.nll.weight {
+            if w.dims() != [c] {
+                return Err(TensorError::ShapeMismatch {
+                    op: OP,
+                    msg: format!(
+                        "weight tensor should be defined either for all {c} classes or no classes but got weight tensor of shape {} (input {xs})",
+                        w.shape()
+                    ),
+                }
+                .into());
+            }
+            if !w.dtype().is_float() {
+                return Err(TensorError::UnsupportedDType {
+                    op: OP,
+                    dtype: w.dtype(),
+                    hint: "the class weight must be floating point",
+                }
+                .into());
+            }
+            let mut along = vec![1usize; self.rank()];
+            along[class_dim] = c;
+            terms = terms.mul(&w.reshape(along)?)?;
+        }
+        match opts.nll.reduction {
+            Reduction::None => terms.sum(class_dim)?.neg(),
+            Reduction::Sum => terms.sum_all()?.neg(),
+            Reduction::Mean => {
+                // Rows: every element but the class dim's (0/0 = NaN for none, as PyTorch).
+                let rows = self.numel().checked_div(c).unwrap_or(0);
+                terms.sum_all()?.neg()?.div(rows as f64)
+            }
+        }
     }
 }

@@ -222,8 +222,13 @@ fn prepare(
         return Err(TensorError::invalid(
             op,
             format!(
-                "expected a target of class indices of dtype torch.int64 or torch.int32, but found {} (class-probability targets are not supported)",
-                target.dtype()
+                "expected a target of class indices of dtype torch.int64 or torch.int32, but found {}{}",
+                target.dtype(),
+                if op == "cross_entropy" {
+                    " (class probabilities, a floating target of the input's shape, go through the autograd Tensor::cross_entropy, not the fused kernel)"
+                } else {
+                    ""
+                }
             ),
         ));
     }
@@ -334,7 +339,7 @@ impl Prepared {
 }
 
 /// Checks label smoothing's ε (PyTorch's message).
-fn check_smoothing(eps: f64) -> Result<()> {
+pub(crate) fn check_smoothing(eps: f64) -> Result<()> {
     if !(0.0..=1.0).contains(&eps) {
         return Err(TensorError::invalid(
             "cross_entropy",

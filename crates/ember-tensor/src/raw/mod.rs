@@ -2,6 +2,7 @@
 
 pub(crate) mod amp;
 pub(crate) mod binary;
+pub(crate) mod close;
 pub(crate) mod conv;
 pub(crate) mod conv_grad;
 mod create;

@@ -149,3 +149,108 @@ pub fn cross_entropy_grad(
     }
     out
 }
+
+/// Cross-entropy of row-major logits `x` (`[N, C, L]`) against class probabilities `probs`
+/// of the same shape, PyTorch's `cross_entropy_loss_prob_target`: per element `-Σ_c w_c·y_c
+/// ·logp_c` with `y = (1 - ε)·probs + ε/C` and `logp = x - logsumexp(x)` over C. `Mean`
+/// divides the sum by `N·L` (the weights do not enter the divisor; NaN for no rows);
+/// `ignore_index` and `log_input` are not used. Returns the per-element losses (`[N, L]`,
+/// `Reduction::None`) or one value.
+///
+/// ```
+/// use ember_testing::reference::{CrossEntropy, cross_entropy, cross_entropy_probs};
+/// // A one-hot target is the class index.
+/// let x = [1.0, 2.0, 3.0];
+/// let o = CrossEntropy::default();
+/// let p = cross_entropy_probs(&x, (1, 3, 1), &[0.0, 1.0, 0.0], &o);
+/// assert!((p[0] - cross_entropy(&x, (1, 3, 1), &[1], &o)[0]).abs() < 1e-12);
+/// ```
+///
+/// # Panics
+///
+/// If a slice is too short.
+pub fn cross_entropy_probs(
+    x: &[f64],
+    (n, c, l): (usize, usize, usize),
+    probs: &[f64],
+    o: &CrossEntropy<'_>,
+) -> Vec<f64> {
+    let per: Vec<f64> = (0..n * l)
+        .map(|i| {
+            let a = prob_coefficients(probs, (n, c, l), i, o);
+            let lp = log_probs(x, (n, c, l), i);
+            -(0..c).map(|k| a[k] * lp[k]).sum::<f64>()
+        })
+        .collect();
+    match o.reduction {
+        Reduction::None => per,
+        Reduction::Sum => vec![per.iter().sum()],
+        Reduction::Mean => vec![per.iter().sum::<f64>() / (n * l) as f64],
+    }
+}
+
+/// The gradient of [`cross_entropy_probs`] with respect to the logits `x`, for the
+/// upstream gradient `grad` (one value per element for `Reduction::None`, else one):
+/// with `a_c = w_c·y_c`, `∂L_i/∂x_c = g_i·(softmax(x)_c·Σ_k a_k - a_c)`, `g_i` divided by
+/// `N·L` for `Mean`.
+///
+/// ```
+/// use ember_testing::reference::{CrossEntropy, cross_entropy_probs_grad};
+/// // Equal logits, target [1, 0]: softmax = [1/2, 1/2], gradient [-1/2, 1/2].
+/// let g = cross_entropy_probs_grad(&[0.0, 0.0], (1, 2, 1), &[1.0, 0.0], &CrossEntropy::default(), &[1.0]);
+/// assert_eq!(g, vec![-0.5, 0.5]);
+/// ```
+///
+/// # Panics
+///
+/// If a slice is too short.
+pub fn cross_entropy_probs_grad(
+    x: &[f64],
+    (n, c, l): (usize, usize, usize),
+    probs: &[f64],
+    o: &CrossEntropy<'_>,
+    grad: &[f64],
+) -> Vec<f64> {
+    let mut out = vec![0.0; n * c * l];
+    for i in 0..n * l {
+        let g = match o.reduction {
+            Reduction::None => grad[i],
+            Reduction::Sum => grad[0],
+            Reduction::Mean => grad[0] / (n * l) as f64,
+        };
+        let a = prob_coefficients(probs, (n, c, l), i, o);
+        let lp = log_probs(x, (n, c, l), i);
+        let big_a: f64 = a.iter().sum();
+        let (s, p) = (i / l, i % l);
+        for k in 0..c {
+            out[(s * c + k) * l + p] = g * (lp[k].exp() * big_a - a[k]);
+        }
+    }
+    out
+}
+
+/// `w_c·((1 - ε)·probs_c + ε/C)` over the classes of element `i` (`= s·L + p`).
+fn prob_coefficients(
+    probs: &[f64],
+    (_, c, l): (usize, usize, usize),
+    i: usize,
+    o: &CrossEntropy<'_>,
+) -> Vec<f64> {
+    let (s, p) = (i / l, i % l);
+    let eps = o.label_smoothing;
+    (0..c)
+        .map(|k| {
+            let y = (1.0 - eps) * probs[(s * c + k) * l + p] + eps / c as f64;
+            o.weight.map_or(1.0, |w| w[k]) * y
+        })
+        .collect()
+}
+
+/// `x - logsumexp(x)` over the classes of element `i` (`= s·L + p`).
+fn log_probs(x: &[f64], (_, c, l): (usize, usize, usize), i: usize) -> Vec<f64> {
+    let (s, p) = (i / l, i % l);
+    let at = |k: usize| x[(s * c + k) * l + p];
+    let m = (0..c).map(at).fold(f64::NEG_INFINITY, f64::max);
+    let lse = m + (0..c).map(|k| (at(k) - m).exp()).sum::<f64>().ln();
+    (0..c).map(|k| at(k) - lse).collect()
+}

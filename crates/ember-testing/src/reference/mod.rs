@@ -22,7 +22,9 @@ pub use attention::{
 };
 pub use conv::{Conv2d, conv2d};
 pub use layout::{contiguous_strides, offset_of, span};
-pub use loss::{CrossEntropy, cross_entropy, cross_entropy_grad};
+pub use loss::{
+    CrossEntropy, cross_entropy, cross_entropy_grad, cross_entropy_probs, cross_entropy_probs_grad,
+};
 pub use matmul::matmul;
 pub use pool::{Pool2d, avg_pool2d, max_pool2d, pool_output_size};
 pub use reduce::extreme;

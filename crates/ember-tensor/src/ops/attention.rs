@@ -203,7 +203,7 @@ fn geometry(q: &Tensor, k: &Tensor, v: &Tensor, o: &SdpaOptions) -> Result<Geome
                  enable_gqa, but got key {kd:?} and value {vd:?}"
             )));
         }
-        if hk == 0 || h % hk != 0 {
+        if hk == 0 || !h.is_multiple_of(hk) {
             return Err(shape_err(format!(
                 "Expected the number of query heads ({h}, query {qd:?}) to be a multiple of \
                  the number of key/value heads ({hk}, key {kd:?}) with enable_gqa"

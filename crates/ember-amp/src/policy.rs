@@ -29,8 +29,18 @@ pub enum CastPolicy {
     Promote,
 }
 
-/// The ops that run in the region's lower precision: every product Ember has.
-pub const LOWER_PRECISION_OPS: &[&str] = &["matmul", "mm", "bmm", "addmm", "linear", "conv2d"];
+/// The ops that run in the region's lower precision: every product Ember has, and
+/// scaled-dot-product attention (whose inside, the math path's softmax included, then runs
+/// in that dtype, as PyTorch's).
+pub const LOWER_PRECISION_OPS: &[&str] = &[
+    "matmul",
+    "mm",
+    "bmm",
+    "addmm",
+    "linear",
+    "conv2d",
+    "scaled_dot_product_attention",
+];
 
 /// The ops that run in f32 (PyTorch's `fp32`, `fp32_set_opt_dtype` and `fp32_append_dtype`
 /// lists, those Ember has).

@@ -57,6 +57,18 @@ fn run(op: &str, device: &Device, a: DType, b: DType) -> Result<Tensor> {
             Some(&y(&[3], 3)?),
             &Conv2dOptions::default(),
         )?,
+        "scaled_dot_product_attention" => {
+            // A float mask (the fourth eligible input) in the second dtype.
+            let opts = ember_tensor::SdpaOptions {
+                attn_mask: Some(y(&[3, 5], 4)?),
+                ..Default::default()
+            };
+            x(&[2, 3, 8], 1)?.scaled_dot_product_attention(
+                &y(&[2, 5, 8], 2)?,
+                &y(&[2, 5, 4], 3)?,
+                &opts,
+            )?
+        }
         "exp" => x(&[4, 3], 1)?.exp()?,
         "log" => p(&[4, 3], 1)?.log()?,
         "log1p" => p(&[4, 3], 1)?.log1p()?,

@@ -21,7 +21,7 @@ use ember_autograd::mode::autocast_inputs;
 use ember_autograd::{CrossEntropyOptions, NllLossOptions};
 use ember_tensor::{Approximate, AvgPool2dOptions, Conv2dOptions, Dim, MaxPool2dOptions};
 
-pub use ember_tensor::Reduction;
+pub use ember_tensor::{Reduction, SdpaOptions};
 
 use crate::{NnError, Result, Tensor};
 
@@ -65,6 +65,29 @@ pub fn log_softmax(x: &Tensor, dim: impl Dim) -> Result<Tensor> {
 /// by `1 / (1 - p)` when `training`; the identity otherwise.
 pub fn dropout(x: &Tensor, p: f64, training: bool) -> Result<Tensor> {
     x.dropout(p, training)
+}
+
+/// `F.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal,
+/// scale, enable_gqa)`, the keyword arguments in [`SdpaOptions`]: `softmax(q·kᵀ·scale +
+/// mask)·v` over q `[..., L, E]`, k `[..., S, E]`, v `[..., S, Ev]`. The fused kernels or the
+/// math path run as `ember_tensor::backends::sdpa` chooses (`EMBER_SDPA`).
+///
+/// ```
+/// use ember_nn::functional::{self as F, SdpaOptions};
+/// use ember_nn::Tensor;
+/// let q = Tensor::ones([1, 2, 4, 8], ())?;
+/// let kv = Tensor::ones([1, 2, 6, 8], ())?;
+/// let out = F::scaled_dot_product_attention(&q, &kv, &kv, &SdpaOptions::default())?;
+/// assert_eq!(out.dims(), vec![1, 2, 4, 8]);
+/// # Ok::<(), ember_nn::Error>(())
+/// ```
+pub fn scaled_dot_product_attention(
+    query: &Tensor,
+    key: &Tensor,
+    value: &Tensor,
+    opts: &SdpaOptions,
+) -> Result<Tensor> {
+    query.scaled_dot_product_attention(key, value, opts)
 }
 
 /// `F.linear(x, weight, bias)`: `x @ weight.T + bias`, `weight` `[out, in]`.

@@ -1,15 +1,17 @@
 //! The dispatch point of the fused neural-network ops: cross-entropy with class-index
-//! targets (forward and backward) and batch normalisation. Each is one kernel (or two) per
+//! targets (forward and backward), batch normalisation and scaled-dot-product attention
+//! (forward and backward, docs/attention.md). Each is one kernel (or two) per
 //! device in place of a chain of generic ops, so one autograd op serves every device. It
 //! follows Note [Dispatch] (in `backend.rs`): one method per op on [`Storage`], a single
 //! `match` on the first operand's backend, the others taken from the same backend or a
 //! device-mismatch error.
 //!
-//! The fronts (`ops/loss.rs`) check shapes, dtypes and devices and make the operands
-//! contiguous before calling down.
+//! The fronts (`ops/loss.rs`, `raw/norm.rs`, `raw/attention.rs`) check shapes, dtypes and
+//! devices and bring the operands to the layouts the kernels take before calling down.
 
 use crate::backend::mixed;
 use crate::cpu;
+use crate::cpu::attention::AttnOptions;
 use crate::cuda::{self, CudaStorage};
 use crate::error::Result;
 use crate::layout::Layout;
@@ -293,6 +295,94 @@ impl Storage {
                     dx.map(Storage::Cuda),
                     sums.map(|(a, b)| (Storage::Cuda(a), Storage::Cuda(b))),
                 ))
+            }
+        }
+    }
+}
+
+/// The operands of the fused attention: q `[B, H, L, E]`, k `[B, G, S, E]`, v
+/// `[B, G, S, Ev]` (4-D layouts with unit last stride, one float dtype) and an optional
+/// mask expanded to `[B, H, L, S]` (bool or the operands' dtype).
+#[derive(Clone, Copy)]
+pub(crate) struct AttnOperands<'a> {
+    pub q: (&'a Storage, &'a Layout),
+    pub k: (&'a Storage, &'a Layout),
+    pub v: (&'a Storage, &'a Layout),
+    pub mask: Option<(&'a Storage, &'a Layout)>,
+}
+
+/// The attention's results: `(out, lse)` of the forward.
+pub(crate) type AttnFwd = (Storage, Storage);
+
+/// The attention's gradients `(dq, dk, dv)`.
+pub(crate) type AttnGrads = (Storage, Storage, Storage);
+
+impl AttnOperands<'_> {
+    /// The forward: out `[B, H, L, Ev]` contiguous in the operands' dtype and the
+    /// log-sum-exp `[B, H, L]` (f32 on CUDA; the CPU's compute dtype, f64 for f64).
+    pub(crate) fn attention_fwd(&self, opts: &AttnOptions) -> Result<AttnFwd> {
+        let ((q, lq), (k, lk), (v, lv)) = (self.q, self.k, self.v);
+        match q {
+            Storage::Cpu(qs) => {
+                let (o, l) = cpu::attention::storage::forward(
+                    (qs, lq),
+                    (on_cpu(q, k)?, lk),
+                    (on_cpu(q, v)?, lv),
+                    opt_cpu(q, self.mask)?,
+                    opts,
+                )?;
+                Ok((Storage::Cpu(o), Storage::Cpu(l)))
+            }
+            Storage::Cuda(qs) => {
+                let (o, l) = cuda::attention::attention_forward(
+                    (qs, lq),
+                    (on_cuda(q, k)?, lk),
+                    (on_cuda(q, v)?, lv),
+                    opt_cuda(q, self.mask)?,
+                    opts,
+                )?;
+                Ok((Storage::Cuda(o), Storage::Cuda(l)))
+            }
+        }
+    }
+
+    /// The backward from the forward's `out` and `lse` (as [`Self::attention_fwd`] made
+    /// them) and the output gradient `dout` (`[B, H, L, Ev]`, unit last stride): dq, dk, dv
+    /// contiguous in the operands' dtype.
+    pub(crate) fn attention_bwd(
+        &self,
+        opts: &AttnOptions,
+        out: &Storage,
+        lse: &Storage,
+        (d, ld): (&Storage, &Layout),
+    ) -> Result<AttnGrads> {
+        let ((q, lq), (k, lk), (v, lv)) = (self.q, self.k, self.v);
+        match q {
+            Storage::Cpu(qs) => {
+                let (a, b, c) = cpu::attention::storage::backward(
+                    (qs, lq),
+                    (on_cpu(q, k)?, lk),
+                    (on_cpu(q, v)?, lv),
+                    opt_cpu(q, self.mask)?,
+                    opts,
+                    on_cpu(q, out)?,
+                    on_cpu(q, lse)?,
+                    (on_cpu(q, d)?, ld),
+                )?;
+                Ok((Storage::Cpu(a), Storage::Cpu(b), Storage::Cpu(c)))
+            }
+            Storage::Cuda(qs) => {
+                let (a, b, c) = cuda::attention::attention_backward(
+                    (qs, lq),
+                    (on_cuda(q, k)?, lk),
+                    (on_cuda(q, v)?, lv),
+                    opt_cuda(q, self.mask)?,
+                    opts,
+                    on_cuda(q, out)?,
+                    on_cuda(q, lse)?,
+                    (on_cuda(q, d)?, ld),
+                )?;
+                Ok((Storage::Cuda(a), Storage::Cuda(b), Storage::Cuda(c)))
             }
         }
     }

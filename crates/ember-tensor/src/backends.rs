@@ -1,8 +1,10 @@
 //! `torch.backends`: process-wide switches of the libraries behind the CUDA backend, beside
-//! `precision.rs`'s `set_float32_matmul_precision` (cuBLAS), and of oneDNN behind the CPU's
-//! convolutions ([`mkldnn`]).
+//! `precision.rs`'s `set_float32_matmul_precision` (cuBLAS), of oneDNN behind the CPU's
+//! convolutions ([`mkldnn`]), and of the implementation of scaled-dot-product attention
+//! ([`sdpa`]).
 
 pub mod mkldnn;
+pub mod sdpa;
 
 /// `torch.backends.cudnn`: whether convolutions on CUDA go through cuDNN, and how. See Note
 /// [Convolutions on cuDNN] (`crates/ember-tensor/src/cuda/cudnn.rs`).

@@ -63,6 +63,7 @@ pub use ember_device::{Device, ErrorKind};
 pub use ember_error::{Error, Result};
 pub use error::TensorError;
 pub use layout::Layout;
+pub use ops::attention::SdpaOptions;
 pub use ops::r#where;
 pub use precision::{MatmulPrecision, matmul_precision, set_float32_matmul_precision};
 pub use profile::torch_type_name;

@@ -4,8 +4,6 @@
 //! parallel chunks above [`PAR_THRESHOLD`](crate::storage::PAR_THRESHOLD) elements.
 
 pub(crate) mod amp;
-// The SDPA op (issue 44) calls it; until it is wired in, nothing in the crate does.
-#[allow(dead_code, unused_imports)]
 pub(crate) mod attention;
 pub(crate) mod batch_norm;
 pub(crate) mod conv;

@@ -9,8 +9,6 @@
 //! reuses a block on the stream that freed it; `record_stream` marks other users).
 
 mod amp;
-// The SDPA op (issue 44) calls it; until it is wired in, nothing in the crate does.
-#[allow(dead_code, unused_imports)]
 pub(crate) mod attention;
 pub(crate) mod buffers;
 mod cudnn;

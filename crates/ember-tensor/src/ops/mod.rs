@@ -2,6 +2,7 @@
 //! data and, when recording, adds a node whose backward is written with `ember-tensor` ops
 //! (so it runs on every device the forward runs on).
 
+pub(crate) mod attention;
 mod close;
 mod create;
 mod elementwise;

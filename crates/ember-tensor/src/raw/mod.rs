@@ -1,6 +1,7 @@
 //! [`Tensor`]: an eager, strided view of shared storage.
 
 pub(crate) mod amp;
+pub(crate) mod attention;
 pub(crate) mod binary;
 pub(crate) mod close;
 pub(crate) mod conv;

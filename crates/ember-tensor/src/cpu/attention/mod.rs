@@ -8,7 +8,8 @@
 //! The conventions (masks, causal, grouped-query attention, dropout's Philox stream, fully
 //! masked rows) are those of `kernels/attention.cu`, which docs/attention.md describes; both
 //! are checked against `ember_testing::reference::attention`. These functions take slices
-//! and strides, not tensors: the op (issue 44) wires them in.
+//! and strides, not tensors; [`storage`] takes them from storages and layouts for the op
+//! (`Tensor::scaled_dot_product_attention`).
 //!
 //! f32 and f64 compute in their own type; f16 and bf16 are widened to f32 as they are
 //! copied into the tiles and rounded once on the way out. The tile products are plain loops
@@ -16,6 +17,7 @@
 //! instructions (`simd::widest`); exp is the vectorised `FastExp`.
 
 mod backward;
+pub(crate) mod storage;
 #[cfg(test)]
 mod tests;
 

@@ -51,7 +51,7 @@ impl Tensor {
     /// use ember_tensor::Tensor;
     /// let a = Tensor::new(&[1i64, 2], ())?;
     /// assert!(a.equal(&Tensor::new(&[1f32, 2.], ())?)?);
-    /// assert!(!a.equal(&Tensor::new(&[[1i64, 2]], ())?)?); // [1, 2] is not [2]
+    /// assert!(!a.equal(&Tensor::new(&[1i64, 2], ())?.reshape([1, 2])?)?); // [1, 2] is not [2]
     /// # Ok::<(), ember_tensor::Error>(())
     /// ```
     pub fn equal(&self, other: &Tensor) -> Result<bool> {

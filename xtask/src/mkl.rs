@@ -3,6 +3,7 @@
 //! runs on the pure-Rust backend. MKL's licence is the Intel Simplified Software License
 //! (proprietary, redistributable); Ember never ships it.
 
+use std::path::PathBuf;
 use std::process::Command;
 
 use crate::{root, run_step};
@@ -14,10 +15,22 @@ pub fn run(args: &[String]) -> Result<(), String> {
     if let Some(a) = args.first() {
         return Err(format!("`mkl` takes no arguments, found {a:?}"));
     }
-    let prefix = root().join("target").join("mkl");
+    let lib = install_wheel(MKL, "mkl", "libmkl_rt.so")?;
+    eprintln!(
+        "==> MKL installed in {}; `ember info` reports the backend",
+        lib.display()
+    );
+    Ok(())
+}
+
+/// pip-installs `wheel` (no dependencies) into `target/<dir>` and returns its `lib`
+/// directory, checked to hold a file whose name starts with `library`: the optional
+/// run-time libraries (MKL, oneDNN) that Ember opens with `libloading`.
+pub fn install_wheel(wheel: &str, dir: &str, library: &str) -> Result<PathBuf, String> {
+    let prefix = root().join("target").join(dir);
     let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
     run_step(
-        &format!("pip install {MKL} into {}", prefix.display()),
+        &format!("pip install {wheel} into {}", prefix.display()),
         Command::new(python)
             .args([
                 "-m",
@@ -29,19 +42,15 @@ pub fn run(args: &[String]) -> Result<(), String> {
                 "--prefix",
             ])
             .arg(&prefix)
-            .arg(MKL),
+            .arg(wheel),
     )?;
     let lib = prefix.join("lib");
     let found = std::fs::read_dir(&lib)
         .map_err(|e| format!("{}: {e}", lib.display()))?
         .flatten()
-        .any(|e| e.file_name().to_string_lossy().starts_with("libmkl_rt.so"));
+        .any(|e| e.file_name().to_string_lossy().starts_with(library));
     if !found {
-        return Err(format!("no libmkl_rt.so under {}", lib.display()));
+        return Err(format!("no {library} under {}", lib.display()));
     }
-    eprintln!(
-        "==> MKL installed in {}; `ember info` reports the backend",
-        lib.display()
-    );
-    Ok(())
+    Ok(lib)
 }

@@ -500,7 +500,7 @@ fn pytorch_reference_values() {
 }
 
 #[test]
-#[ignore]
+#[ignore = "a timing run, not a check (seconds in a debug build): cargo test --release -p ember-tensor --lib timing_b8 -- --ignored --nocapture"]
 fn timing_b8_h8_l1024_d64_causal() {
     let (b, h, l, e) = (8, 8, 1024, 64);
     let dims = AttnDims {

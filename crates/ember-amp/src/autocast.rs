@@ -47,9 +47,9 @@ use std::sync::Arc;
 
 use ember_autograd::mode::{self, AutocastPolicy};
 use ember_autograd::{Error, Result, Tensor, is_grad_enabled};
-use ember_tensor::{DType, Device};
+use ember_tensor::{DType, Device, OpInfo};
 
-use crate::policy::{cast_policy, compute_dtype};
+use crate::policy::compute_dtype;
 
 /// The dtypes an autocast region may take on `device`'s type (both types take f16 and bf16,
 /// as PyTorch).
@@ -375,8 +375,13 @@ impl Policy {
 }
 
 impl AutocastPolicy for Policy {
-    fn compute_dtype(&self, op: &'static str, device: Device, inputs: &[DType]) -> Option<DType> {
-        compute_dtype(cast_policy(op)?, self.lower(device)?, inputs)
+    fn compute_dtype(
+        &self,
+        op: &'static OpInfo,
+        device: Device,
+        inputs: &[DType],
+    ) -> Option<DType> {
+        compute_dtype(op.autocast?, self.lower(device)?, inputs)
     }
 
     fn cast(&self, t: &Tensor, dtype: DType) -> Result<Tensor> {

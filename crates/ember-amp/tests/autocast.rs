@@ -7,7 +7,7 @@ use ember_amp::autocast::{
     AutocastOptions, autocast, autocast_cache_len, autocast_with, get_autocast_dtype,
     is_autocast_cache_enabled, is_autocast_enabled, with_autocast,
 };
-use ember_amp::policy::{FP32_OPS, LOWER_PRECISION_OPS, PROMOTE_OPS};
+use ember_amp::policy::{CastPolicy, ops_in};
 use ember_autograd::{
     CrossEntropyOptions, ErrorKind, NllLossOptions, Reduction, Result, Tensor, checkpoint, no_grad,
 };
@@ -129,15 +129,15 @@ fn run(op: &str, device: &Device, a: DType, b: DType) -> Result<Tensor> {
 fn policy_table_walk(device: &Device) -> Result<()> {
     for lower in LOWER {
         let _g = autocast(*device, lower)?;
-        for op in LOWER_PRECISION_OPS {
+        for op in ops_in(CastPolicy::LowerPrecision) {
             let y = run(op, device, DType::F32, DType::F32)?;
             assert_eq!(y.dtype(), lower, "{op} under autocast({lower})");
         }
-        for op in FP32_OPS {
+        for op in ops_in(CastPolicy::Fp32) {
             let y = run(op, device, lower, lower)?;
             assert_eq!(y.dtype(), DType::F32, "{op} of {lower} under autocast");
         }
-        for op in PROMOTE_OPS {
+        for op in ops_in(CastPolicy::Promote) {
             let y = run(op, device, lower, DType::F32)?;
             assert_eq!(y.dtype(), DType::F32, "{op} of {lower} and f32");
             let y = run(op, device, lower, lower)?;
@@ -152,10 +152,9 @@ fn policy_table_walk(device: &Device) -> Result<()> {
         let d = r.to_dtype(DType::F64)?;
         assert_eq!(d.matmul(&d.t()?)?.dtype(), DType::F64);
     }
-    for op in LOWER_PRECISION_OPS
-        .iter()
-        .chain(FP32_OPS)
-        .chain(PROMOTE_OPS)
+    for op in ops_in(CastPolicy::LowerPrecision)
+        .chain(ops_in(CastPolicy::Fp32))
+        .chain(ops_in(CastPolicy::Promote))
     {
         assert_eq!(
             run(op, device, DType::F32, DType::F32)?.dtype(),
@@ -165,7 +164,7 @@ fn policy_table_walk(device: &Device) -> Result<()> {
     }
     // Outside a region the f32 ops keep lower-precision inputs' dtype: the f32 above is
     // autocast's doing, not the op's.
-    for op in FP32_OPS {
+    for op in ops_in(CastPolicy::Fp32) {
         for lower in LOWER {
             assert_eq!(
                 run(op, device, lower, lower)?.dtype(),

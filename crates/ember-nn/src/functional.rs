@@ -19,7 +19,7 @@
 
 use ember_autograd::mode::autocast_inputs;
 use ember_autograd::{CrossEntropyOptions, NllLossOptions};
-use ember_tensor::{Approximate, AvgPool2dOptions, Conv2dOptions, Dim, MaxPool2dOptions};
+use ember_tensor::{Approximate, AvgPool2dOptions, Conv2dOptions, Dim, MaxPool2dOptions, op_table};
 
 pub use ember_tensor::{Reduction, SdpaOptions};
 
@@ -92,7 +92,7 @@ pub fn scaled_dot_product_attention(
 
 /// `F.linear(x, weight, bias)`: `x @ weight.T + bias`, `weight` `[out, in]`.
 pub fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
-    if let Some(mut c) = autocast_inputs("linear", [x, weight].into_iter().chain(bias))? {
+    if let Some(mut c) = autocast_inputs(&op_table::linear, [x, weight].into_iter().chain(bias))? {
         // The 16-bit copies of the input and the weight go before the bias is added (the
         // tape keeps them where a gradient needs them): under `no_grad` a layer then holds
         // them and its product at once, as PyTorch's fused addmm does, not them and two
@@ -167,7 +167,7 @@ pub fn layer_norm(
     let dims = x.dims();
     let k = normalized_shape.len();
     let inputs = [x].into_iter().chain(weight).chain(bias);
-    if let Some(c) = autocast_inputs("layer_norm", inputs)? {
+    if let Some(c) = autocast_inputs(&op_table::layer_norm, inputs)? {
         let mut rest = c[1..].iter();
         let w = weight.and_then(|_| rest.next());
         let b = bias.and_then(|_| rest.next());
@@ -320,7 +320,7 @@ pub(crate) fn reduce(l: Tensor, reduction: Reduction) -> Result<Tensor> {
 
 /// `F.mse_loss(x, target, reduction=)`: `(x - target)²` reduced (`()` for the mean).
 pub fn mse_loss(x: &Tensor, target: &Tensor, reduction: impl Into<Reduction>) -> Result<Tensor> {
-    if let Some(c) = autocast_inputs("mse_loss", [x, target])? {
+    if let Some(c) = autocast_inputs(&op_table::mse_loss, [x, target])? {
         return mse_loss(&c[0], &c[1], reduction);
     }
     same_shape("mse_loss", x, target)?;
@@ -329,7 +329,7 @@ pub fn mse_loss(x: &Tensor, target: &Tensor, reduction: impl Into<Reduction>) ->
 
 /// `F.l1_loss(x, target, reduction=)`: `|x - target|` reduced (`()` for the mean).
 pub fn l1_loss(x: &Tensor, target: &Tensor, reduction: impl Into<Reduction>) -> Result<Tensor> {
-    if let Some(c) = autocast_inputs("l1_loss", [x, target])? {
+    if let Some(c) = autocast_inputs(&op_table::l1_loss, [x, target])? {
         return l1_loss(&c[0], &c[1], reduction);
     }
     same_shape("l1_loss", x, target)?;
@@ -347,7 +347,7 @@ pub fn binary_cross_entropy_with_logits(
 ) -> Result<Tensor> {
     same_shape("binary_cross_entropy_with_logits", x, target)?;
     let inputs = [x, target].into_iter().chain(pos_weight);
-    if let Some(c) = autocast_inputs("binary_cross_entropy_with_logits", inputs)? {
+    if let Some(c) = autocast_inputs(&op_table::binary_cross_entropy_with_logits, inputs)? {
         return binary_cross_entropy_with_logits(&c[0], &c[1], c.get(2), reduction);
     }
     let y = target;

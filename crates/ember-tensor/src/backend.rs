@@ -36,15 +36,18 @@ impl Storage {
         }
     }
 
-    pub(crate) fn unary<O: UnaryOpT>(&self, l: &Layout) -> Result<Storage> {
+    /// Unary kernel `O` of the op named `name` (errors name the op).
+    pub(crate) fn unary<O: UnaryOpT>(&self, name: &'static str, l: &Layout) -> Result<Storage> {
         match self {
             Storage::Cpu(s) => Ok(Storage::Cpu(cpu::elementwise::unary::<O>(s, l)?)),
-            Storage::Cuda(s) => Ok(Storage::Cuda(cuda::unary::<O>(s, l)?)),
+            Storage::Cuda(s) => Ok(Storage::Cuda(cuda::unary::<O>(name, s, l)?)),
         }
     }
 
+    /// Binary kernel `O` of the op named `name`.
     pub(crate) fn binary<O: BinaryOpT>(
         &self,
+        name: &'static str,
         la: &Layout,
         rhs: &Storage,
         lb: &Layout,
@@ -54,7 +57,7 @@ impl Storage {
                 Ok(Storage::Cpu(cpu::elementwise::binary::<O>(a, la, b, lb)?))
             }
             (Storage::Cuda(a), Storage::Cuda(b)) => {
-                Ok(Storage::Cuda(cuda::binary::<O>(a, la, b, lb)?))
+                Ok(Storage::Cuda(cuda::binary::<O>(name, a, la, b, lb)?))
             }
             (a, b) => Err(mixed(a, b)),
         }
@@ -92,8 +95,10 @@ impl Storage {
         }
     }
 
+    /// Binary kernel `O` of the op named `name`, written into `self`.
     pub(crate) fn binary_inplace<O: BinaryOpT>(
         &mut self,
+        name: &'static str,
         ld: &Layout,
         src: &Storage,
         ls: &Layout,
@@ -102,7 +107,7 @@ impl Storage {
             (Storage::Cpu(d), Storage::Cpu(s)) => {
                 cpu::elementwise::binary_inplace::<O>(d, ld, s, ls)
             }
-            (Storage::Cuda(d), Storage::Cuda(s)) => cuda::binary_inplace::<O>(d, ld, s, ls),
+            (Storage::Cuda(d), Storage::Cuda(s)) => cuda::binary_inplace::<O>(name, d, ld, s, ls),
             (d, s) => Err(mixed(d, s)),
         }
     }

@@ -1,12 +1,42 @@
-//! Op declarations: each elementwise op once, as a marker type with its name, its kernel
-//! name and its per-dtype scalar functions (candle's `op.rs` shape). The CPU kernels are
-//! generic over these; a CUDA kernel for op `O` and dtype `d` is the symbol
-//! `{O::KERNEL}_{d.short_name()}`.
+//! The elementwise kernels' scalar side: each elementwise op once, as a marker type with
+//! its kernel name, its dtype rule and its per-dtype scalar functions (candle's `op.rs`
+//! shape). The CPU kernels are generic over these (so a marker's functions *are* its CPU
+//! kernel); a CUDA kernel for op `O` and dtype `d` is the symbol
+//! `{O::KERNEL}_{d.short_name()}`. Everything else about an op (its method, backward,
+//! autocast category and profiler name) is its entry in the op table, `ops/table.rs`, whose
+//! rows are the [`OpInfo`]s declared here.
 
 use half::{bf16, f16};
 
 use crate::dtype::{DType, WithDType};
+use crate::error::TensorError;
 use crate::math::FastExp;
+use crate::scalar::Scalar;
+
+/// What autocast does to an op's eligible inputs (the op table's `autocast` column).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CastPolicy {
+    /// Cast to the region's dtype (f16 or bf16): the products.
+    LowerPrecision,
+    /// Cast to f32: ops whose range or accuracy f16/bf16 would hurt.
+    Fp32,
+    /// Cast to the widest input dtype: ops that take several tensors.
+    Promote,
+}
+
+/// One row of the op table (`ember_tensor::op_table`): what the layers above the kernels
+/// read about an op. The profiler names its events by `name`; autocast reads `autocast`
+/// (Note [Autocast hook]); the autograd graph names the op's node `backward`.
+#[derive(Debug, PartialEq, Eq)]
+pub struct OpInfo {
+    /// PyTorch's name of the op (`aten::` less): the method's and the profiler row's.
+    pub name: &'static str,
+    /// The autograd node's name (`ExpBackward0`) for the elementwise rows, whose backward
+    /// the table holds; `None` for the other rows, whose methods record their own nodes.
+    pub backward: Option<&'static str>,
+    /// The op's autocast category; `None` runs as given under autocast.
+    pub autocast: Option<CastPolicy>,
+}
 
 /// Which dtypes a unary op takes, and what it does with the others.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -25,9 +55,7 @@ pub(crate) enum UnaryKind {
 
 /// An elementwise unary op.
 pub(crate) trait UnaryOpT: Send + Sync + 'static {
-    const NAME: &'static str;
     /// The CUDA kernel's base name: `cuda/ops.rs` launches `{KERNEL}_{dtype}`.
-    #[allow(dead_code)]
     const KERNEL: &'static str;
     const KIND: UnaryKind;
     fn f32(x: f32) -> f32;
@@ -48,11 +76,7 @@ pub(crate) trait UnaryOpT: Send + Sync + 'static {
 
 /// An elementwise binary op over two operands of one dtype, giving that dtype.
 pub(crate) trait BinaryOpT: Send + Sync + 'static {
-    const NAME: &'static str;
-    /// The in-place form's name (`add_`), as the profiler shows it.
-    const INPLACE_NAME: &'static str;
     /// The CUDA kernel's base name: `cuda/ops.rs` launches `{KERNEL}_{dtype}`.
-    #[allow(dead_code)]
     const KERNEL: &'static str;
     /// `false` if the op refuses bool inputs (PyTorch's "Subtraction, the `-` operator,
     /// with two bool tensors is not supported").
@@ -60,6 +84,17 @@ pub(crate) trait BinaryOpT: Send + Sync + 'static {
     /// `true` for ops that always compute in floating point (true division): integer and
     /// bool operands are promoted to f32 first.
     const FLOAT_ONLY: bool = false;
+    /// Operands the op refuses before any kernel runs (an integer tensor to a negative
+    /// integer power), given the left operand's dtype, the result's, and the right operand
+    /// if it is a number: the error, in PyTorch's words.
+    fn refuse(
+        _op: &'static str,
+        _lhs: DType,
+        _result: DType,
+        _rhs: Option<Scalar>,
+    ) -> Option<TensorError> {
+        None
+    }
     fn f32(a: f32, b: f32) -> f32;
     fn f64(a: f64, b: f64) -> f64;
     fn i64(a: i64, b: i64) -> i64;
@@ -125,13 +160,12 @@ pub(crate) fn unary_compute_dtype(kind: UnaryKind, dtype: DType) -> Option<DType
 }
 
 macro_rules! unary_op {
-    ($name:ident, $op:literal, $kernel:literal, $kind:ident, $x:ident => $float:expr
+    ($name:ident, $kernel:literal, $kind:ident, $x:ident => $float:expr
      $(, int: $i:ident => $int:expr)? $(, u8: $u:ident => $uint:expr)? $(, bool: $b:ident => $bexpr:expr)?) => {
-        #[doc = concat!("The `", $op, "` op.")]
+        #[doc = concat!("The scalar side of kernel `", $kernel, "`.")]
         #[derive(Clone, Copy, Debug)]
         pub(crate) struct $name;
         impl UnaryOpT for $name {
-            const NAME: &'static str = $op;
             const KERNEL: &'static str = $kernel;
             const KIND: UnaryKind = UnaryKind::$kind;
             #[inline(always)]
@@ -168,31 +202,30 @@ macro_rules! unary_op {
     };
 }
 
-unary_op!(Neg, "neg", "uneg", Numeric, x => -x, int: x => x.wrapping_neg(), u8: x => x.wrapping_neg());
-unary_op!(Abs, "abs", "uabs", Numeric, x => x.abs(), int: x => x.wrapping_abs());
-unary_op!(Sign, "sign", "usign", All,
+unary_op!(Neg, "uneg", Numeric, x => -x, int: x => x.wrapping_neg(), u8: x => x.wrapping_neg());
+unary_op!(Abs, "uabs", Numeric, x => x.abs(), int: x => x.wrapping_abs());
+unary_op!(Sign, "usign", All,
     x => if x > 0.0 { 1.0 } else if x < 0.0 { -1.0 } else { 0.0 * x },
     int: x => x.signum(), u8: x => (x > 0) as u8);
-unary_op!(Relu, "relu", "urelu", Numeric, x => if x < 0.0 { 0.0 } else { x }, int: x => x.max(0));
-unary_op!(Exp, "exp", "uexp", Float, x => x.fast_exp());
-unary_op!(Log, "log", "ulog", Float, x => x.ln());
-unary_op!(Log1p, "log1p", "ulog1p", Float, x => x.ln_1p());
-unary_op!(Sqrt, "sqrt", "usqrt", Float, x => x.sqrt());
-unary_op!(Rsqrt, "rsqrt", "ursqrt", Float, x => 1.0 / x.sqrt());
-unary_op!(Sin, "sin", "usin", Float, x => x.sin());
-unary_op!(Cos, "cos", "ucos", Float, x => x.cos());
-unary_op!(Tanh, "tanh", "utanh", Float, x => x.tanh());
-unary_op!(Sigmoid, "sigmoid", "usigmoid", Float, x => 1.0 / (1.0 + (-x).fast_exp()));
-unary_op!(Reciprocal, "reciprocal", "ureciprocal", Float, x => 1.0 / x);
-unary_op!(Silu, "silu", "usilu", FloatOnly, x => x / (1.0 + (-x).fast_exp()));
+unary_op!(Relu, "urelu", Numeric, x => if x < 0.0 { 0.0 } else { x }, int: x => x.max(0));
+unary_op!(Exp, "uexp", Float, x => x.fast_exp());
+unary_op!(Log, "ulog", Float, x => x.ln());
+unary_op!(Log1p, "ulog1p", Float, x => x.ln_1p());
+unary_op!(Sqrt, "usqrt", Float, x => x.sqrt());
+unary_op!(Rsqrt, "ursqrt", Float, x => 1.0 / x.sqrt());
+unary_op!(Sin, "usin", Float, x => x.sin());
+unary_op!(Cos, "ucos", Float, x => x.cos());
+unary_op!(Tanh, "utanh", Float, x => x.tanh());
+unary_op!(Sigmoid, "usigmoid", Float, x => 1.0 / (1.0 + (-x).fast_exp()));
+unary_op!(Reciprocal, "ureciprocal", Float, x => 1.0 / x);
+unary_op!(Silu, "usilu", FloatOnly, x => x / (1.0 + (-x).fast_exp()));
 // PyTorch's softplus with beta = 1, threshold = 20.
-unary_op!(Softplus, "softplus", "usoftplus", FloatOnly, x => if x > 20.0 { x } else { x.fast_exp().ln_1p() });
+unary_op!(Softplus, "usoftplus", FloatOnly, x => if x > 20.0 { x } else { x.fast_exp().ln_1p() });
 
 /// `gelu` with the tanh approximation: `x/2 * (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct GeluTanh;
 impl UnaryOpT for GeluTanh {
-    const NAME: &'static str = "gelu";
     const KERNEL: &'static str = "ugelu_tanh";
     const KIND: UnaryKind = UnaryKind::FloatOnly;
     fn f32(x: f32) -> f32 {
@@ -211,7 +244,6 @@ impl UnaryOpT for GeluTanh {
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct GeluErf;
 impl UnaryOpT for GeluErf {
-    const NAME: &'static str = "gelu";
     const KERNEL: &'static str = "ugelu_erf";
     const KIND: UnaryKind = UnaryKind::FloatOnly;
     fn f32(x: f32) -> f32 {
@@ -254,14 +286,13 @@ pub(crate) fn erf(x: f64) -> f64 {
 }
 
 macro_rules! binary_op {
-    ($name:ident, $op:literal, $kernel:literal, bool_ok: $bok:expr, $a:ident, $b:ident => float: $f:expr,
-     int: $int:expr, u8: $u:expr $(, bool: $bexpr:expr)?) => {
-        #[doc = concat!("The `", $op, "` op.")]
+    ($name:ident, $kernel:literal, bool_ok: $bok:expr, $a:ident, $b:ident => float: $f:expr,
+     int: $int:expr, u8: $u:expr $(, bool: $bexpr:expr)?
+     $(, refuse: |$ro:ident, $rl:ident, $rt:ident, $rr:ident| $refuse:expr)?) => {
+        #[doc = concat!("The scalar side of kernel `", $kernel, "`.")]
         #[derive(Clone, Copy, Debug)]
         pub(crate) struct $name;
         impl BinaryOpT for $name {
-            const NAME: &'static str = $op;
-            const INPLACE_NAME: &'static str = concat!($op, "_");
             const KERNEL: &'static str = $kernel;
             const BOOL_OK: bool = $bok;
             #[inline(always)]
@@ -290,35 +321,44 @@ macro_rules! binary_op {
                 $bexpr
             }
             )?
+            $(
+            fn refuse($ro: &'static str, $rl: DType, $rt: DType, $rr: Option<Scalar>) -> Option<TensorError> {
+                $refuse
+            }
+            )?
         }
     };
 }
 
-binary_op!(Add, "add", "badd", bool_ok: true, a, b => float: a + b,
+binary_op!(Add, "badd", bool_ok: true, a, b => float: a + b,
     int: a.wrapping_add(b), u8: a.wrapping_add(b), bool: a | b);
-binary_op!(Sub, "sub", "bsub", bool_ok: false, a, b => float: a - b,
+binary_op!(Sub, "bsub", bool_ok: false, a, b => float: a - b,
     int: a.wrapping_sub(b), u8: a.wrapping_sub(b));
-binary_op!(Mul, "mul", "bmul", bool_ok: true, a, b => float: a * b,
+binary_op!(Mul, "bmul", bool_ok: true, a, b => float: a * b,
     int: a.wrapping_mul(b), u8: a.wrapping_mul(b), bool: a & b);
-binary_op!(Pow, "pow", "bpow", bool_ok: false, a, b => float: a.powf(b),
-    int: int_pow(a as i64, b as i64) as _, u8: int_pow(a as i64, b as i64) as u8);
-binary_op!(Maximum, "maximum", "bmaximum", bool_ok: true, a, b =>
+binary_op!(Pow, "bpow", bool_ok: false, a, b => float: a.powf(b),
+int: int_pow(a as i64, b as i64) as _, u8: int_pow(a as i64, b as i64) as u8,
+refuse: |op, lhs, _result, rhs| match rhs {
+    Some(Scalar::Int(e)) if e < 0 && !lhs.is_float() => Some(TensorError::invalid(op, format!(
+        "Integers to negative integer powers are not allowed (a {lhs} tensor to the power {e})"
+    ))),
+    _ => None,
+});
+binary_op!(Maximum, "bmaximum", bool_ok: true, a, b =>
     float: if a.is_nan() { a } else if b.is_nan() || b > a { b } else { a }, int: a.max(b), u8: a.max(b), bool: a | b);
-binary_op!(Minimum, "minimum", "bminimum", bool_ok: true, a, b =>
+binary_op!(Minimum, "bminimum", bool_ok: true, a, b =>
     float: if a.is_nan() { a } else if b.is_nan() || b < a { b } else { a }, int: a.min(b), u8: a.min(b), bool: a & b);
-binary_op!(LogicalAnd, "logical_and", "bland", bool_ok: true, a, b => float: a * b,
+binary_op!(LogicalAnd, "bland", bool_ok: true, a, b => float: a * b,
     int: a & b, u8: a & b, bool: a & b);
-binary_op!(LogicalOr, "logical_or", "blor", bool_ok: true, a, b => float: a + b,
+binary_op!(LogicalOr, "blor", bool_ok: true, a, b => float: a + b,
     int: a | b, u8: a | b, bool: a | b);
-binary_op!(LogicalXor, "logical_xor", "blxor", bool_ok: true, a, b => float: a - b,
+binary_op!(LogicalXor, "blxor", bool_ok: true, a, b => float: a - b,
     int: a ^ b, u8: a ^ b, bool: a ^ b);
 
 /// True division (`/`): always floating point.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Div;
 impl BinaryOpT for Div {
-    const NAME: &'static str = "div";
-    const INPLACE_NAME: &'static str = "div_";
     const KERNEL: &'static str = "bdiv";
     const BOOL_OK: bool = true;
     const FLOAT_ONLY: bool = true;

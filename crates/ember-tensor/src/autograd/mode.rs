@@ -16,7 +16,7 @@
 use std::cell::Cell;
 use std::sync::Arc;
 
-use crate::{DType, Device};
+use crate::{DType, Device, OpInfo};
 
 use crate::autograd::error::Result;
 use crate::tensor::Tensor;
@@ -107,9 +107,10 @@ pub fn with_no_grad<R>(f: impl FnOnce() -> R) -> R {
 /// live on and the dtypes of its eligible inputs, the dtype to compute in, or `None` to
 /// leave the op alone; and how to cast an input to it.
 ///
-/// Note [Autocast hook]: every op of autocast's policy table (the products, the ops that
-/// run in f32, the ops that promote to the widest input; `ember-amp`'s `policy.rs`) calls
-/// [`autocast_inputs`] first. While no policy is installed on the thread that is one read
+/// Note [Autocast hook]: every op with an autocast category in the op table (the
+/// products, the ops that run in f32, the ops that promote to the widest input; the
+/// `autocast` column of `op_table`, Note [The op table]) calls [`autocast_inputs`] first,
+/// with its row. While no policy is installed on the thread that is one read
 /// of a thread-local `bool`, so the hook costs nothing when autocast is off. Otherwise the
 /// *eligible* inputs are the floating ones other than f64 on the device type of the first
 /// of them (as PyTorch's `is_eligible`); the policy answers a dtype for the op on that
@@ -122,9 +123,10 @@ pub fn with_no_grad<R>(f: impl FnOnce() -> R) -> R {
 /// inside them then see inputs already in the answered dtype. The dependency runs one way:
 /// this crate defines the trait and calls it, `ember-amp` implements and installs it.
 pub trait AutocastPolicy: Send + Sync {
-    /// The compute dtype for `op` on `device`'s type, given its eligible inputs' dtypes
-    /// (never empty); `None` leaves the op alone.
-    fn compute_dtype(&self, op: &'static str, device: Device, inputs: &[DType]) -> Option<DType>;
+    /// The compute dtype for `op` (its row of the op table) on `device`'s type, given its
+    /// eligible inputs' dtypes (never empty); `None` leaves the op alone.
+    fn compute_dtype(&self, op: &'static OpInfo, device: Device, inputs: &[DType])
+    -> Option<DType>;
 
     /// `t` cast to `dtype` for an op under autocast: a recorded [`Tensor::to_dtype`]
     /// unless the policy keeps a cache.
@@ -180,7 +182,7 @@ pub fn current_policy() -> Option<Arc<dyn AutocastPolicy>> {
 /// `inputs` dtypes, or `None` (always `None` while no policy is installed: one
 /// thread-local read). See Note [Autocast hook].
 #[inline]
-pub fn autocast_dtype(op: &'static str, device: Device, inputs: &[DType]) -> Option<DType> {
+pub fn autocast_dtype(op: &'static OpInfo, device: Device, inputs: &[DType]) -> Option<DType> {
     current_policy()?.compute_dtype(op, device, inputs)
 }
 
@@ -197,7 +199,7 @@ fn eligible(t: &Tensor) -> bool {
 /// (`[x, w]`, or `[x, w].into_iter().chain(bias)` for optional inputs): it is only walked
 /// when a policy is installed, so an op pays nothing for it while autocast is off.
 pub fn autocast_inputs<'t>(
-    op: &'static str,
+    op: &'static OpInfo,
     inputs: impl IntoIterator<Item = &'t Tensor>,
 ) -> Result<Option<Vec<Tensor>>> {
     let Some(policy) = current_policy() else {
@@ -271,37 +273,39 @@ mod tests {
         assert!(!is_grad_enabled());
     }
 
+    use crate::op_table;
+
     struct Half;
     impl AutocastPolicy for Half {
-        fn compute_dtype(&self, op: &'static str, _: Device, _: &[DType]) -> Option<DType> {
-            (op == "matmul").then_some(DType::Bf16)
+        fn compute_dtype(&self, op: &'static OpInfo, _: Device, _: &[DType]) -> Option<DType> {
+            (op.name == "matmul").then_some(DType::Bf16)
         }
     }
 
     #[test]
     fn autocast_hook_answers_only_while_installed() -> Result<()> {
         let cpu = Device::Cpu;
-        assert_eq!(autocast_dtype("matmul", cpu, &[DType::F32]), None);
+        assert_eq!(autocast_dtype(&op_table::matmul, cpu, &[DType::F32]), None);
         let x = Tensor::ones([2, 2], ())?;
         let i = Tensor::ones([2], (cpu, DType::I64))?;
         {
             let _g = set_autocast_policy(Some(Arc::new(Half)));
             assert_eq!(
-                autocast_dtype("matmul", cpu, &[DType::F32]),
+                autocast_dtype(&op_table::matmul, cpu, &[DType::F32]),
                 Some(DType::Bf16)
             );
-            assert_eq!(autocast_dtype("add", cpu, &[DType::F32]), None);
-            let cast = autocast_inputs("matmul", [&x, &i])?
+            assert_eq!(autocast_dtype(&op_table::add, cpu, &[DType::F32]), None);
+            let cast = autocast_inputs(&op_table::matmul, [&x, &i])?
                 .map(|v| v.iter().map(Tensor::dtype).collect::<Vec<_>>());
             assert_eq!(cast, Some(vec![DType::Bf16, DType::I64]));
-            assert!(autocast_inputs("add", [&x])?.is_none());
+            assert!(autocast_inputs(&op_table::add, [&x])?.is_none());
             assert!(
-                autocast_inputs("matmul", [&i])?.is_none(),
+                autocast_inputs(&op_table::matmul, [&i])?.is_none(),
                 "no eligible input"
             );
         }
-        assert_eq!(autocast_dtype("matmul", cpu, &[DType::F32]), None);
-        assert!(autocast_inputs("matmul", [&x])?.is_none());
+        assert_eq!(autocast_dtype(&op_table::matmul, cpu, &[DType::F32]), None);
+        assert!(autocast_inputs(&op_table::matmul, [&x])?.is_none());
         Ok(())
     }
 }

@@ -453,7 +453,13 @@ pub(crate) fn conv2d_forward(
             vec![0, lb.strides()[0], 0],
             lb.offset(),
         );
-        binary_inplace::<op::Add>(&mut out, &Layout::contiguous(planes.to_vec()), b, &bcast)?;
+        binary_inplace::<op::Add>(
+            "conv2d",
+            &mut out,
+            &Layout::contiguous(planes.to_vec()),
+            b,
+            &bcast,
+        )?;
     }
     Ok(Some(out))
 }

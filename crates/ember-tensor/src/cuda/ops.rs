@@ -73,8 +73,12 @@ pub(crate) fn cast(s: &CudaStorage, l: &Layout, dtype: DType) -> Result<CudaStor
     map1("cast", &name, s, l, dtype)
 }
 
-pub(crate) fn unary<O: UnaryOpT>(s: &CudaStorage, l: &Layout) -> Result<CudaStorage> {
-    map1(O::NAME, &kernel_name(O::KERNEL, s.dtype()), s, l, s.dtype())
+pub(crate) fn unary<O: UnaryOpT>(
+    op: &'static str,
+    s: &CudaStorage,
+    l: &Layout,
+) -> Result<CudaStorage> {
+    map1(op, &kernel_name(O::KERNEL, s.dtype()), s, l, s.dtype())
 }
 
 /// The `(n, StridedLayout la, StridedLayout lb, const T* a, const T* b, U* out)` kernels.
@@ -121,13 +125,14 @@ fn map2_into(
 }
 
 pub(crate) fn binary<O: BinaryOpT>(
+    op: &'static str,
     a: &CudaStorage,
     la: &Layout,
     b: &CudaStorage,
     lb: &Layout,
 ) -> Result<CudaStorage> {
     let name = kernel_name(O::KERNEL, a.dtype());
-    map2(O::NAME, &name, (a, la), (b, lb), a.dtype())
+    map2(op, &name, (a, la), (b, lb), a.dtype())
 }
 
 pub(crate) fn cmp(
@@ -258,6 +263,7 @@ pub(crate) fn copy(
 }
 
 pub(crate) fn binary_inplace<O: BinaryOpT>(
+    op: &'static str,
     dst: &mut CudaStorage,
     ld: &Layout,
     src: &CudaStorage,
@@ -268,9 +274,9 @@ pub(crate) fn binary_inplace<O: BinaryOpT>(
         // element): no buffer, no copy back — the optimizer's `add_`/`mul_` path.
         let name = kernel_name(O::KERNEL, dst.dtype());
         let out = (dst.ptr_at(ld.offset()), dst.dtype());
-        return map2_into(O::NAME, &name, (dst, ld), (src, ls), out);
+        return map2_into(op, &name, (dst, ld), (src, ls), out);
     }
-    let r = binary::<O>(dst, ld, src, ls)?;
+    let r = binary::<O>(op, dst, ld, src, ls)?;
     copy_into(dst, ld, &r, &Layout::contiguous(ld.shape().clone()))
 }
 

@@ -305,7 +305,10 @@ impl Tensor {
         opts: &SdpaOptions,
     ) -> Result<Tensor> {
         let float_mask = opts.attn_mask.as_ref().filter(|m| m.dtype().is_float());
-        if let Some(c) = autocast_inputs(OP, [self, key, value].into_iter().chain(float_mask))? {
+        if let Some(c) = autocast_inputs(
+            &crate::op_table::scaled_dot_product_attention,
+            [self, key, value].into_iter().chain(float_mask),
+        )? {
             let mut o = opts.clone();
             if float_mask.is_some() {
                 o.attn_mask = c.get(3).cloned();

@@ -5,212 +5,20 @@ use crate::scalar::{Operand, RawOperand};
 use crate::{ClampBound, DType, Device, RawTensor as Raw, Scalar};
 
 use crate::autograd::error::{AutogradError, Result};
-use crate::autograd::graph::{BackwardFn, Saved, maybe_record, needs_grad, record};
-use crate::autograd::mode::autocast_inputs;
+use crate::autograd::graph::{BackwardFn, Saved, maybe_record, needs_grad};
 use crate::ops::{bw1, zeros_like};
 use crate::tensor::Tensor;
 
+/// The binary ops that have in-place forms on autograd tensors.
 #[derive(Clone, Copy)]
 enum Bin {
     Add,
     Sub,
     Mul,
     Div,
-    Pow,
-    Maximum,
-    Minimum,
-}
-
-fn raw_binary(op: Bin, a: &Raw, b: RawOperand<'_>) -> Result<Raw> {
-    Ok(match op {
-        Bin::Add => a.add(b)?,
-        Bin::Sub => a.sub(b)?,
-        Bin::Mul => a.mul(b)?,
-        Bin::Div => a.div(b)?,
-        Bin::Pow => a.pow(b)?,
-        Bin::Maximum => a.maximum(b)?,
-        Bin::Minimum => a.minimum(b)?,
-    })
-}
-
-/// The op's name in autocast's policy table (Note [Autocast hook]).
-fn bin_op(op: Bin) -> &'static str {
-    match op {
-        Bin::Add => "add",
-        Bin::Sub => "sub",
-        Bin::Mul => "mul",
-        Bin::Div => "div",
-        Bin::Pow => "pow",
-        Bin::Maximum => "maximum",
-        Bin::Minimum => "minimum",
-    }
-}
-
-fn bin_name(op: Bin) -> &'static str {
-    match op {
-        Bin::Add => "AddBackward0",
-        Bin::Sub => "SubBackward0",
-        Bin::Mul => "MulBackward0",
-        Bin::Div => "DivBackward0",
-        Bin::Pow => "PowBackward0",
-        Bin::Maximum => "MaximumBackward0",
-        Bin::Minimum => "MinimumBackward0",
-    }
-}
-
-/// Gradients of `a op b` for both tensor operands (`a`, `b` in the compute dtype).
-fn binary_grads(op: Bin, g: &Raw, a: &Raw, b: &Raw, y: &Raw) -> Result<(Raw, Raw)> {
-    Ok(match op {
-        Bin::Add => (g.clone(), g.clone()),
-        Bin::Sub => (g.clone(), g.neg()?),
-        Bin::Mul => (g.mul(b)?, g.mul(a)?),
-        Bin::Div => (g.div(b)?, g.neg()?.mul(a)?.div(&b.mul(b)?)?),
-        Bin::Pow => (pow_base_grad(g, a, b)?, pow_exp_grad(g, a, y)?),
-        Bin::Maximum | Bin::Minimum => {
-            // As PyTorch: the larger (smaller) input takes the gradient, ties split it.
-            let (win_a, win_b) = match op {
-                Bin::Maximum => (a.gt(b)?, b.gt(a)?),
-                _ => (a.lt(b)?, b.lt(a)?),
-            };
-            let tie = a.eq(b)?;
-            let half = g.mul(0.5)?;
-            let ga = crate::raw::binary::r#where(
-                &win_a,
-                g,
-                &crate::raw::binary::r#where(&tie, &half, 0.0)?,
-            )?;
-            let gb = crate::raw::binary::r#where(
-                &win_b,
-                g,
-                &crate::raw::binary::r#where(&tie, &half, 0.0)?,
-            )?;
-            (ga, gb)
-        }
-    })
-}
-
-/// `d(a^b)/da = b·a^(b-1)`, 0 where `b == 0`.
-fn pow_base_grad(g: &Raw, a: &Raw, b: &Raw) -> Result<Raw> {
-    let d = b.mul(&a.pow(&b.sub(1.0)?)?)?;
-    let d = crate::raw::binary::r#where(&b.eq(0.0)?, 0.0, &d)?;
-    Ok(g.mul(&d)?)
-}
-
-/// `d(a^b)/db = a^b·ln a`, 0 where `a == 0` and `b >= 0` (PyTorch's convention).
-fn pow_exp_grad(g: &Raw, a: &Raw, y: &Raw) -> Result<Raw> {
-    let d = y.mul(&a.log()?)?;
-    let d = crate::raw::binary::r#where(&a.eq(0.0)?, 0.0, &d)?;
-    Ok(g.mul(&d)?)
 }
 
 impl Tensor {
-    fn binary(&self, op: Bin, rhs: Operand<'_>) -> Result<Tensor> {
-        let cast = match rhs {
-            Operand::Tensor(rt) => autocast_inputs(bin_op(op), [self, rt])?,
-            Operand::Scalar(_) => autocast_inputs(bin_op(op), [self])?,
-        };
-        if let Some(c) = cast {
-            let rhs = match rhs {
-                Operand::Tensor(_) => Operand::Tensor(&c[1]),
-                s => s,
-            };
-            return c[0].binary(op, rhs);
-        }
-        let a = self.raw();
-        match rhs {
-            Operand::Scalar(s) => {
-                let y = raw_binary(op, &a, s.into())?;
-                maybe_record(bin_name(op), y.clone(), &[self], || {
-                    // The scalar joins as a 0-dim tensor of the result's dtype. Only pow,
-                    // maximum and minimum need `self` back; nothing needs the output.
-                    let dt = y.dtype();
-                    let keep = matches!(op, Bin::Pow | Bin::Maximum | Bin::Minimum);
-                    let sa = if keep {
-                        Some(Saved::of(bin_name(op), self)?)
-                    } else {
-                        None
-                    };
-                    Ok(bw1(move |g| {
-                        // The common cases take the scalar as it is, with no tensor made.
-                        match op {
-                            Bin::Add | Bin::Sub => return Ok(g.clone()),
-                            Bin::Mul => return Ok(g.mul(s)?),
-                            Bin::Div => return Ok(g.div(s)?),
-                            _ => {}
-                        }
-                        let a = match &sa {
-                            Some(s) => s.get()?.to_dtype(dt)?,
-                            None => g.clone(),
-                        };
-                        let b = Raw::full([], s, (g.device(), dt))?;
-                        Ok(binary_grads(op, g, &a, &b, g)?.0)
-                    }))
-                })
-            }
-            Operand::Tensor(rt) => {
-                let b = rt.raw();
-                let y = raw_binary(op, &a, (&b).into())?;
-                if !needs_grad(&[self, rt]) {
-                    return Ok(Tensor::wrap(y));
-                }
-                let name = bin_name(op);
-                let keep = !matches!(op, Bin::Add | Bin::Sub);
-                let (sa, sb) = if keep {
-                    (Some(Saved::of(name, self)?), Some(Saved::of(name, rt)?))
-                } else {
-                    (None, None)
-                };
-                let sy = matches!(op, Bin::Pow).then(|| Saved::new(name, &y));
-                let dt = y.dtype();
-                let (need_a, need_b) = (self.requires_grad(), rt.requires_grad());
-                let f: BackwardFn = Box::new(move |g| {
-                    let (ga, gb) = match (&sa, &sb) {
-                        (Some(sa), Some(sb)) => {
-                            let a = sa.get()?.to_dtype(dt)?;
-                            let b = sb.get()?.to_dtype(dt)?;
-                            let y = match &sy {
-                                Some(s) => s.get()?,
-                                None => g.clone(),
-                            };
-                            binary_grads(op, g, &a, &b, &y)?
-                        }
-                        _ => binary_grads(op, g, g, g, g)?,
-                    };
-                    Ok(vec![need_a.then_some(ga), need_b.then_some(gb)])
-                });
-                Ok(record(name, y, &[self, rt], f))
-            }
-        }
-    }
-
-    /// `self + rhs` with broadcasting and type promotion.
-    pub fn add<'a>(&self, rhs: impl Into<Operand<'a>>) -> Result<Tensor> {
-        self.binary(Bin::Add, rhs.into())
-    }
-    /// `self - rhs`.
-    pub fn sub<'a>(&self, rhs: impl Into<Operand<'a>>) -> Result<Tensor> {
-        self.binary(Bin::Sub, rhs.into())
-    }
-    /// `self * rhs`.
-    pub fn mul<'a>(&self, rhs: impl Into<Operand<'a>>) -> Result<Tensor> {
-        self.binary(Bin::Mul, rhs.into())
-    }
-    /// True division `self / rhs`.
-    pub fn div<'a>(&self, rhs: impl Into<Operand<'a>>) -> Result<Tensor> {
-        self.binary(Bin::Div, rhs.into())
-    }
-    /// `self ** rhs`.
-    pub fn pow<'a>(&self, rhs: impl Into<Operand<'a>>) -> Result<Tensor> {
-        self.binary(Bin::Pow, rhs.into())
-    }
-    /// Elementwise maximum.
-    pub fn maximum<'a>(&self, rhs: impl Into<Operand<'a>>) -> Result<Tensor> {
-        self.binary(Bin::Maximum, rhs.into())
-    }
-    /// Elementwise minimum.
-    pub fn minimum<'a>(&self, rhs: impl Into<Operand<'a>>) -> Result<Tensor> {
-        self.binary(Bin::Minimum, rhs.into())
-    }
     /// `self * self`.
     pub fn square(&self) -> Result<Tensor> {
         self.mul(self)
@@ -263,104 +71,6 @@ compare_methods! {
     logical_or;
     /// Logical xor.
     logical_xor;
-}
-
-/// Unary ops: method, backward name, which of input `x` / output `y` backward needs
-/// (only those are saved; the other name is bound to `g` as a placeholder), and the
-/// gradient from `(g, x, y)`.
-macro_rules! unary_methods {
-    ($($(#[$doc:meta])* $name:ident, $bw:literal, [$kx:literal, $ky:literal], |$g:ident, $x:ident, $y:ident| $grad:expr;)*) => {
-        impl Tensor {
-            $(
-                $(#[$doc])*
-                pub fn $name(&self) -> Result<Tensor> {
-                    if let Some(c) = autocast_inputs(stringify!($name), [self])? {
-                        return c[0].$name();
-                    }
-                    let x = self.raw();
-                    let y = x.$name()?;
-                    maybe_record($bw, y.clone(), &[self], || {
-                        let sx = if $kx { Some(Saved::of($bw, self)?) } else { None };
-                        let sy = if $ky { Some(Saved::new($bw, &y)) } else { None };
-                        Ok(bw1(move |$g: &Raw| {
-                            let $x = match &sx {
-                                Some(s) => s.get()?.to_dtype($g.dtype())?,
-                                None => $g.clone(),
-                            };
-                            let $y = match &sy {
-                                Some(s) => s.get()?,
-                                None => $g.clone(),
-                            };
-                            let _ = (&$x, &$y);
-                            $grad
-                        }))
-                    })
-                }
-            )*
-        }
-    };
-}
-
-const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
-const GELU_C: f64 = 0.044_715;
-
-unary_methods! {
-    /// `-x`.
-    neg, "NegBackward0", [false, false], |g, x, y| Ok(g.neg()?);
-    /// `|x|`.
-    abs, "AbsBackward0", [true, false], |g, x, y| Ok(g.mul(&x.sign()?)?);
-    /// Sign of `x` (gradient zero).
-    sign, "SignBackward0", [false, false], |g, x, y| zeros_like(g);
-    /// `e^x`.
-    exp, "ExpBackward0", [false, true], |g, x, y| Ok(g.mul(&y)?);
-    /// Natural log.
-    log, "LogBackward0", [true, false], |g, x, y| Ok(g.div(&x)?);
-    /// `ln(1 + x)`.
-    log1p, "Log1PBackward0", [true, false], |g, x, y| Ok(g.div(&x.add(1.0)?)?);
-    /// Square root.
-    sqrt, "SqrtBackward0", [false, true], |g, x, y| Ok(g.div(&y.mul(2.0)?)?);
-    /// `1 / sqrt(x)`.
-    rsqrt, "RsqrtBackward0", [false, true], |g, x, y| Ok(g.mul(&y.pow(3.0)?.mul(-0.5)?)?);
-    /// Sine.
-    sin, "SinBackward0", [true, false], |g, x, y| Ok(g.mul(&x.cos()?)?);
-    /// Cosine.
-    cos, "CosBackward0", [true, false], |g, x, y| Ok(g.mul(&x.sin()?.neg()?)?);
-    /// Hyperbolic tangent.
-    tanh, "TanhBackward0", [false, true], |g, x, y| Ok(g.mul(&y.square()?.neg()?.add(1.0)?)?);
-    /// Logistic sigmoid.
-    sigmoid, "SigmoidBackward0", [false, true], |g, x, y| Ok(g.mul(&y.mul(&y.neg()?.add(1.0)?)?)?);
-    /// `1 / x`.
-    reciprocal, "ReciprocalBackward0", [false, true], |g, x, y| Ok(g.mul(&y.square()?.neg()?)?);
-    /// `max(x, 0)`.
-    relu, "ReluBackward0", [false, true], |g, x, y| Ok(g.threshold_backward(&y, 0.0)?);
-    /// Exact GELU: `gelu(Approximate::None)`.
-    #[doc(hidden)]
-    gelu_erf, "GeluBackward0", [true, true], |g, x, y| {
-        // Φ(x) = gelu(x) / x (½ at 0); φ(x) = e^(-x²/2) / √(2π).
-        let cdf = crate::raw::binary::r#where(&x.eq(0.0)?, 0.5, &y.div(&x)?)?;
-        let pdf = x.square()?.mul(-0.5)?.exp()?.mul(0.398_942_280_401_432_7)?;
-        Ok(g.mul(&cdf.add(&x.mul(&pdf)?)?)?)
-    };
-    /// GELU, tanh approximation: `gelu(Approximate::Tanh)`.
-    #[doc(hidden)]
-    gelu_tanh, "GeluBackward0", [true, false], |g, x, y| {
-        let x2 = x.square()?;
-        let u = x.mul(&x2.mul(GELU_C)?.add(1.0)?)?.mul(SQRT_2_OVER_PI)?;
-        let t = u.tanh()?;
-        let du = x2.mul(3.0 * GELU_C)?.add(1.0)?.mul(SQRT_2_OVER_PI)?;
-        let d = t.add(1.0)?.mul(0.5)?
-            .add(&x.mul(0.5)?.mul(&t.square()?.neg()?.add(1.0)?)?.mul(&du)?)?;
-        Ok(g.mul(&d)?)
-    };
-    /// `x * sigmoid(x)`.
-    silu, "SiluBackward0", [true, false], |g, x, y| {
-        let s = x.sigmoid()?;
-        Ok(g.mul(&s.mul(&x.mul(&s.neg()?.add(1.0)?)?.add(1.0)?)?)?)
-    };
-    /// `ln(1 + e^x)`, linear above 20.
-    softplus, "SoftplusBackward0", [true, false], |g, x, y| {
-        Ok(crate::raw::binary::r#where(&x.gt(20.0)?, g, &g.mul(&x.sigmoid()?)?)?)
-    };
 }
 
 /// The gradient of clamp: passes where `min <= x <= max` (not at NaN).
@@ -607,7 +317,6 @@ impl Tensor {
             Bin::Sub => d.sub_(raw_operand(&rhs, &hold))?,
             Bin::Mul => d.mul_(raw_operand(&rhs, &hold))?,
             Bin::Div => d.div_(raw_operand(&rhs, &hold))?,
-            _ => return Err(AutogradError::invalid(name, "no in-place form").into()),
         };
         if !rec {
             return Ok(self);
@@ -636,7 +345,6 @@ impl Tensor {
                         g.div(&b)?
                     }
                 }
-                _ => g.clone(),
             };
             let mut out = vec![self_grad.then_some(ga)];
             if other_grad {
@@ -647,7 +355,7 @@ impl Tensor {
                         Some(a) => g.mul(&a.get()?)?,
                         None => return Err(AutogradError::invalid(name, "lost operand").into()),
                     },
-                    _ => {
+                    Bin::Div => {
                         return Err(AutogradError::Inplace(format!(
                             "{name}: the gradient of an in-place division with respect to the divisor needs the old value; use div() instead"
                         )).into());

@@ -49,7 +49,7 @@ impl Tensor {
 
     /// A copy of `self` with `src` added at `index` along `dim`.
     pub fn scatter_add(&self, dim: impl Dim, index: &Tensor, src: &Tensor) -> Result<Tensor> {
-        if let Some(c) = autocast_inputs("scatter_add", [self, src])? {
+        if let Some(c) = autocast_inputs(&crate::op_table::scatter_add, [self, src])? {
             return c[0].scatter_add(dim, index, &c[1]);
         }
         let x = self.raw();

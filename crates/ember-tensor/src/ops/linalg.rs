@@ -78,34 +78,34 @@ fn matmul_grads(
 impl Tensor {
     /// Matrix product with PyTorch's rules (1-D, 2-D, batched with broadcast batch dims).
     pub fn matmul(&self, rhs: &Tensor) -> Result<Tensor> {
-        self.product("matmul", "MmBackward0", rhs, |a, b| a.matmul(b))
+        self.product(&crate::op_table::matmul, rhs, |a, b| a.matmul(b))
     }
 
     /// 2-D matrix product.
     pub fn mm(&self, rhs: &Tensor) -> Result<Tensor> {
-        self.product("mm", "MmBackward0", rhs, |a, b| a.mm(b))
+        self.product(&crate::op_table::mm, rhs, |a, b| a.mm(b))
     }
 
     /// Batched matrix product of two 3-D tensors.
     pub fn bmm(&self, rhs: &Tensor) -> Result<Tensor> {
-        self.product("bmm", "BmmBackward0", rhs, |a, b| a.bmm(b))
+        self.product(&crate::op_table::bmm, rhs, |a, b| a.bmm(b))
     }
 
     fn product(
         &self,
-        op: &'static str,
-        name: &'static str,
+        op: &'static crate::OpInfo,
         rhs: &Tensor,
         f: impl Fn(&Raw, &Raw) -> std::result::Result<Raw, crate::TensorError>,
     ) -> Result<Tensor> {
         if let Some(c) = autocast_inputs(op, [self, rhs])? {
-            return c[0].product(op, name, &c[1], f);
+            return c[0].product(op, &c[1], f);
         }
         let (a, b) = (self.raw(), rhs.raw());
         let y = f(&a, &b)?;
         if !needs_grad(&[self, rhs]) {
             return Ok(Tensor::wrap(y));
         }
+        let name = op.backward.unwrap_or(op.name);
         let need = (self.requires_grad(), rhs.requires_grad());
         // Each side's gradient needs the other side only.
         let sa = if need.1 {
@@ -144,7 +144,7 @@ impl Tensor {
         alpha: impl Into<Scalar>,
     ) -> Result<Tensor> {
         let (beta, alpha) = (beta.into(), alpha.into());
-        if let Some(c) = autocast_inputs("addmm", [self, m1, m2])? {
+        if let Some(c) = autocast_inputs(&crate::op_table::addmm, [self, m1, m2])? {
             return c[0].addmm_scaled(&c[1], &c[2], beta, alpha);
         }
         let one = |s: Scalar| s.to_f64() == 1.0;

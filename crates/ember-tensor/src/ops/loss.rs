@@ -79,7 +79,7 @@ impl Tensor {
     /// `torch.nn.functional.nll_loss` of log-probabilities (`[C]`, `[N, C]` or
     /// `[N, C, d...]`) at class indices `target` (the weight gets no gradient).
     pub fn nll_loss(&self, target: &Tensor, opts: &NllLossOptions<'_>) -> Result<Tensor> {
-        if let Some(c) = autocast_inputs("nll_loss", [self])? {
+        if let Some(c) = autocast_inputs(&crate::op_table::nll_loss, [self])? {
             return c[0].nll_loss(target, opts);
         }
         let x = self.raw();
@@ -129,7 +129,7 @@ impl Tensor {
     /// # Ok::<(), ember_tensor::Error>(())
     /// ```
     pub fn cross_entropy(&self, target: &Tensor, opts: &CrossEntropyOptions<'_>) -> Result<Tensor> {
-        if let Some(c) = autocast_inputs("cross_entropy", [self])? {
+        if let Some(c) = autocast_inputs(&crate::op_table::cross_entropy, [self])? {
             return c[0].cross_entropy(target, opts);
         }
         if target.dtype().is_float() || (self.rank() > 0 && self.dims() == target.dims()) {

@@ -13,6 +13,7 @@ mod nn;
 mod norm;
 mod reduce;
 mod select;
+pub mod table;
 mod untracked;
 mod view;
 

@@ -31,7 +31,10 @@ impl Tensor {
         bias: Option<&Tensor>,
         opts: &Conv2dOptions,
     ) -> Result<Tensor> {
-        if let Some(c) = autocast_inputs("conv2d", [self, weight].into_iter().chain(bias))? {
+        if let Some(c) = autocast_inputs(
+            &crate::op_table::conv2d,
+            [self, weight].into_iter().chain(bias),
+        )? {
             return c[0].conv2d(&c[1], c.get(2), opts);
         }
         let (x, wt) = (self.raw(), weight.raw());

@@ -60,7 +60,7 @@ impl Tensor {
     /// # Ok::<(), ember_tensor::Error>(())
     /// ```
     pub fn sum(&self, dims: impl ReduceDims) -> Result<Tensor> {
-        if let Some(c) = autocast_inputs("sum", [self])? {
+        if let Some(c) = autocast_inputs(&crate::op_table::sum, [self])? {
             return c[0].sum(dims);
         }
         let x = self.raw();
@@ -104,7 +104,7 @@ impl Tensor {
 
     /// Product over `dims`. The gradient is exact with zeros among the factors.
     pub fn prod(&self, dims: impl ReduceDims) -> Result<Tensor> {
-        if let Some(c) = autocast_inputs("prod", [self])? {
+        if let Some(c) = autocast_inputs(&crate::op_table::prod, [self])? {
             return c[0].prod(dims);
         }
         let keepdim = dims.keepdim();
@@ -332,7 +332,7 @@ impl Tensor {
 
     /// `log Σ exp` over `dims`.
     pub fn logsumexp(&self, dims: impl ReduceDims) -> Result<Tensor> {
-        if let Some(c) = autocast_inputs("logsumexp", [self])? {
+        if let Some(c) = autocast_inputs(&crate::op_table::logsumexp, [self])? {
             return c[0].logsumexp(dims);
         }
         let x = self.raw();
@@ -355,7 +355,7 @@ impl Tensor {
 
     /// p-norm over `dims` (p > 0; at a zero norm the gradient is 0, as PyTorch).
     pub fn norm(&self, p: f64, dims: impl ReduceDims) -> Result<Tensor> {
-        if let Some(c) = autocast_inputs("norm", [self])? {
+        if let Some(c) = autocast_inputs(&crate::op_table::norm, [self])? {
             return c[0].norm(p, dims);
         }
         let x = self.raw();
@@ -397,7 +397,7 @@ impl Tensor {
 
     /// Softmax along `dim`.
     pub fn softmax(&self, dim: impl Dim) -> Result<Tensor> {
-        if let Some(c) = autocast_inputs("softmax", [self])? {
+        if let Some(c) = autocast_inputs(&crate::op_table::softmax, [self])? {
             return c[0].softmax(dim);
         }
         let x = self.raw();
@@ -415,7 +415,7 @@ impl Tensor {
 
     /// Log-softmax along `dim`.
     pub fn log_softmax(&self, dim: impl Dim) -> Result<Tensor> {
-        if let Some(c) = autocast_inputs("log_softmax", [self])? {
+        if let Some(c) = autocast_inputs(&crate::op_table::log_softmax, [self])? {
             return c[0].log_softmax(dim);
         }
         let x = self.raw();

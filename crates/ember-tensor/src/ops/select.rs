@@ -26,7 +26,7 @@ pub fn r#where<'a, 'b>(
 ) -> Result<Tensor> {
     let (t, f) = (on_true.into(), on_false.into());
     if let (Operand::Tensor(a), Operand::Tensor(b)) = (t, f)
-        && let Some(c) = autocast_inputs("where", [a, b])?
+        && let Some(c) = autocast_inputs(&crate::op_table::r#where, [a, b])?
     {
         return r#where(cond, &c[0], &c[1]);
     }

@@ -251,7 +251,7 @@ impl Tensor {
 
     /// Concatenates along `dim` (all same device and rank; promoted dtype).
     pub fn cat(tensors: &[&Tensor], dim: impl Dim) -> Result<Tensor> {
-        if let Some(c) = autocast_inputs("cat", tensors.iter().copied())? {
+        if let Some(c) = autocast_inputs(&crate::op_table::cat, tensors.iter().copied())? {
             return Tensor::cat(&c.iter().collect::<Vec<_>>(), dim);
         }
         let raws: Vec<Raw> = tensors.iter().map(|t| t.raw()).collect();
@@ -292,7 +292,7 @@ impl Tensor {
 
     /// Stacks along a new dim.
     pub fn stack(tensors: &[&Tensor], dim: impl Dim) -> Result<Tensor> {
-        if let Some(c) = autocast_inputs("stack", tensors.iter().copied())? {
+        if let Some(c) = autocast_inputs(&crate::op_table::stack, tensors.iter().copied())? {
             return Tensor::stack(&c.iter().collect::<Vec<_>>(), dim);
         }
         let rank = tensors.first().map(|t| t.rank()).unwrap_or(0);

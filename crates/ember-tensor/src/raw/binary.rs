@@ -65,15 +65,29 @@ impl RawTensor {
         })
     }
 
-    fn binary_op<O: BinaryOpT>(&self, rhs: RawOperand<'_>) -> Result<RawTensor> {
-        let _op = crate::profile::op(O::NAME, &[self.as_input(), (&rhs).into()]);
+    /// The dispatch of a binary op of the op table (`ops/table.rs`), named `name`:
+    /// promotion, the refusals of its kernel `O`, broadcasting, then the CPU or CUDA
+    /// kernel.
+    pub(crate) fn binary_op<O: BinaryOpT>(
+        &self,
+        name: &'static str,
+        rhs: RawOperand<'_>,
+    ) -> Result<RawTensor> {
+        let _op = crate::profile::op(name, &[self.as_input(), (&rhs).into()]);
         let mut dtype = result_type(&[Promo::Tensor(self.dtype(), self.rank()), promo(&rhs)]);
         if O::FLOAT_ONLY && !dtype.is_float() {
             dtype = DType::F32;
         }
+        let scalar = match rhs {
+            RawOperand::Scalar(s) => Some(s),
+            RawOperand::Tensor(_) => None,
+        };
+        if let Some(e) = O::refuse(name, self.dtype(), dtype, scalar) {
+            return Err(e);
+        }
         if dtype == DType::Bool && !O::BOOL_OK {
             return Err(TensorError::UnsupportedDType {
-                op: O::NAME,
+                op: name,
                 dtype,
                 hint: "use logical_xor() for bool subtraction, or cast to an integer dtype",
             });
@@ -87,7 +101,9 @@ impl RawTensor {
         {
             same_device(&[self, b])?;
             let (la, lb) = (self.layout(), b.layout());
-            let s = read_many(&[self.cell(), b.cell()], |s| s[0].binary::<O>(la, s[1], lb))?;
+            let s = read_many(&[self.cell(), b.cell()], |s| {
+                s[0].binary::<O>(name, la, s[1], lb)
+            })?;
             return Ok(RawTensor::from_storage(s, self.shape()));
         }
         let Prepared2 {
@@ -96,70 +112,11 @@ impl RawTensor {
             b,
             lb,
             shape,
-        } = self.prepare2(O::NAME, rhs, dtype)?;
-        let s = read_many(&[a.cell(), b.cell()], |s| s[0].binary::<O>(&la, s[1], &lb))?;
+        } = self.prepare2(name, rhs, dtype)?;
+        let s = read_many(&[a.cell(), b.cell()], |s| {
+            s[0].binary::<O>(name, &la, s[1], &lb)
+        })?;
         Ok(RawTensor::from_storage(s, shape))
-    }
-
-    /// `self + rhs`.
-    ///
-    /// ```
-    /// use ember_tensor::{DType, Tensor};
-    /// let a = Tensor::arange(0, 3, ())?;          // i64
-    /// let b = Tensor::ones([2, 1], DType::F16)?;
-    /// let c = a.add(&b)?;                          // broadcast to [2, 3], promoted to f16
-    /// assert_eq!((c.dims(), c.dtype()), (vec![2usize, 3], DType::F16));
-    /// assert_eq!(a.add(0.5)?.dtype(), DType::F32);  // int tensor + float scalar
-    /// # Ok::<(), ember_tensor::Error>(())
-    /// ```
-    pub fn add<'a>(&self, rhs: impl Into<RawOperand<'a>>) -> Result<RawTensor> {
-        self.binary_op::<op::Add>(rhs.into())
-    }
-
-    /// `self - rhs`.
-    pub fn sub<'a>(&self, rhs: impl Into<RawOperand<'a>>) -> Result<RawTensor> {
-        self.binary_op::<op::Sub>(rhs.into())
-    }
-
-    /// `self * rhs`.
-    pub fn mul<'a>(&self, rhs: impl Into<RawOperand<'a>>) -> Result<RawTensor> {
-        self.binary_op::<op::Mul>(rhs.into())
-    }
-
-    /// True division `self / rhs`: integer operands give f32, as PyTorch.
-    pub fn div<'a>(&self, rhs: impl Into<RawOperand<'a>>) -> Result<RawTensor> {
-        self.binary_op::<op::Div>(rhs.into())
-    }
-
-    /// `self ** rhs` (integer powers of integers stay integers). An integer tensor to a
-    /// negative integer number is an error, as in PyTorch ("Integers to negative integer
-    /// powers are not allowed."); negative elements of an integer exponent *tensor* give 0
-    /// except for bases 1 and -1, as PyTorch's kernel.
-    pub fn pow<'a>(&self, rhs: impl Into<RawOperand<'a>>) -> Result<RawTensor> {
-        let rhs = rhs.into();
-        if let RawOperand::Scalar(Scalar::Int(e)) = rhs
-            && e < 0
-            && !self.dtype().is_float()
-        {
-            return Err(TensorError::invalid(
-                "pow",
-                format!(
-                    "Integers to negative integer powers are not allowed (a {} tensor to the power {e})",
-                    self.dtype()
-                ),
-            ));
-        }
-        self.binary_op::<op::Pow>(rhs)
-    }
-
-    /// Elementwise maximum (NaN propagates).
-    pub fn maximum<'a>(&self, rhs: impl Into<RawOperand<'a>>) -> Result<RawTensor> {
-        self.binary_op::<op::Maximum>(rhs.into())
-    }
-
-    /// Elementwise minimum (NaN propagates).
-    pub fn minimum<'a>(&self, rhs: impl Into<RawOperand<'a>>) -> Result<RawTensor> {
-        self.binary_op::<op::Minimum>(rhs.into())
     }
 
     fn cmp_op(&self, op: CmpOp, rhs: RawOperand<'_>) -> Result<RawTensor> {
@@ -206,8 +163,12 @@ impl RawTensor {
         self.cmp_op(CmpOp::Ge, rhs.into())
     }
 
-    fn logical_op<O: BinaryOpT>(&self, rhs: RawOperand<'_>) -> Result<RawTensor> {
-        let _op = crate::profile::op(O::NAME, &[self.as_input(), (&rhs).into()]);
+    fn logical_op<O: BinaryOpT>(
+        &self,
+        name: &'static str,
+        rhs: RawOperand<'_>,
+    ) -> Result<RawTensor> {
+        let _op = crate::profile::op(name, &[self.as_input(), (&rhs).into()]);
         let rhs = match rhs {
             RawOperand::Scalar(s) => RawOperand::Scalar(Scalar::Bool(s.to_f64() != 0.0)),
             t => t,
@@ -218,24 +179,26 @@ impl RawTensor {
             b,
             lb,
             shape,
-        } = self.prepare2(O::NAME, rhs, DType::Bool)?;
-        let s = read_many(&[a.cell(), b.cell()], |s| s[0].binary::<O>(&la, s[1], &lb))?;
+        } = self.prepare2(name, rhs, DType::Bool)?;
+        let s = read_many(&[a.cell(), b.cell()], |s| {
+            s[0].binary::<O>(name, &la, s[1], &lb)
+        })?;
         Ok(RawTensor::from_storage(s, shape))
     }
 
     /// Elementwise `self && rhs` on truthiness (non-zero), as bool.
     pub fn logical_and<'a>(&self, rhs: impl Into<RawOperand<'a>>) -> Result<RawTensor> {
-        self.logical_op::<op::LogicalAnd>(rhs.into())
+        self.logical_op::<op::LogicalAnd>("logical_and", rhs.into())
     }
 
     /// Elementwise `self || rhs` on truthiness, as bool.
     pub fn logical_or<'a>(&self, rhs: impl Into<RawOperand<'a>>) -> Result<RawTensor> {
-        self.logical_op::<op::LogicalOr>(rhs.into())
+        self.logical_op::<op::LogicalOr>("logical_or", rhs.into())
     }
 
     /// Elementwise `self xor rhs` on truthiness, as bool.
     pub fn logical_xor<'a>(&self, rhs: impl Into<RawOperand<'a>>) -> Result<RawTensor> {
-        self.logical_op::<op::LogicalXor>(rhs.into())
+        self.logical_op::<op::LogicalXor>("logical_xor", rhs.into())
     }
 
     /// Elementwise `!self` on truthiness, as bool.

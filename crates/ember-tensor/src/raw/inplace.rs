@@ -79,9 +79,14 @@ impl RawTensor {
         Ok(self)
     }
 
-    fn binary_<O: BinaryOpT>(&self, rhs: RawOperand<'_>) -> Result<&RawTensor> {
-        let _op = crate::profile::op(O::INPLACE_NAME, &[self.as_input(), (&rhs).into()]);
-        self.writable(O::NAME)?;
+    /// The in-place form `{name}_` of binary op `name` with kernel `O`.
+    fn binary_<O: BinaryOpT>(
+        &self,
+        (name, inplace_name): (&'static str, &'static str),
+        rhs: RawOperand<'_>,
+    ) -> Result<&RawTensor> {
+        let _op = crate::profile::op(inplace_name, &[self.as_input(), (&rhs).into()]);
+        self.writable(name)?;
         let dt = self.dtype();
         let promo = match rhs {
             RawOperand::Tensor(t) => Promo::Tensor(t.dtype(), t.rank()),
@@ -93,7 +98,7 @@ impl RawTensor {
         }
         if !can_cast(result, dt) || (dt == DType::Bool && !O::BOOL_OK) {
             return Err(TensorError::InPlaceDType {
-                op: O::NAME,
+                op: name,
                 result,
                 output: dt,
             });
@@ -102,31 +107,31 @@ impl RawTensor {
             RawOperand::Tensor(t) => t.clone(),
             RawOperand::Scalar(s) => RawTensor::scalar_of(s, dt, self.device())?,
         };
-        let s = self.inplace_source(O::NAME, &src, dt)?;
+        let s = self.inplace_source(name, &src, dt)?;
         write_read(self.cell(), s.cell(), |d, sv| {
-            d.binary_inplace::<O>(self.layout(), sv, s.layout())
+            d.binary_inplace::<O>(name, self.layout(), sv, s.layout())
         })?;
         Ok(self)
     }
 
     /// `self += rhs` in place.
     pub fn add_<'a>(&self, rhs: impl Into<RawOperand<'a>>) -> Result<&RawTensor> {
-        self.binary_::<op::Add>(rhs.into())
+        self.binary_::<op::Add>(("add", "add_"), rhs.into())
     }
 
     /// `self -= rhs` in place.
     pub fn sub_<'a>(&self, rhs: impl Into<RawOperand<'a>>) -> Result<&RawTensor> {
-        self.binary_::<op::Sub>(rhs.into())
+        self.binary_::<op::Sub>(("sub", "sub_"), rhs.into())
     }
 
     /// `self *= rhs` in place.
     pub fn mul_<'a>(&self, rhs: impl Into<RawOperand<'a>>) -> Result<&RawTensor> {
-        self.binary_::<op::Mul>(rhs.into())
+        self.binary_::<op::Mul>(("mul", "mul_"), rhs.into())
     }
 
     /// `self /= rhs` in place (floating tensors only, as true division).
     pub fn div_<'a>(&self, rhs: impl Into<RawOperand<'a>>) -> Result<&RawTensor> {
-        self.binary_::<op::Div>(rhs.into())
+        self.binary_::<op::Div>(("div", "div_"), rhs.into())
     }
 
     /// `self += value * t1 * t2` in place (`torch.Tensor.addcmul_`), `t1` and `t2`

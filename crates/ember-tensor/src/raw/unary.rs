@@ -2,77 +2,25 @@
 
 use crate::dtype::{DType, Operand as Promo, result_type};
 use crate::error::{Result, TensorError};
-use crate::op::{self, UnaryOpT, unary_compute_dtype};
+use crate::op::{UnaryOpT, unary_compute_dtype};
 use crate::raw::RawTensor;
 use crate::scalar::ClampBound;
 
 impl RawTensor {
-    fn unary_op<O: UnaryOpT>(&self) -> Result<RawTensor> {
-        let _op = crate::profile::op1(O::NAME, self);
+    /// The dispatch of a unary op of the op table (`ops/table.rs`), named `name`: the
+    /// dtype rule of its kernel `O`, then the CPU or CUDA kernel.
+    pub(crate) fn unary_op<O: UnaryOpT>(&self, name: &'static str) -> Result<RawTensor> {
+        let _op = crate::profile::op1(name, self);
         let dtype =
             unary_compute_dtype(O::KIND, self.dtype()).ok_or(TensorError::UnsupportedDType {
-                op: O::NAME,
+                op: name,
                 dtype: self.dtype(),
                 hint: "",
             })?;
         let x = self.to_dtype(dtype)?;
-        let s = x.with_storage(|s, l| s.unary::<O>(l))?;
+        let s = x.with_storage(|s, l| s.unary::<O>(name, l))?;
         Ok(RawTensor::from_storage(s, self.shape()))
     }
-}
-
-macro_rules! unary_methods {
-    ($($(#[$doc:meta])* $name:ident => $op:ty;)*) => {
-        impl RawTensor {
-            $(
-                $(#[$doc])*
-                pub fn $name(&self) -> Result<RawTensor> {
-                    self.unary_op::<$op>()
-                }
-            )*
-        }
-    };
-}
-
-unary_methods! {
-    /// `-x` (not for bool).
-    neg => op::Neg;
-    /// `|x|` (not for bool).
-    abs => op::Abs;
-    /// -1, 0 or 1 by the sign of `x` (NaN stays NaN).
-    sign => op::Sign;
-    /// `e^x` (integers compute in f32).
-    exp => op::Exp;
-    /// Natural log (integers compute in f32).
-    log => op::Log;
-    /// `ln(1 + x)`, accurate near 0.
-    log1p => op::Log1p;
-    /// Square root.
-    sqrt => op::Sqrt;
-    /// `1 / sqrt(x)`.
-    rsqrt => op::Rsqrt;
-    /// Sine.
-    sin => op::Sin;
-    /// Cosine.
-    cos => op::Cos;
-    /// Hyperbolic tangent.
-    tanh => op::Tanh;
-    /// `1 / (1 + e^-x)`.
-    sigmoid => op::Sigmoid;
-    /// `1 / x`.
-    reciprocal => op::Reciprocal;
-    /// `max(x, 0)`; NaN stays NaN.
-    relu => op::Relu;
-    /// Exact GELU, `x/2 (1 + erf(x / sqrt 2))`: `gelu(Approximate::None)`.
-    #[doc(hidden)]
-    gelu_erf => op::GeluErf;
-    /// GELU with the tanh approximation: `gelu(Approximate::Tanh)`.
-    #[doc(hidden)]
-    gelu_tanh => op::GeluTanh;
-    /// `x * sigmoid(x)` (floating dtypes only).
-    silu => op::Silu;
-    /// `ln(1 + e^x)`, linear above 20 (PyTorch's defaults `beta=1, threshold=20`).
-    softplus => op::Softplus;
 }
 
 /// GELU's `approximate` argument (PyTorch's `'none'` and `'tanh'`); `()` means `None`.

@@ -31,6 +31,7 @@
 //   badd, bmul, bmaximum, bminimum   every dtype (bool: or, and, or, and)
 //   bsub, bpow                       f32 f64 f16 bf16 i64 i32 u8
 //   bdiv                             f32 f64 f16 bf16 (true division; the host promotes ints)
+//   blogaddexp                       f32 f64 f16 bf16 (the host refuses other dtypes)
 //   bland, blor, blxor               bool (the host casts operands to bool)
 //
 // Integers wrap. Integer pow is PyTorch's: wrapping; a negative exponent gives 0 unless the
@@ -116,6 +117,16 @@ struct BMinimum {
     template <typename I>
     __device__ __forceinline__ static I f(I a, I b) {
         return b < a ? b : a;
+    }
+};
+// PyTorch's logaddexp: max + log1p(exp(-|a - b|)), and a itself where both are the same
+// infinity (logaddexp(-inf, -inf) = -inf, not NaN).
+struct BLogAddExp {
+    __device__ __forceinline__ static float f(float a, float b) {
+        return (a == b && fabsf(a) == INFINITY) ? a : fmaxf(a, b) + log1pf(expf(-fabsf(a - b)));
+    }
+    __device__ __forceinline__ static double f(double a, double b) {
+        return (a == b && fabs(a) == INFINITY) ? a : fmax(a, b) + log1p(exp(-fabs(a - b)));
     }
 };
 struct BLand {
@@ -252,6 +263,7 @@ EMBER_BINARY_FLOATS(bdiv, ember::BDiv)
 EMBER_BINARY_NUMERIC(bpow, ember::BPow)
 EMBER_BINARY_ALL(bmaximum, ember::BMaximum)
 EMBER_BINARY_ALL(bminimum, ember::BMinimum)
+EMBER_BINARY_FLOATS(blogaddexp, ember::BLogAddExp)
 EMBER_BINARY(bland, ember::BLand, bool, bool)
 EMBER_BINARY(blor, ember::BLor, bool, bool)
 EMBER_BINARY(blxor, ember::BLxor, bool, bool)

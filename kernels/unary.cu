@@ -20,7 +20,7 @@
 //   usign                           the same and bool (identity); float sign(±0) = ±0, sign(NaN) = NaN
 //   uexp ulog ulog1p usqrt ursqrt   f32 f64 f16 bf16 (integer inputs are cast to f32 by the host)
 //   usin ucos utanh usigmoid ureciprocal
-//   usilu usoftplus ugelu_tanh ugelu_erf   f32 f64 f16 bf16
+//   usilu usoftplus ugelu_tanh ugelu_erf uhardswish   f32 f64 f16 bf16
 //
 // Floats use CUDA's accurate math functions (not the fast intrinsics); results agree with the
 // CPU backend within a few ulps (the CPU's f32 exp is its own polynomial, erf its own series).
@@ -88,6 +88,9 @@ EMBER_UNARY_FLOAT_OP(UTanh, tanhf(x), tanh(x))
 EMBER_UNARY_FLOAT_OP(USigmoid, 1.0f / (1.0f + expf(-x)), 1.0 / (1.0 + exp(-x)))
 EMBER_UNARY_FLOAT_OP(UReciprocal, 1.0f / x, 1.0 / x)
 EMBER_UNARY_FLOAT_OP(USilu, x / (1.0f + expf(-x)), x / (1.0 + exp(-x)))
+// PyTorch's hardswish: x * relu6(x + 3) / 6.
+EMBER_UNARY_FLOAT_OP(UHardswish, x * fminf(fmaxf(x + 3.0f, 0.0f), 6.0f) / 6.0f,
+                     x * fmin(fmax(x + 3.0, 0.0), 6.0) / 6.0)
 // PyTorch's softplus with beta = 1, threshold = 20.
 EMBER_UNARY_FLOAT_OP(USoftplus, x > 20.0f ? x : log1pf(expf(x)), x > 20.0 ? x : log1p(exp(x)))
 // sqrt(2/pi) = 0.7978845608028654.
@@ -170,3 +173,4 @@ EMBER_UNARY_FLOATS(usilu, ember::USilu)
 EMBER_UNARY_FLOATS(usoftplus, ember::USoftplus)
 EMBER_UNARY_FLOATS(ugelu_tanh, ember::UGeluTanh)
 EMBER_UNARY_FLOATS(ugelu_erf, ember::UGeluErf)
+EMBER_UNARY_FLOATS(uhardswish, ember::UHardswish)

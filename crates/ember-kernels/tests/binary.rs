@@ -113,6 +113,24 @@ fn float_binary<T: Dt>() {
         let want = T::from_f64(a.to_f64().powf(b.to_f64())).to_f64();
         is_close(y.to_f64(), want, 2.0 * T::TOL, T::TOL * 1e-3)
     });
+    // logaddexp: library exp and log1p on both sides, so within tolerance.
+    let xa = values::<T>(&mut rng, 300, 30.0, true);
+    let xb = values::<T>(&mut rng, 200, 30.0, true);
+    run_binary::<T, T>(
+        &format!("blogaddexp_{}", T::SUFFIX),
+        &xa,
+        &xb,
+        &|a, b, y| {
+            let (a, b) = (a.to_f64(), b.to_f64());
+            let want = if a == b && a.is_infinite() {
+                a // the same infinity twice: itself, not NaN
+            } else {
+                a.max(b) + (-(a - b).abs()).exp().ln_1p()
+            };
+            let (y, want) = (y.to_f64(), T::from_f64(want).to_f64());
+            y == want || is_close(y, want, 2.0 * T::TOL, T::TOL * 1e-3)
+        },
+    );
 }
 
 #[test]

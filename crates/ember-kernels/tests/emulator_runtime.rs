@@ -346,6 +346,8 @@ fn every_kernel_family_is_registered() {
             "usoftplus",
             "ugelu_tanh",
             "ugelu_erf",
+            "uhardswish",
+            "blogaddexp",
             "softmax",
             "log_softmax",
         ] {

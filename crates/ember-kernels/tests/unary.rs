@@ -45,6 +45,7 @@ const FLOAT_OPS: &[(&str, fn(f64) -> f64, f32)] = &[
     ("usoftplus", reference::softplus, 30.0),
     ("ugelu_tanh", reference::gelu_tanh, 6.0),
     ("ugelu_erf", reference::gelu_erf, 6.0),
+    ("uhardswish", |x| x * (x + 3.0).clamp(0.0, 6.0) / 6.0, 6.0),
 ];
 
 /// Runs `{name}_{T}` over every layout of `common::layouts` with inputs from `gen`, and

@@ -219,6 +219,8 @@ unary_op!(Tanh, "utanh", Float, x => x.tanh());
 unary_op!(Sigmoid, "usigmoid", Float, x => 1.0 / (1.0 + (-x).fast_exp()));
 unary_op!(Reciprocal, "ureciprocal", Float, x => 1.0 / x);
 unary_op!(Silu, "usilu", FloatOnly, x => x / (1.0 + (-x).fast_exp()));
+// PyTorch's hardswish: `x · relu6(x + 3) / 6`.
+unary_op!(Hardswish, "uhardswish", FloatOnly, x => x * (x + 3.0).clamp(0.0, 6.0) / 6.0);
 // PyTorch's softplus with beta = 1, threshold = 20.
 unary_op!(Softplus, "usoftplus", FloatOnly, x => if x > 20.0 { x } else { x.fast_exp().ln_1p() });
 
@@ -344,6 +346,13 @@ refuse: |op, lhs, _result, rhs| match rhs {
     ))),
     _ => None,
 });
+// PyTorch's logaddexp: `max + log1p(exp(-|a - b|))`, and `a` itself where both are the same
+// infinity (so `logaddexp(-inf, -inf)` is `-inf`, not NaN). Floating dtypes only.
+binary_op!(LogAddExp, "blogaddexp", bool_ok: false, a, b =>
+    float: if a.is_infinite() && a == b { a } else { a.max(b) + (-(a - b).abs()).fast_exp().ln_1p() },
+    int: a.max(b), u8: a.max(b),
+    refuse: |op, _lhs, result, _rhs| (!result.is_float())
+        .then_some(TensorError::UnsupportedDType { op, dtype: result, hint: "" }));
 binary_op!(Maximum, "bmaximum", bool_ok: true, a, b =>
     float: if a.is_nan() { a } else if b.is_nan() || b > a { b } else { a }, int: a.max(b), u8: a.max(b), bool: a | b);
 binary_op!(Minimum, "bminimum", bool_ok: true, a, b =>

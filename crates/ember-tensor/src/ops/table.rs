@@ -265,6 +265,13 @@ unary_ops! {
     /// `ln(1 + e^x)`, linear above 20 (PyTorch's defaults `beta=1, threshold=20`).
     softplus => op::Softplus, "SoftplusBackward0", autocast: Fp32, saves(x)
         |g, x, y| Ok(select(&x.gt(20.0)?, g, &g.mul(&x.sigmoid()?)?)?);
+    /// `x · relu6(x + 3) / 6` (`torch.nn.functional.hardswish`; floating dtypes only).
+    hardswish => op::Hardswish, "HardswishBackward0", autocast: None, saves(x) |g, x, y| {
+        // PyTorch's hardswish_backward: 0 up to -3, x/3 + 1/2 below 3, 1 from 3 on.
+        let mid = x.div(3.0)?.add(0.5)?;
+        let d = select(&x.le(-3.0)?, 0.0, &select(&x.lt(3.0)?, &mid, 1.0)?)?;
+        Ok(g.mul(&d)?)
+    };
 }
 
 // --- the binary elementwise ops -----------------------------------------------------------
@@ -320,6 +327,11 @@ binary_ops! {
     minimum => op::Minimum, "MinimumBackward0", autocast: Promote,
         lhs: saves(a, b) |g, a, b, y| winner_grad(g, &a.lt(b)?, &a.eq(b)?),
         rhs: saves(a, b) |g, a, b, y| winner_grad(g, &b.lt(a)?, &a.eq(b)?);
+    /// `log(e^self + e^rhs)` without overflow (`torch.logaddexp`; floating dtypes only).
+    logaddexp => op::LogAddExp, "LogaddexpBackward0", autocast: None,
+        // PyTorch's derivatives.yaml: grad / (1 + exp(other - self)), and symmetrically.
+        lhs: saves(a, b) |g, a, b, y| Ok(g.div(&b.sub(a)?.exp()?.add(1.0)?)?),
+        rhs: saves(a, b) |g, a, b, y| Ok(g.div(&a.sub(b)?.exp()?.add(1.0)?)?);
 }
 
 /// The gradient of `maximum`/`minimum` for one input: all of `g` where it won, half where

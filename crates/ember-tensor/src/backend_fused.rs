@@ -15,16 +15,8 @@ use crate::cpu::attention::AttnOptions;
 use crate::cuda::{self, CudaStorage};
 use crate::error::Result;
 use crate::layout::Layout;
+use crate::params::{BnBackward, BnGrads, BnStats, CrossEntropyParams};
 use crate::storage::{CpuStorage, Storage};
-
-/// The options of the fused cross-entropy kernels.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub(crate) struct CrossEntropyParams {
-    /// Rows whose target equals this contribute nothing.
-    pub ignore_index: i64,
-    /// Label smoothing ε in `[0, 1]`.
-    pub smoothing: f64,
-}
 
 /// `other` as a host storage, or the device-mismatch error against `first`.
 fn on_cpu<'a>(first: &Storage, other: &'a Storage) -> Result<&'a CpuStorage> {
@@ -158,29 +150,6 @@ impl<'a> CeOperands<'a> {
         }
     }
 }
-
-/// Per-channel statistics as the batch-norm kernels read them: `mean` and `v` (`[C]`,
-/// compute dtype), `v` an inverse standard deviation, or a variance (`is_var`, eval mode's
-/// running variance) to which `eps` is added before `1 / sqrt`.
-pub(crate) struct BnStats<'a, S> {
-    pub mean: &'a S,
-    pub v: &'a S,
-    pub is_var: bool,
-    pub eps: f64,
-}
-
-/// What a batch-norm backward computes: the input gradient (`need_input`) and the
-/// per-channel sums `Σ dy`, `Σ dy·x̂` (`sums`, or whenever `training`: the input gradient of
-/// batch statistics needs them).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct BnBackward {
-    pub training: bool,
-    pub sums: bool,
-    pub need_input: bool,
-}
-
-/// The backward's results: the input gradient and `(Σ dy, Σ dy·x̂)`, as asked.
-pub(crate) type BnGrads<S = Storage> = (Option<S>, Option<(S, S)>);
 
 impl Storage {
     /// Batch statistics of contiguous `[N, C, S]` `self`: per channel the mean and the

@@ -9,9 +9,10 @@
 //! one kernel writing the scores' gradient once. The autograd layer records the pair as one
 //! op (Note [Cross-entropy backward] in `ember-autograd`).
 
-use crate::backend_fused::{CeBackward, CeOperands, CrossEntropyParams};
+use crate::backend_fused::{CeBackward, CeOperands};
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
+use crate::params::CrossEntropyParams;
 use crate::raw::{RawTensor, same_device};
 use crate::storage::{Storage, read_many};
 

@@ -15,45 +15,9 @@ use crate::cuda::{CudaStorage, OptimRow, optim_step};
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
 use crate::layout::Layout;
+use crate::params::{FusedAdamOptions, FusedSgdOptions};
 use crate::raw::{RawTensor, same_device};
 use crate::storage::{CpuStorage, Storage, StorageCell, write_many_read_many};
-
-/// The hyperparameters of [`Tensor::fused_sgd_`] (`torch.optim.SGD`'s).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct FusedSgdOptions {
-    /// Learning rate.
-    pub lr: f64,
-    /// Momentum factor (0: no momentum buffers).
-    pub momentum: f64,
-    /// Dampening for momentum.
-    pub dampening: f64,
-    /// L2 penalty added to the gradient.
-    pub weight_decay: f64,
-    /// Nesterov momentum.
-    pub nesterov: bool,
-    /// Maximize the objective (the gradient's sign flipped).
-    pub maximize: bool,
-}
-
-/// The hyperparameters of [`Tensor::fused_adam_`] (`torch.optim.Adam`'s and `AdamW`'s).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct FusedAdamOptions {
-    /// Learning rate.
-    pub lr: f64,
-    /// Coefficients of the running averages of the gradient and its square.
-    pub betas: (f64, f64),
-    /// Added to the denominator.
-    pub eps: f64,
-    /// Weight decay: an L2 term in the gradient, or with `decoupled_weight_decay` (AdamW)
-    /// `p *= 1 - lr * weight_decay` before the update.
-    pub weight_decay: f64,
-    /// AMSGrad (the `max_exp_avg_sqs` are used).
-    pub amsgrad: bool,
-    /// Maximize the objective.
-    pub maximize: bool,
-    /// AdamW's decoupled weight decay.
-    pub decoupled_weight_decay: bool,
-}
 
 fn addr(c: &Arc<StorageCell>) -> usize {
     Arc::as_ptr(c) as usize

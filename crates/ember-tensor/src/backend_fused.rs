@@ -18,6 +18,28 @@ use crate::layout::Layout;
 use crate::params::{BnBackward, BnGrads, BnStats, CrossEntropyParams};
 use crate::storage::{CpuStorage, Storage};
 
+impl Storage {
+    /// The `mean` reduction of a cross-entropy in one launch where there is a kernel for it
+    /// (CUDA, up to `CE_MEAN_MAX_ROWS` rows): `(Σ loss / Σ w, Σ w)` over the `rows` per-row
+    /// losses and target weights of [`CeOperands::cross_entropy_fwd`], as one-element
+    /// storages; `None` elsewhere, and the front composes it from reductions.
+    pub(crate) fn cross_entropy_mean(
+        loss: &Storage,
+        w: &Storage,
+        rows: usize,
+    ) -> Result<Option<(Storage, Storage)>> {
+        match (loss, w) {
+            (Storage::Cuda(l), Storage::Cuda(ws))
+                if (1..=cuda::CE_MEAN_MAX_ROWS).contains(&rows) =>
+            {
+                let (m, t) = cuda::cross_entropy_mean(l, ws, rows)?;
+                Ok(Some((Storage::Cuda(m), Storage::Cuda(t))))
+            }
+            _ => Ok(None),
+        }
+    }
+}
+
 /// `other` as a host storage, or the device-mismatch error against `first`.
 fn on_cpu<'a>(first: &Storage, other: &'a Storage) -> Result<&'a CpuStorage> {
     match other {

@@ -169,20 +169,14 @@ fn on_cuda<'a>(
     op: &'static str,
     t: Option<(&'a Storage, &'a Layout)>,
 ) -> Result<Option<(&'a CudaStorage, &'a Layout)>> {
-    match t {
-        Some((Storage::Cuda(c), l)) => Ok(Some((c, l))),
-        Some((other, _)) => Err(wrong_storage(op, other)),
-        None => Ok(None),
-    }
+    t.map(|(s, l)| Ok((s.as_cuda().ok_or_else(|| wrong_device(op, s.device()))?, l)))
+        .transpose()
 }
 
-fn wrong_storage(op: &'static str, s: &Storage) -> TensorError {
+fn wrong_device(op: &'static str, device: Device) -> TensorError {
     TensorError::invalid(
         op,
-        format!(
-            "expected every storage on one device, found one on {}",
-            s.device()
-        ),
+        format!("expected every storage on one device, found one on {device}"),
     )
 }
 
@@ -196,10 +190,7 @@ fn run_cpu<U: cpu_optim::Update>(
     update: &U,
 ) -> Result<()> {
     fn host<'a>(op: &'static str, s: &'a Storage) -> Result<&'a CpuStorage> {
-        match s {
-            Storage::Cpu(c) => Ok(c),
-            other => Err(wrong_storage(op, other)),
-        }
+        s.as_cpu().ok_or_else(|| wrong_device(op, s.device()))
     }
     locked(tensors, states, |rows| {
         let mut out = Vec::with_capacity(rows.len());
@@ -210,8 +201,13 @@ fn run_cpu<U: cpu_optim::Update>(
             let mut written = Vec::with_capacity(row.written.len());
             for w in row.written {
                 written.push(match w {
-                    Some((Storage::Cpu(c), l)) => Some((c, l)),
-                    Some((other, _)) => return Err(wrong_storage(op, other)),
+                    Some((s, l)) => {
+                        let device = s.device();
+                        match s.as_cpu_mut() {
+                            Some(c) => Some((c, l)),
+                            None => return Err(wrong_device(op, device)),
+                        }
+                    }
                     None => None,
                 });
             }

@@ -58,7 +58,6 @@ pub use autograd::{
     set_grad_enabled, with_no_grad,
 };
 pub use cuda::CudaStorage;
-pub use cuda::buffers::{CudaBuffer, with_cuda_buffers};
 pub use dtype::{ALL_DTYPES, DType, WithDType, promote_types};
 pub use ember_device::{Device, ErrorKind};
 pub use ember_error::{Error, Result};
@@ -69,6 +68,7 @@ pub use ops::r#where;
 pub use params::{FusedAdamOptions, FusedSgdOptions};
 pub use precision::{MatmulPrecision, matmul_precision, set_float32_matmul_precision};
 pub use profile::torch_type_name;
+pub use raw::buffers::{CudaBuffer, with_cuda_buffers};
 pub use raw::close::IscloseOptions;
 pub use raw::conv::{Conv2dOptions, Padding, Size2};
 pub use raw::loss::{CrossEntropyOptions, NllLossOptions, Reduction};

@@ -3,6 +3,7 @@
 pub(crate) mod amp;
 pub(crate) mod attention;
 pub(crate) mod binary;
+pub(crate) mod buffers;
 pub(crate) mod close;
 pub(crate) mod conv;
 pub(crate) mod conv_grad;
@@ -475,8 +476,6 @@ impl<D: ToTarget> ToTarget for (D, DType) {
     }
 }
 
-/// The error for using a CUDA device: CUDA unavailable (with the driver's reason) or the
-/// backend not built yet.
 /// The elements of `l` over a host storage, in row-major order.
 fn host_view<T: WithDType>(c: &CpuStorage, l: &Layout) -> Result<Vec<T>> {
     let data = c.as_slice::<T>()?;
@@ -514,15 +513,6 @@ pub(crate) fn try_host_vec<T>(len: usize) -> Result<Vec<T>> {
         ));
     }
     Ok(v)
-}
-
-pub(crate) fn cuda_error(op: &'static str, device: Device) -> TensorError {
-    TensorError::CudaUnavailable {
-        op,
-        device,
-        reason: ember_device::cuda::unavailable_reason()
-            .map_or_else(|| "no usable driver".to_string(), |r| r.to_string()),
-    }
 }
 
 /// The one device of `tensors`, or PyTorch's device-mismatch error.

@@ -1,8 +1,11 @@
 //! The dispatch point: one method per op family on [`Storage`], each a single `match` on
 //! the backend variant that calls that backend's kernel. See Note [Dispatch].
 
+use ember_device::Device;
+
 use crate::cpu;
-use crate::cuda;
+use crate::cpu::dispatch;
+use crate::cuda::{self, CudaStorage, PhiloxKernel};
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::error::TensorError;
@@ -338,6 +341,143 @@ impl Storage {
                 cuda::amp_update_scale((s, ls), (t, lt), (f, lf), update)
             }
             (s, _, f) => Err(mixed(s, f)),
+        }
+    }
+}
+
+/// Making storages on a device, moving them between devices, and reading them on the host:
+/// the fronts (`raw/create.rs`, `raw/mod.rs`, `random/create.rs`) name a device, the match
+/// on the backend is here.
+impl Storage {
+    /// `n` copies of `value` as `dtype` on `device` (a fill kernel on CUDA, so nothing
+    /// crosses from the host). `op` names the caller in a device error.
+    pub(crate) fn full(
+        op: &'static str,
+        device: Device,
+        n: usize,
+        value: Scalar,
+        dtype: DType,
+    ) -> Result<Storage> {
+        match device {
+            Device::Cpu => Ok(Storage::Cpu(dispatch!(dtype, T => CpuStorage::from_chunks(
+                n,
+                |r| r.map(|_| value.to_dtype::<T>())
+            )?))),
+            Device::Cuda(i) => Ok(Storage::Cuda(cuda::full(
+                &cuda::ctx(op, i)?,
+                n,
+                value,
+                dtype,
+            )?)),
+        }
+    }
+
+    /// `n` Philox samples as `dtype` on `device` from key `key` at counter `base`: the
+    /// `kernel` on CUDA; on the CPU `on_cpu` draws them (the samplers live with the
+    /// generators in `random/`).
+    pub(crate) fn philox(
+        device: Device,
+        (kernel, dtype): (PhiloxKernel, DType),
+        n: usize,
+        (key, base): ([u32; 2], u64),
+        on_cpu: impl FnOnce() -> Result<CpuStorage>,
+    ) -> Result<Storage> {
+        match device {
+            Device::Cpu => Ok(Storage::Cpu(on_cpu()?)),
+            Device::Cuda(i) => Ok(Storage::Cuda(cuda::philox(
+                &cuda::ctx("random", i)?,
+                kernel,
+                dtype,
+                n,
+                key,
+                base,
+            )?)),
+        }
+    }
+
+    /// A host storage as a storage on `device` (uploaded for CUDA). `op` names the caller
+    /// in a device error.
+    pub(crate) fn from_host(op: &'static str, s: CpuStorage, device: Device) -> Result<Storage> {
+        match device {
+            Device::Cpu => Ok(Storage::Cpu(s)),
+            Device::Cuda(i) => Ok(Storage::Cuda(CudaStorage::upload(&cuda::ctx(op, i)?, &s)?)),
+        }
+    }
+
+    /// This whole contiguous storage of `len` elements on `device`: uploaded (enqueued on
+    /// the current stream when `non_blocking` and the host memory is pinned), downloaded,
+    /// copied between CUDA devices, or copied on the host.
+    pub(crate) fn to_device(
+        &self,
+        len: usize,
+        device: Device,
+        non_blocking: bool,
+    ) -> Result<Storage> {
+        Ok(match (self, device) {
+            (Storage::Cpu(c), Device::Cuda(i)) => {
+                let ctx = cuda::ctx("to", i)?;
+                Storage::Cuda(if non_blocking && c.is_pinned() {
+                    CudaStorage::upload_async(&ctx, c)?
+                } else {
+                    CudaStorage::upload(&ctx, c)?
+                })
+            }
+            (Storage::Cuda(c), Device::Cpu) => Storage::Cpu(c.download()?),
+            (Storage::Cuda(c), Device::Cuda(i)) => Storage::Cuda(c.copy_to(&cuda::ctx("to", i)?)?),
+            (Storage::Cpu(c), Device::Cpu) => {
+                Storage::Cpu(cpu::cast(c, &Layout::contiguous([len]), c.dtype())?)
+            }
+        })
+    }
+
+    /// Runs `f` on this storage's elements on the host: a CPU storage as it is, a CUDA one
+    /// downloaded whole (views rarely cover a small part of a large one).
+    pub(crate) fn with_host<R>(&self, f: impl FnOnce(&CpuStorage) -> Result<R>) -> Result<R> {
+        match self {
+            Storage::Cpu(c) => f(c),
+            Storage::Cuda(c) => f(&c.download()?),
+        }
+    }
+
+    /// A contiguous copy of the layout's elements in page-locked host memory; an error for
+    /// a storage that is not on the host, as in PyTorch.
+    pub(crate) fn pinned_copy(&self, l: &Layout) -> Result<CpuStorage> {
+        match self {
+            Storage::Cpu(cs) if l.is_contiguous() && l.offset() == 0 && cs.len() == l.numel() => {
+                cs.pinned_copy()
+            }
+            Storage::Cpu(cs) => cpu::cast(cs, l, cs.dtype())?.pinned_copy(),
+            Storage::Cuda(_) => Err(TensorError::invalid(
+                "pin_memory",
+                format!(
+                    "cannot pin a tensor on {}: only CPU tensors can be pinned",
+                    self.device()
+                ),
+            )),
+        }
+    }
+
+    /// Marks this storage as used by `stream`'s work (the caching allocator keeps it until
+    /// that work completes): a CUDA storage of the stream's device, or pinned host memory.
+    pub(crate) fn record_stream(&self, stream: &ember_device::cuda::Stream) -> Result<()> {
+        match self {
+            Storage::Cuda(c) if c.ordinal() == stream.device() => {
+                c.record_stream(stream.handle());
+                Ok(())
+            }
+            Storage::Cpu(c) if c.is_pinned() => {
+                c.record_stream(stream.handle());
+                Ok(())
+            }
+            _ => Err(TensorError::invalid(
+                "record_stream",
+                format!(
+                    "expected a CUDA tensor on cuda:{} or a pinned CPU tensor, but got a {}tensor on {}",
+                    stream.device(),
+                    if self.is_pinned() { "pinned " } else { "" },
+                    self.device()
+                ),
+            )),
         }
     }
 }

@@ -15,15 +15,29 @@ use crate::cpu::attention::AttnOptions;
 use crate::cuda::{self, CudaStorage};
 use crate::error::Result;
 use crate::layout::Layout;
+use crate::params::{BnBackward, BnGrads, BnStats, CrossEntropyParams};
 use crate::storage::{CpuStorage, Storage};
 
-/// The options of the fused cross-entropy kernels.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub(crate) struct CrossEntropyParams {
-    /// Rows whose target equals this contribute nothing.
-    pub ignore_index: i64,
-    /// Label smoothing ε in `[0, 1]`.
-    pub smoothing: f64,
+impl Storage {
+    /// The `mean` reduction of a cross-entropy in one launch where there is a kernel for it
+    /// (CUDA, up to `CE_MEAN_MAX_ROWS` rows): `(Σ loss / Σ w, Σ w)` over the `rows` per-row
+    /// losses and target weights of [`CeOperands::cross_entropy_fwd`], as one-element
+    /// storages; `None` elsewhere, and the front composes it from reductions.
+    pub(crate) fn cross_entropy_mean(
+        loss: &Storage,
+        w: &Storage,
+        rows: usize,
+    ) -> Result<Option<(Storage, Storage)>> {
+        match (loss, w) {
+            (Storage::Cuda(l), Storage::Cuda(ws))
+                if (1..=cuda::CE_MEAN_MAX_ROWS).contains(&rows) =>
+            {
+                let (m, t) = cuda::cross_entropy_mean(l, ws, rows)?;
+                Ok(Some((Storage::Cuda(m), Storage::Cuda(t))))
+            }
+            _ => Ok(None),
+        }
+    }
 }
 
 /// `other` as a host storage, or the device-mismatch error against `first`.
@@ -158,29 +172,6 @@ impl<'a> CeOperands<'a> {
         }
     }
 }
-
-/// Per-channel statistics as the batch-norm kernels read them: `mean` and `v` (`[C]`,
-/// compute dtype), `v` an inverse standard deviation, or a variance (`is_var`, eval mode's
-/// running variance) to which `eps` is added before `1 / sqrt`.
-pub(crate) struct BnStats<'a, S> {
-    pub mean: &'a S,
-    pub v: &'a S,
-    pub is_var: bool,
-    pub eps: f64,
-}
-
-/// What a batch-norm backward computes: the input gradient (`need_input`) and the
-/// per-channel sums `Σ dy`, `Σ dy·x̂` (`sums`, or whenever `training`: the input gradient of
-/// batch statistics needs them).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct BnBackward {
-    pub training: bool,
-    pub sums: bool,
-    pub need_input: bool,
-}
-
-/// The backward's results: the input gradient and `(Σ dy, Σ dy·x̂)`, as asked.
-pub(crate) type BnGrads<S = Storage> = (Option<S>, Option<(S, S)>);
 
 impl Storage {
     /// Batch statistics of contiguous `[N, C, S]` `self`: per channel the mean and the

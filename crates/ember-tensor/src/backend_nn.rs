@@ -1,6 +1,6 @@
 //! The dispatch point of the neural-network op family (convolution, pooling, the
-//! negative log-likelihood): the parameter structs every backend's kernel takes, and one
-//! method per op on [`Storage`], each a single `match` on the backend variant. It follows
+//! negative log-likelihood): one method per op on [`Storage`], each a single `match` on
+//! the backend variant (the parameter structs the kernels take are in `params.rs`). It follows
 //! Note [Dispatch] (in `backend.rs`) exactly; it sits in a file of its own only so that
 //! op families can be edited side by side. A new backend adds one arm per method here.
 //!
@@ -13,52 +13,8 @@ use crate::cpu;
 use crate::cuda;
 use crate::error::Result;
 use crate::layout::Layout;
+use crate::params::{AvgDivisor, Conv2dParams, Pool2dParams};
 use crate::storage::Storage;
-
-/// Geometry of one 2-D convolution, as the kernels receive it. Input layout
-/// `[N, C, H, W]`, weight `[O, C/groups, kH, kW]`, output `[N, O, out_h, out_w]`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Conv2dParams {
-    /// Stride (h, w), at least 1.
-    pub stride: (usize, usize),
-    /// Zero padding before the first row / column (h, w). Padding after the last one is
-    /// implied by the output size (it differs from this for odd `"same"` padding).
-    pub pad: (usize, usize),
-    /// Dilation (h, w), at least 1.
-    pub dilation: (usize, usize),
-    /// Groups, at least 1, dividing C and O.
-    pub groups: usize,
-    /// Output height and width.
-    pub out: (usize, usize),
-}
-
-/// Which 2-D pooling and its options, as the kernels receive them. Input layout
-/// `[N, C, H, W]`, output `[N, C, out_h, out_w]`.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub(crate) struct Pool2dParams {
-    /// Kernel size (h, w), at least 1.
-    pub kernel: (usize, usize),
-    /// Stride (h, w), at least 1.
-    pub stride: (usize, usize),
-    /// Implicit padding (h, w), at most half the kernel.
-    pub pad: (usize, usize),
-    /// Dilation (h, w), at least 1 (always 1 for average pooling).
-    pub dilation: (usize, usize),
-    /// Output height and width (ceil mode already applied).
-    pub out: (usize, usize),
-}
-
-/// How average pooling divides each window's sum.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub(crate) enum AvgDivisor {
-    /// By the window's size including padding (clipped at `H + pad`), PyTorch's
-    /// `count_include_pad=True`.
-    IncludePad,
-    /// By the number of input elements in the window.
-    ExcludePad,
-    /// By this constant (`divisor_override`), non-zero.
-    Override(i64),
-}
 
 impl Storage {
     /// `[N, O, out_h, out_w]` = conv of `x` (`[N, C, H, W]`) with `w`, plus `bias` (`[O]`),

@@ -232,6 +232,17 @@ impl From<TensorError> for ember_error::Error {
 pub type Result<T, E = TensorError> = std::result::Result<T, E>;
 
 impl TensorError {
+    /// The error for using CUDA device `device` where CUDA is unavailable, with the
+    /// driver's reason.
+    pub(crate) fn cuda_unavailable(op: &'static str, device: Device) -> TensorError {
+        TensorError::CudaUnavailable {
+            op,
+            device,
+            reason: ember_device::cuda::unavailable_reason()
+                .map_or_else(|| "no usable driver".to_string(), |r| r.to_string()),
+        }
+    }
+
     /// What kind of failure this is (see [`ErrorKind`](ember_device::ErrorKind)).
     pub fn kind(&self) -> ember_device::ErrorKind {
         use ember_device::ErrorKind as K;

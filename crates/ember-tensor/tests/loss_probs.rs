@@ -1,10 +1,12 @@
 #![allow(clippy::unwrap_used)]
 //! `cross_entropy` with class-probability targets (a floating target of the input's shape)
 //! against the f64 loops of `ember_testing::reference::cross_entropy_probs` (PyTorch's
-//! `cross_entropy_loss_prob_target`; no PyTorch on the machines these were written on, so
-//! no recorded PyTorch numbers): shapes `[C]`, `[N, C]`, `[N, C, d...]`, weights, label
+//! `cross_entropy_loss_prob_target`): shapes `[C]`, `[N, C]`, `[N, C, d...]`, weights, label
 //! smoothing, reductions, dtypes, the backward to the scores and to the target, and the
-//! errors; on every device (`test_device!`: `cpu` and the emulated or real `cuda:0`).
+//! errors; and against PyTorch's own numbers (`reference/cross_entropy_reference.json`, made
+//! by `reference/make_cross_entropy_reference.py`) for class-index and probability targets
+//! with label smoothing, weights, `ignore_index`, K-dim inputs and every reduction; on every
+//! device (`test_device!`: `cpu` and the emulated or real `cuda:0`).
 
 mod common_nn;
 
@@ -12,6 +14,7 @@ use common_nn::*;
 use ember_tensor::{CrossEntropyOptions, DType, Device, Reduction, Tensor};
 use ember_testing::reference::{self, CrossEntropy};
 use ember_testing::{rand_vec, test_device, values};
+use serde_json::Value;
 
 /// Random probabilities (rows summing to 1 along the class dim) of `[N, C, L]`, and a few
 /// rows that do not sum to 1 (PyTorch does not check).
@@ -224,3 +227,103 @@ fn errors(device: &Device) {
     );
 }
 test_device!(errors, errors);
+
+/// The cases of `reference/cross_entropy_reference.json`.
+fn pytorch_cases() -> Value {
+    serde_json::from_str(include_str!("reference/cross_entropy_reference.json")).unwrap()
+}
+
+fn floats(v: &Value) -> Vec<f64> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap())
+        .collect()
+}
+
+fn dims(v: &Value) -> Vec<usize> {
+    floats(v).into_iter().map(|d| d as usize).collect()
+}
+
+/// PyTorch's losses and gradients (to the input, and to a probability target) in f64 and
+/// f32: class indices and probabilities, weights, `ignore_index` with smoothing, `[C]`,
+/// `[N, C]` and `[N, C, d...]`, every reduction.
+fn matches_pytorch(device: &Device) {
+    let all = pytorch_cases();
+    let cases = all["cases"].as_array().unwrap();
+    assert_eq!(
+        cases.len(),
+        31,
+        "the cases of make_cross_entropy_reference.py"
+    );
+    for case in cases {
+        let name = case["name"].as_str().unwrap();
+        let shape = dims(&case["shape"]);
+        let loss_shape = dims(&case["loss_shape"]);
+        let probs = case["target_kind"] == "probs";
+        let red = match case["reduction"].as_str().unwrap() {
+            "none" => Reduction::None,
+            "sum" => Reduction::Sum,
+            _ => Reduction::Mean,
+        };
+        let eps = case["label_smoothing"].as_f64().unwrap();
+        for dtype in [DType::F64, DType::F32] {
+            let what = format!("{name} {dtype}");
+            let rtol = if dtype == DType::F64 { 1e-12 } else { 1e-5 };
+            let on = |v: Vec<f64>, d: &[usize]| {
+                Tensor::from_vec(v, d.to_vec(), device)
+                    .unwrap()
+                    .to_dtype(dtype)
+                    .unwrap()
+            };
+            let x = on(floats(&case["input"]), &shape)
+                .requires_grad_(true)
+                .unwrap();
+            let t = if probs {
+                on(floats(&case["target"]), &shape)
+                    .requires_grad_(true)
+                    .unwrap()
+            } else {
+                let idx: Vec<i64> = floats(&case["target"]).iter().map(|&v| v as i64).collect();
+                let tdims: Vec<usize> = shape
+                    .iter()
+                    .enumerate()
+                    .filter(|&(i, _)| shape.len() > 1 && i != 1)
+                    .map(|(_, &d)| d)
+                    .collect();
+                Tensor::from_vec(idx, tdims, device).unwrap()
+            };
+            let w = (!case["weight"].is_null()).then(|| {
+                let w = floats(&case["weight"]);
+                let c = w.len();
+                on(w, &[c])
+            });
+            let mut o = CrossEntropyOptions::new()
+                .reduction(red)
+                .label_smoothing(eps);
+            if let Some(w) = &w {
+                o = o.weight(w);
+            }
+            if let Some(i) = case["ignore_index"].as_i64() {
+                o = o.ignore_index(i);
+            }
+            let loss = x.cross_entropy(&t, &o).unwrap();
+            assert_eq!(loss.dims(), loss_shape, "{what}");
+            within(rtol, 1.0, &format!("loss {what}")).assert(&loss, &floats(&case["loss"]));
+            let dout = on(floats(&case["dout"]), &loss_shape);
+            loss.mul(&dout)
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .backward()
+                .unwrap();
+            within(rtol, 1.0, &format!("d input {what}"))
+                .assert(&x.grad().unwrap(), &floats(&case["dinput"]));
+            if probs {
+                within(rtol, 1.0, &format!("d target {what}"))
+                    .assert(&t.grad().unwrap(), &floats(&case["dtarget"]));
+            }
+        }
+    }
+}
+test_device!(matches_pytorch, matches_pytorch);

@@ -5,11 +5,11 @@
 
 use ember_gemm::parallel::for_each_chunk_mut;
 
-use crate::backend_fused::{BnBackward, BnGrads, BnStats};
 use crate::cpu::cast;
 use crate::dtype::{DType, WithDType};
 use crate::error::{Result, TensorError};
 use crate::layout::Layout;
+use crate::params::{BnBackward, BnGrads, BnStats};
 use crate::storage::{CpuStorage, for_each_piece};
 
 fn corrupt() -> TensorError {

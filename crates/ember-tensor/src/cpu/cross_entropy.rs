@@ -8,13 +8,13 @@ use std::borrow::Cow;
 
 use ember_gemm::parallel::for_each_chunk_mut;
 
-use crate::backend_fused::CrossEntropyParams;
 use crate::cpu::loss::{check_layout, class_weights, corrupt, targets};
 use crate::cpu::softmax::{self, SoftmaxFloat};
 use crate::cpu::{cast, contiguous_slice};
 use crate::dtype::{DType, WithDType};
 use crate::error::{Result, TensorError};
 use crate::layout::Layout;
+use crate::params::CrossEntropyParams;
 use crate::storage::{CpuStorage, PAR_THRESHOLD};
 
 /// The float types the fused loss computes in.

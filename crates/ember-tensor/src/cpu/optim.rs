@@ -32,7 +32,7 @@ use crate::dtype::{DType, WithDType};
 use crate::error::{Result, TensorError};
 use crate::layout::Layout;
 use crate::op::{self, Elem};
-use crate::raw::optim::{FusedAdamOptions, FusedSgdOptions};
+use crate::params::{FusedAdamOptions, FusedSgdOptions};
 use crate::storage::{CpuStorage, PAR_THRESHOLD, par_chunk_len};
 
 /// The float types the kernels take: f32 and f64, computed in themselves.

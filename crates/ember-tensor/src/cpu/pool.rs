@@ -3,11 +3,11 @@
 
 use ember_gemm::parallel::for_each_chunk_mut;
 
-use crate::backend_nn::{AvgDivisor, Pool2dParams};
 use crate::cpu::corrupt;
 use crate::dtype::{DType, WithDType};
 use crate::error::{Result, TensorError};
 use crate::layout::Layout;
+use crate::params::{AvgDivisor, Pool2dParams};
 use crate::storage::{CpuStorage, PAR_THRESHOLD};
 
 fn check_layout(len: usize, l: &Layout, op: &'static str) -> Result<()> {

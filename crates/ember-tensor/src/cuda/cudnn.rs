@@ -58,12 +58,12 @@ use ember_memory::Allocation;
 
 use super::ops::{binary_inplace, cast, gemm_type};
 use super::{Ctx, CudaStorage};
-use crate::backend_nn::Conv2dParams;
 use crate::backends::cudnn as settings;
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
 use crate::layout::Layout;
 use crate::op;
+use crate::params::Conv2dParams;
 
 /// Most distinct fallback reasons kept for `backends::cudnn::fallbacks`.
 const MAX_FALLBACKS: usize = 32;

@@ -12,10 +12,10 @@ use super::nn::{
 };
 use super::ops::{full, row_config};
 use super::{CudaStorage, kernel_name};
-use crate::backend_fused::{BnStats, CrossEntropyParams};
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
 use crate::layout::Layout;
+use crate::params::{BnBackward, BnGrads, BnStats, CrossEntropyParams};
 use crate::scalar::Scalar;
 
 const CE: &str = "cross_entropy";
@@ -475,8 +475,8 @@ pub(crate) fn batch_norm_backward(
     lx: &Layout,
     st: &BnStats<'_, CudaStorage>,
     weight: Option<&CudaStorage>,
-    b: &crate::backend_fused::BnBackward,
-) -> Result<crate::backend_fused::BnGrads<CudaStorage>> {
+    b: &BnBackward,
+) -> Result<BnGrads<CudaStorage>> {
     let cd = compute_dtype(x.dtype())?;
     let (n, c, s) = ncs(lx)?;
     let ctx = x.ctx();

@@ -10,7 +10,6 @@
 
 mod amp;
 pub(crate) mod attention;
-pub(crate) mod buffers;
 mod cudnn;
 mod fused;
 mod nn;
@@ -86,7 +85,7 @@ pub(crate) fn ctx(op: &'static str, ordinal: usize) -> Result<Arc<Ctx>> {
         return Ok(Arc::clone(c));
     }
     if !ember_device::cuda::is_available() {
-        return Err(crate::raw::cuda_error(op, Device::Cuda(ordinal)));
+        return Err(TensorError::cuda_unavailable(op, Device::Cuda(ordinal)));
     }
     let driver = ember_device::cuda::driver()?;
     let count = driver.device_count();

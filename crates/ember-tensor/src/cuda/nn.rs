@@ -11,10 +11,10 @@ use ember_kernels::{KernelArgs, StridedLayout, launch_config_1d};
 
 use super::ops::{allow_tf32, cast, full, gemm_type};
 use super::{CudaStorage, kernel_name, strided};
-use crate::backend_nn::{AvgDivisor, Conv2dParams, Pool2dParams};
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
 use crate::layout::Layout;
+use crate::params::{AvgDivisor, Conv2dParams, Pool2dParams};
 use crate::scalar::Scalar;
 
 // Note [Index error slot]:

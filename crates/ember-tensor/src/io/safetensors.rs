@@ -230,7 +230,7 @@ fn parse(bytes: &[u8], device: &Device, ctx: &Ctx<'_>) -> Result<RawLoaded> {
         let view = st.tensor(name).map_err(|e| st_err(ctx, e))?;
         let dtype = ember_dtype(&info.dtype).ok_or_else(|| ctx.bad("internal: dtype"))?;
         let storage = from_bytes(dtype, view.data(), name, ctx)?;
-        let t = RawTensor::from_storage(Storage::Cpu(storage), view.shape().to_vec());
+        let t = RawTensor::from_storage(Storage::from(storage), view.shape().to_vec());
         out.insert(name.clone(), t.to_device(device)?);
     }
     Ok((out, metadata))

@@ -6,7 +6,7 @@
 
 use crate::WithDType;
 use crate::autograd::error::{AutogradError, Result};
-use crate::raw::optim::{FusedAdamOptions, FusedSgdOptions};
+use crate::params::{FusedAdamOptions, FusedSgdOptions};
 use crate::tensor::Tensor;
 
 /// The untracked tensors of `ts`.

@@ -75,13 +75,10 @@ fn fill<S: Sampler, T: WithDType>(
     kernel: PhiloxKernel,
 ) -> Result<RawTensor> {
     let (key, base) = g.reserve(counters::<S>(n));
-    if let Device::Cuda(i) = g.device() {
-        let ctx = crate::cuda::ctx("random", i)?;
-        let st = crate::cuda::philox(&ctx, kernel, T::DTYPE, n, key, base)?;
-        return Ok(RawTensor::from_storage(Storage::Cuda(st), shape));
-    }
-    let st = CpuStorage::from_chunks(n, |r| samples(&s, key, base, r).map(&conv))?;
-    Ok(RawTensor::from_storage(Storage::Cpu(st), shape))
+    let st = Storage::philox(g.device(), (kernel, T::DTYPE), n, (key, base), || {
+        CpuStorage::from_chunks(n, |r| samples(&s, key, base, r).map(&conv))
+    })?;
+    Ok(RawTensor::from_storage(st, shape))
 }
 
 /// f64 samples into f16 through f32, as the CUDA kernels convert (and the same on every

@@ -3,9 +3,9 @@
 //! `[C, H, W]` input. The CPU kernels are in `cpu/conv/` (oneDNN where it loads, else
 //! im2col + GEMM).
 
-use crate::backend_nn::Conv2dParams;
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
+use crate::params::Conv2dParams;
 use crate::raw::{RawTensor, same_device};
 use crate::shape::Shape;
 use crate::storage::read_many;

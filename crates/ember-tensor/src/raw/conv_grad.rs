@@ -13,9 +13,9 @@
 //! `scatter_add` over the same indices (`col2im`). All of it is tensor ops, so it runs on
 //! every device.
 
-use crate::backend_nn::Conv2dParams;
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
+use crate::params::Conv2dParams;
 use crate::raw::conv::{Conv2dOptions, geometry};
 use crate::raw::{RawTensor, same_device};
 use crate::shape::Shape;

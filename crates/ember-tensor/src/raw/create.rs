@@ -5,7 +5,7 @@ use ember_device::Device;
 use crate::cpu::dispatch;
 use crate::dtype::{DType, WithDType};
 use crate::error::{Result, TensorError};
-use crate::raw::{RawTensor, host_tensor, on_device};
+use crate::raw::{RawTensor, host_tensor};
 use crate::scalar::Scalar;
 use crate::shape::Shape;
 use crate::storage::{CpuStorage, Storage};
@@ -114,7 +114,10 @@ fn generate(
         crate::cuda::ctx(op, i)?;
     }
     let s = dispatch!(dtype, T => CpuStorage::from_chunks(n, |r| r.map(|i| f(i).to_dtype::<T>()))?);
-    Ok(RawTensor::from_storage(on_device(op, s, device)?, shape))
+    Ok(RawTensor::from_storage(
+        Storage::from_host(op, s, device)?,
+        shape,
+    ))
 }
 
 impl RawTensor {
@@ -188,11 +191,8 @@ impl RawTensor {
     /// scalar argument broadcasts. On CUDA a fill kernel writes it, so `x.mul(2.0)` never
     /// makes the host wait for the device, as an upload would.
     pub(crate) fn scalar_of(value: Scalar, dtype: DType, device: Device) -> Result<RawTensor> {
-        if let Device::Cuda(i) = device {
-            let s = crate::cuda::full(&crate::cuda::ctx("scalar", i)?, 1, value, dtype)?;
-            return Ok(RawTensor::from_storage(Storage::Cuda(s), Shape::scalar()));
-        }
-        generate("scalar", Shape::scalar(), dtype, device, |_| value)
+        let s = Storage::full("scalar", device, 1, value, dtype)?;
+        Ok(RawTensor::from_storage(s, Shape::scalar()))
     }
 
     /// `shape` filled with `value`; the dtype defaults to the value's (f32 for floats, i64
@@ -206,13 +206,13 @@ impl RawTensor {
         let dtype = o.dtype.unwrap_or(value.default_dtype());
         value.check_fits("full", dtype)?;
         let shape = shape.into();
-        if let Device::Cuda(i) = o.device {
-            // The fill kernel writes the value on the device; nothing crosses from the host.
-            let n = shape.checked_numel("full")?;
-            let s = crate::cuda::full(&crate::cuda::ctx("full", i)?, n, value, dtype)?;
-            return Ok(RawTensor::from_storage(Storage::Cuda(s), shape));
-        }
-        generate("full", shape, dtype, o.device, |_| value)
+        // On CUDA the fill kernel writes the value on the device; nothing crosses from the
+        // host.
+        let n = shape.checked_numel("full")?;
+        Ok(RawTensor::from_storage(
+            Storage::full("full", o.device, n, value, dtype)?,
+            shape,
+        ))
     }
 
     /// Zeros (f32 unless told).

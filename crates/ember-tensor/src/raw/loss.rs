@@ -9,9 +9,10 @@
 //! one kernel writing the scores' gradient once. The autograd layer records the pair as one
 //! op (Note [Cross-entropy backward] in `ember-autograd`).
 
-use crate::backend_fused::{CeBackward, CeOperands, CrossEntropyParams};
+use crate::backend_fused::{CeBackward, CeOperands};
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
+use crate::params::CrossEntropyParams;
 use crate::raw::{RawTensor, same_device};
 use crate::storage::{Storage, read_many};
 
@@ -429,18 +430,14 @@ impl RawTensor {
         let rows = shape.numel();
         // On CUDA the mean of up to 2^16 rows is one launch (`cross_entropy_mean`) where
         // the reductions and the division below take three.
-        let fused_mean = match (&loss, &w) {
-            (Storage::Cuda(l), Storage::Cuda(ws))
-                if nll.reduction == Reduction::Mean
-                    && (1..=crate::cuda::CE_MEAN_MAX_ROWS).contains(&rows) =>
-            {
-                let (m, t) = crate::cuda::cross_entropy_mean(l, ws, rows)?;
+        let fused_mean = match nll.reduction {
+            Reduction::Mean => Storage::cross_entropy_mean(&loss, &w, rows)?.map(|(m, t)| {
                 let scalar = || crate::shape::Shape::scalar();
-                Some((
-                    RawTensor::from_storage(Storage::Cuda(m), scalar()),
-                    RawTensor::from_storage(Storage::Cuda(t), scalar()),
-                ))
-            }
+                (
+                    RawTensor::from_storage(m, scalar()),
+                    RawTensor::from_storage(t, scalar()),
+                )
+            }),
             _ => None,
         };
         let loss = RawTensor::from_storage(loss, shape.clone());

@@ -3,6 +3,7 @@
 pub(crate) mod amp;
 pub(crate) mod attention;
 pub(crate) mod binary;
+pub(crate) mod buffers;
 pub(crate) mod close;
 pub(crate) mod conv;
 pub(crate) mod conv_grad;
@@ -26,7 +27,6 @@ use std::sync::Arc;
 
 use ember_device::Device;
 
-use crate::cuda::CudaStorage;
 use crate::dtype::{DType, WithDType};
 use crate::error::{Result, TensorError};
 use crate::layout::Layout;
@@ -200,12 +200,8 @@ impl RawTensor {
         if self.dtype() != T::DTYPE {
             return self.to_dtype(T::DTYPE)?.host_elements::<T>();
         }
-        self.with_storage(|s, l| match s {
-            Storage::Cpu(c) => host_view::<T>(c, l),
-            // The whole storage comes over (views rarely cover a small part of a large
-            // one); then the layout picks the elements as on the CPU.
-            Storage::Cuda(c) => host_view::<T>(&c.download()?, l),
-        })
+        // A device storage comes over whole; then the layout picks the elements.
+        self.with_storage(|s, l| s.with_host(|c| host_view::<T>(c, l)))
     }
 
     /// Runs `f` on the elements of this contiguous CPU tensor, in place, as `&[T]` (the
@@ -218,9 +214,9 @@ impl RawTensor {
         f: impl FnOnce(&[T]) -> R,
     ) -> Result<R> {
         let (start, end) = self.cpu_range::<T>(op)?;
-        self.with_storage(|s, _| match s {
-            Storage::Cpu(c) => Ok(f(&c.as_slice::<T>()?[start..end])),
-            Storage::Cuda(_) => Err(self.not_cpu(op)),
+        self.with_storage(|s, _| match s.as_cpu() {
+            Some(c) => Ok(f(&c.as_slice::<T>()?[start..end])),
+            None => Err(self.not_cpu(op)),
         })
     }
 
@@ -233,9 +229,9 @@ impl RawTensor {
     ) -> Result<R> {
         let (start, end) = self.cpu_range::<T>(op)?;
         let mut g = self.0.storage.write();
-        match &mut *g {
-            Storage::Cpu(c) => Ok(f(&mut c.as_mut_slice::<T>()?[start..end])),
-            Storage::Cuda(_) => Err(self.not_cpu(op)),
+        match g.as_cpu_mut() {
+            Some(c) => Ok(f(&mut c.as_mut_slice::<T>()?[start..end])),
+            None => Err(self.not_cpu(op)),
         }
     }
 
@@ -383,28 +379,8 @@ impl RawTensor {
             && self.storage_offset() == 0
             && self.numel() == self.storage_len();
         let src = if whole { self.clone() } else { self.copy()? };
-        let s = src.with_storage(|s, _| -> Result<Storage> {
-            Ok(match (s, *device) {
-                (Storage::Cpu(c), Device::Cuda(i)) => {
-                    let ctx = crate::cuda::ctx("to", i)?;
-                    Storage::Cuda(if non_blocking && c.is_pinned() {
-                        CudaStorage::upload_async(&ctx, c)?
-                    } else {
-                        CudaStorage::upload(&ctx, c)?
-                    })
-                }
-                (Storage::Cuda(c), Device::Cpu) => Storage::Cpu(c.download()?),
-                (Storage::Cuda(c), Device::Cuda(i)) => {
-                    Storage::Cuda(c.copy_to(&crate::cuda::ctx("to", i)?)?)
-                }
-                // Same device: returned above.
-                (Storage::Cpu(c), Device::Cpu) => Storage::Cpu(crate::cpu::cast(
-                    c,
-                    &Layout::contiguous(self.shape().clone()),
-                    c.dtype(),
-                )?),
-            })
-        })?;
+        let n = src.numel();
+        let s = src.with_storage(|s, _| s.to_device(n, *device, non_blocking))?;
         Ok(RawTensor::from_storage(s, self.shape()))
     }
 
@@ -439,29 +415,13 @@ impl RawTensor {
     /// memory, from which copies to a CUDA device can be asynchronous (plain host memory
     /// where CUDA is not real). A CUDA tensor is an error, as in PyTorch.
     pub fn pin_memory(&self) -> Result<RawTensor> {
-        let s = self.with_storage(|s, l| -> Result<CpuStorage> {
-            match s {
-                Storage::Cpu(cs)
-                    if l.is_contiguous() && l.offset() == 0 && cs.len() == l.numel() =>
-                {
-                    cs.pinned_copy()
-                }
-                Storage::Cpu(cs) => crate::cpu::cast(cs, l, cs.dtype())?.pinned_copy(),
-                Storage::Cuda(_) => Err(TensorError::invalid(
-                    "pin_memory",
-                    format!(
-                        "cannot pin a tensor on {}: only CPU tensors can be pinned",
-                        self.device()
-                    ),
-                )),
-            }
-        })?;
-        Ok(RawTensor::from_storage(Storage::Cpu(s), self.shape()))
+        let s = self.with_storage(|s, l| s.pinned_copy(l))?;
+        Ok(RawTensor::from_storage(Storage::from(s), self.shape()))
     }
 
     /// Whether this tensor's memory is pinned (from [`Tensor::pin_memory`]).
     pub fn is_pinned(&self) -> bool {
-        self.with_storage(|s, _| matches!(s, Storage::Cpu(c) if c.is_pinned()))
+        self.with_storage(|s, _| s.is_pinned())
     }
 
     /// `tensor.record_stream(stream)`: this tensor's memory is also used by work on
@@ -469,25 +429,7 @@ impl RawTensor {
     /// enqueued on `stream` by now has completed. For CUDA tensors and pinned CPU tensors;
     /// a stream of another device, or a plain CPU tensor, is an error.
     pub fn record_stream(&self, stream: &ember_device::cuda::Stream) -> Result<()> {
-        self.with_storage(|s, _| match s {
-            Storage::Cuda(c) if c.ordinal() == stream.device() => {
-                c.record_stream(stream.handle());
-                Ok(())
-            }
-            Storage::Cpu(c) if c.is_pinned() => {
-                c.record_stream(stream.handle());
-                Ok(())
-            }
-            _ => Err(TensorError::invalid(
-                "record_stream",
-                format!(
-                    "expected a CUDA tensor on cuda:{} or a pinned CPU tensor, but got a {}tensor on {}",
-                    stream.device(),
-                    if self.is_pinned() { "pinned " } else { "" },
-                    self.device()
-                ),
-            )),
-        })
+        self.with_storage(|s, _| s.record_stream(stream))
     }
 }
 
@@ -534,8 +476,6 @@ impl<D: ToTarget> ToTarget for (D, DType) {
     }
 }
 
-/// The error for using a CUDA device: CUDA unavailable (with the driver's reason) or the
-/// backend not built yet.
 /// The elements of `l` over a host storage, in row-major order.
 fn host_view<T: WithDType>(c: &CpuStorage, l: &Layout) -> Result<Vec<T>> {
     let data = c.as_slice::<T>()?;
@@ -575,15 +515,6 @@ pub(crate) fn try_host_vec<T>(len: usize) -> Result<Vec<T>> {
     Ok(v)
 }
 
-pub(crate) fn cuda_error(op: &'static str, device: Device) -> TensorError {
-    TensorError::CudaUnavailable {
-        op,
-        device,
-        reason: ember_device::cuda::unavailable_reason()
-            .map_or_else(|| "no usable driver".to_string(), |r| r.to_string()),
-    }
-}
-
 /// The one device of `tensors`, or PyTorch's device-mismatch error.
 pub(crate) fn same_device(tensors: &[&RawTensor]) -> Result<Device> {
     let mut it = tensors.iter();
@@ -605,17 +536,6 @@ pub(crate) fn host_tensor<T: WithDType>(
     shape: impl Into<Shape>,
     device: &Device,
 ) -> Result<RawTensor> {
-    let s = on_device("tensor", CpuStorage::from_slice(data)?, *device)?;
+    let s = Storage::from_host("tensor", CpuStorage::from_slice(data)?, *device)?;
     Ok(RawTensor::from_storage(s, shape))
-}
-
-/// A host storage as a storage on `device` (uploaded for CUDA).
-pub(crate) fn on_device(op: &'static str, s: CpuStorage, device: Device) -> Result<Storage> {
-    match device {
-        Device::Cpu => Ok(Storage::Cpu(s)),
-        Device::Cuda(i) => Ok(Storage::Cuda(CudaStorage::upload(
-            &crate::cuda::ctx(op, i)?,
-            &s,
-        )?)),
-    }
 }

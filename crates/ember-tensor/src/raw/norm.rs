@@ -6,9 +6,9 @@
 //! gradient. 16-bit inputs are read and written as such and computed in f32; the output has
 //! the input's dtype.
 
-use crate::backend_fused::{BnBackward, BnStats};
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
+use crate::params::{BnBackward, BnStats};
 use crate::raw::{RawTensor, same_device};
 use crate::storage::{read_many, same, write_many_read};
 

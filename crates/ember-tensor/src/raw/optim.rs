@@ -15,45 +15,9 @@ use crate::cuda::{CudaStorage, OptimRow, optim_step};
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
 use crate::layout::Layout;
+use crate::params::{FusedAdamOptions, FusedSgdOptions};
 use crate::raw::{RawTensor, same_device};
 use crate::storage::{CpuStorage, Storage, StorageCell, write_many_read_many};
-
-/// The hyperparameters of [`Tensor::fused_sgd_`] (`torch.optim.SGD`'s).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct FusedSgdOptions {
-    /// Learning rate.
-    pub lr: f64,
-    /// Momentum factor (0: no momentum buffers).
-    pub momentum: f64,
-    /// Dampening for momentum.
-    pub dampening: f64,
-    /// L2 penalty added to the gradient.
-    pub weight_decay: f64,
-    /// Nesterov momentum.
-    pub nesterov: bool,
-    /// Maximize the objective (the gradient's sign flipped).
-    pub maximize: bool,
-}
-
-/// The hyperparameters of [`Tensor::fused_adam_`] (`torch.optim.Adam`'s and `AdamW`'s).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct FusedAdamOptions {
-    /// Learning rate.
-    pub lr: f64,
-    /// Coefficients of the running averages of the gradient and its square.
-    pub betas: (f64, f64),
-    /// Added to the denominator.
-    pub eps: f64,
-    /// Weight decay: an L2 term in the gradient, or with `decoupled_weight_decay` (AdamW)
-    /// `p *= 1 - lr * weight_decay` before the update.
-    pub weight_decay: f64,
-    /// AMSGrad (the `max_exp_avg_sqs` are used).
-    pub amsgrad: bool,
-    /// Maximize the objective.
-    pub maximize: bool,
-    /// AdamW's decoupled weight decay.
-    pub decoupled_weight_decay: bool,
-}
 
 fn addr(c: &Arc<StorageCell>) -> usize {
     Arc::as_ptr(c) as usize
@@ -205,20 +169,14 @@ fn on_cuda<'a>(
     op: &'static str,
     t: Option<(&'a Storage, &'a Layout)>,
 ) -> Result<Option<(&'a CudaStorage, &'a Layout)>> {
-    match t {
-        Some((Storage::Cuda(c), l)) => Ok(Some((c, l))),
-        Some((other, _)) => Err(wrong_storage(op, other)),
-        None => Ok(None),
-    }
+    t.map(|(s, l)| Ok((s.as_cuda().ok_or_else(|| wrong_device(op, s.device()))?, l)))
+        .transpose()
 }
 
-fn wrong_storage(op: &'static str, s: &Storage) -> TensorError {
+fn wrong_device(op: &'static str, device: Device) -> TensorError {
     TensorError::invalid(
         op,
-        format!(
-            "expected every storage on one device, found one on {}",
-            s.device()
-        ),
+        format!("expected every storage on one device, found one on {device}"),
     )
 }
 
@@ -232,10 +190,7 @@ fn run_cpu<U: cpu_optim::Update>(
     update: &U,
 ) -> Result<()> {
     fn host<'a>(op: &'static str, s: &'a Storage) -> Result<&'a CpuStorage> {
-        match s {
-            Storage::Cpu(c) => Ok(c),
-            other => Err(wrong_storage(op, other)),
-        }
+        s.as_cpu().ok_or_else(|| wrong_device(op, s.device()))
     }
     locked(tensors, states, |rows| {
         let mut out = Vec::with_capacity(rows.len());
@@ -246,8 +201,13 @@ fn run_cpu<U: cpu_optim::Update>(
             let mut written = Vec::with_capacity(row.written.len());
             for w in row.written {
                 written.push(match w {
-                    Some((Storage::Cpu(c), l)) => Some((c, l)),
-                    Some((other, _)) => return Err(wrong_storage(op, other)),
+                    Some((s, l)) => {
+                        let device = s.device();
+                        match s.as_cpu_mut() {
+                            Some(c) => Some((c, l)),
+                            None => return Err(wrong_device(op, device)),
+                        }
+                    }
                     None => None,
                 });
             }

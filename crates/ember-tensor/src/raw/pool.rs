@@ -1,10 +1,10 @@
 //! `max_pool2d` (with indices) and `avg_pool2d` with PyTorch's arguments, output-size
 //! rule (`ceil_mode` included) and checks. Kernels in `cpu/pool.rs`.
 
-use crate::backend_nn::{AvgDivisor, Pool2dParams};
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
 use crate::layout::Layout;
+use crate::params::{AvgDivisor, Pool2dParams};
 use crate::raw::RawTensor;
 use crate::raw::conv::Size2;
 use crate::shape::Shape;

@@ -67,6 +67,41 @@ impl Storage {
             Storage::Cuda(s) => Device::Cuda(s.ordinal()),
         }
     }
+
+    /// The host storage, or `None` on another backend.
+    pub(crate) fn as_cpu(&self) -> Option<&CpuStorage> {
+        match self {
+            Storage::Cpu(s) => Some(s),
+            Storage::Cuda(_) => None,
+        }
+    }
+
+    /// The host storage to write, or `None` on another backend.
+    pub(crate) fn as_cpu_mut(&mut self) -> Option<&mut CpuStorage> {
+        match self {
+            Storage::Cpu(s) => Some(s),
+            Storage::Cuda(_) => None,
+        }
+    }
+
+    /// The CUDA storage, or `None` on another backend.
+    pub(crate) fn as_cuda(&self) -> Option<&CudaStorage> {
+        match self {
+            Storage::Cuda(s) => Some(s),
+            Storage::Cpu(_) => None,
+        }
+    }
+
+    /// Whether this is page-locked host memory (`Tensor::pin_memory`).
+    pub(crate) fn is_pinned(&self) -> bool {
+        self.as_cpu().is_some_and(CpuStorage::is_pinned)
+    }
+}
+
+impl From<CpuStorage> for Storage {
+    fn from(s: CpuStorage) -> Storage {
+        Storage::Cpu(s)
+    }
 }
 
 /// A storage shared by views, with its version counter. See Note [Storage sharing].

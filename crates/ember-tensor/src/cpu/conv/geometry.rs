@@ -3,10 +3,10 @@
 use ember_gemm::{MatMut, MatRef, Parallelism};
 use half::{bf16, f16};
 
-use crate::backend_nn::Conv2dParams;
 use crate::dtype::WithDType;
 use crate::error::{Result, TensorError};
 use crate::layout::Layout;
+use crate::params::Conv2dParams;
 
 /// One convolution: input `[n, c, h, w]`, weight `[o, cg, kh, kw]` in `g` groups, output
 /// `[n, o, oh, ow]`.

@@ -17,10 +17,10 @@ pub(crate) use onednn::onednn_info;
 use geometry::{Elem, Geo, Strided, corrupt};
 use scratch::Scratch;
 
-use crate::backend_nn::Conv2dParams;
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
 use crate::layout::Layout;
+use crate::params::Conv2dParams;
 use crate::storage::CpuStorage;
 
 fn check_layout(len: usize, l: &Layout, rank: usize) -> Result<()> {

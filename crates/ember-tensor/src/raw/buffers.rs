@@ -103,14 +103,14 @@ fn lend<R, E>(
     let rc: Vec<_> = read_cells.iter().map(|(_, c)| *c).collect();
     let wc: Vec<_> = writes.iter().map(|t| t.cell()).collect();
     let buffer = |t: &RawTensor, s: &Storage| -> Result<CudaBuffer> {
-        match s {
-            Storage::Cuda(c) => Ok(CudaBuffer {
+        match s.as_cuda() {
+            Some(c) => Ok(CudaBuffer {
                 ptr: c.ptr_at(t.storage_offset()),
                 len: t.numel(),
                 dtype: t.dtype(),
                 device: c.ordinal(),
             }),
-            Storage::Cpu(_) => Err(TensorError::InvalidArgument {
+            None => Err(TensorError::InvalidArgument {
                 op: OP,
                 msg: "a CUDA tensor's storage is on the host".into(),
             }),
@@ -131,7 +131,7 @@ fn lend<R, E>(
         if out.is_ok() {
             let storages = r.iter().copied().chain(w.iter().map(|s| &**s));
             for s in storages {
-                if let Storage::Cuda(c) = s {
+                if let Some(c) = s.as_cuda() {
                     c.record_stream(ember_device::cuda::current_stream(c.ordinal()));
                 }
             }

@@ -13,6 +13,7 @@ mod nn;
 mod norm;
 mod reduce;
 mod select;
+mod triangle;
 mod untracked;
 mod view;
 

@@ -180,7 +180,7 @@ impl MultiheadAttention {
                 "embed_dim and num_heads must be greater than 0, got embed_dim={embed_dim} and num_heads={num_heads} instead"
             )));
         }
-        if embed_dim % num_heads != 0 {
+        if !embed_dim.is_multiple_of(num_heads) {
             return Err(invalid(format!(
                 "embed_dim must be divisible by num_heads (embed_dim={embed_dim}, num_heads={num_heads})"
             )));

@@ -19,7 +19,9 @@
 
 use ember_autograd::mode::autocast_inputs;
 use ember_autograd::{CrossEntropyOptions, NllLossOptions};
-use ember_tensor::{Approximate, AvgPool2dOptions, Conv2dOptions, Dim, MaxPool2dOptions, op_table};
+use ember_tensor::{
+    Approximate, AvgPool2dOptions, Conv2dOptions, DType, Dim, MaxPool2dOptions, op_table,
+};
 
 pub use ember_tensor::{Reduction, SdpaOptions};
 
@@ -197,6 +199,70 @@ pub fn layer_norm(
     }
     if let Some(b) = bias {
         y = y.add(b)?;
+    }
+    Ok(y)
+}
+
+/// `torch.finfo(dtype).eps` of a floating-point dtype: the default `eps` of
+/// [`rms_norm`] and [`RMSNorm`](crate::layers::RMSNorm). `None` for the other dtypes.
+pub fn finfo_eps(dtype: DType) -> Option<f64> {
+    match dtype {
+        DType::F32 => Some(f64::from(f32::EPSILON)),
+        DType::F64 => Some(f64::EPSILON),
+        DType::F16 => Some(0.000_976_562_5),
+        DType::Bf16 => Some(0.007_812_5),
+        _ => None,
+    }
+}
+
+/// `F.rms_norm(x, normalized_shape, weight, eps)`: `x / sqrt(mean(x²) + eps) · weight`, the
+/// mean over the last `normalized_shape.len()` dims; `eps` `None` is
+/// `torch.finfo(x.dtype).eps`. A 16-bit input is normalised in f32 and rounded once to its
+/// dtype, as PyTorch's composite kernel does.
+pub fn rms_norm(
+    x: &Tensor,
+    normalized_shape: &[usize],
+    weight: Option<&Tensor>,
+    eps: Option<f64>,
+) -> Result<Tensor> {
+    let dims = x.dims();
+    let k = normalized_shape.len();
+    if k == 0 || dims.len() < k || dims[dims.len() - k..] != *normalized_shape {
+        return Err(NnError::invalid(
+            "rms_norm",
+            format!(
+                "expected input with shape [*, {}], found {}",
+                normalized_shape
+                    .iter()
+                    .map(usize::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                x.shape()
+            ),
+        )
+        .into());
+    }
+    let dtype = x.dtype();
+    let Some(eps) = eps.or_else(|| finfo_eps(dtype)) else {
+        return Err(NnError::invalid(
+            "rms_norm",
+            format!("expected a floating-point input, found dtype {dtype}"),
+        )
+        .into());
+    };
+    let xf = if dtype.is_half() {
+        x.to_dtype(DType::F32)?
+    } else {
+        x.clone()
+    };
+    let axes: Vec<usize> = (dims.len() - k..dims.len()).collect();
+    let ms = xf.square()?.mean((axes.as_slice(), true))?;
+    let mut y = xf.mul(&ms.add(eps)?.rsqrt()?)?;
+    if let Some(w) = weight {
+        y = y.mul(w)?;
+    }
+    if y.dtype() != dtype {
+        y = y.to_dtype(dtype)?;
     }
     Ok(y)
 }

@@ -1,5 +1,7 @@
 //! Layers (`torch.nn`): `Linear`, activations, `Dropout`, `Sequential`, `Flatten`,
-//! `Embedding`, `LayerNorm`, `BatchNorm1d`/`2d`/`3d`, `Conv2d`, pooling.
+//! `Embedding`, `LayerNorm`, `RMSNorm`, `BatchNorm1d`/`2d`/`3d`, `Conv2d`, pooling,
+//! `MultiheadAttention`, and the transformer layers (`TransformerEncoderLayer`,
+//! `TransformerDecoderLayer`, `TransformerEncoder`, `TransformerDecoder`).
 //!
 //! Constructors take PyTorch's arguments plus `opts` (`()` for f32 on the cpu, a `Device`,
 //! a `DType`, or `(DType, Device)`), as `device=` and `dtype=` in PyTorch. Initialisation is
@@ -14,6 +16,7 @@
 //! [`ModuleParts`](crate::ModuleParts) by hand.
 
 mod activation;
+mod attention;
 mod container;
 mod conv;
 mod dropout;
@@ -22,8 +25,10 @@ mod flatten;
 mod linear;
 mod norm;
 mod pool;
+mod transformer;
 
 pub use activation::{GELU, ReLU, SiLU, Sigmoid, Tanh};
+pub use attention::{MhaForward, MultiheadAttention, MultiheadAttentionConfig};
 pub use container::Sequential;
 pub use conv::{Conv2d, Conv2dConfig, PaddingArg};
 pub use dropout::Dropout;
@@ -34,9 +39,14 @@ pub use flatten::Flatten;
 pub use linear::Linear;
 pub use norm::{
     BatchNorm, BatchNorm1d, BatchNorm2d, BatchNorm3d, BatchNormConfig, BatchNormDims, Dims1, Dims2,
-    Dims3, LayerNorm,
+    Dims3, LayerNorm, RMSNorm,
 };
 pub use pool::{AvgPool2d, MaxPool2d};
+pub use transformer::{
+    Activation, DecoderMasks, EncoderMasks, TransformerDecoder, TransformerDecoderLayer,
+    TransformerEncoder, TransformerEncoderLayer, TransformerLayerConfig,
+    generate_square_subsequent_mask,
+};
 
 use ember_tensor::{DType, Options};
 

@@ -1,4 +1,4 @@
-//! `LayerNorm`, `BatchNorm1d`/`BatchNorm2d`/`BatchNorm3d`.
+//! `LayerNorm`, `RMSNorm`, `BatchNorm1d`/`BatchNorm2d`/`BatchNorm3d`.
 
 use std::marker::PhantomData;
 
@@ -38,17 +38,32 @@ impl LayerNorm {
         elementwise_affine: bool,
         opts: impl Into<Options>,
     ) -> Result<Self> {
+        Self::with_bias(normalized_shape, eps, elementwise_affine, true, opts)
+    }
+
+    /// `LayerNorm(normalized_shape, eps, elementwise_affine, bias)`: `bias=False` keeps the
+    /// weight and drops the shift.
+    pub fn with_bias(
+        normalized_shape: &[usize],
+        eps: f64,
+        elementwise_affine: bool,
+        bias: bool,
+        opts: impl Into<Options>,
+    ) -> Result<Self> {
         let (dtype, device) = float_options("LayerNorm", opts)?;
         if normalized_shape.is_empty() {
             return Err(NnError::invalid("LayerNorm", "normalized_shape must not be empty").into());
         }
-        let (weight, bias) = if elementwise_affine {
-            (
-                Some(parameter(Raw::ones(normalized_shape, (device, dtype))?)?),
-                Some(parameter(Raw::zeros(normalized_shape, (device, dtype))?)?),
-            )
+        let o = (device, dtype);
+        let weight = if elementwise_affine {
+            Some(parameter(Raw::ones(normalized_shape, o)?)?)
         } else {
-            (None, None)
+            None
+        };
+        let bias = if elementwise_affine && bias {
+            Some(parameter(Raw::zeros(normalized_shape, o)?)?)
+        } else {
+            None
         };
         Ok(LayerNorm {
             weight,
@@ -81,6 +96,85 @@ impl Module for LayerNorm {
             py_float(self.eps),
             py_bool(self.weight.is_some()),
             py_bool(self.bias.is_some())
+        )
+    }
+}
+
+/// Root-mean-square normalisation over the last dimensions (`normalized_shape`) of each
+/// sample, then an elementwise scale (`torch.nn.RMSNorm(normalized_shape, eps=None,
+/// elementwise_affine=True)`): `x / sqrt(mean(x²) + eps) · weight`. `eps` `None` is
+/// `torch.finfo(x.dtype).eps`, read at each forward from the input's dtype.
+///
+/// ```
+/// use ember_nn::layers::RMSNorm;
+/// use ember_nn::{Module, Tensor};
+/// let norm = RMSNorm::new(&[4], ())?;
+/// let y = norm.call(&Tensor::from_vec(vec![1f32, -1., 1., -1.], [1, 4], ())?)?;
+/// assert!(y.to_vec::<f32>()?.iter().all(|v| (v.abs() - 1.0).abs() < 1e-6));
+/// assert_eq!(format!("{norm}"), "RMSNorm((4,), eps=None, elementwise_affine=True)");
+/// # Ok::<(), ember_nn::Error>(())
+/// ```
+#[derive(Debug, Module)]
+pub struct RMSNorm {
+    /// Scale, `normalized_shape`, starts at 1 (absent without elementwise affine).
+    #[param]
+    pub weight: Option<Tensor>,
+    normalized_shape: Vec<usize>,
+    eps: Option<f64>,
+    training: TrainingFlag,
+    hooks: ModuleHooks,
+}
+
+impl RMSNorm {
+    /// `RMSNorm(normalized_shape)`: eps from the input's dtype, with a weight.
+    pub fn new(normalized_shape: &[usize], opts: impl Into<Options>) -> Result<Self> {
+        Self::with_options(normalized_shape, None, true, opts)
+    }
+
+    /// `RMSNorm(normalized_shape, eps, elementwise_affine)`.
+    pub fn with_options(
+        normalized_shape: &[usize],
+        eps: Option<f64>,
+        elementwise_affine: bool,
+        opts: impl Into<Options>,
+    ) -> Result<Self> {
+        let (dtype, device) = float_options("RMSNorm", opts)?;
+        if normalized_shape.is_empty() {
+            return Err(NnError::invalid("RMSNorm", "normalized_shape must not be empty").into());
+        }
+        if let Some(e) = eps.filter(|e| e.is_nan() || *e < 0.0) {
+            return Err(
+                NnError::invalid("RMSNorm", format!("expected eps >= 0, found {e}")).into(),
+            );
+        }
+        let weight = if elementwise_affine {
+            Some(parameter(Raw::ones(normalized_shape, (device, dtype))?)?)
+        } else {
+            None
+        };
+        Ok(RMSNorm {
+            weight,
+            normalized_shape: normalized_shape.to_vec(),
+            eps,
+            training: TrainingFlag::default(),
+            hooks: ModuleHooks::default(),
+        })
+    }
+}
+
+impl Module for RMSNorm {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        if let Some(w) = &self.weight {
+            check_device("RMSNorm", "weight", w, x)?;
+        }
+        F::rms_norm(x, &self.normalized_shape, self.weight.as_ref(), self.eps)
+    }
+    fn extra_repr(&self) -> String {
+        format!(
+            "({},), eps={}, elementwise_affine={}",
+            join(&self.normalized_shape),
+            self.eps.map_or("None".to_string(), py_float),
+            py_bool(self.weight.is_some())
         )
     }
 }

@@ -14,6 +14,7 @@ mod norm;
 mod reduce;
 mod select;
 pub mod table;
+mod triangle;
 mod untracked;
 mod view;
 

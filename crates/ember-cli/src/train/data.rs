@@ -26,7 +26,7 @@ impl Corpus {
     pub(super) fn load() -> Result<Corpus, Error> {
         let text = load_text()?;
         let vocab = Vocab::from_text(&text);
-        let tokens = vocab.encode(&text).map_err(|e| super::setup::invalid(e))?;
+        let tokens = vocab.encode(&text).map_err(super::setup::invalid)?;
         Ok(Corpus { vocab, tokens })
     }
 }
@@ -60,6 +60,9 @@ pub(super) struct Data {
     /// Validation samples (digits), or characters of the held-out text.
     pub(super) val_samples: usize,
 }
+
+/// An epoch's training batches `[inputs, targets]`.
+pub(super) type Batches<'a> = Box<dyn Iterator<Item = Result<Vec<Tensor>, Error>> + 'a>;
 
 /// Validation windows per batch.
 const VAL_BATCH: usize = 64;
@@ -179,10 +182,7 @@ impl Data {
     }
 
     /// The training batches `[inputs, targets]` of epoch `epoch` (0-based), on the CPU.
-    pub(super) fn epoch(
-        &self,
-        epoch: usize,
-    ) -> Result<Box<dyn Iterator<Item = Result<Vec<Tensor>, Error>> + '_>, Error> {
+    pub(super) fn epoch(&self, epoch: usize) -> Result<Batches<'_>, Error> {
         match &self.source {
             Source::Loader { loader, sampler } => {
                 if let Some(s) = sampler {

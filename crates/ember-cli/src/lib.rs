@@ -3,7 +3,9 @@
 //! umbrella library `ember` carries no command-line dependency (`clap`, `indicatif`).
 //!
 //! - [`train`]: `ember train` — the digits, a model, the loop, validation, checkpoints.
+//! - [`generate`]: `ember generate` — text sampled from a checkpoint of `--model gpt`.
 //! - [`info`]: `ember info` — what `torch.cuda` would report, as text or JSON.
 
+pub mod generate;
 pub mod info;
 pub mod train;

@@ -1,12 +1,15 @@
-//! The `ember` program. `ember train` trains a model on the shipped digits (Ember's main
-//! job); `ember info` prints the setup checks the walk-throughs print; `ember launch` starts
+//! The `ember` program. `ember train` trains a model on the shipped digits or, with `--model
+//! gpt`, on the shipped text (Ember's main job); `ember generate` samples text from a gpt
+//! checkpoint; `ember info` prints the setup checks the walk-throughs print; `ember launch` starts
 //! the ranks of a distributed program, as torchrun.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use ember_cli::train::{AmpDtype, DeviceChoice, EpochStats, ModelKind, Progress, TrainConfig};
+use ember_cli::train::{
+    AmpDtype, DeviceChoice, EpochStats, GptOptions, ModelKind, Progress, TrainConfig,
+};
 use indicatif::{ProgressBar, ProgressStyle};
 
 /// Ember: a deep-learning framework with PyTorch's GPU workflow.
@@ -66,54 +69,104 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Train a model on the 8x8 handwritten digits that ship with Ember, with a progress
-    /// bar, validation accuracy per epoch, peak memory, and resumable checkpoints.
-    Train {
+    /// Train a model on the 8x8 handwritten digits that ship with Ember (or, with --model
+    /// gpt, a character-level transformer on Ember's own documentation, data/text), with a
+    /// progress bar, validation accuracy (gpt: loss and perplexity) per epoch, peak memory,
+    /// and resumable checkpoints.
+    Train(Box<TrainArgs>),
+    /// Print text sampled from a checkpoint of `ember train --model gpt --save`: the prompt
+    /// and --max-new-tokens characters after it.
+    Generate {
+        /// A checkpoint written by `ember train --model gpt --save`.
+        #[arg(long)]
+        checkpoint: PathBuf,
+        /// The text to continue (every character must be in the checkpoint's vocabulary).
+        #[arg(long)]
+        prompt: String,
+        /// Characters to add.
+        #[arg(long, default_value_t = 200)]
+        max_new_tokens: usize,
+        /// Divides the logits before the softmax; 0 takes the most likely character
+        /// (greedy).
+        #[arg(long, default_value_t = 0.8, allow_negative_numbers = true)]
+        temperature: f64,
+        /// Sample among the K most likely characters only (1: greedy) [default: all].
+        #[arg(long)]
+        top_k: Option<usize>,
+        /// Seed of the draws.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
         /// auto (CUDA if available, else the CPU), cpu, cuda, or cuda:N.
         #[arg(long, default_value = "auto")]
         device: DeviceChoice,
-        /// Passes over the training set (in all, when resuming).
-        #[arg(long, default_value_t = TrainConfig::default().epochs, allow_negative_numbers = true)]
-        epochs: usize,
-        /// Samples per step.
-        #[arg(long, default_value_t = TrainConfig::default().batch_size, allow_negative_numbers = true)]
-        batch_size: usize,
-        /// Adam's learning rate [default: 0.002]. With --resume: overrides the
-        /// checkpoint's (a note on stderr says so).
-        #[arg(long, allow_negative_numbers = true)]
-        lr: Option<f64>,
-        /// The model.
-        #[arg(long, value_enum, default_value_t = ModelKind::Mlp)]
-        model: ModelKind,
-        /// The cnn's width: channels of its first convolution, twice as many in the second
-        /// [default: 16]. With --resume: the checkpoint's.
-        #[arg(long)]
-        width: Option<usize>,
-        /// Seed for initialisation, the split and the data order [default: 0]. With
-        /// --resume: the checkpoint's; another seed is an error.
-        #[arg(long, allow_negative_numbers = true)]
-        seed: Option<u64>,
-        /// Worker threads preparing batches ahead.
-        #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
-        num_workers: usize,
-        /// Write a checkpoint (model, optimizer, epoch, RNG state) here after every epoch.
-        #[arg(long)]
-        save: Option<PathBuf>,
-        /// Continue from a checkpoint written by --save.
-        #[arg(long)]
-        resume: Option<PathBuf>,
-        /// Mixed precision: forward and loss under autocast in bf16 (no loss scaling) or
-        /// f16 (with a GradScaler), f32 master weights [default: f32 throughout].
-        #[arg(long, value_enum)]
-        amp: Option<AmpDtype>,
-        /// Profile a few steps after a warm-up: trace files (Chrome/TensorBoard), a memory
-        /// timeline and the top-10 table go here.
-        #[arg(long, value_name = "DIR")]
-        profile: Option<PathBuf>,
-        /// Print one JSON summary on stdout (no progress bar).
-        #[arg(long)]
-        json: bool,
     },
+}
+
+/// The options of `ember train`.
+#[derive(Debug, clap::Args)]
+struct TrainArgs {
+    /// auto (CUDA if available, else the CPU), cpu, cuda, or cuda:N.
+    #[arg(long, default_value = "auto")]
+    device: DeviceChoice,
+    /// Passes over the training set (gpt: of --steps-per-epoch steps), in all when
+    /// resuming [default: 30; gpt: 10].
+    #[arg(long, allow_negative_numbers = true)]
+    epochs: Option<usize>,
+    /// Samples per step (gpt: windows of --block-size characters) [default: 64; gpt:
+    /// 32].
+    #[arg(long, allow_negative_numbers = true)]
+    batch_size: Option<usize>,
+    /// Adam's learning rate [default: 0.002]. With --resume: overrides the
+    /// checkpoint's (a note on stderr says so).
+    #[arg(long, allow_negative_numbers = true)]
+    lr: Option<f64>,
+    /// The model.
+    #[arg(long, value_enum, default_value_t = ModelKind::Mlp)]
+    model: ModelKind,
+    /// The cnn's width: channels of its first convolution, twice as many in the second
+    /// [default: 16]. With --resume: the checkpoint's.
+    #[arg(long)]
+    width: Option<usize>,
+    /// Seed for initialisation, the split and the data order [default: 0]. With
+    /// --resume: the checkpoint's; another seed is an error.
+    #[arg(long, allow_negative_numbers = true)]
+    seed: Option<u64>,
+    /// Worker threads preparing batches ahead.
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
+    num_workers: usize,
+    /// Write a checkpoint (model, optimizer, epoch, RNG state) here after every epoch.
+    #[arg(long)]
+    save: Option<PathBuf>,
+    /// Continue from a checkpoint written by --save.
+    #[arg(long)]
+    resume: Option<PathBuf>,
+    /// Mixed precision: forward and loss under autocast in bf16 (no loss scaling) or
+    /// f16 (with a GradScaler), f32 master weights [default: f32 throughout].
+    #[arg(long, value_enum)]
+    amp: Option<AmpDtype>,
+    /// Profile a few steps after a warm-up: trace files (Chrome/TensorBoard), a memory
+    /// timeline and the top-10 table go here.
+    #[arg(long, value_name = "DIR")]
+    profile: Option<PathBuf>,
+    /// Print one JSON summary on stdout (no progress bar).
+    #[arg(long)]
+    json: bool,
+    /// The gpt's transformer blocks [default: 4]. With --resume: the checkpoint's.
+    #[arg(long)]
+    n_layer: Option<usize>,
+    /// The gpt's attention heads per block [default: 4]. With --resume: the checkpoint's.
+    #[arg(long)]
+    n_head: Option<usize>,
+    /// The gpt's width (d_model) [default: 128]. With --resume: the checkpoint's.
+    #[arg(long)]
+    d_model: Option<usize>,
+    /// The gpt's context in characters [default: 64]. With --resume: the checkpoint's.
+    #[arg(long)]
+    block_size: Option<usize>,
+    /// The gpt's optimizer steps per epoch, each on --batch-size random windows
+    /// [default: 50].
+    #[arg(long)]
+    steps_per_epoch: Option<usize>,
 }
 
 /// The progress bar: one bar per epoch with the running loss and throughput, and a line
@@ -156,13 +209,24 @@ impl Progress for Bar {
         if let Some(b) = self.bar.take() {
             b.finish_and_clear();
         }
-        if !self.quiet {
-            eprintln!(
+        if self.quiet {
+            return;
+        }
+        match s.val_perplexity {
+            Some(ppl) => eprintln!(
+                "epoch {:>3}: train loss {:.4}, val loss {:.4}, val perplexity {:.2}, next-char accuracy {:.2}%",
+                s.epoch,
+                s.train_loss,
+                s.val_loss,
+                ppl,
+                100.0 * s.val_accuracy
+            ),
+            None => eprintln!(
                 "epoch {:>3}: train loss {:.4}, val accuracy {:.2}%",
                 s.epoch,
                 s.train_loss,
                 100.0 * s.val_accuracy
-            );
+            ),
         }
     }
 }
@@ -231,15 +295,24 @@ fn train(cfg: TrainConfig, json: bool) -> ExitCode {
     if json {
         return print_json("ember train", &summary);
     } else {
+        let validation = match summary.val_perplexity {
+            Some(ppl) => format!(
+                "validation loss {:.4}, perplexity {ppl:.2} ({} characters held out)",
+                summary.val_loss, summary.val_samples
+            ),
+            None => format!(
+                "validation accuracy {:.2}% ({} samples)",
+                100.0 * summary.val_accuracy,
+                summary.val_samples
+            ),
+        };
         println!(
-            "done: {} epoch(s) on {} in {}, {:.0} samples/s; final loss {:.4}, validation accuracy {:.2}% ({} samples); peak memory {}",
+            "done: {} epoch(s) on {} in {}, {:.0} samples/s; final loss {:.4}, {validation}; peak memory {}",
             summary.epochs_run,
             summary.device,
             ember_cli::train::format_duration(summary.seconds),
             summary.samples_per_sec,
             summary.final_loss,
-            100.0 * summary.val_accuracy,
-            summary.val_samples,
             ember_memory::format_size(summary.peak_memory_bytes)
         );
         if let Some(p) = &summary.checkpoint {
@@ -257,6 +330,34 @@ fn train(cfg: TrainConfig, json: bool) -> ExitCode {
         }
     }
     ExitCode::SUCCESS
+}
+
+/// `ember train`: the options as a [`TrainConfig`] (the epochs' and the batch's defaults
+/// are the model's), then [`train`].
+fn train_command(a: TrainArgs) -> ExitCode {
+    let cfg = TrainConfig {
+        device: a.device,
+        epochs: a.epochs.unwrap_or(a.model.default_epochs()),
+        batch_size: a.batch_size.unwrap_or(a.model.default_batch_size()),
+        lr: a.lr,
+        model: a.model,
+        width: a.width,
+        seed: a.seed,
+        num_workers: a.num_workers,
+        save: a.save,
+        resume: a.resume,
+        amp: a.amp,
+        profile: a.profile,
+        steps_per_epoch: a.steps_per_epoch,
+        gpt: GptOptions {
+            n_layer: a.n_layer,
+            n_head: a.n_head,
+            d_model: a.d_model,
+            block_size: a.block_size,
+        },
+        ..TrainConfig::default()
+    };
+    train(cfg, a.json)
 }
 
 fn main() -> ExitCode {
@@ -305,37 +406,39 @@ fn main() -> ExitCode {
                 print!("{}", info.to_text());
             }
         }
-        Command::Train {
-            device,
-            epochs,
-            batch_size,
-            lr,
-            model,
-            width,
+        Command::Train(args) => return train_command(*args),
+        Command::Generate {
+            checkpoint,
+            prompt,
+            max_new_tokens,
+            temperature,
+            top_k,
             seed,
-            num_workers,
-            save,
-            resume,
-            amp,
-            profile,
-            json,
+            device,
         } => {
-            let cfg = TrainConfig {
-                device,
-                epochs,
-                batch_size,
-                lr,
-                model,
-                width,
-                seed,
-                num_workers,
-                save,
-                resume,
-                amp,
-                profile,
-                ..TrainConfig::default()
+            let device = match ember_cli::train::resolve_device(device) {
+                Ok((d, _)) => d,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return ExitCode::FAILURE;
+                }
             };
-            return train(cfg, json);
+            let cfg = ember_cli::generate::GenerateConfig {
+                checkpoint,
+                prompt,
+                max_new_tokens,
+                temperature,
+                top_k,
+                seed,
+                device,
+            };
+            match ember_cli::generate::generate(&cfg) {
+                Ok(text) => println!("{text}"),
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return ExitCode::FAILURE;
+                }
+            }
         }
     }
     ExitCode::SUCCESS

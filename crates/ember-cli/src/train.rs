@@ -34,18 +34,20 @@ mod checkpoint;
 mod data;
 mod device;
 mod distributed;
+pub mod gpt;
 mod model;
 mod profile;
 mod run;
 mod setup;
+pub mod text;
 
-pub use checkpoint::{Checkpoint, FORMAT, read_checkpoint};
+pub use checkpoint::{Checkpoint, FORMAT, read_checkpoint, read_checkpoint_for};
 pub use device::{CudaState, choose_device, resolve_device};
-pub use model::build_model;
+pub use model::{ModelSpec, build_model};
 pub use profile::{PROFILE_ACTIVE, PROFILE_SKIP, ProfileSummary};
 pub use setup::{format_duration, show};
 
-use data::Data;
+use data::{Corpus, Data};
 use distributed::Distributed;
 use profile::RunProfiler;
 use run::{Clock, Run};
@@ -59,6 +61,21 @@ pub const DEFAULT_SEED: u64 = 0;
 /// Channels of the CNN's first convolution without `--width`.
 pub const DEFAULT_WIDTH: usize = 16;
 
+/// The GPT's blocks without `--n-layer`.
+pub const DEFAULT_N_LAYER: usize = 4;
+
+/// The GPT's attention heads without `--n-head`.
+pub const DEFAULT_N_HEAD: usize = 4;
+
+/// The GPT's width without `--d-model`.
+pub const DEFAULT_D_MODEL: usize = 128;
+
+/// The GPT's context without `--block-size`.
+pub const DEFAULT_BLOCK_SIZE: usize = 64;
+
+/// The GPT's optimizer steps per epoch without `--steps-per-epoch`.
+pub const DEFAULT_STEPS_PER_EPOCH: usize = 50;
+
 /// Which model `ember train` builds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -68,6 +85,9 @@ pub enum ModelKind {
     /// Two 3×3 convolutions (`--width` and twice as many channels) with ReLU and 2×2 max
     /// pooling, then a linear layer.
     Cnn,
+    /// A character-level decoder-only transformer on the shipped text (Note [The GPT] in
+    /// [`gpt`]).
+    Gpt,
 }
 
 impl ModelKind {
@@ -76,6 +96,24 @@ impl ModelKind {
         match self {
             ModelKind::Mlp => "mlp",
             ModelKind::Cnn => "cnn",
+            ModelKind::Gpt => "gpt",
+        }
+    }
+
+    /// Epochs of a run that does not give `--epochs`.
+    pub fn default_epochs(self) -> usize {
+        match self {
+            ModelKind::Gpt => 10,
+            _ => 30,
+        }
+    }
+
+    /// Samples (digits) or windows (text) per step of a run that does not give
+    /// `--batch-size`.
+    pub fn default_batch_size(self) -> usize {
+        match self {
+            ModelKind::Gpt => 32,
+            _ => 64,
         }
     }
 }
@@ -162,6 +200,25 @@ pub struct TrainConfig {
     pub amp: Option<AmpDtype>,
     /// Profile a few steps into this directory (Note [Profiling a run]).
     pub profile: Option<PathBuf>,
+    /// The GPT's optimizer steps per epoch (each on `batch_size` random windows):
+    /// [`DEFAULT_STEPS_PER_EPOCH`] when `None`.
+    pub steps_per_epoch: Option<usize>,
+    /// The GPT's sizes; `None`: the default, or the checkpoint's when resuming.
+    pub gpt: GptOptions,
+}
+
+/// The sizes `--model gpt` takes: each `None` is the default (`DEFAULT_N_LAYER`, ...) or,
+/// when resuming, the checkpoint's (another value is an error).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GptOptions {
+    /// `--n-layer`: transformer blocks.
+    pub n_layer: Option<usize>,
+    /// `--n-head`: attention heads.
+    pub n_head: Option<usize>,
+    /// `--d-model`: width of the residual stream.
+    pub d_model: Option<usize>,
+    /// `--block-size`: characters of context.
+    pub block_size: Option<usize>,
 }
 
 impl Default for TrainConfig {
@@ -180,6 +237,8 @@ impl Default for TrainConfig {
             num_workers: 0,
             amp: None,
             profile: None,
+            steps_per_epoch: None,
+            gpt: GptOptions::default(),
         }
     }
 }
@@ -191,8 +250,14 @@ pub struct EpochStats {
     pub epoch: usize,
     /// Mean training loss over the epoch's batches.
     pub train_loss: f64,
-    /// Share of validation samples classified correctly, 0–1.
+    /// Share of validation samples classified correctly, 0–1 (for the GPT: of validation
+    /// positions whose most likely next character is the right one).
     pub val_accuracy: f64,
+    /// Mean cross-entropy over the validation samples (for the GPT: over every position of
+    /// the validation windows, in nats per character).
+    pub val_loss: f64,
+    /// `exp(val_loss)`, for the GPT alone (null for the others).
+    pub val_perplexity: Option<f64>,
 }
 
 /// What `ember train --json` prints.
@@ -206,6 +271,8 @@ pub struct TrainSummary {
     pub model: ModelKind,
     /// The cnn's width (channels of its first convolution); `None` for the MLP.
     pub width: Option<usize>,
+    /// The GPT's hyper-parameters, for the GPT alone (null for the others).
+    pub gpt: Option<gpt::GptConfig>,
     /// Epochs done in all (including those before a resume).
     pub epochs: usize,
     /// Epochs this run did.
@@ -214,15 +281,19 @@ pub struct TrainSummary {
     pub final_loss: f64,
     /// The last epoch's validation accuracy, 0–1.
     pub val_accuracy: f64,
+    /// The last epoch's validation loss.
+    pub val_loss: f64,
+    /// The last epoch's validation perplexity, for the GPT alone.
+    pub val_perplexity: Option<f64>,
     /// Training samples per second over this run's epochs.
     pub samples_per_sec: f64,
     /// The caching allocator's peak `memory_allocated` on the device during this run.
     pub peak_memory_bytes: u64,
     /// Wall time of this run's training and validation.
     pub seconds: f64,
-    /// Samples in the training split.
+    /// Samples in the training split (for the GPT: characters).
     pub train_samples: usize,
-    /// Samples in the validation split.
+    /// Samples in the validation split (for the GPT: characters).
     pub val_samples: usize,
     /// Trainable parameters.
     pub parameters: usize,
@@ -300,9 +371,15 @@ pub fn train(cfg: &TrainConfig, progress: &mut dyn Progress) -> Result<TrainSumm
         setup::check_resume(cfg, c)?;
     }
     ember_tensor::random::manual_seed(seed);
-    let data = Data::load(cfg, seed, device, dist.as_ref().map(|d| (world, d.rank)))?;
-    let width = setup::width(cfg, ckpt.as_ref())?;
-    let mut run = Run::build(cfg, width, device, dist.as_ref())?;
+    let corpus = match cfg.model {
+        ModelKind::Gpt => Some(Corpus::load()?),
+        _ => None,
+    };
+    let spec = setup::model_spec(cfg, ckpt.as_ref(), corpus.as_ref().map(|c| &c.vocab))?;
+    let ranks = dist.as_ref().map(|d| (world, d.rank));
+    let data = Data::load(cfg, (&spec, corpus.as_ref()), seed, device, ranks)?;
+    let vocab = corpus.map(|c| c.vocab);
+    let mut run = Run::build(cfg, spec, device, dist.as_ref())?;
     if let Some(c) = &ckpt {
         run.resume(c, cfg, progress, &mut notes)?;
     }
@@ -323,7 +400,7 @@ pub fn train(cfg: &TrainConfig, progress: &mut dyn Progress) -> Result<TrainSumm
         let stats = run.stats(epoch, loss, &data)?;
         progress.epoch_end(&stats);
         history.push(stats);
-        run.save(cfg, (seed, rank), epoch + 1)?;
+        run.save(cfg, (seed, rank), epoch + 1, vocab.as_ref())?;
     }
     let seconds = clock.started.elapsed().as_secs_f64();
     if let Some(d) = dist {
@@ -369,17 +446,25 @@ impl Report<'_> {
             epoch: run.start_epoch,
             train_loss: f64::NAN,
             val_accuracy: f64::NAN,
+            val_loss: f64::NAN,
+            val_perplexity: None,
         });
         let (device, device_reason) = self.device;
         Ok(TrainSummary {
             device: device.to_string(),
             device_reason,
             model: cfg.model,
-            width: (cfg.model == ModelKind::Cnn).then_some(run.width),
+            width: match run.spec {
+                ModelSpec::Cnn { width } => Some(width),
+                _ => None,
+            },
+            gpt: run.spec.gpt(),
             epochs: cfg.epochs,
             epochs_run: self.history.len(),
             final_loss: last.train_loss,
             val_accuracy: last.val_accuracy,
+            val_loss: last.val_loss,
+            val_perplexity: last.val_perplexity,
             samples_per_sec: self.samples as f64 / self.seconds.max(1e-9),
             peak_memory_bytes: ember_memory::max_memory_allocated(device)?,
             seconds: self.seconds,

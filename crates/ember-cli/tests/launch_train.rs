@@ -53,3 +53,56 @@ fn two_ranks_train_the_digits_to_the_single_process_bar() {
         String::from_utf8_lossy(&out.stdout)
     );
 }
+
+/// The gpt under two ranks: each draws half of every step's windows from its own stream,
+/// and the summary says both trained.
+#[test]
+fn two_ranks_train_the_gpt() {
+    let ember = env!("CARGO_BIN_EXE_ember");
+    let out = Command::new(ember)
+        .args([
+            "launch",
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            "29532",
+            "--",
+        ])
+        .args([
+            ember, "train", "--device", "cpu", "--json", "--model", "gpt",
+        ])
+        .args([
+            "--n-layer",
+            "1",
+            "--n-head",
+            "2",
+            "--d-model",
+            "32",
+            "--block-size",
+            "16",
+        ])
+        .args([
+            "--batch-size",
+            "16",
+            "--steps-per-epoch",
+            "10",
+            "--epochs",
+            "2",
+        ])
+        .env_remove("EMBER_CUDA_EMULATOR")
+        .output()
+        .unwrap();
+    let stdout = rank0_stdout(&out.stdout);
+    assert!(
+        out.status.success(),
+        "ember launch failed: {}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("rank 0's JSON ({e}):\n{stdout}"));
+    assert_eq!(v["world_size"], 2, "{v}");
+    let h = v["history"].as_array().unwrap();
+    let loss = |i: usize| h[i]["val_loss"].as_f64().unwrap();
+    assert!(loss(1) < loss(0), "{v}");
+}

@@ -5,7 +5,10 @@
 //! (one safetensors file, Note [Checkpoint file] in `ember-nn`): the model's `state_dict`
 //! under `model.`, the optimizer's under `optimizer.`, the `GradScaler`'s under `scaler.`
 //! (`scaler.scale`, `scaler._growth_tracker`, ...: its `state_dict` keys, present for f16
-//! alone), and plain values — `format` ([`FORMAT`]), `epoch`, `arch` (`mlp`, `cnn`), `seed`
+//! alone), and plain values — `format` ([`FORMAT`]), `epoch`, `arch` (`mlp`, `cnn`, `gpt`;
+//! the GPT's hyper-parameters under `gpt.` — `gpt.n_layer`, `gpt.n_head`, `gpt.d_model`,
+//! `gpt.block_size` — and its vocabulary as `gpt.vocab`, the code points of its characters
+//! in decimal, separated by spaces, so that `ember generate` can decode), `seed`
 //! (of the train/validation split and the data order), `val_fraction` (of the split), `amp`
 //! (`bf16`, `f16`; absent for f32 training), the random generators' states (`rng.cpu.seed`,
 //! `rng.cpu.offset`, `rng.cuda:0.seed`, ...) — in the file's metadata, with the CRC-32 of
@@ -23,12 +26,15 @@ use std::path::Path;
 use ember_amp::GradScaler;
 use ember_autograd::ErrorKind;
 use ember_device::{Device, cuda};
-use ember_nn::layers::Sequential;
+use std::sync::Arc;
+
 use ember_nn::optim::{Adam, AdamOptions, Optimizer};
 use ember_nn::{Error, Module, StateDict, Value};
 use ember_tensor::random::{GeneratorState, default_generator};
 
-use super::{AmpDtype, ModelKind, build_model};
+use super::gpt::GptConfig;
+use super::text::Vocab;
+use super::{AmpDtype, ModelKind, ModelSpec, build_model};
 
 /// The `format` metadata of the checkpoints this version writes and reads.
 pub const FORMAT: &str = "ember-train-checkpoint-v3";
@@ -41,8 +47,12 @@ pub struct Checkpoint {
     /// The model it holds.
     pub model: ModelKind,
     /// The CNN's width (its first convolution's output channels, read from the weights);
-    /// [`super::DEFAULT_WIDTH`] for the MLP.
+    /// [`super::DEFAULT_WIDTH`] for the other models.
     pub width: usize,
+    /// The model with its sizes.
+    pub spec: ModelSpec,
+    /// The GPT's vocabulary (`None` for the digits' models).
+    pub vocab: Option<Vocab>,
     /// The seed of the run that wrote it: of the split and the data order.
     pub seed: u64,
     /// The share of the digits held out for validation.
@@ -61,10 +71,7 @@ pub struct Checkpoint {
 
 /// A [`ErrorKind::StateDict`] error about the checkpoint at `path`.
 fn bad(path: &Path, msg: impl std::fmt::Display) -> Error {
-    Error::new(
-        ErrorKind::StateDict,
-        format!("ember train --resume {}: {msg}", path.display()),
-    )
+    Error::new(ErrorKind::StateDict, format!("{}: {msg}", path.display()))
 }
 
 /// The checkpoint of `--resume`, or `None` with a note when `--resume` names the `--save`
@@ -89,10 +96,21 @@ pub(super) fn resume_from(
 }
 
 /// Reads the checkpoint at `path` (the whole file checked against its checksum) and its
-/// values; the tensors are checked by [`Checkpoint::restore`].
+/// values; the tensors are checked by [`Checkpoint::restore`]. Errors begin with `ember
+/// train --resume`.
 pub fn read_checkpoint(path: &Path) -> Result<Checkpoint, Error> {
-    let (tensors, meta) = ember_nn::io::load_with_metadata(path, Device::Cpu)
-        .map_err(|e| Error::new(e.kind(), format!("ember train --resume: {e}")))?;
+    read_checkpoint_for(path, "ember train --resume")
+}
+
+/// [`read_checkpoint`] for the command `who` (`ember generate --checkpoint`), which begins
+/// its errors.
+pub fn read_checkpoint_for(path: &Path, who: &str) -> Result<Checkpoint, Error> {
+    read_checkpoint_inner(path).map_err(|e| Error::new(e.kind(), format!("{who} {e}")))
+}
+
+fn read_checkpoint_inner(path: &Path) -> Result<Checkpoint, Error> {
+    let (tensors, meta) =
+        ember_nn::io::load_with_metadata(path, Device::Cpu).map_err(|e| bad(path, e))?;
     let mut state = tensors;
     for (k, v) in &meta {
         state.set(k.clone(), Value::from_metadata(v));
@@ -139,6 +157,7 @@ pub fn read_checkpoint(path: &Path) -> Result<Checkpoint, Error> {
     let model = match field("arch")? {
         Value::Str(s) if s == "mlp" => ModelKind::Mlp,
         Value::Str(s) if s == "cnn" => ModelKind::Cnn,
+        Value::Str(s) if s == "gpt" => ModelKind::Gpt,
         other => return Err(parse_err("arch", &other)),
     };
     let seed: u64 = state.item("seed").map_err(|e| bad(path, e))?;
@@ -168,16 +187,26 @@ pub fn read_checkpoint(path: &Path) -> Result<Checkpoint, Error> {
     let (model_state, optimizer_state) = split_states(path, &state)?;
     // The CNN's width is its first convolution's output channels.
     let width = match model {
-        ModelKind::Mlp => super::DEFAULT_WIDTH,
         ModelKind::Cnn => model_state
             .get("0.weight")
             .and_then(|w| w.dims().first().copied())
             .ok_or_else(|| bad(path, "a cnn checkpoint without the tensor model.0.weight"))?,
+        _ => super::DEFAULT_WIDTH,
+    };
+    let (spec, vocab) = match model {
+        ModelKind::Mlp => (ModelSpec::Mlp, None),
+        ModelKind::Cnn => (ModelSpec::Cnn { width }, None),
+        ModelKind::Gpt => {
+            let (c, v) = gpt_values(path, &state)?;
+            (ModelSpec::Gpt(c), Some(v))
+        }
     };
     Ok(Checkpoint {
         epoch,
         model,
         width,
+        spec,
+        vocab,
         seed,
         val_fraction,
         amp,
@@ -188,6 +217,35 @@ pub fn read_checkpoint(path: &Path) -> Result<Checkpoint, Error> {
         scaler_state,
         rng,
     })
+}
+
+/// The GPT's hyper-parameters and vocabulary from the metadata (`gpt.*`).
+fn gpt_values(path: &Path, state: &StateDict) -> Result<(GptConfig, Vocab), Error> {
+    let size = |k: &str| -> Result<usize, Error> {
+        state
+            .item::<usize>(&format!("gpt.{k}"))
+            .map_err(|e| bad(path, e))
+    };
+    let vocab = match state.value("gpt.vocab") {
+        Some(Value::Str(s)) => Vocab::from_metadata(s),
+        _ => None,
+    }
+    .ok_or_else(|| {
+        bad(
+            path,
+            "a gpt checkpoint without a valid gpt.vocab in its metadata",
+        )
+    })?;
+    let c = GptConfig {
+        vocab_size: vocab.len(),
+        block_size: size("block_size")?,
+        n_layer: size("n_layer")?,
+        n_head: size("n_head")?,
+        d_model: size("d_model")?,
+    };
+    c.check()
+        .map_err(|e| bad(path, format!("bad gpt sizes: {e}")))?;
+    Ok((c, vocab))
 }
 
 /// The random generators' states (`rng.cpu.seed`, `rng.cpu.offset`, `rng.cuda:0.seed`,
@@ -255,12 +313,18 @@ impl Checkpoint {
 
     /// The model and optimizer it holds, built on `device` and loaded (without touching the
     /// random generators): what a resume would train on.
-    pub fn restore(&self, device: Device) -> Result<(Sequential, Adam), Error> {
-        let model = build_model(self.model, self.width, device)?;
+    pub fn restore(&self, device: Device) -> Result<(Arc<dyn Module>, Adam), Error> {
+        let model = self.restore_model(device)?;
         let mut opt = Adam::new(model.parameters(), AdamOptions::default())?;
-        model.load_state_dict(&self.model_state)?;
         opt.load_state_dict(&self.optimizer_state)?;
         Ok((model, opt))
+    }
+
+    /// The model it holds, built on `device` and loaded.
+    pub fn restore_model(&self, device: Device) -> Result<Arc<dyn Module>, Error> {
+        let model = build_model(&self.spec, device)?;
+        model.load_state_dict(&self.model_state)?;
+        Ok(model)
     }
 }
 
@@ -268,7 +332,7 @@ impl Checkpoint {
 /// `epoch` epochs (Note [Train checkpoint]).
 pub(super) fn save_checkpoint(
     path: &Path,
-    kind: ModelKind,
+    (spec, vocab): (&ModelSpec, Option<&Vocab>),
     split: (u64, f64),
     epoch: usize,
     (model, opt, amp, scaler): (&dyn Module, &dyn Optimizer, Option<AmpDtype>, &GradScaler),
@@ -276,7 +340,7 @@ pub(super) fn save_checkpoint(
     let mut state = StateDict::new()
         .with("format", FORMAT)
         .with("epoch", epoch)
-        .with("arch", kind.as_str())
+        .with("arch", spec.kind().as_str())
         .with("seed", split.0)
         .with("val_fraction", split.1)
         .with("model", model.state_dict()?)
@@ -284,6 +348,13 @@ pub(super) fn save_checkpoint(
         .with("scaler", scaler.state_dict()?);
     if let Some(a) = amp {
         state.put("amp", a.as_str());
+    }
+    if let (Some(c), Some(v)) = (spec.gpt(), vocab) {
+        state.put("gpt.n_layer", c.n_layer);
+        state.put("gpt.n_head", c.n_head);
+        state.put("gpt.d_model", c.d_model);
+        state.put("gpt.block_size", c.block_size);
+        state.put("gpt.vocab", v.to_metadata());
     }
     for device in rng_devices() {
         let st = default_generator(device).get_state();

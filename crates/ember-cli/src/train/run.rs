@@ -7,7 +7,6 @@ use std::time::Instant;
 use ember_amp::GradScaler;
 use ember_autograd::Tensor;
 use ember_device::Device;
-use ember_nn::layers::Sequential;
 use ember_nn::loss::{CrossEntropyLoss, Loss};
 use ember_nn::optim::{Adam, AdamOptions, Optimizer};
 use ember_nn::{Error, Module};
@@ -18,19 +17,20 @@ use super::data::Data;
 use super::distributed::Distributed;
 use super::profile::RunProfiler;
 use super::setup::{invalid, resume_path, show};
-use super::{AmpDtype, DEFAULT_LR, EpochStats, Progress, TrainConfig, build_model};
+use super::text::Vocab;
+use super::{AmpDtype, DEFAULT_LR, EpochStats, ModelSpec, Progress, TrainConfig, build_model};
 
 /// The model and the state that steps it.
 pub(super) struct Run {
-    pub(super) model: Arc<Sequential>,
-    ddp: Option<DistributedDataParallel<Arc<Sequential>>>,
+    pub(super) model: Arc<dyn Module>,
+    ddp: Option<DistributedDataParallel<Arc<dyn Module>>>,
     pub(super) opt: Adam,
     pub(super) scaler: GradScaler,
     loss_fn: CrossEntropyLoss,
     device: Device,
     amp: Option<AmpDtype>,
-    /// The cnn's width (its first convolution's channels).
-    pub(super) width: usize,
+    /// The model and its sizes.
+    pub(super) spec: ModelSpec,
     /// Ranks training together (1 alone).
     pub(super) world: usize,
     /// The first epoch this run trains (0, or the checkpoint's when resuming).
@@ -48,11 +48,11 @@ impl Run {
     /// and a scaler enabled for f16 only (f32 and bf16 get a disabled one, a pass-through).
     pub(super) fn build(
         cfg: &TrainConfig,
-        width: usize,
+        spec: ModelSpec,
         device: Device,
         dist: Option<&Distributed>,
     ) -> Result<Run, Error> {
-        let model = Arc::new(build_model(cfg.model, width, device)?);
+        let model = build_model(&spec, device)?;
         let ddp = match dist {
             Some(d) => Some(DistributedDataParallel::new(
                 model.clone(),
@@ -77,7 +77,7 @@ impl Run {
             loss_fn: CrossEntropyLoss::new(),
             device,
             amp: cfg.amp,
-            width,
+            spec,
             world: dist.map_or(1, |d| d.group.world_size()),
             start_epoch: 0,
         })
@@ -134,7 +134,8 @@ impl Run {
         self.opt.zero_grad(true)?;
         let loss = {
             let _autocast = autocast_region(self.amp, self.device)?;
-            self.loss_fn.forward(&self.net().forward(x)?, y)?
+            let (out, y) = flat_for_loss(self.net().forward(x)?, y)?;
+            self.loss_fn.forward(&out, &y)?
         };
         self.scaler.scale(&loss)?.backward()?;
         let stepped = self.scaler.step(&mut self.opt)?;
@@ -153,14 +154,11 @@ impl Run {
         profiler: Option<&mut RunProfiler>,
     ) -> Result<(f64, usize), Error> {
         self.model.train(true);
-        let batches_in_epoch = data.loader.len();
+        let batches_in_epoch = data.batches_per_epoch();
         progress.epoch_start(epoch + 1, cfg.epochs, batches_in_epoch);
-        if let Some(s) = &data.sampler {
-            s.set_epoch(epoch as u64);
-        }
         let (mut total, mut batches, mut skipped) = (0.0, 0usize, 0usize);
         let mut profiler = profiler;
-        for batch in data.loader.epoch(epoch as u64)? {
+        for batch in data.epoch(epoch)? {
             let batch = batch?;
             let (x, y) = (
                 batch[0].to_non_blocking(self.device)?,
@@ -206,11 +204,11 @@ impl Run {
         ))
     }
 
-    /// Share of the validation rows whose arg-max class is the label, without recording
-    /// history, under the run's autocast.
-    pub(super) fn validate(&self, data: &Data) -> Result<f64, Error> {
+    /// The validation's accuracy and mean loss (over rows, or the GPT's positions), without
+    /// recording history, under the run's autocast.
+    pub(super) fn validate(&self, data: &Data) -> Result<(f64, f64), Error> {
         let _autocast = autocast_region(self.amp, self.device)?;
-        accuracy(self.model.as_ref(), &data.val_x, &data.val_y)
+        evaluate(self.model.as_ref(), &data.val)
     }
 
     /// Writes the checkpoint of `cfg.save` after `epochs` epochs (rank 0 alone: every rank
@@ -220,13 +218,14 @@ impl Run {
         cfg: &TrainConfig,
         (seed, rank): (u64, usize),
         epochs: usize,
+        vocab: Option<&Vocab>,
     ) -> Result<(), Error> {
         let Some(path) = cfg.save.as_ref().filter(|_| rank == 0) else {
             return Ok(());
         };
         checkpoint::save_checkpoint(
             path,
-            cfg.model,
+            (&self.spec, vocab),
             (seed, cfg.val_fraction),
             epochs,
             (self.model.as_ref(), &self.opt, cfg.amp, &self.scaler),
@@ -240,10 +239,13 @@ impl Run {
         train_loss: f64,
         data: &Data,
     ) -> Result<EpochStats, Error> {
+        let (val_accuracy, val_loss) = self.validate(data)?;
         Ok(EpochStats {
             epoch: epoch + 1,
             train_loss,
-            val_accuracy: self.validate(data)?,
+            val_accuracy,
+            val_loss,
+            val_perplexity: self.spec.gpt().map(|_| val_loss.exp()),
         })
     }
 }
@@ -257,19 +259,44 @@ fn autocast_region(
         .transpose()
 }
 
-/// Share of `x`'s rows whose arg-max class is `y`, without recording history.
-fn accuracy(model: &dyn Module, x: &Tensor, y: &Tensor) -> Result<f64, Error> {
-    if y.numel() == 0 {
-        return Ok(f64::NAN);
+/// The model's output and the targets as the loss takes them: a sequence model's logits
+/// `[B, T, V]` and targets `[B, T]` become `[B·T, V]` and `[B·T]` (every position is a
+/// sample); a classifier's pass through.
+fn flat_for_loss(out: Tensor, y: &Tensor) -> Result<(Tensor, Tensor), Error> {
+    if y.rank() < 2 {
+        return Ok((out, y.clone()));
     }
+    let n = y.numel();
+    let v = out.numel() / n.max(1);
+    Ok((out.reshape([n, v])?, y.reshape([n])?))
+}
+
+/// Over the batches `(x, y)`: the share of rows (positions) whose arg-max class is the
+/// target and the mean cross-entropy, without recording history.
+fn evaluate(model: &dyn Module, batches: &[(Tensor, Tensor)]) -> Result<(f64, f64), Error> {
     let _g = ember_autograd::no_grad();
     model.eval();
-    let pred = model.forward(x)?.argmax(1)?;
-    let correct = pred
-        .eq(y)?
-        .to_dtype(ember_tensor::DType::F64)?
-        .sum_all()?
-        .item::<f64>()?;
+    let (mut correct, mut loss, mut n) = (0.0, 0.0, 0usize);
+    for (x, y) in batches {
+        let (out, y) = flat_for_loss(model.forward(x)?, y)?;
+        let rows = y.numel();
+        if rows == 0 {
+            continue;
+        }
+        correct += out
+            .argmax(1)?
+            .eq(&y)?
+            .to_dtype(ember_tensor::DType::F64)?
+            .sum_all()?
+            .item::<f64>()?;
+        let l =
+            ember_nn::functional::cross_entropy(&out.to_dtype(ember_tensor::DType::F32)?, &y, ())?;
+        loss += l.item::<f32>()? as f64 * rows as f64;
+        n += rows;
+    }
     model.train(true);
-    Ok(correct / y.numel() as f64)
+    if n == 0 {
+        return Ok((f64::NAN, f64::NAN));
+    }
+    Ok((correct / n as f64, loss / n as f64))
 }

@@ -5,7 +5,12 @@ use std::path::{Path, PathBuf};
 
 use ember_nn::{Error, NnError};
 
-use super::{AmpDtype, Checkpoint, DEFAULT_SEED, DEFAULT_WIDTH, ModelKind, TrainConfig};
+use super::gpt::GptConfig;
+use super::text::Vocab;
+use super::{
+    AmpDtype, Checkpoint, DEFAULT_BLOCK_SIZE, DEFAULT_D_MODEL, DEFAULT_N_HEAD, DEFAULT_N_LAYER,
+    DEFAULT_SEED, DEFAULT_WIDTH, ModelKind, ModelSpec, TrainConfig,
+};
 
 /// A float as a person reads it: `0.002`, `1e300` (not 301 digits), `NaN`, `inf`.
 pub fn show(x: f64) -> String {
@@ -22,8 +27,10 @@ pub(super) fn invalid(msg: String) -> Error {
     NnError::invalid("ember train", msg).into()
 }
 
-/// `--epochs`, `--batch-size` and `--lr` as a run needs them.
+/// `--epochs`, `--batch-size` and `--lr` as a run needs them, and the sizes of the model
+/// asked for (the GPT's options with another model, or `--width` with the GPT, are errors).
 pub(super) fn check_options(cfg: &TrainConfig) -> Result<(), Error> {
+    check_model_options(cfg)?;
     if cfg.batch_size == 0 || cfg.epochs == 0 {
         return Err(invalid(format!(
             "expected --epochs and --batch-size of at least 1, found {} and {}",
@@ -37,6 +44,45 @@ pub(super) fn check_options(cfg: &TrainConfig) -> Result<(), Error> {
             "expected a positive --lr, found {}",
             show(lr)
         )));
+    }
+    Ok(())
+}
+
+/// The options that size a model belong to it: `--n-layer`, `--n-head`, `--d-model`,
+/// `--block-size` and `--steps-per-epoch` to the GPT, `--width` to the cnn.
+fn check_model_options(cfg: &TrainConfig) -> Result<(), Error> {
+    let g = &cfg.gpt;
+    let gpt_given = [
+        ("--n-layer", g.n_layer),
+        ("--n-head", g.n_head),
+        ("--d-model", g.d_model),
+        ("--block-size", g.block_size),
+    ];
+    if cfg.model != ModelKind::Gpt {
+        if let Some((name, _)) = gpt_given.iter().find(|(_, v)| v.is_some()) {
+            return Err(invalid(format!(
+                "{name} sizes the gpt; --model {} does not take it",
+                cfg.model.as_str()
+            )));
+        }
+        if cfg.steps_per_epoch.is_some() {
+            return Err(invalid(format!(
+                "--steps-per-epoch is the gpt's (an epoch of --model {} is one pass over the digits)",
+                cfg.model.as_str()
+            )));
+        }
+    }
+    if cfg.model == ModelKind::Gpt {
+        if cfg.width.is_some() {
+            return Err(invalid(
+                "--width is the cnn's; the gpt's width is --d-model".to_string(),
+            ));
+        }
+        if cfg.steps_per_epoch == Some(0) {
+            return Err(invalid(
+                "expected --steps-per-epoch of at least 1, found 0".to_string(),
+            ));
+        }
     }
     Ok(())
 }
@@ -143,11 +189,76 @@ pub(super) fn seed(cfg: &TrainConfig, ckpt: Option<&Checkpoint>) -> Result<u64, 
     }
 }
 
+/// The model to build: the checkpoint's sizes when resuming (another `--width`,
+/// `--n-layer`, ... is an error naming it), else the options or the defaults. `vocab` is the
+/// shipped text's, for the GPT; a checkpoint of another vocabulary is an error.
+pub(super) fn model_spec(
+    cfg: &TrainConfig,
+    ckpt: Option<&Checkpoint>,
+    vocab: Option<&Vocab>,
+) -> Result<ModelSpec, Error> {
+    match cfg.model {
+        ModelKind::Mlp => Ok(ModelSpec::Mlp),
+        ModelKind::Cnn => Ok(ModelSpec::Cnn {
+            width: width(cfg, ckpt)?,
+        }),
+        ModelKind::Gpt => {
+            let Some(vocab) = vocab else {
+                return Err(invalid("the gpt needs the text's vocabulary".to_string()));
+            };
+            gpt_config(cfg, ckpt, vocab).map(ModelSpec::Gpt)
+        }
+    }
+}
+
+/// The GPT's sizes (see [`model_spec`]).
+fn gpt_config(
+    cfg: &TrainConfig,
+    ckpt: Option<&Checkpoint>,
+    vocab: &Vocab,
+) -> Result<GptConfig, Error> {
+    let g = &cfg.gpt;
+    let c = match ckpt.and_then(|c| c.spec.gpt()) {
+        None => GptConfig {
+            vocab_size: vocab.len(),
+            block_size: g.block_size.unwrap_or(DEFAULT_BLOCK_SIZE),
+            n_layer: g.n_layer.unwrap_or(DEFAULT_N_LAYER),
+            n_head: g.n_head.unwrap_or(DEFAULT_N_HEAD),
+            d_model: g.d_model.unwrap_or(DEFAULT_D_MODEL),
+        },
+        Some(c) => {
+            let pairs = [
+                ("--n-layer", g.n_layer, c.n_layer),
+                ("--n-head", g.n_head, c.n_head),
+                ("--d-model", g.d_model, c.d_model),
+                ("--block-size", g.block_size, c.block_size),
+            ];
+            for (name, asked, held) in pairs {
+                if let Some(a) = asked.filter(|a| *a != held) {
+                    return Err(invalid(format!(
+                        "{} holds a gpt with {name} {held}, but {name} {a} was asked for; leave it out to take the checkpoint's",
+                        resume_path(cfg)
+                    )));
+                }
+            }
+            if ckpt.and_then(|k| k.vocab.as_ref()) != Some(vocab) {
+                return Err(invalid(format!(
+                    "{} was trained on a text of another vocabulary than the shipped one",
+                    resume_path(cfg)
+                )));
+            }
+            c
+        }
+    };
+    c.check().map_err(invalid)?;
+    Ok(c)
+}
+
 /// The cnn's width: the checkpoint's when resuming (another `--width` is an error), else
 /// `--width` or [`DEFAULT_WIDTH`], at least 1.
-pub(super) fn width(cfg: &TrainConfig, ckpt: Option<&Checkpoint>) -> Result<usize, Error> {
+fn width(cfg: &TrainConfig, ckpt: Option<&Checkpoint>) -> Result<usize, Error> {
     let w = match (ckpt, cfg.width) {
-        (Some(c), Some(w)) if cfg.model == ModelKind::Cnn && w != c.width => {
+        (Some(c), Some(w)) if w != c.width => {
             return Err(invalid(format!(
                 "{} holds a cnn of width {}, but --width {w} was asked for",
                 resume_path(cfg),

@@ -151,13 +151,13 @@ struct TrainArgs {
     /// Print one JSON summary on stdout (no progress bar).
     #[arg(long)]
     json: bool,
-    /// The gpt's transformer blocks [default: 4]. With --resume: the checkpoint's.
+    /// The gpt's transformer blocks [default: 2]. With --resume: the checkpoint's.
     #[arg(long)]
     n_layer: Option<usize>,
     /// The gpt's attention heads per block [default: 4]. With --resume: the checkpoint's.
     #[arg(long)]
     n_head: Option<usize>,
-    /// The gpt's width (d_model) [default: 128]. With --resume: the checkpoint's.
+    /// The gpt's width (d_model) [default: 64]. With --resume: the checkpoint's.
     #[arg(long)]
     d_model: Option<usize>,
     /// The gpt's context in characters [default: 64]. With --resume: the checkpoint's.

@@ -62,13 +62,13 @@ pub const DEFAULT_SEED: u64 = 0;
 pub const DEFAULT_WIDTH: usize = 16;
 
 /// The GPT's blocks without `--n-layer`.
-pub const DEFAULT_N_LAYER: usize = 4;
+pub const DEFAULT_N_LAYER: usize = 2;
 
 /// The GPT's attention heads without `--n-head`.
 pub const DEFAULT_N_HEAD: usize = 4;
 
 /// The GPT's width without `--d-model`.
-pub const DEFAULT_D_MODEL: usize = 128;
+pub const DEFAULT_D_MODEL: usize = 64;
 
 /// The GPT's context without `--block-size`.
 pub const DEFAULT_BLOCK_SIZE: usize = 64;

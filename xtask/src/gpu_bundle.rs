@@ -26,7 +26,7 @@ use crate::{cargo, kernels, results, root, run_step};
 /// The test suites that take `EMBER_GPU_TEST=1`: (package, test target). Every suite whose
 /// tests run on `cuda:0` is here, unless [`NOT_BUNDLED`] says why not (the bundle names a
 /// suite by its test target, so two targets of one name cannot both travel).
-pub const GPU_SUITES: [(&str, &str); 31] = [
+pub const GPU_SUITES: [(&str, &str); 32] = [
     ("ember-tensor", "cuda_ops"),
     ("ember-tensor", "activation_bwd"),
     ("ember-tensor", "batch_norm"),
@@ -58,6 +58,7 @@ pub const GPU_SUITES: [(&str, &str); 31] = [
     ("ember-tensor", "loss_probs"),
     ("ember-tensor", "sdpa"),
     ("ember-nn", "transformer"),
+    ("ember-autograd", "new_ops"),
 ];
 
 /// Suites with device tests that the bundle leaves out, and why.

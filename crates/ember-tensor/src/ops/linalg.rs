@@ -78,34 +78,36 @@ fn matmul_grads(
 impl Tensor {
     /// Matrix product with PyTorch's rules (1-D, 2-D, batched with broadcast batch dims).
     pub fn matmul(&self, rhs: &Tensor) -> Result<Tensor> {
-        self.product(&crate::op_table::matmul, rhs, |a, b| a.matmul(b))
+        self.product(&crate::op_table::matmul, "MmBackward0", rhs, |a, b| {
+            a.matmul(b)
+        })
     }
 
     /// 2-D matrix product.
     pub fn mm(&self, rhs: &Tensor) -> Result<Tensor> {
-        self.product(&crate::op_table::mm, rhs, |a, b| a.mm(b))
+        self.product(&crate::op_table::mm, "MmBackward0", rhs, |a, b| a.mm(b))
     }
 
     /// Batched matrix product of two 3-D tensors.
     pub fn bmm(&self, rhs: &Tensor) -> Result<Tensor> {
-        self.product(&crate::op_table::bmm, rhs, |a, b| a.bmm(b))
+        self.product(&crate::op_table::bmm, "BmmBackward0", rhs, |a, b| a.bmm(b))
     }
 
     fn product(
         &self,
         op: &'static crate::OpInfo,
+        name: &'static str,
         rhs: &Tensor,
         f: impl Fn(&Raw, &Raw) -> std::result::Result<Raw, crate::TensorError>,
     ) -> Result<Tensor> {
         if let Some(c) = autocast_inputs(op, [self, rhs])? {
-            return c[0].product(op, &c[1], f);
+            return c[0].product(op, name, &c[1], f);
         }
         let (a, b) = (self.raw(), rhs.raw());
         let y = f(&a, &b)?;
         if !needs_grad(&[self, rhs]) {
             return Ok(Tensor::wrap(y));
         }
-        let name = op.backward.unwrap_or(op.name);
         let need = (self.requires_grad(), rhs.requires_grad());
         // Each side's gradient needs the other side only.
         let sa = if need.1 {

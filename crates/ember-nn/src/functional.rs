@@ -166,8 +166,6 @@ pub fn layer_norm(
     bias: Option<&Tensor>,
     eps: f64,
 ) -> Result<Tensor> {
-    let dims = x.dims();
-    let k = normalized_shape.len();
     let inputs = [x].into_iter().chain(weight).chain(bias);
     if let Some(c) = autocast_inputs(&op_table::layer_norm, inputs)? {
         let mut rest = c[1..].iter();
@@ -175,9 +173,27 @@ pub fn layer_norm(
         let b = bias.and_then(|_| rest.next());
         return layer_norm(&c[0], normalized_shape, w, b, eps);
     }
+    let axes = normalized_axes("layer_norm", x, normalized_shape)?;
+    let mean = x.mean((axes.as_slice(), true))?;
+    let var = x.var_correction((axes.as_slice(), true), 0.0)?;
+    let mut y = x.sub(&mean)?.mul(&var.add(eps)?.rsqrt()?)?;
+    if let Some(w) = weight {
+        y = y.mul(w)?;
+    }
+    if let Some(b) = bias {
+        y = y.add(b)?;
+    }
+    Ok(y)
+}
+
+/// The trailing axes a norm over `normalized_shape` reduces, or the error naming `op` when
+/// `x`'s shape does not end in `normalized_shape`.
+fn normalized_axes(op: &'static str, x: &Tensor, normalized_shape: &[usize]) -> Result<Vec<usize>> {
+    let dims = x.dims();
+    let k = normalized_shape.len();
     if k == 0 || dims.len() < k || dims[dims.len() - k..] != *normalized_shape {
         return Err(NnError::invalid(
-            "layer_norm",
+            op,
             format!(
                 "expected input with shape [*, {}], found {}",
                 normalized_shape
@@ -190,17 +206,7 @@ pub fn layer_norm(
         )
         .into());
     }
-    let axes: Vec<usize> = (dims.len() - k..dims.len()).collect();
-    let mean = x.mean((axes.as_slice(), true))?;
-    let var = x.var_correction((axes.as_slice(), true), 0.0)?;
-    let mut y = x.sub(&mean)?.mul(&var.add(eps)?.rsqrt()?)?;
-    if let Some(w) = weight {
-        y = y.mul(w)?;
-    }
-    if let Some(b) = bias {
-        y = y.add(b)?;
-    }
-    Ok(y)
+    Ok((dims.len() - k..dims.len()).collect())
 }
 
 /// `torch.finfo(dtype).eps` of a floating-point dtype: the default `eps` of
@@ -225,23 +231,7 @@ pub fn rms_norm(
     weight: Option<&Tensor>,
     eps: Option<f64>,
 ) -> Result<Tensor> {
-    let dims = x.dims();
-    let k = normalized_shape.len();
-    if k == 0 || dims.len() < k || dims[dims.len() - k..] != *normalized_shape {
-        return Err(NnError::invalid(
-            "rms_norm",
-            format!(
-                "expected input with shape [*, {}], found {}",
-                normalized_shape
-                    .iter()
-                    .map(usize::to_string)
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                x.shape()
-            ),
-        )
-        .into());
-    }
+    let axes = normalized_axes("rms_norm", x, normalized_shape)?;
     let dtype = x.dtype();
     let Some(eps) = eps.or_else(|| finfo_eps(dtype)) else {
         return Err(NnError::invalid(
@@ -255,7 +245,6 @@ pub fn rms_norm(
     } else {
         x.clone()
     };
-    let axes: Vec<usize> = (dims.len() - k..dims.len()).collect();
     let ms = xf.square()?.mean((axes.as_slice(), true))?;
     let mut y = xf.mul(&ms.add(eps)?.rsqrt()?)?;
     if let Some(w) = weight {

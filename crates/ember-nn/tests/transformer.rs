@@ -1,5 +1,6 @@
 #![allow(clippy::unwrap_used)]
-//! `MultiheadAttention`, the transformer layers, `RMSNorm` and `triu`/`tril` against PyTorch
+//! `MultiheadAttention`, the transformer layers, `Transformer`, `RMSNorm` and `triu`/`tril`
+//! against PyTorch
 //! (`reference/transformer_reference.json`, made by `reference/transformer_layers.py` in
 //! float64): each module is built in f32 on the device, PyTorch's weights are loaded by
 //! PyTorch's `state_dict` names, and the outputs, attention weights and the input
@@ -14,8 +15,9 @@ use std::sync::OnceLock;
 use ember_autograd::{GradcheckOptions, gradcheck};
 use ember_nn::layers::{
     Activation, DecoderMasks, EncoderMasks, LayerNorm, MhaForward, MultiheadAttention,
-    MultiheadAttentionConfig, RMSNorm, TransformerDecoderLayer, TransformerEncoder,
-    TransformerEncoderLayer, TransformerLayerConfig, generate_square_subsequent_mask,
+    MultiheadAttentionConfig, RMSNorm, Transformer, TransformerConfig, TransformerDecoderLayer,
+    TransformerEncoder, TransformerEncoderLayer, TransformerLayerConfig, TransformerMasks,
+    generate_square_subsequent_mask, is_causal_mask,
 };
 use ember_nn::{Module, StateDict, Tensor};
 use ember_tensor::{DType, Device};
@@ -241,6 +243,106 @@ fn decoder_layers_match_pytorch(device: &Device) {
     }
 }
 test_device!(decoder_layers_match_pytorch, decoder_layers_match_pytorch);
+
+/// `nn.Transformer` with PyTorch's weights: the causal `tgt_mask` is given without the
+/// hint, so the decoder's detection ([`is_causal_mask`]) turns it into `is_causal`.
+fn transformer_matches_pytorch(device: &Device) {
+    for (name, case) in cases("transformer") {
+        let c = &case["config"];
+        let (d_model, nhead) = d_model_nhead(c);
+        let n = |k: &str| c[k].as_u64().unwrap() as usize;
+        let cfg = TransformerConfig {
+            d_model,
+            nhead,
+            num_encoder_layers: n("num_encoder_layers"),
+            num_decoder_layers: n("num_decoder_layers"),
+            layer: layer_config(c),
+        };
+        let model = Transformer::with_config(cfg, device).unwrap();
+        model.eval();
+        load(&model, &case["state_dict"], device);
+        let src = leaf(&case["inputs"]["src"], device);
+        let tgt = leaf(&case["inputs"]["tgt"], device);
+        let kpm = opt_tensor(&case["key_padding_mask"], device);
+        let masks = TransformerMasks {
+            tgt_mask: opt_tensor(&case["tgt_mask"], device),
+            src_key_padding_mask: kpm.clone(),
+            memory_key_padding_mask: kpm,
+            ..Default::default()
+        };
+        let out = model.forward_with(&src, &tgt, &masks).unwrap();
+        check(&out, &case["output"], &format!("{name}: output"));
+        check_grads(&out, case, &[("src", &src), ("tgt", &tgt)], name);
+    }
+}
+test_device!(transformer_matches_pytorch, transformer_matches_pytorch);
+
+/// PyTorch's `_detect_is_causal_mask`: the float and bool causal masks of the right size
+/// are found; another size, a transposed mask, one changed entry and integer masks are not.
+fn causal_masks_are_detected(device: &Device) {
+    let float = generate_square_subsequent_mask(5, device).unwrap();
+    assert!(is_causal_mask(&float, 5).unwrap());
+    assert!(!is_causal_mask(&float, 4).unwrap());
+    assert!(!is_causal_mask(&float.transpose(0, 1).unwrap(), 5).unwrap());
+    let f64_mask = generate_square_subsequent_mask(5, (*device, DType::F64)).unwrap();
+    assert!(is_causal_mask(&f64_mask, 5).unwrap());
+    let bool_mask = float.ne(0.0).unwrap();
+    assert!(is_causal_mask(&bool_mask, 5).unwrap());
+    let mut v = float.to_vec::<f32>().unwrap();
+    v[1] = 0.0;
+    let changed = Tensor::from_vec(v, [5, 5], device).unwrap();
+    assert!(!is_causal_mask(&changed, 5).unwrap());
+    assert!(!is_causal_mask(&bool_mask.to_dtype(DType::I64).unwrap(), 5).unwrap());
+}
+test_device!(causal_masks_are_detected, causal_masks_are_detected);
+
+/// `Transformer`'s checks, in PyTorch's words, and its forward without a target.
+#[test]
+fn transformer_rejects_mismatched_inputs() {
+    let layer = TransformerLayerConfig {
+        dim_feedforward: 8,
+        batch_first: true,
+        ..Default::default()
+    };
+    let cfg = TransformerConfig {
+        d_model: 4,
+        nhead: 2,
+        num_encoder_layers: 1,
+        num_decoder_layers: 1,
+        layer,
+    };
+    let model = Transformer::with_config(cfg, ()).unwrap();
+    let x = |d: [usize; 3]| Tensor::randn(d, ()).unwrap();
+    let none = TransformerMasks::default();
+    let e = model
+        .forward_with(&x([2, 3, 4]), &x([3, 3, 4]), &none)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("the batch number of src and tgt must be equal"),
+        "{e}"
+    );
+    let e = model
+        .forward_with(&x([2, 3, 4]), &x([2, 3, 5]), &none)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("must be equal to d_model 4"), "{e}");
+    let e = model.forward(&x([2, 3, 4])).unwrap_err().to_string();
+    assert!(e.contains("forward_with"), "{e}");
+    // PyTorch's default size: 6 + 6 layers, 512 wide; every matrix Xavier-uniform.
+    let big = Transformer::new(()).unwrap();
+    assert_eq!(big.encoder.layers.len(), 6);
+    assert_eq!(big.decoder.layers.len(), 6);
+    let w = big.encoder.layers[0]
+        .linear1
+        .weight
+        .to_vec::<f32>()
+        .unwrap();
+    let bound = (6.0f32 / (512.0 + 2048.0)).sqrt();
+    assert!(w.iter().all(|x| x.abs() <= bound));
+    // Above Linear's own bound (1 / sqrt(fan_in)): the Xavier re-initialisation ran.
+    assert!(w.iter().any(|x| x.abs() > 1.0 / 512f32.sqrt()));
+}
 
 fn rms_norm_matches_pytorch(device: &Device) {
     for (name, case) in cases("rms_norm") {

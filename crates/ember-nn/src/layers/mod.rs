@@ -43,9 +43,9 @@ pub use norm::{
 };
 pub use pool::{AvgPool2d, MaxPool2d};
 pub use transformer::{
-    Activation, DecoderMasks, EncoderMasks, TransformerDecoder, TransformerDecoderLayer,
-    TransformerEncoder, TransformerEncoderLayer, TransformerLayerConfig,
-    generate_square_subsequent_mask,
+    Activation, DecoderMasks, EncoderMasks, Transformer, TransformerConfig, TransformerDecoder,
+    TransformerDecoderLayer, TransformerEncoder, TransformerEncoderLayer, TransformerLayerConfig,
+    TransformerMasks, generate_square_subsequent_mask, is_causal_mask,
 };
 
 use ember_tensor::{DType, Options};

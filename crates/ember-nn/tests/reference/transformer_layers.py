@@ -1,7 +1,7 @@
 """PyTorch reference for crates/ember-nn/tests/transformer.rs.
 
 Builds MultiheadAttention, TransformerEncoderLayer, TransformerDecoderLayer,
-TransformerEncoder and RMSNorm in float64 with deterministic weights (a seeded
+TransformerEncoder, Transformer and RMSNorm in float64 with deterministic weights (a seeded
 torch.Generator, written into the JSON by PyTorch's state_dict names), runs them in eval
 mode on fixed inputs, and saves outputs, attention weights and the gradients of
 sum(output * cotangent) with respect to the inputs. Also triu/tril of a fixed tensor.
@@ -176,6 +176,35 @@ def rms_case(name, shape, normalized, eps):
     }
 
 
+def transformer_case(name):
+    """nn.Transformer (2 encoder and 2 decoder layers, batch_first, pre-norm GELU), its own
+    xavier init overwritten by the seeded weights; the tgt mask is the causal mask, given
+    without the is_causal hint (so Transformer's detection decides)."""
+    d, h, ff, S, T, N = 8, 2, 16, 5, 4, 2
+    cfg = layer_config(d, h, ff, "gelu", True, True)
+    cfg["num_encoder_layers"], cfg["num_decoder_layers"] = 2, 2
+    m = nn.Transformer(d, h, num_encoder_layers=2, num_decoder_layers=2, dim_feedforward=ff,
+                       dropout=0.0, activation="gelu", batch_first=True, norm_first=True)
+    m.eval()
+    sd = set_weights(m)
+    src, tgt = leaf(N, S, d), leaf(N, T, d)
+    tgt_mask = nn.Transformer.generate_square_subsequent_mask(T)
+    skpm = torch.tensor([[False, False, False, True, True], [False, False, False, False, False]])
+
+    def f(src, tgt):
+        return (m(src, tgt, tgt_mask=tgt_mask, src_key_padding_mask=skpm,
+                  memory_key_padding_mask=skpm),)
+
+    (out,), cot, grads = run(f, [src, tgt])
+    return name, {
+        "kind": "transformer", "config": cfg, "state_dict": sd,
+        "inputs": {"src": enc(src), "tgt": enc(tgt)},
+        "tgt_mask": enc(tgt_mask), "key_padding_mask": enc(skpm),
+        "cotangent": enc(cot), "output": enc(out),
+        "grads": {"src": enc(grads[0]), "tgt": enc(grads[1])},
+    }
+
+
 def main():
     cases = {}
     N, L, S = 2, 3, 4
@@ -205,6 +234,9 @@ def main():
     for d in (-2, -1, 0, 1, 3):
         tri[f"triu_{d}"] = enc(torch.triu(x, d))
         tri[f"tril_{d}"] = enc(torch.tril(x, d))
+    # Last, so that the seeds of the cases above are unchanged.
+    name, case = transformer_case("transformer_pre_norm_gelu")
+    cases[name] = case
     out = {"torch_version": torch.__version__, "cases": cases, "triangle": tri}
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "transformer_reference.json")
     with open(path, "w") as f:

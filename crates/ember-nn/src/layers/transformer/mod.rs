@@ -1,7 +1,12 @@
 //! `TransformerEncoderLayer`, `TransformerDecoderLayer`, `TransformerEncoder`,
-//! `TransformerDecoder` (`torch.nn`'s), and `generate_square_subsequent_mask`.
+//! `TransformerDecoder`, `Transformer` (`torch.nn`'s, the last in `model.rs`), and
+//! `generate_square_subsequent_mask`.
 
-use ember_tensor::{Options, Tensor as Raw};
+mod model;
+
+use ember_tensor::{DType, Options, Tensor as Raw};
+
+pub use model::{Transformer, TransformerConfig, TransformerMasks};
 
 use super::{
     Dropout, LayerNorm, Linear, MhaForward, MultiheadAttention, MultiheadAttentionConfig,
@@ -24,6 +29,46 @@ use crate::{Module, ModuleHooks, NnError, Replicate, Result, Tensor, TrainingFla
 pub fn generate_square_subsequent_mask(sz: usize, opts: impl Into<Options>) -> Result<Tensor> {
     let (dtype, device) = float_options("generate_square_subsequent_mask", opts)?;
     Raw::full([sz, sz], f64::NEG_INFINITY, (device, dtype))?.triu(1)
+}
+
+/// PyTorch's `_detect_is_causal_mask`: whether `mask` is the `[sz, sz]` causal mask of its
+/// dtype (float: [`generate_square_subsequent_mask`]'s `-inf` above the diagonal and 0
+/// elsewhere; bool: `true` above the diagonal). [`TransformerEncoder`] and
+/// [`TransformerDecoder`] then pass `is_causal` to their layers, so that attention runs its
+/// causal kernel (which skips the masked tiles) instead of reading the mask; the result is
+/// the same either way. Another shape or dtype is `false`.
+///
+/// ```
+/// use ember_nn::layers::{generate_square_subsequent_mask, is_causal_mask};
+/// let m = generate_square_subsequent_mask(4, ())?;
+/// assert!(is_causal_mask(&m, 4)?);
+/// assert!(!is_causal_mask(&m, 3)?);
+/// assert!(!is_causal_mask(&m.transpose(0, 1)?, 4)?);
+/// # Ok::<(), ember_nn::Error>(())
+/// ```
+pub fn is_causal_mask(mask: &Tensor, sz: usize) -> Result<bool> {
+    if mask.dims() != [sz, sz] {
+        return Ok(false);
+    }
+    let (dtype, device) = (mask.dtype(), mask.device());
+    let causal = if dtype == DType::Bool {
+        Raw::ones([sz, sz], (device, dtype))?.triu(1)?
+    } else if dtype.is_float() {
+        generate_square_subsequent_mask(sz, (device, dtype))?
+    } else {
+        return Ok(false);
+    };
+    mask.equal(&causal)
+}
+
+/// The sequence length of a transformer input (PyTorch's `_get_seq_len`): dim 0 of an
+/// unbatched `[S, E]` input, else dim 1 with `batch_first` and dim 0 without.
+fn seq_len(src: &Tensor, batch_first: bool) -> usize {
+    let d = src.dims();
+    match (d.len(), batch_first) {
+        (3, true) => d[1],
+        _ => d.first().copied().unwrap_or(0),
+    }
 }
 
 /// The activation of a transformer layer's feed-forward block (PyTorch's `activation=`
@@ -463,11 +508,19 @@ impl TransformerEncoder {
     }
 
     /// PyTorch's `forward(src, mask, src_key_padding_mask, is_causal)`.
+    /// A `src_mask` that is the causal mask sets `is_causal` ([`is_causal_mask`]).
     pub fn forward_masked(&self, src: &Tensor, masks: &EncoderMasks) -> Result<Tensor> {
+        let batch_first = self.layers.first().is_some_and(|l| l.config.batch_first);
+        let mut masks = masks.clone();
+        if let Some(m) = &masks.src_mask
+            && !masks.is_causal
+        {
+            masks.is_causal = is_causal_mask(m, seq_len(src, batch_first))?;
+        }
         let mut x = src.clone();
         for (i, layer) in self.layers.iter().enumerate() {
             x = layer
-                .forward_masked(&x, masks)
+                .forward_masked(&x, &masks)
                 .map_err(|e| prefix_error(&format!("layers.{i}"), e))?;
         }
         match &self.norm {
@@ -516,17 +569,25 @@ impl TransformerDecoder {
     }
 
     /// PyTorch's `forward(tgt, memory, tgt_mask, memory_mask, tgt_key_padding_mask,
-    /// memory_key_padding_mask, tgt_is_causal, memory_is_causal)`.
+    /// memory_key_padding_mask, tgt_is_causal, memory_is_causal)`. A `tgt_mask` that is the
+    /// causal mask sets `tgt_is_causal` ([`is_causal_mask`]).
     pub fn forward_with(
         &self,
         tgt: &Tensor,
         memory: &Tensor,
         masks: &DecoderMasks,
     ) -> Result<Tensor> {
+        let batch_first = self.layers.first().is_some_and(|l| l.config.batch_first);
+        let mut masks = masks.clone();
+        if let Some(m) = &masks.tgt_mask
+            && !masks.tgt_is_causal
+        {
+            masks.tgt_is_causal = is_causal_mask(m, seq_len(tgt, batch_first))?;
+        }
         let mut x = tgt.clone();
         for (i, layer) in self.layers.iter().enumerate() {
             x = layer
-                .forward_with(&x, memory, masks)
+                .forward_with(&x, memory, &masks)
                 .map_err(|e| prefix_error(&format!("layers.{i}"), e))?;
         }
         match &self.norm {

@@ -479,3 +479,58 @@ fn bad_inputs_are_errors(device: &Device) {
     }
 }
 test_device!(bad_inputs_are_errors, bad_inputs_are_errors);
+
+/// The fused paths keep O(L) memory: at L = S = 4096 a causal forward and backward peaks, in
+/// the allocator, below what one L×S f32 score matrix would take (64 MiB); the math path,
+/// which materialises the scores, peaks above it (so the measure can fail). The other tests
+/// of this file allocate kilobytes, far below the margin.
+fn fused_paths_keep_linear_memory(device: &Device) {
+    let (l, e) = (4096, 16);
+    let scores = (l * l * 4) as u64;
+    let input = || {
+        Tensor::randn([1, 1, l, e], (*device, DType::F32))
+            .unwrap()
+            .requires_grad_(true)
+            .unwrap()
+    };
+    let (q, k, v) = (input(), input(), input());
+    let causal = SdpaOptions {
+        is_causal: true,
+        ..Default::default()
+    };
+    let peak_of = |f: &dyn Fn()| {
+        if let Device::Cuda(i) = device {
+            ember_device::cuda::synchronize(Some(*i)).unwrap();
+        }
+        let before = ember_memory::memory_allocated(*device).unwrap();
+        ember_memory::reset_peak_memory_stats(*device).unwrap();
+        f();
+        if let Device::Cuda(i) = device {
+            ember_device::cuda::synchronize(Some(*i)).unwrap();
+        }
+        ember_memory::max_memory_allocated(*device).unwrap() - before
+    };
+    let fused = peak_of(&|| {
+        let _flash = sdpa::scoped(SdpaKernel::Flash);
+        let out = q.scaled_dot_product_attention(&k, &v, &causal).unwrap();
+        out.sum_all().unwrap().backward().unwrap();
+    });
+    assert!(
+        fused < scores,
+        "fused forward + backward at L = {l} peaked at {fused} bytes, not below one L×S f32 \
+         matrix ({scores} bytes)"
+    );
+    let math = peak_of(&|| {
+        let _math = sdpa::scoped(SdpaKernel::Math);
+        let _out = q.scaled_dot_product_attention(&k, &v, &causal).unwrap();
+    });
+    assert!(
+        math >= scores,
+        "the math path materialises the scores: expected a peak of at least {scores} bytes, \
+         found {math}"
+    );
+}
+test_device!(
+    fused_paths_keep_linear_memory,
+    fused_paths_keep_linear_memory
+);

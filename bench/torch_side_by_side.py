@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Ember against PyTorch on the same machine, in the same run, side by side.
 
-    python3 bench/torch_side_by_side.py [--filter matmul] [--rounds 3] [--threads 2] [--json]
+    python3 bench/torch_side_by_side.py [--filter matmul [--exact]] [--rounds 3] [--threads 2] [--json]
                                         [--ember-bin target/release/ember-bench] [--no-install]
                                         [--device cpu|cuda] [--python python3] [--rank-threads 1]
                                         [--save [--host NAME] [--notes TEXT]]
@@ -350,6 +350,134 @@ def _resnet18(train: bool, batch: int = 32, amp: str | None = None) -> Callable:
     return setup
 
 
+def _sdpa(backward: bool, shape: tuple[int, int, int, int], dtype: str = "float32") -> Callable:
+    """`F.scaled_dot_product_attention(q, k, v, is_causal=True)` on `shape` inputs, as Ember's
+    `sdpa_*_causal` (ms per call): under `no_grad`, or (`sdpa_fwdbwd_*`) the forward and the
+    backward of a fixed output gradient into q, k and v. PyTorch's default backend choice:
+    its flash kernel on the CPU and on CUDA for these inputs."""
+
+    def setup():
+        import torch
+        import torch.nn.functional as F
+
+        dt = getattr(torch, dtype)
+        q, k, v = (torch.randn(*shape, device=DEVICE, dtype=dt, requires_grad=backward)
+                   for _ in range(3))
+        g = torch.randn(*shape, device=DEVICE, dtype=dt)
+
+        def fwd():
+            with torch.no_grad():
+                F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+        def fwd_bwd():
+            for t in (q, k, v):
+                t.grad = None
+            F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(g)
+
+        return (fwd_bwd if backward else fwd), 1.0
+
+    return setup
+
+
+# `ember train --model gpt`'s defaults (crates/ember-cli/src/train.rs): 2 blocks, 4 heads, width
+# 64, 64 characters of context, batch 32, Adam at lr 2e-3; the vocabulary is the shipped text's.
+GPT_LAYERS, GPT_HEADS, GPT_WIDTH, GPT_BLOCK, GPT_BATCH, GPT_LR = 2, 4, 64, 64, 32, 2e-3
+
+
+def gpt_vocab_size() -> int:
+    """The characters of data/text/ember-docs.txt.gz, as Ember's `Vocab::from_text` counts them."""
+    import gzip
+
+    with gzip.open(ROOT / "data" / "text" / "ember-docs.txt.gz", "rt", encoding="utf-8") as f:
+        return len(set(f.read()))
+
+
+def _gpt_model(vocab: int):
+    """Ember's `Gpt` (crates/ember-cli/src/train/gpt.rs) in PyTorch, as nanoGPT writes it:
+    token and position embeddings, pre-norm blocks of causal self-attention (one c_attn to q,
+    k, v; SDPA with is_causal) and a GELU MLP, a final LayerNorm, the head tied to wte."""
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    class Attn(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c_attn = nn.Linear(GPT_WIDTH, 3 * GPT_WIDTH)
+            self.c_proj = nn.Linear(GPT_WIDTH, GPT_WIDTH)
+
+        def forward(self, x):
+            b, t, c = x.shape
+            q, k, v = self.c_attn(x).split(c, dim=2)
+            q, k, v = (z.view(b, t, GPT_HEADS, c // GPT_HEADS).transpose(1, 2) for z in (q, k, v))
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return self.c_proj(y.transpose(1, 2).reshape(b, t, c))
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln_1, self.attn = nn.LayerNorm(GPT_WIDTH), Attn()
+            self.ln_2 = nn.LayerNorm(GPT_WIDTH)
+            self.mlp = nn.Sequential(nn.Linear(GPT_WIDTH, 4 * GPT_WIDTH), nn.GELU(),
+                                     nn.Linear(4 * GPT_WIDTH, GPT_WIDTH))
+
+        def forward(self, x):
+            x = x + self.attn(self.ln_1(x))
+            return x + self.mlp(self.ln_2(x))
+
+    class Gpt(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.wte = nn.Embedding(vocab, GPT_WIDTH)
+            self.wpe = nn.Embedding(GPT_BLOCK, GPT_WIDTH)
+            self.h = nn.ModuleList(Block() for _ in range(GPT_LAYERS))
+            self.ln_f = nn.LayerNorm(GPT_WIDTH)
+
+        def forward(self, idx):
+            pos = torch.arange(idx.shape[1], device=idx.device)
+            x = self.wte(idx) + self.wpe(pos)
+            for b in self.h:
+                x = b(x)
+            return F.linear(self.ln_f(x), self.wte.weight)
+
+    return Gpt().to(DEVICE)
+
+
+def _train_gpt(amp: str | None = None) -> Callable:
+    """One training step of `ember train --model gpt`'s default model, as Ember's
+    `train_gpt_b32_t64` (samples/s): Adam, cross-entropy over every position, the loss read
+    back with `.item()` as the program does; with `amp` the forward and loss under autocast
+    (float16 with a GradScaler)."""
+
+    def setup():
+        import torch
+
+        vocab = gpt_vocab_size()
+        model = _gpt_model(vocab)
+        opt = torch.optim.Adam(model.parameters(), lr=GPT_LR)
+        x = torch.randint(0, vocab, (GPT_BATCH, GPT_BLOCK), device=DEVICE)
+        y = torch.randint(0, vocab, (GPT_BATCH * GPT_BLOCK,), device=DEVICE)
+        loss_fn = torch.nn.CrossEntropyLoss()
+        scaler = torch.amp.GradScaler(DEVICE) if amp == "float16" else None
+
+        def step():
+            opt.zero_grad(set_to_none=True)
+            with _autocast(amp):
+                loss = loss_fn(model(x).reshape(GPT_BATCH * GPT_BLOCK, vocab), y)
+            if scaler is None:
+                loss.backward()
+                opt.step()
+            else:
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
+            loss.item()
+
+        return step, float(GPT_BATCH)
+
+    return setup
+
+
 def peak_memory_bytes(fn: Callable) -> int:
     """The peak of memory allocated during one call of `fn`, above what was allocated before.
     On CUDA the caching allocator's statistics; on the CPU, where PyTorch keeps none, the
@@ -453,6 +581,24 @@ CASES: list[Case] = (
                  _forward((10000, 5000, 2000, 10), 256, amp), 1e3, peak_memory=True,
                  devices=devices),
         ]
+    ]
+    # Attention (Ember's attention.rs): f32 on the CPU, bf16 on CUDA.
+    + [
+        Case(f"sdpa{kind}_b8_h8_l1024_d64_causal{suffix}", "ms", False,
+             _sdpa(kind == "_fwdbwd", (8, 8, 1024, 64), dtype), 1e3, peak_memory=True,
+             devices=(device,))
+        for kind in ("", "_fwdbwd")
+        for device, dtype, suffix in (("cpu", "float32", ""), ("cuda", "bfloat16", "_bf16"))
+    ]
+    + [Case("sdpa_fwdbwd_b1_h8_l8192_d64_causal_bf16", "ms", False,
+            _sdpa(True, (1, 8, 8192, 64), "bfloat16"), 1e3, peak_memory=True, devices=("cuda",))]
+    # A training step of `ember train --model gpt`'s default model.
+    + [
+        Case("train_gpt_b32_t64", "samples/s", True, _train_gpt(), peak_memory=True),
+        Case("train_gpt_b32_t64_bf16", "samples/s", True, _train_gpt("bfloat16"),
+             peak_memory=True),
+        Case("train_gpt_b32_t64_f16", "samples/s", True, _train_gpt("float16"),
+             peak_memory=True, devices=("cuda",)),
     ]
     # Several processes, the other side in bench/dist_side_by_side.py.
     + [Case(f"all_reduce_mpi_{size}", "GB/s", True, _no_setup, devices=("cpu",), external="mpi4py")
@@ -754,6 +900,8 @@ def main() -> None:
                          "cores divided among the 2 ranks, at least 1)")
     ap.add_argument("--json", action="store_true", help="print one JSON array instead of a table")
     ap.add_argument("--ember-bin", help="run this ember-bench binary instead of `cargo xtask bench`")
+    ap.add_argument("--exact", action="store_true",
+                    help="--filter names whole cases (comma-separated), not substrings")
     ap.add_argument("--no-install", action="store_true", help="never create the venv or install torch")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
                     help="where both sides run the cases (default cpu)")
@@ -780,7 +928,9 @@ def main() -> None:
         log(f"PyTorch side skipped: {why}")
 
     wanted = args.filter.split(",")
-    selected = [c for c in CASES if any(w in c.name for w in wanted) and args.device in c.devices]
+    selected = [c for c in CASES
+                if any(w == c.name if args.exact else w in c.name for w in wanted)
+                and args.device in c.devices]
     dist = None
     if any(c.external for c in selected):
         import dist_side_by_side as dist  # beside this script

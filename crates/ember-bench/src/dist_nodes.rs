@@ -35,8 +35,14 @@ pub const NODE_PORT_ENV: &str = "EMBER_BENCH_NODE_PORT";
 pub const NODES_ENV: &str = "EMBER_BENCH_NODES";
 const NODES: usize = 2;
 
-/// `Some((node, port))` in a launcher this program started.
+/// `Some((node, port))` in a launcher this program started. Its ranks inherit the
+/// launcher's variables (the local ones through `mpirun`'s environment), so a process that
+/// is a rank ([`is_nodes_rank`]) is never a launcher: else every rank would start a
+/// launcher of its own, whose store cannot bind the port its parent holds.
 pub fn launcher_node() -> Option<(usize, u16)> {
+    if is_nodes_rank() {
+        return None;
+    }
     let node = std::env::var(NODE_ENV).ok()?.parse().ok()?;
     let port = std::env::var(NODE_PORT_ENV).ok()?.parse().ok()?;
     Some((node, port))

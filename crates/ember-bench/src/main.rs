@@ -6,6 +6,7 @@
 //! never timed assertions in tests.
 
 mod alloc;
+mod attention;
 mod autograd;
 mod conv;
 mod dist;
@@ -53,7 +54,7 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     let mut records: Vec<Record> = Vec::new();
-    let suites: [Suite; 8] = [
+    let suites: [Suite; 9] = [
         alloc::run,
         matmul::run,
         autograd::run,
@@ -61,6 +62,7 @@ fn main() -> ExitCode {
         nn::run,
         conv::run,
         resnet::run,
+        attention::run,
         dist::run,
     ];
     for run in suites {

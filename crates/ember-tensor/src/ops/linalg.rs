@@ -61,6 +61,21 @@ fn matmul_grads(
         None => None,
     };
     let gb = match a {
+        // A batched `a` against a 2-D `b` (a linear layer on `[B, T, C]`): the batch dims
+        // fold into rows, so `b`'s gradient is one `[K, rows] @ [rows, N]` product, as
+        // PyTorch computes it, not a batch of products summed afterwards by a strided
+        // reduction.
+        Some(a) if b_dims.len() == 2 && a_dims.len() > 2 => {
+            let (k, n) = (b_dims[0], b_dims[1]);
+            let rows = a.numel() / k.max(1);
+            let (af, gf) = (a.reshape([rows, k])?, g2.reshape([rows, n])?);
+            let gb = if b_column_major {
+                gf.t()?.matmul(&af)?.t()?
+            } else {
+                af.t()?.matmul(&gf)?
+            };
+            Some(gb)
+        }
         Some(a) => {
             let a = a.reshape(&a2[..])?;
             let gb = if b_column_major && a_dims.len() == 2 && b_dims.len() == 2 {

@@ -31,6 +31,20 @@ pub(crate) fn widest<R>(f: impl FnOnce() -> R) -> R {
     f()
 }
 
+/// Whether [`widest`] compiles for AVX-512, whose 32 vector registers hold register blocks
+/// that AVX2's 16 would spill (`cpu/attention`'s tile products size their blocks by it).
+#[inline(always)]
+pub(crate) fn has_32_vector_registers() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        has_avx512()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn has_avx512() -> bool {

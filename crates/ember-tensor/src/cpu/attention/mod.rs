@@ -288,6 +288,10 @@ fn madd<C: AttnFloat>(
     ldc: usize,
 ) {
     let cols = n.div_ceil(NC) * NC;
+    // 4 rows × 64 columns are 16 AVX-512 accumulators of 32 registers, but 32 AVX2 ones of
+    // 16, which would spill to the stack in every step of `x`. Without AVX-512 the blocks
+    // are 4 × 16 (8 accumulators).
+    let wide = crate::cpu::simd::has_32_vector_registers();
     let mut r0 = 0;
     while r0 < m {
         let rows = if m - r0 >= 4 { 4 } else { 1 };
@@ -295,7 +299,8 @@ fn madd<C: AttnFloat>(
         while j0 < cols {
             // 4 groups at once where they are there (4 rows × 64 columns: 16 accumulators,
             // 8 loads per 16 FMAs), else one.
-            match (rows, cols - j0 >= 4 * NC) {
+            let four = wide && cols - j0 >= 4 * NC;
+            match (rows, four) {
                 (4, true) => {
                     madd_block::<C, 4, { 4 * NC }>(r0, j0, kk, a, (ar, ax), b, ldb, c, ldc)
                 }
@@ -305,7 +310,7 @@ fn madd<C: AttnFloat>(
                 }
                 (_, false) => madd_block::<C, 1, NC>(r0, j0, kk, a, (ar, ax), b, ldb, c, ldc),
             }
-            j0 += if cols - j0 >= 4 * NC { 4 * NC } else { NC };
+            j0 += if four { 4 * NC } else { NC };
         }
         r0 += rows;
     }

@@ -40,14 +40,39 @@ impl BnFloat for f64 {
     }
 }
 
-/// The elements of a contiguous `[N, C, S]` operand (16-bit widened to f32) and its dims.
-fn operand<T: BnFloat>(x: &CpuStorage, lx: &Layout) -> Result<(Vec<T>, [usize; 3])> {
+/// The elements of an `[N, C, S]` operand in the compute dtype and its dims: borrowed where
+/// the operand is contiguous and of that dtype, else one widened (or gathered) copy kept in
+/// `keep`. No `Vec` copies: their fresh pages would be faulted in on every call.
+fn operand<'a, T: BnFloat>(
+    x: &'a CpuStorage,
+    lx: &Layout,
+    keep: &'a mut Option<CpuStorage>,
+) -> Result<(&'a [T], [usize; 3])> {
     let &[n, c, s] = lx.dims() else {
         return Err(corrupt());
     };
-    let wide = cast(x, lx, T::DTYPE)?;
-    let d = wide.as_slice::<T>()?;
-    Ok((d.get(..n * c * s).ok_or_else(corrupt)?.to_vec(), [n, c, s]))
+    let len = n * c * s;
+    let d = if x.dtype() == T::DTYPE && lx.is_contiguous() {
+        x.as_slice::<T>()?.get(lx.offset()..lx.offset() + len)
+    } else {
+        let wide: &CpuStorage = keep.insert(cast(x, lx, T::DTYPE)?);
+        wide.as_slice::<T>()?.get(..len)
+    };
+    Ok((d.ok_or_else(corrupt)?, [n, c, s]))
+}
+
+/// Calls `f(start, end, channel)` for each run of one channel's elements (a plane of `s`)
+/// inside `piece`, which starts at element `start` of an `[N, C, S]` tensor: per-channel
+/// constants are then hoisted out of the inner loops, which vectorise.
+fn planes(start: usize, len: usize, c: usize, s: usize, mut f: impl FnMut(usize, usize, usize)) {
+    let s1 = s.max(1);
+    let mut i = 0;
+    while i < len {
+        let plane = (start + i) / s1;
+        let end = ((plane + 1) * s1 - start).min(len);
+        f(i, end, plane % c.max(1));
+        i = end;
+    }
 }
 
 /// A `[C]` vector of the compute dtype.
@@ -90,7 +115,8 @@ fn stats_t<T: BnFloat>(
     momentum: f64,
     eps: f64,
 ) -> Result<(CpuStorage, CpuStorage)> {
-    let (d, [n, c, s]) = operand::<T>(x, lx)?;
+    let mut keep = None;
+    let (d, [n, c, s]) = operand::<T>(x, lx, &mut keep)?;
     let m = (n * s) as f64;
     // (mean, biased var) per channel: two passes over the channel in f64.
     let mut st = vec![(0f64, 0f64); c];
@@ -170,26 +196,47 @@ fn apply_t<T: BnFloat>(
     weight: Option<&CpuStorage>,
     bias: Option<&CpuStorage>,
 ) -> Result<CpuStorage> {
-    let (mut d, [_, c, s]) = operand::<T>(x, lx)?;
+    let mut keep = None;
+    let (xs, [n, c, s]) = operand::<T>(x, lx, &mut keep)?;
     let (mean, k) = ks::<T>(st, c)?;
     let w = vector::<T>(weight, c)?;
     let b = vector::<T>(bias, c)?;
-    let s1 = s.max(1);
-    for_each_piece(&mut d, |start, piece| {
-        for (j, v) in piece.iter_mut().enumerate() {
-            let ch = ((start + j) / s1) % c.max(1);
+    // Written once, into a buffer of the caching allocator.
+    let mut out = CpuStorage::zeroed(T::DTYPE, n * c * s)?;
+    for_each_piece(out.as_mut_slice::<T>()?, |start, piece| {
+        planes(start, piece.len(), c, s, |i, end, ch| {
             let get = |v: &[T]| v.get(ch).copied().unwrap_or(T::ZERO);
-            let mut r = (*v - get(&mean)) * get(&k);
-            if let Some(w) = &w {
-                r = r * get(w);
+            let (m, kk) = (get(&mean), get(&k));
+            let src = &xs[start + i..start + end];
+            let dst = &mut piece[i..end];
+            // The same operations in the same order as `(x - mean)·k·w + b` per element.
+            match (&w, &b) {
+                (Some(w), Some(b)) => {
+                    let (wv, bv) = (get(w), get(b));
+                    for (o, &v) in dst.iter_mut().zip(src) {
+                        *o = (v - m) * kk * wv + bv;
+                    }
+                }
+                (Some(w), None) => {
+                    let wv = get(w);
+                    for (o, &v) in dst.iter_mut().zip(src) {
+                        *o = (v - m) * kk * wv;
+                    }
+                }
+                (None, Some(b)) => {
+                    let bv = get(b);
+                    for (o, &v) in dst.iter_mut().zip(src) {
+                        *o = (v - m) * kk + bv;
+                    }
+                }
+                (None, None) => {
+                    for (o, &v) in dst.iter_mut().zip(src) {
+                        *o = (v - m) * kk;
+                    }
+                }
             }
-            if let Some(b) = &b {
-                r = r + get(b);
-            }
-            *v = r;
-        }
+        });
     });
-    let out = CpuStorage::from_slice(&d)?;
     if x.dtype() == T::DTYPE {
         Ok(out)
     } else {
@@ -221,9 +268,11 @@ fn backward_t<T: BnFloat>(
     weight: Option<&CpuStorage>,
     b: &BnBackward,
 ) -> Result<BnGrads<CpuStorage>> {
-    let (xd, [n, c, s]) = operand::<T>(x, lx)?;
+    let (mut keep_x, mut keep_g) = (None, None);
+    let (xd, [n, c, s]) = operand::<T>(x, lx, &mut keep_x)?;
     // dy is contiguous from its storage's start (the front's `from_start`).
-    let (mut g, _) = operand::<T>(dy, &Layout::contiguous(lx.shape().clone()))?;
+    let dy_layout = Layout::contiguous(lx.shape().clone());
+    let (g, _) = operand::<T>(dy, &dy_layout, &mut keep_g)?;
     let (mean, k) = ks::<T>(st, c)?;
     let w = vector::<T>(weight, c)?;
     let get = |v: &[T], ch: usize| v.get(ch).copied().unwrap_or(T::ZERO);
@@ -250,28 +299,35 @@ fn backward_t<T: BnFloat>(
     };
     let dx = if b.need_input {
         let inv_m = T::ONE / T::from_f64((n * s) as f64);
-        let s1 = s.max(1);
-        for_each_piece(&mut g, |start, piece| {
-            for (j, v) in piece.iter_mut().enumerate() {
-                let i = start + j;
-                let ch = (i / s1) % c.max(1);
+        let mut out = CpuStorage::zeroed(T::DTYPE, n * c * s)?;
+        for_each_piece(out.as_mut_slice::<T>()?, |start, piece| {
+            planes(start, piece.len(), c, s, |i, end, ch| {
                 let kk = get(&k, ch);
                 let wk = w.as_ref().map_or(kk, |w| get(w, ch) * kk);
-                *v = match &sums {
+                let (gs, dst) = (&g[start + i..start + end], &mut piece[i..end]);
+                match &sums {
                     Some(sm) if b.training => {
                         let (sd, sdx) = sm.get(ch).copied().unwrap_or((0.0, 0.0));
-                        let xh = (get(&xd, i) - get(&mean, ch)) * kk;
-                        wk * (*v - T::from_f64(sd) * inv_m - xh * (T::from_f64(sdx) * inv_m))
+                        let (sd, sdx) = (T::from_f64(sd) * inv_m, T::from_f64(sdx) * inv_m);
+                        let m = get(&mean, ch);
+                        let xs = &xd[start + i..start + end];
+                        for ((o, &v), &xv) in dst.iter_mut().zip(gs).zip(xs) {
+                            let xh = (xv - m) * kk;
+                            *o = wk * (v - sd - xh * sdx);
+                        }
                     }
-                    _ => *v * wk,
-                };
-            }
+                    _ => {
+                        for (o, &v) in dst.iter_mut().zip(gs) {
+                            *o = v * wk;
+                        }
+                    }
+                }
+            });
         });
-        let out = CpuStorage::from_slice(&g)?;
         Some(if x.dtype() == T::DTYPE {
             out
         } else {
-            cast(&out, &Layout::contiguous(lx.shape().clone()), x.dtype())?
+            cast(&out, &dy_layout, x.dtype())?
         })
     } else {
         None

@@ -467,11 +467,20 @@ mod tests {
             (3.0, 2.995_950_305_905_11),
         ];
         for (x, e) in known {
-            let rel = |got: f64| if e == 0.0 { got.abs() } else { ((got - e) / e).abs() };
+            let rel = |got: f64| {
+                if e == 0.0 {
+                    got.abs()
+                } else {
+                    ((got - e) / e).abs()
+                }
+            };
             let g64 = GeluErf::f64(x);
             assert!(rel(g64) < 1e-14, "gelu({x}) = {g64} in f64, expected {e}");
             let g32 = GeluErf::f32(x as f32) as f64;
-            assert!(rel(g32) < 4.0 * f32::EPSILON as f64, "gelu({x}) = {g32} in f32, expected {e}");
+            assert!(
+                rel(g32) < 4.0 * f32::EPSILON as f64,
+                "gelu({x}) = {g32} in f32, expected {e}"
+            );
         }
         assert!(GeluErf::f64(f64::NAN).is_nan());
         assert_eq!(GeluErf::f32(f32::INFINITY), f32::INFINITY);

@@ -283,8 +283,8 @@ fn backward_t<T: BnFloat>(
             for bi in 0..n {
                 let base = (bi * c + ch) * s;
                 for j in base..base + s {
-                    let gv = get(&g, j).to_f64();
-                    let xh = ((get(&xd, j) - get(&mean, ch)) * get(&k, ch)).to_f64();
+                    let gv = get(g, j).to_f64();
+                    let xh = ((get(xd, j) - get(&mean, ch)) * get(&k, ch)).to_f64();
                     sd += gv;
                     sdx += gv * xh;
                 }

@@ -451,8 +451,9 @@ mod tests {
     use super::*;
 
     /// The exact GELU against Python's `0.5·x·math.erfc(-x/√2)` in f64, to a relative error
-    /// (also in the far negative tail, where `1 + erf` would cancel) of 1e-14 in f64 and
-    /// 4 f32 ulps in f32.
+    /// (also in the far negative tail, where `1 + erf` would cancel) of 1e-13 in f64 (the
+    /// tail magnifies the rounding of `x/√2` tenfold) and 4 f32 ulps (times the tail's
+    /// condition number) in f32.
     #[test]
     fn gelu_erf_matches_known_values() {
         let known = [
@@ -475,12 +476,12 @@ mod tests {
                 }
             };
             let g64 = GeluErf::f64(x);
-            assert!(rel(g64) < 1e-14, "gelu({x}) = {g64} in f64, expected {e}");
+            assert!(rel(g64) < 1e-13, "gelu({x}) = {g64} in f64, expected {e}");
             let g32 = GeluErf::f32(x as f32) as f64;
-            assert!(
-                rel(g32) < 4.0 * f32::EPSILON as f64,
-                "gelu({x}) = {g32} in f32, expected {e}"
-            );
+            // The tail's condition number is about x² (d ln erfc(z)/dz ≈ -2z): the rounding
+            // of x/√2 to f32 alone moves the result by that many ulps.
+            let tol = 4.0 * f32::EPSILON as f64 * (x * x).max(1.0);
+            assert!(rel(g32) < tol, "gelu({x}) = {g32} in f32, expected {e}");
         }
         assert!(GeluErf::f64(f64::NAN).is_nan());
         assert_eq!(GeluErf::f32(f32::INFINITY), f32::INFINITY);

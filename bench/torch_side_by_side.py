@@ -243,6 +243,17 @@ def _autocast(amp: str | None):
     return torch.autocast(DEVICE, dtype=getattr(torch, amp))
 
 
+def _backward_step(loss, opt, scaler) -> None:
+    """`loss.backward(); opt.step()`, through the GradScaler when there is one (float16)."""
+    if scaler is None:
+        loss.backward()
+        opt.step()
+    else:
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+
+
 def _train(widths: tuple[int, ...], batch: int, amp: str | None = None,
            profiler: bool = False) -> Callable:
     """One Adam step of a `Linear-ReLU-Linear`, as Ember's `train_mlp_*`; the rate is samples/s.
@@ -265,13 +276,7 @@ def _train(widths: tuple[int, ...], batch: int, amp: str | None = None,
             opt.zero_grad(set_to_none=True)
             with _autocast(amp):
                 loss = loss_fn(model(x), y)
-            if scaler is None:
-                loss.backward()
-                opt.step()
-            else:
-                scaler.scale(loss).backward()
-                scaler.step(opt)
-                scaler.update()
+            _backward_step(loss, opt, scaler)
 
         if profiler:
             from torch.profiler import ProfilerActivity, profile
@@ -337,13 +342,7 @@ def _resnet18(train: bool, batch: int = 32, amp: str | None = None) -> Callable:
             opt.zero_grad(set_to_none=True)
             with _autocast(amp):
                 loss = loss_fn(model(x), y)
-            if scaler is None:
-                loss.backward()
-                opt.step()
-            else:
-                scaler.scale(loss).backward()
-                scaler.step(opt)
-                scaler.update()
+            _backward_step(loss, opt, scaler)
 
         return step, float(batch)
 
@@ -464,13 +463,7 @@ def _train_gpt(amp: str | None = None) -> Callable:
             opt.zero_grad(set_to_none=True)
             with _autocast(amp):
                 loss = loss_fn(model(x).reshape(GPT_BATCH * GPT_BLOCK, vocab), y)
-            if scaler is None:
-                loss.backward()
-                opt.step()
-            else:
-                scaler.scale(loss).backward()
-                scaler.step(opt)
-                scaler.update()
+            _backward_step(loss, opt, scaler)
             loss.item()
 
         return step, float(GPT_BATCH)

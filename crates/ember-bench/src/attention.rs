@@ -82,14 +82,7 @@ fn gpt_cases(device: Device) -> Vec<(String, Option<DType>)> {
 }
 
 pub fn run(opts: &Options, out: &mut Vec<Record>) -> Result<(), String> {
-    let mut devices = Vec::new();
-    if opts.cpu() {
-        devices.push(Device::Cpu);
-    }
-    if opts.cuda() {
-        devices.push(Device::Cuda(0));
-    }
-    for device in devices {
+    for device in opts.device_list() {
         for (name, shape, dt, backward, peak) in sdpa_cases(device) {
             if opts.wants(&name) {
                 let r = sdpa_case(opts, device, &name, shape, dt, backward, peak)

@@ -86,6 +86,13 @@ impl Options {
     pub fn cuda(&self) -> bool {
         matches!(self.devices, DeviceSel::Cuda | DeviceSel::All)
     }
+
+    /// The devices selected, in the order the suites run them: the CPU, then `cuda:0`.
+    pub fn device_list(&self) -> Vec<ember_device::Device> {
+        let cpu = self.cpu().then_some(ember_device::Device::Cpu);
+        let cuda = self.cuda().then_some(ember_device::Device::Cuda(0));
+        cpu.into_iter().chain(cuda).collect()
+    }
 }
 
 /// Decide, before any other CUDA call, what `cuda:N` means for this run: a real GPU when the

@@ -363,14 +363,8 @@ const CASES: [Case; 3] = [
 ];
 
 pub fn run(opts: &Options, out: &mut Vec<Record>) -> Result<(), String> {
-    let mut devices = Vec::new();
-    if opts.cpu() {
-        devices.push((Device::Cpu, false));
-    }
-    if opts.cuda() {
-        devices.push((Device::Cuda(0), cuda::is_emulated()));
-    }
-    for (device, emulated) in devices {
+    for device in opts.device_list() {
+        let emulated = device.is_cuda() && cuda::is_emulated();
         // f32, then each autocast dtype of the device (the CPU's default is bf16; CUDA's
         // f16, with a scaler in training, and bf16).
         let amps: &[Option<DType>] = if device.is_cuda() {

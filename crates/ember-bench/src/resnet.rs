@@ -205,14 +205,7 @@ fn cases(device: Device) -> Vec<(String, usize, bool, Option<DType>)> {
 }
 
 pub fn run(opts: &Options, out: &mut Vec<Record>) -> Result<(), String> {
-    let mut devices = Vec::new();
-    if opts.cpu() {
-        devices.push(Device::Cpu);
-    }
-    if opts.cuda() {
-        devices.push(Device::Cuda(0));
-    }
-    for device in devices {
+    for device in opts.device_list() {
         for (name, batch, train, amp) in cases(device) {
             if !opts.wants(&name) {
                 continue;

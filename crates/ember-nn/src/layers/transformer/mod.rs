@@ -61,6 +61,15 @@ pub fn is_causal_mask(mask: &Tensor, sz: usize) -> Result<bool> {
     mask.equal(&causal)
 }
 
+/// The `is_causal` a stack passes to its layers: the hint when given, else whether `mask`
+/// is the causal mask of `x`'s sequence length ([`is_causal_mask`]).
+fn causal_hint(mask: &Option<Tensor>, given: bool, x: &Tensor, batch_first: bool) -> Result<bool> {
+    match mask {
+        Some(m) if !given => is_causal_mask(m, seq_len(x, batch_first)),
+        _ => Ok(given),
+    }
+}
+
 /// The sequence length of a transformer input (PyTorch's `_get_seq_len`): dim 0 of an
 /// unbatched `[S, E]` input, else dim 1 with `batch_first` and dim 0 without.
 fn seq_len(src: &Tensor, batch_first: bool) -> usize {
@@ -512,11 +521,7 @@ impl TransformerEncoder {
     pub fn forward_masked(&self, src: &Tensor, masks: &EncoderMasks) -> Result<Tensor> {
         let batch_first = self.layers.first().is_some_and(|l| l.config.batch_first);
         let mut masks = masks.clone();
-        if let Some(m) = &masks.src_mask
-            && !masks.is_causal
-        {
-            masks.is_causal = is_causal_mask(m, seq_len(src, batch_first))?;
-        }
+        masks.is_causal = causal_hint(&masks.src_mask, masks.is_causal, src, batch_first)?;
         let mut x = src.clone();
         for (i, layer) in self.layers.iter().enumerate() {
             x = layer
@@ -579,11 +584,7 @@ impl TransformerDecoder {
     ) -> Result<Tensor> {
         let batch_first = self.layers.first().is_some_and(|l| l.config.batch_first);
         let mut masks = masks.clone();
-        if let Some(m) = &masks.tgt_mask
-            && !masks.tgt_is_causal
-        {
-            masks.tgt_is_causal = is_causal_mask(m, seq_len(tgt, batch_first))?;
-        }
+        masks.tgt_is_causal = causal_hint(&masks.tgt_mask, masks.tgt_is_causal, tgt, batch_first)?;
         let mut x = tgt.clone();
         for (i, layer) in self.layers.iter().enumerate() {
             x = layer

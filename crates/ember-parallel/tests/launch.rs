@@ -73,7 +73,14 @@ fn rank(mode: &str) {
             eprintln!("rank {} gives up", var("RANK"));
             std::process::exit(7);
         }
-        "fail" | "sleep" => std::thread::sleep(Duration::from_secs(120)),
+        // The last rank leaves a process behind holding its output open, and gives up.
+        "orphan" if Some(var("RANK")) == last => {
+            let _ = std::process::Command::new("sleep").arg("40").spawn();
+            std::process::exit(7);
+        }
+        // Rank 0 gives up at once (before any other rank may have started).
+        "fail_first" if var("RANK") == "0" => std::process::exit(7),
+        "fail" | "fail_first" | "orphan" | "sleep" => std::thread::sleep(Duration::from_secs(120)),
         // Rank 1 fails in the first attempt only.
         "flaky" if var("RANK") == "1" && var("TORCHELASTIC_RESTART_COUNT") == "0" => {
             std::process::exit(5);
@@ -170,6 +177,23 @@ fn finish(child: Child) -> Ran {
     }
 }
 
+/// [`finish`], but a launcher still running after `secs` seconds is killed (and reported
+/// with code -1), so a hang fails the test instead of stalling it.
+fn finish_within(mut child: Child, secs: u64) -> Ran {
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(secs) {
+        if let Ok(Some(_)) = child.try_wait() {
+            return finish(child);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let mut r = finish(child);
+    r.err
+        .push_str(&format!("\n(killed: still running after {secs} s)"));
+    r
+}
+
 impl std::fmt::Display for Ran {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
@@ -257,6 +281,29 @@ fn direct_failing_rank_ends_the_others() {
             0,
         );
         assert!(r.err.contains("[rank1]:rank 1 gives up"), "{r}");
+        check_failure(
+            &r,
+            "ember launch: rank 1 (local_rank 1) failed with exit code 7; the other rank was ended",
+        );
+    }
+}
+
+/// A failed rank's leftover child keeps its output pipe open: the launcher still ends
+/// within seconds (it does not wait for the end of that output).
+#[test]
+fn a_leftover_child_holding_output_does_not_hold_the_launcher() {
+    const TEST: &str = "a_leftover_child_holding_output_does_not_hold_the_launcher";
+    if role(TEST).is_some() {
+        let start = Instant::now();
+        let r = finish_within(
+            start_launcher(TEST, "orphan", Spawner::Direct, 0, 1, free_port(), 0),
+            35,
+        );
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "{:?}\n{r}",
+            start.elapsed()
+        );
         check_failure(
             &r,
             "ember launch: rank 1 (local_rank 1) failed with exit code 7; the other rank was ended",
@@ -415,6 +462,39 @@ fn two_nodes_under_one_mpirun_form_one_mpi_world() {
         for rank in 0..4 {
             let want = format!("[rank{rank}]:sum [4.0, 4.0] world 4");
             assert!(r0.out.lines().any(|l| l == want), "no {want:?} in {r0}");
+        }
+    }
+}
+
+/// The same two launchers when a rank fails: mpirun ends the job, and both launchers end
+/// within seconds with that rank's code, leaving no daemon behind.
+#[cfg(feature = "mpi")]
+#[test]
+fn two_nodes_under_one_mpirun_end_on_a_failed_rank() {
+    const TEST: &str = "two_nodes_under_one_mpirun_end_on_a_failed_rank";
+    if role(TEST).is_some() {
+        for (mode, who) in [
+            // The last rank, on node 1, after every rank started.
+            ("fail", "rank 3 (node 1, local_rank 1)"),
+            // Rank 0 at once, perhaps before node 1's daemon is up.
+            ("fail_first", "rank 0 (node 0, local_rank 0)"),
+        ] {
+            let port = free_port();
+            let start = Instant::now();
+            let n0 = start_launcher(TEST, mode, Spawner::Mpirun, 0, 2, port, 0);
+            let n1 = start_launcher(TEST, mode, Spawner::Mpirun, 1, 2, port, 0);
+            let (r0, r1) = (finish_within(n0, 60), finish_within(n1, 60));
+            // The other ranks sleep 120 s: only ending them makes the launchers return.
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "{mode}: {:?}\n{r0}\n{r1}",
+                start.elapsed()
+            );
+            let summary = format!(
+                "ember launch: {who} failed with exit code 7; the other 3 ranks were ended"
+            );
+            check_failure(&r0, &summary);
+            check_failure(&r1, &summary);
         }
     }
 }

@@ -2,6 +2,8 @@
 //! every node's joins each attempt's rendezvous, reports its ranks' first failure, and
 //! watches for the others'.
 
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use ember_autograd::Result;
@@ -11,6 +13,10 @@ use crate::rendezvous::{Meeting, Members};
 use crate::store::TcpStore;
 
 const OP: &str = "ember launch";
+
+fn report_key(attempt: u32, rank: usize) -> String {
+    format!("/agent/attempt_{attempt}/report/{rank}")
+}
 
 /// A failure as the nodes share it: the rank, its node and local rank, and how it ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -192,6 +198,49 @@ impl Agent {
     pub(super) fn orted_exit(&self, attempt: u32, code: i32) -> Result<()> {
         let key = format!("{}/exit", super::relay::orted_key(attempt, self.node));
         self.store.set(&key, code.to_string().as_bytes())
+    }
+
+    /// Node 0 names the directory its `mpirun`'s ranks report to (Note [mpirun across
+    /// nodes]): the ranks of other nodes write to the same path there.
+    pub(super) fn set_reports_dir(&self, attempt: u32, dir: &Path) -> Result<()> {
+        self.store.set(
+            &format!("/agent/attempt_{attempt}/reports"),
+            dir.as_os_str().as_bytes(),
+        )
+    }
+
+    /// The directory node 0 named, created on this node if it is another machine.
+    pub(super) fn reports_dir(&self, attempt: u32) -> Result<PathBuf> {
+        let v = self.store.get_within(
+            &format!("/agent/attempt_{attempt}/reports"),
+            self.join_timeout,
+        )?;
+        let dir = PathBuf::from(std::ffi::OsString::from_vec(v));
+        std::fs::create_dir_all(&dir)?;
+        Ok(dir)
+    }
+
+    /// Hands the reports found in `dir` (this node's ranks') to node 0 through the store.
+    pub(super) fn forward_reports(&self, attempt: u32, dir: &Path, world: usize) -> Result<()> {
+        for rank in 0..world {
+            if let Ok(r) = std::fs::read(dir.join(super::workers::report_name(rank))) {
+                self.store.set(&report_key(attempt, rank), &r)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The report of `rank` forwarded by its node, if any yet.
+    pub(super) fn rank_report(&self, attempt: u32, rank: usize) -> Option<String> {
+        let key = report_key(attempt, rank);
+        match self.store.check(&[&key]) {
+            Ok(true) => self
+                .store
+                .get_within(&key, Duration::ZERO)
+                .ok()
+                .map(|v| String::from_utf8_lossy(&v).into_owned()),
+            _ => None,
+        }
     }
 
     /// Marks this node as done with the store; node 0 keeps serving it until every node is

@@ -52,6 +52,7 @@ mod relay;
 mod workers;
 
 use std::ffi::OsString;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use ember_autograd::{ErrorKind, Result};
@@ -358,8 +359,8 @@ pub fn launch(opts: &LaunchOptions) -> Result<LaunchOutcome> {
         };
         let mut relay = None;
         let role = match (spawner, relayed, opts.node_rank) {
-            (Spawner::Direct, ..) => Role::Ranks(Workers::start_direct(&spec)?),
-            (Spawner::Mpirun, false, _) => Role::Ranks(Workers::start_mpirun(&spec)?),
+            (Spawner::Direct, ..) => Role::Ranks(Workers::start_direct(&spec)?, Part::Own),
+            (Spawner::Mpirun, false, _) => Role::Ranks(Workers::start_mpirun(&spec)?, Part::Own),
             (Spawner::Mpirun, true, 0) => {
                 let r = relay::Relay::start(port, attempt, opts.join_timeout)?;
                 let vars: Vec<OsString> = spec.common.iter().map(|(k, _)| k.clone()).collect();
@@ -369,25 +370,34 @@ pub fn launch(opts: &LaunchOptions) -> Result<LaunchOutcome> {
                 spec.nproc = opts.world_size();
                 spec.first_rank = 0;
                 relay = Some(r);
-                Role::Ranks(Workers::start_mpirun(&spec)?)
+                let w = Workers::start_mpirun(&spec)?;
+                if let Some(dir) = w.reports() {
+                    agent.set_reports_dir(attempt, dir)?;
+                }
+                Role::Ranks(w, Part::Relayed)
             }
             (Spawner::Mpirun, true, _) => match agent.orted_command(attempt)? {
-                Some(cmd) => Role::Orted(Workers::start_orted(&cmd, &spec)?),
+                Some(cmd) => {
+                    let reports = agent.reports_dir(attempt)?;
+                    Role::Ranks(Workers::start_orted(&cmd, &spec)?, Part::Orted(reports))
+                }
                 None => Role::Gone,
             },
         };
-        let (workers, orted) = match role {
-            Role::Ranks(w) => (Some(w), false),
-            Role::Orted(w) => (Some(w), true),
-            Role::Gone => (None, false),
+        let role = match role {
+            Role::Ranks(w, Part::Own) if relayed => Role::Ranks(w, Part::Relayed),
+            r => r,
         };
-        let ended = match workers {
-            Some(w) => {
-                let (w, ended) = watch(opts, &agent, attempt, w, orted);
+        let ended = match role {
+            Role::Ranks(w, part) => {
+                let (w, ended) = watch(opts, &agent, attempt, w, &part);
+                // The relay answers the agents still waiting, so that mpirun's children
+                // holding its output close it and the output threads end.
+                drop(relay.take());
                 w.stop();
                 ended
             }
-            None => agent
+            Role::Gone => agent
                 .failure(attempt)
                 .and_then(|f| f.ok_or_else(|| launch_error("the attempt ended without a report")))
                 .map(Attempt::Failed),
@@ -431,12 +441,21 @@ pub fn launch(opts: &LaunchOptions) -> Result<LaunchOutcome> {
 
 /// What this node's launcher runs in an attempt.
 enum Role {
-    /// Ranks (all of the job's, for node 0's mpirun across nodes).
-    Ranks(Workers),
-    /// `mpirun`'s daemon (Note [mpirun across nodes]).
-    Orted(Workers),
+    /// Workers: ranks, or `mpirun`'s daemon.
+    Ranks(Workers, Part),
     /// Nothing: the attempt failed before this node's part started.
     Gone,
+}
+
+/// What the workers of a node are (Note [mpirun across nodes]).
+enum Part {
+    /// This node's ranks.
+    Own,
+    /// Node 0's `mpirun` of every node's ranks; the other nodes forward their ranks'
+    /// reports through the store.
+    Relayed,
+    /// `mpirun`'s daemon, whose ranks report to this directory.
+    Orted(PathBuf),
 }
 
 /// "rank 3 (node 1, local_rank 1) failed with signal 9".
@@ -453,30 +472,46 @@ fn describe(f: &Failure, opts: &LaunchOptions) -> String {
 }
 
 /// Watches the ranks of `attempt` until they all succeed here and on every node, or one
-/// fails here or elsewhere. `orted`: the workers are `mpirun`'s daemon, whose exit is
-/// handed back to node 0 at once, and whose failure node 0 reports (it knows the rank).
+/// fails here or elsewhere. With `Part::Orted` the workers are `mpirun`'s daemon, whose
+/// exit is handed back to node 0 at once (its ranks' reports first), and whose failure
+/// node 0 reports (it knows the rank).
 fn watch(
     opts: &LaunchOptions,
     agent: &Agent,
     attempt: u32,
     mut workers: Workers,
-    orted: bool,
+    part: &Part,
 ) -> (Workers, Result<Attempt>) {
+    let orted = matches!(part, Part::Orted(_));
     let mut last_check = std::time::Instant::now();
     let mut succeeded_here = false;
     let mut orted_failed: Option<(std::time::Instant, i32)> = None;
     loop {
         if !succeeded_here && orted_failed.is_none() {
             let polled = workers.poll();
-            if orted && polled != Poll::Running {
+            if let Part::Orted(reports) = part
+                && polled != Poll::Running
+            {
                 let code = match polled {
                     Poll::Failed(_, c) => c,
                     _ => 0,
                 };
-                if let Err(e) = agent.orted_exit(attempt, code) {
+                let handed = agent
+                    .forward_reports(attempt, reports, opts.world_size())
+                    .and_then(|()| agent.orted_exit(attempt, code));
+                if let Err(e) = handed {
                     return (workers, Err(e));
                 }
             }
+            let polled = match (part, polled) {
+                (Part::Relayed, Poll::Failed(None, code)) => {
+                    match remote_failure(agent, attempt, opts) {
+                        Some(w) => Poll::Failed(Some(w), w.2.code()),
+                        None => Poll::Failed(None, code),
+                    }
+                }
+                (_, p) => p,
+            };
             match polled {
                 Poll::Running => {}
                 Poll::Succeeded => {
@@ -532,6 +567,30 @@ fn watch(
         } else {
             std::thread::sleep(Duration::from_millis(10));
         }
+    }
+}
+
+/// The first failed rank among the reports other nodes forward after node 0's `mpirun`
+/// ended without a report of its own ranks (Note [mpirun across nodes]): they come when
+/// those nodes see their daemons end, so they are awaited a few seconds.
+fn remote_failure(
+    agent: &Agent,
+    attempt: u32,
+    opts: &LaunchOptions,
+) -> Option<(usize, usize, RankExit)> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(3);
+    loop {
+        let first = workers::first_failed(
+            |rank| agent.rank_report(attempt, rank),
+            0..opts.world_size(),
+        );
+        if let Some((rank, exit)) = first {
+            return Some((rank, rank % opts.nproc_per_node, exit));
+        }
+        if std::time::Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
     }
 }
 

@@ -15,7 +15,12 @@
 //! rank's output comes through `mpirun` and is printed by node 0's launcher; the others
 //! print their daemon's own lines. Tree spawning is off (a daemon would run the agent on
 //! its own node). The ranks' variables travel with `-x`; the shim computes `RANK`,
-//! `LOCAL_RANK` and `GROUP_RANK` from Open MPI's, slots being filled node by node. When
+//! `LOCAL_RANK` and `GROUP_RANK` from Open MPI's, slots being filled node by node. The
+//! ranks' exit reports go to the directory node 0 names in the store
+//! (`/agent/attempt_N/reports`, created on each node); when its daemon ends, a node's
+//! launcher forwards its ranks' reports through the store, so node 0 names a rank that
+//! failed on another node. When node 0's `mpirun` ends, the relay answers every agent still
+//! waiting, so that nothing keeps `mpirun`'s output open. When
 //! `--master-addr` is a loopback address every node is on this machine (they reach node 0
 //! through it): Open MPI's shared-memory transport cannot tell the daemons' "nodes" apart
 //! there, so the launcher limits it to TCP over loopback. Under Open MPI's own launcher
@@ -205,9 +210,13 @@ fn relay(store: &TcpStore, spool: &Path, attempt: u32, stop: &AtomicBool) {
         });
         std::thread::sleep(Duration::from_millis(50));
     }
-    // Leave no agent waiting.
-    for path in open.keys() {
-        let _ = write_exit(path, 255);
+    // Leave no agent waiting, handed on or not (mpirun may have ended before).
+    if let Ok(entries) = std::fs::read_dir(spool) {
+        for e in entries.flatten() {
+            if !e.path().join("exit").exists() {
+                let _ = write_exit(&e.path(), 255);
+            }
+        }
     }
 }
 

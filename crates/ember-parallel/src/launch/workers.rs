@@ -16,6 +16,8 @@ use super::{RankExit, launch_error};
 
 /// How long ranks get between SIGTERM and SIGKILL when the launcher ends them.
 const GRACE: Duration = Duration::from_secs(3);
+/// How long the output of ended ranks may take to reach its end.
+const DRAIN: Duration = Duration::from_secs(2);
 
 /// What one attempt's ranks on this node run with.
 pub(super) struct Spec<'a> {
@@ -121,6 +123,9 @@ pub(crate) fn terminate_all<'a>(
     }
 }
 
+/// Where the ranks under `mpirun` leave their exit reports (`rank<R>`: code and time).
+pub(super) const REPORTS_ENV: &str = "EMBER_LAUNCH_REPORTS";
+
 const SHIM: &str = r#"export RANK="$OMPI_COMM_WORLD_RANK" WORLD_SIZE="$OMPI_COMM_WORLD_SIZE" LOCAL_RANK="$OMPI_COMM_WORLD_LOCAL_RANK" LOCAL_WORLD_SIZE="$OMPI_COMM_WORLD_LOCAL_SIZE"
 export ROLE_RANK="$RANK" ROLE_WORLD_SIZE="$WORLD_SIZE" GROUP_RANK=$(( RANK / LOCAL_WORLD_SIZE ))
 "$0" "$@"
@@ -206,9 +211,13 @@ impl Workers {
     pub(super) fn start_mpirun(spec: &Spec<'_>) -> Result<Workers> {
         let reports = report_dir()?;
         let mut cmd = crate::testing::mpirun_command(spec.nproc);
-        cmd.arg("--tag-output").args(&spec.mpirun_args);
+        // Ranks that mpirun's daemons start on other nodes get only the variables named
+        // with -x; their reports go to the same path (Note [mpirun across nodes]).
+        cmd.arg("--tag-output")
+            .args(&spec.mpirun_args)
+            .args(["-x", REPORTS_ENV]);
         cmd.envs(spec.common.iter().map(|(k, v)| (k, v)))
-            .env("EMBER_LAUNCH_REPORTS", &reports);
+            .env(REPORTS_ENV, &reports);
         cmd.args(["sh", "-c", SHIM]).args(spec.program);
         cmd.stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -255,6 +264,14 @@ impl Workers {
         })
     }
 
+    /// The directory the ranks under `mpirun` report to.
+    pub(super) fn reports(&self) -> Option<&std::path::Path> {
+        match &self.kind {
+            Kind::Mpirun { reports, .. } => Some(reports),
+            _ => None,
+        }
+    }
+
     /// How the ranks are doing; a failed rank is reported as soon as it is seen.
     pub(super) fn poll(&mut self) -> Poll {
         match &mut self.kind {
@@ -286,7 +303,10 @@ impl Workers {
                     Ok(None) => return Poll::Running,
                     Err(_) => return Poll::Failed(None, 1),
                 };
-                let first = first_report(reports, self.first_rank, self.nproc);
+                let first = first_failed(
+                    |rank| std::fs::read_to_string(reports.join(report_name(rank))).ok(),
+                    self.first_rank..self.first_rank + self.nproc,
+                );
                 match (first, status.code()) {
                     (Some((rank, exit)), _) => {
                         Poll::Failed(Some((rank, rank % self.local_size, exit)), exit.code())
@@ -316,24 +336,35 @@ impl Workers {
             }
             Kind::Orted(child) => terminate_all([child], GRACE),
         }
-        for p in self.pumps.drain(..) {
-            let _ = p.join();
-        }
-        if let Some(p) = self.printer.take() {
-            let _ = p.join();
+        // The output is printed to its end, but a process the ranks left behind may hold
+        // their pipes open: its output is not waited for past DRAIN (the threads are left
+        // to print it while the launcher lives).
+        let deadline = Instant::now() + DRAIN;
+        for p in self.pumps.drain(..).chain(self.printer.take()) {
+            while !p.is_finished() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            if p.is_finished() {
+                let _ = p.join();
+            }
         }
     }
 }
 
-/// The first rank (by the time of its report) that failed by itself under `mpirun`.
-fn first_report(
-    reports: &std::path::Path,
-    first_rank: usize,
-    n: usize,
+/// The file a rank's report has in the reports directory.
+pub(super) fn report_name(rank: usize) -> String {
+    format!("rank{rank}")
+}
+
+/// The first rank of `ranks` (by the time of its report, as `report` reads it) that failed
+/// by itself under `mpirun`.
+pub(super) fn first_failed(
+    report: impl Fn(usize) -> Option<String>,
+    ranks: std::ops::Range<usize>,
 ) -> Option<(usize, RankExit)> {
     let mut failed: Vec<(u128, usize, i32)> = Vec::new();
-    for rank in first_rank..first_rank + n {
-        let Ok(s) = std::fs::read_to_string(reports.join(format!("rank{rank}"))) else {
+    for rank in ranks {
+        let Some(s) = report(rank) else {
             continue;
         };
         let mut it = s.split_whitespace();

@@ -295,6 +295,52 @@ fn pools_match_direct_loops(device: &Device) {
 }
 test_device!(pools_match_direct_loops, pools_match_direct_loops);
 
+/// Inputs big enough for the CPU kernels' parallel path (planes split across threads),
+/// in every layout, against the same direct loops.
+fn pools_match_direct_loops_in_parallel(device: &Device) {
+    let (n, c, h, w) = (2, 8, 41, 40);
+    let case = Pool2d {
+        nchw: (n, c, h, w),
+        kernel: (3, 3),
+        stride: (2, 2),
+        pad: (1, 1),
+        dil: (1, 1),
+        ceil: false,
+    };
+    let (oh, ow) = case.out().unwrap();
+    assert!(n * c * oh * ow * 9 > 32 * 1024, "not above the threshold");
+    for (di, layout) in [(0, 0), (1, 1), (2, 2), (3, 0)] {
+        let dtype = FLOAT_DTYPES[di];
+        let mut xs = rand_vec(n * c * h * w, 7 + di as u64);
+        xs[5] = f64::NAN;
+        let x = make(&xs, &[n, c, h, w], dtype, layout, device);
+        let xv = values(&x);
+        let mo = MaxPool2dOptions::new(3).stride(2).padding(1);
+        let (v, i) = x.max_pool2d_with_indices(&mo).unwrap();
+        let got_i = i.to_vec::<i64>().unwrap();
+        for ((gv, gi), (wv, wi)) in values(&v)
+            .iter()
+            .zip(&got_i)
+            .zip(reference::max_pool2d(&xv, &case))
+        {
+            assert!(
+                gv == &wv || (gv.is_nan() && wv.is_nan()),
+                "{dtype:?}: {gv} vs {wv}"
+            );
+            assert_eq!(*gi, wi, "{dtype:?}");
+        }
+        let ao = AvgPool2dOptions::new(3).stride(2).padding(1);
+        within(tol(dtype), 1.0, "avg_pool2d").assert(
+            &x.avg_pool2d(&ao).unwrap(),
+            &reference::avg_pool2d(&xv, &case, true, None),
+        );
+    }
+}
+test_device!(
+    pools_match_direct_loops_in_parallel,
+    pools_match_direct_loops_in_parallel
+);
+
 fn pools_random_arguments_never_panic(device: &Device) {
     proptest!(ProptestConfig::with_cases(200), |(
         xs in prop::collection::vec(0usize..=5, 0..=5),

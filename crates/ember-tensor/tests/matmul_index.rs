@@ -275,3 +275,123 @@ fn masked_fill_one_hot_embedding(device: &Device) {
     assert!(w.embedding(&Tensor::new(&[3i64], device).unwrap()).is_err());
 }
 test_device!(masked_fill_one_hot_embedding, masked_fill_one_hot_embedding);
+
+/// Multi-index of flat position `i` in `dims` (row-major).
+fn unflatten(mut i: usize, dims: &[usize]) -> Vec<usize> {
+    let mut at = vec![0; dims.len()];
+    for d in (0..dims.len()).rev() {
+        at[d] = i % dims[d];
+        i /= dims[d];
+    }
+    at
+}
+
+fn flatten(at: &[usize], dims: &[usize]) -> usize {
+    at.iter().zip(dims).fold(0, |acc, (&a, &d)| acc * d + a)
+}
+
+/// scatter_add against a naive loop: ranks 1 to 3, every dim, an index tensor smaller than
+/// `dst` and `src` (and transposed), in f64 and i64; one case above the CPU kernel's
+/// parallel threshold (rows of dim 0 in parallel).
+fn scatter_add_matches_a_naive_loop(device: &Device) {
+    let check =
+        |dst_dims: &[usize], idx_dims: &[usize], dim: usize, seed: u64, transposed: bool| {
+            let r = dst_dims.len();
+            let n_dst: usize = dst_dims.iter().product();
+            let n_idx: usize = idx_dims.iter().product();
+            // src has one more element than idx along every axis.
+            let src_dims: Vec<usize> = idx_dims.iter().map(|d| d + 1).collect();
+            let n_src: usize = src_dims.iter().product();
+            let dst_v: Vec<f64> = (0..n_dst)
+                .map(|i| ((i * 13 + seed as usize) % 11) as f64 - 5.0)
+                .collect();
+            let src_v: Vec<f64> = (0..n_src)
+                .map(|i| ((i * 7 + seed as usize) % 17) as f64 - 8.0)
+                .collect();
+            let idx_v: Vec<i64> = (0..n_idx)
+                .map(|i| ((i as u64 * 2654435761 + seed) % dst_dims[dim] as u64) as i64)
+                .collect();
+            let mut want = dst_v.clone();
+            for i in 0..n_idx {
+                let at = unflatten(i, idx_dims);
+                let mut to = at.clone();
+                to[dim] = idx_v[i] as usize;
+                want[flatten(&to, dst_dims)] += src_v[flatten(&at, &src_dims)];
+            }
+            let idx = if transposed && r >= 2 {
+                // The same indices, held transposed in memory.
+                let mut tdims = idx_dims.to_vec();
+                tdims.swap(0, r - 1);
+                let mut held = vec![0i64; n_idx];
+                for (i, &v) in idx_v.iter().enumerate() {
+                    let mut at = unflatten(i, idx_dims);
+                    at.swap(0, r - 1);
+                    held[flatten(&at, &tdims)] = v;
+                }
+                Tensor::from_vec(held, tdims, *device)
+                    .unwrap()
+                    .transpose(0, r - 1)
+                    .unwrap()
+            } else {
+                Tensor::from_vec(idx_v.clone(), idx_dims.to_vec(), *device).unwrap()
+            };
+            let src = Tensor::from_vec(src_v.clone(), src_dims.clone(), *device).unwrap();
+            let ranges: Vec<std::ops::Range<usize>> = idx_dims.iter().map(|&d| 0..d).collect();
+            let src = ranges
+                .iter()
+                .enumerate()
+                .fold(src, |t, (d, r)| t.narrow(d, r.start, r.len()).unwrap());
+            let dst = Tensor::from_vec(dst_v.clone(), dst_dims.to_vec(), *device).unwrap();
+            let got = dst
+                .scatter_add(dim, &idx, &src)
+                .unwrap()
+                .to_vec::<f64>()
+                .unwrap();
+            assert_eq!(
+                got, want,
+                "f64 {dst_dims:?} {idx_dims:?} dim {dim} transposed {transposed}"
+            );
+            let as_i64 = |v: &[f64]| v.iter().map(|&x| x as i64).collect::<Vec<i64>>();
+            let dsti = Tensor::from_vec(as_i64(&dst_v), dst_dims.to_vec(), *device).unwrap();
+            let srci = Tensor::from_vec(as_i64(&src_v), src_dims.clone(), *device).unwrap();
+            let srci = ranges
+                .iter()
+                .enumerate()
+                .fold(srci, |t, (d, r)| t.narrow(d, r.start, r.len()).unwrap());
+            if device.is_cpu() {
+                let goti = dsti
+                    .scatter_add(dim, &idx, &srci)
+                    .unwrap()
+                    .to_vec::<i64>()
+                    .unwrap();
+                assert_eq!(
+                    goti,
+                    as_i64(&want),
+                    "i64 {dst_dims:?} {idx_dims:?} dim {dim}"
+                );
+            }
+        };
+    proptest!(ProptestConfig::with_cases(64), |(
+        dims in prop::collection::vec(1usize..=5, 1..=3),
+        cut in prop::collection::vec(0usize..=2, 3),
+        dim_pick in 0usize..3,
+        seed in 0u64..1000,
+        transposed in any::<bool>(),
+    )| {
+        let dim = dim_pick % dims.len();
+        let idx_dims: Vec<usize> = dims
+            .iter()
+            .zip(&cut)
+            .enumerate()
+            .map(|(d, (&n, &c))| if d == dim { n + c } else { n.saturating_sub(c).max(1) })
+            .collect();
+        check(&dims, &idx_dims, dim, seed, transposed);
+    });
+    // Above the threshold: 64 rows of dim 0, scattered along dim 1 (max-pool backward's).
+    check(&[64, 900], &[64, 700], 1, 3, false);
+    check(&[64, 30, 30], &[64, 30, 20], 2, 5, true);
+}
+test_device!(
+    scatter_add_matches_a_naive_loop,
+    scatter_add_matches_a_naive_loop
+);

@@ -47,6 +47,29 @@ fn read_indices(
         .collect()
 }
 
+/// Calls `f` with each index of `idx` (i64 or i32) in `il`'s order, stopping at its first
+/// error. Positions outside the storage read as -1 (never a valid index).
+fn for_each_index(
+    op: &'static str,
+    idx: &CpuStorage,
+    il: &Layout,
+    mut f: impl FnMut(i64) -> Result<()>,
+) -> Result<()> {
+    match idx.dtype() {
+        DType::I64 => {
+            let d = idx.as_slice::<i64>()?;
+            il.strided_index()
+                .try_for_each(|i| f(d.get(i).copied().unwrap_or(-1)))
+        }
+        DType::I32 => {
+            let d = idx.as_slice::<i32>()?;
+            il.strided_index()
+                .try_for_each(|i| f(d.get(i).map_or(-1, |&v| v as i64)))
+        }
+        found => Err(TensorError::IndexDType { op, found }),
+    }
+}
+
 /// `src` with `dim` replaced by the rows picked by the 1-D `idx`.
 pub(crate) fn index_select(
     src: &CpuStorage,
@@ -118,25 +141,74 @@ pub(crate) fn scatter_add(
     src: &CpuStorage,
     sl: &Layout,
 ) -> Result<CpuStorage> {
-    let picks = read_indices("scatter_add", idx, il, dim, dl.dims()[dim])?;
+    // Every index is checked first (the first bad one, in order, is the error); then they
+    // are read where they lie, with no copy.
+    let size = dl.dims()[dim];
+    for_each_index("scatter_add", idx, il, |v| {
+        usize::try_from(v)
+            .ok()
+            .filter(|&u| u < size)
+            .map(|_| ())
+            .ok_or(TensorError::IndexOutOfRange {
+                op: "scatter_add",
+                index: v,
+                dim,
+                size,
+            })
+    })?;
     let out_strides = dl.shape().contiguous_strides();
     let mut vstrides = out_strides.clone();
     let sd = vstrides[dim];
     vstrides[dim] = 0;
-    let virt = Layout::new(il.shape().clone(), vstrides, 0);
     dispatch!(dst.dtype(), T => {
-        let base = crate::cpu::cast(dst, dl, dst.dtype())?;
-        let mut out: Vec<T> = base.as_slice::<T>()?.to_vec();
+        // A contiguous copy of `dst` from the caching allocator, added to in place.
+        let mut out = crate::cpu::cast(dst, dl, dst.dtype())?;
         let s = src.as_slice::<T>()?;
-        for ((o, &p), si) in virt.strided_index().zip(&picks).zip(sl.strided_index()) {
-            if let (Some(slot), Some(&v)) = (out.get_mut(o + p * sd), s.get(si)) {
-                *slot = if T::DTYPE.is_float() {
-                    T::from_f64(slot.to_f64() + v.to_f64())
-                } else {
-                    T::from_i64(slot.to_i64().wrapping_add(v.to_i64()))
+        let o = out.as_mut_slice::<T>()?;
+        // Rows of dim 0 (when the scatter is along another dim) add into disjoint slabs of
+        // `out`: one task per row.
+        let rows = if dim > 0 { il.dims()[0] } else { 1 };
+        let slab = if dim > 0 { out_strides[0] } else { o.len() };
+        let row_of = |l: &Layout, r: usize| -> Layout {
+            if dim == 0 {
+                return l.clone();
+            }
+            let mut dims = l.dims().to_vec();
+            dims[0] = 1;
+            Layout::new(dims.into(), l.strides().to_vec(), l.offset() + r * l.strides()[0])
+        };
+        let mut vdims = il.dims().to_vec();
+        if dim > 0 {
+            vdims[0] = 1;
+        }
+        let virt = Layout::new(vdims.into(), vstrides, 0);
+        let add = |r: usize, out: &mut [T]| -> Result<()> {
+            let (ir, sr) = (row_of(il, r), row_of(sl, r));
+            let mut srcs = sr.strided_index();
+            let mut outs = virt.strided_index();
+            for_each_index("scatter_add", idx, &ir, |p| {
+                let (Some(o), Some(si)) = (outs.next(), srcs.next()) else {
+                    return Ok(());
                 };
+                if let (Some(slot), Some(&v)) = (out.get_mut(o + p as usize * sd), s.get(si)) {
+                    *slot = if T::DTYPE.is_float() {
+                        T::from_f64(slot.to_f64() + v.to_f64())
+                    } else {
+                        T::from_i64(slot.to_i64().wrapping_add(v.to_i64()))
+                    };
+                }
+                Ok(())
+            })
+        };
+        let n = o.len();
+        let used = &mut o[..(rows * slab).min(n)];
+        if slab > 0 && rows > 1 && il.numel() >= crate::storage::PAR_THRESHOLD {
+            ember_gemm::parallel::try_for_each_chunk_mut(used, slab, add)?;
+        } else if slab > 0 {
+            for (r, out) in used.chunks_mut(slab).enumerate() {
+                add(r, out)?;
             }
         }
-        CpuStorage::from_slice(&out)
+        Ok(out)
     })
 }

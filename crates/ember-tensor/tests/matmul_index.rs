@@ -312,10 +312,10 @@ fn scatter_add_matches_a_naive_loop(device: &Device) {
                 .map(|i| ((i as u64 * 2654435761 + seed) % dst_dims[dim] as u64) as i64)
                 .collect();
             let mut want = dst_v.clone();
-            for i in 0..n_idx {
+            for (i, &p) in idx_v.iter().enumerate() {
                 let at = unflatten(i, idx_dims);
                 let mut to = at.clone();
-                to[dim] = idx_v[i] as usize;
+                to[dim] = p as usize;
                 want[flatten(&to, dst_dims)] += src_v[flatten(&at, &src_dims)];
             }
             let idx = if transposed && r >= 2 {

@@ -384,10 +384,6 @@ pub fn launch(opts: &LaunchOptions) -> Result<LaunchOutcome> {
                 None => Role::Gone,
             },
         };
-        let role = match role {
-            Role::Ranks(w, Part::Own) if relayed => Role::Ranks(w, Part::Relayed),
-            r => r,
-        };
         let ended = match role {
             Role::Ranks(w, part) => {
                 let (w, ended) = watch(opts, &agent, attempt, w, &part);

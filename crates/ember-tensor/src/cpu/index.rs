@@ -17,34 +17,25 @@ fn read_indices(
     dim: usize,
     size: usize,
 ) -> Result<Vec<usize>> {
-    let raw: Vec<i64> = match idx.dtype() {
-        DType::I64 => {
-            let d = idx.as_slice::<i64>()?;
-            il.strided_index()
-                .map(|i| d.get(i).copied().unwrap_or(-1))
-                .collect()
-        }
-        DType::I32 => {
-            let d = idx.as_slice::<i32>()?;
-            il.strided_index()
-                .map(|i| d.get(i).map_or(-1, |&v| v as i64))
-                .collect()
-        }
-        found => return Err(TensorError::IndexDType { op, found }),
-    };
-    raw.into_iter()
-        .map(|v| {
-            usize::try_from(v)
-                .ok()
-                .filter(|&u| u < size)
-                .ok_or(TensorError::IndexOutOfRange {
-                    op,
-                    index: v,
-                    dim,
-                    size,
-                })
+    let mut out = Vec::with_capacity(il.numel());
+    for_each_index(op, idx, il, |v| {
+        out.push(checked_index(op, v, dim, size)?);
+        Ok(())
+    })?;
+    Ok(out)
+}
+
+/// `v` as a position along `dim` of `size`, or the error naming it.
+fn checked_index(op: &'static str, v: i64, dim: usize, size: usize) -> Result<usize> {
+    usize::try_from(v)
+        .ok()
+        .filter(|&u| u < size)
+        .ok_or(TensorError::IndexOutOfRange {
+            op,
+            index: v,
+            dim,
+            size,
         })
-        .collect()
 }
 
 /// Calls `f` with each index of `idx` (i64 or i32) in `il`'s order, stopping at its first
@@ -145,16 +136,7 @@ pub(crate) fn scatter_add(
     // are read where they lie, with no copy.
     let size = dl.dims()[dim];
     for_each_index("scatter_add", idx, il, |v| {
-        usize::try_from(v)
-            .ok()
-            .filter(|&u| u < size)
-            .map(|_| ())
-            .ok_or(TensorError::IndexOutOfRange {
-                op: "scatter_add",
-                index: v,
-                dim,
-                size,
-            })
+        checked_index("scatter_add", v, dim, size).map(drop)
     })?;
     let out_strides = dl.shape().contiguous_strides();
     let mut vstrides = out_strides.clone();
